@@ -1,0 +1,144 @@
+//! Distance kernels. Every distance on the hit path goes through simsimd; the scalar
+//! versions are the reference the SIMD ones are tested against (and the fallback when
+//! simsimd declines, which it only does on a length mismatch).
+//!
+//! Units (ALGORITHM.md, "Units and terms"): squared L2 (no square root anywhere),
+//! cosine as `1 - cos`, inner product as `-dot`. Smaller is always closer, and every
+//! threshold is in the metric's own unit.
+
+use serde::{Deserialize, Serialize};
+use simsimd::SpatialSimilarity;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    /// Squared Euclidean distance.
+    L2Sq,
+    /// `1 - cos(a, b)`; 1 when either vector is zero.
+    Cosine,
+    /// `-dot(a, b)`.
+    InnerProduct,
+}
+
+impl Metric {
+    /// The distance from `a` to `b` with the SIMD kernel.
+    #[inline]
+    pub fn distance(self, a: &[f32], b: &[f32]) -> f32 {
+        debug_assert_eq!(a.len(), b.len(), "distance over vectors of different dimension");
+        let simd = match self {
+            Metric::L2Sq => f32::l2sq(a, b),
+            Metric::Cosine => f32::cos(a, b),
+            Metric::InnerProduct => f32::dot(a, b).map(|d| -d),
+        };
+        match simd {
+            Some(d) => d as f32,
+            None => self.distance_scalar(a, b),
+        }
+    }
+
+    /// Plain scalar reference, accumulated in f64.
+    pub fn distance_scalar(self, a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        match self {
+            Metric::L2Sq => (0..n)
+                .map(|i| {
+                    let d = a[i] as f64 - b[i] as f64;
+                    d * d
+                })
+                .sum::<f64>() as f32,
+            Metric::InnerProduct => -(0..n).map(|i| a[i] as f64 * b[i] as f64).sum::<f64>() as f32,
+            Metric::Cosine => {
+                let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
+                for i in 0..n {
+                    ab += a[i] as f64 * b[i] as f64;
+                    aa += a[i] as f64 * a[i] as f64;
+                    bb += b[i] as f64 * b[i] as f64;
+                }
+                if aa == 0.0 && bb == 0.0 {
+                    0.0
+                } else if aa == 0.0 || bb == 0.0 {
+                    1.0
+                } else {
+                    (1.0 - ab / (aa.sqrt() * bb.sqrt())) as f32
+                }
+            }
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::L2Sq => "l2sq",
+            Metric::Cosine => "cosine",
+            Metric::InnerProduct => "ip",
+        }
+    }
+
+    /// Wire / config code.
+    pub fn code(self) -> u8 {
+        match self {
+            Metric::L2Sq => 0,
+            Metric::Cosine => 1,
+            Metric::InnerProduct => 2,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<Metric> {
+        match code {
+            0 => Some(Metric::L2Sq),
+            1 => Some(Metric::Cosine),
+            2 => Some(Metric::InnerProduct),
+            _ => None,
+        }
+    }
+}
+
+impl std::str::FromStr for Metric {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "l2sq" | "l2" | "euclidean" | "sqeuclidean" => Ok(Metric::L2Sq),
+            "cosine" | "cos" => Ok(Metric::Cosine),
+            "ip" | "dot" | "inner_product" | "innerproduct" => Ok(Metric::InnerProduct),
+            other => Err(format!("unknown metric '{other}' (l2sq, cosine, ip)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Metric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn close(a: f32, b: f32) -> bool {
+        (a - b).abs() <= 1e-3 * (1.0 + a.abs().max(b.abs()))
+    }
+
+    #[test]
+    fn hand_computed() {
+        let a = [1.0, 2.0, 3.0];
+        let b = [4.0, 6.0, 3.0];
+        assert!(close(Metric::L2Sq.distance(&a, &b), 25.0));
+        assert!(close(Metric::InnerProduct.distance(&a, &b), -(4.0 + 12.0 + 9.0)));
+        let c = [1.0, 0.0];
+        let d = [0.0, 1.0];
+        assert!(close(Metric::Cosine.distance(&c, &d), 1.0));
+        assert!(close(Metric::Cosine.distance(&c, &c), 0.0));
+    }
+
+    proptest! {
+        #[test]
+        fn simd_matches_scalar(v in proptest::collection::vec((-10f32..10.0, -10f32..10.0), 1..300)) {
+            let (a, b): (Vec<f32>, Vec<f32>) = v.into_iter().unzip();
+            for m in [Metric::L2Sq, Metric::Cosine, Metric::InnerProduct] {
+                let (s, r) = (m.distance(&a, &b), m.distance_scalar(&a, &b));
+                prop_assert!((s - r).abs() <= 1e-3 * (1.0 + r.abs()), "{m}: simd {s} scalar {r}");
+            }
+        }
+    }
+}
