@@ -26,9 +26,9 @@ impl Metric {
     pub fn distance(self, a: &[f32], b: &[f32]) -> f32 {
         debug_assert_eq!(a.len(), b.len(), "distance over vectors of different dimension");
         let simd = match self {
-            Metric::L2Sq => f32::l2sq(a, b),
-            Metric::Cosine => f32::cos(a, b),
-            Metric::InnerProduct => f32::dot(a, b).map(|d| -d),
+            Metric::L2Sq => <f32 as SpatialSimilarity>::l2sq(a, b),
+            Metric::Cosine => <f32 as SpatialSimilarity>::cos(a, b),
+            Metric::InnerProduct => <f32 as SpatialSimilarity>::dot(a, b).map(|d| -d),
         };
         match simd {
             Some(d) => d as f32,
