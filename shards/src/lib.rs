@@ -1,8 +1,35 @@
-//! The Aker cache engine. See `../shared/ALGORITHM.md` and the README's design section.
+//! The Aker cache engine: an approximate result cache for nearest-neighbour search
+//! (Aker, PVLDB 2026; `../shared/ALGORITHM.md` pins down the algorithm). No network I/O.
+//!
+//! | mechanism (ALGORITHM.md)                         | where                       |
+//! |--------------------------------------------------|-----------------------------|
+//! | distances (squared L2, 1 - cos, -dot; simsimd)   | [`metric`]                  |
+//! | exact table, 128-bit keys, representative/alias  | [`exact_table`], [`entry`]  |
+//! | lookup, admission, FIFO eviction, deletes        | [`cache`]                   |
+//! | neighbour objects with reference counts          | [`pool`]                    |
+//! | dual query filter, rotation keeps survivors      | [`filter`]                  |
+//! | insert log, delete log (in-flight misses)        | [`insert_log`]              |
+//! | fast path, slow path, risk                       | [`refresh`]                 |
+//! | hit policies: Aker, Proximity+, Potluck+         | [`policy`]                  |
+//! | backends: trait, exact and HNSW stores           | [`backend`], [`store`]      |
 pub mod backend;
+pub mod cache;
+pub mod config;
+pub mod entry;
 pub mod error;
+pub mod exact_table;
+pub mod filter;
+pub mod insert_log;
 pub mod metric;
+pub mod policy;
+pub mod pool;
+pub mod refresh;
+pub mod store;
 
 pub use backend::{Backend, Candidate};
+pub use cache::{Admission, Cache, CacheStats, DeleteOutcome, Hit, HitKind, Lookup, MissTicket, Neighbor, SearchOutcome};
+pub use config::{CacheConfig, Capacity, FilterKind};
 pub use error::{Error, Result};
 pub use metric::Metric;
+pub use policy::{HitPolicy, PolicyConfig};
+pub use refresh::InsertOutcome;

@@ -1,0 +1,124 @@
+//! Engine configuration: every knob of ALGORITHM.md, with the paper's defaults.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::metric::Metric;
+
+/// What the pool budget counts (ALGORITHM.md: "Pool capacity counts distinct objects;
+/// the server's budget is in bytes").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Capacity {
+    /// Distinct neighbour objects (the paper's unit).
+    Objects(usize),
+    /// Bytes of everything the cache holds: objects, representatives, aliases.
+    Bytes(usize),
+}
+
+/// Which index serves the query filter.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum FilterKind {
+    /// hnsw_rs over the SIMD kernel (§4.7: m = 4, ef_construction = 8, ef_search = 16).
+    Hnsw { m: usize, ef_construction: usize, ef_search: usize },
+    /// Exact scan: for tests and faithfulness runs.
+    BruteForce,
+}
+
+impl Default for FilterKind {
+    fn default() -> Self {
+        FilterKind::Hnsw { m: 4, ef_construction: 8, ef_search: 16 }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CacheConfig {
+    pub dim: usize,
+    pub metric: Metric,
+    /// Largest `k` a request may ask for.
+    pub k_max: usize,
+    /// Reserve results kept beyond `k` (Δ).
+    pub delta: usize,
+    pub capacity: Capacity,
+    /// Keep each neighbour's vector, so hits are re-ranked for the request's own vector.
+    pub store_vectors: bool,
+    pub filter: FilterKind,
+    /// Candidates the filter returns per lookup (ALGORITHM.md: "nearest 1–2").
+    pub filter_candidates: usize,
+    /// Most aliases one representative links; past it, no new alias (its memory is bounded).
+    pub max_aliases_per_rep: usize,
+    /// Slow-path batch `B`: log records one step scans.
+    pub slow_path_batch: usize,
+    /// Most slow-path steps run after one operation, however high the risk.
+    pub slow_path_max_steps: usize,
+    /// Risk threshold `τ_risk`.
+    pub risk_threshold: f64,
+    /// Most records in the insert log; an entry whose cursor falls behind is invalidated.
+    pub insert_log_cap: usize,
+    /// Deletes remembered for in-flight misses; a miss older than this is not admitted.
+    pub delete_log_cap: usize,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            dim: 0,
+            metric: Metric::L2Sq,
+            k_max: 100,
+            delta: 0,
+            capacity: Capacity::Objects(10_000),
+            store_vectors: true,
+            filter: FilterKind::default(),
+            filter_candidates: 2,
+            max_aliases_per_rep: 256,
+            slow_path_batch: 16,
+            slow_path_max_steps: 64,
+            risk_threshold: 0.3,
+            insert_log_cap: 1 << 20,
+            delete_log_cap: 1 << 16,
+        }
+    }
+}
+
+impl CacheConfig {
+    pub fn new(dim: usize, metric: Metric) -> Self {
+        CacheConfig { dim, metric, ..Default::default() }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(Error::Config(m.to_string()));
+        if self.dim == 0 || self.dim > 65_536 {
+            return bad("dim must be in 1..=65536");
+        }
+        if self.k_max == 0 || self.k_max > 10_000 {
+            return bad("k_max must be in 1..=10000");
+        }
+        if self.delta > 10_000 {
+            return bad("delta must be at most 10000");
+        }
+        match self.capacity {
+            Capacity::Objects(0) | Capacity::Bytes(0) => return bad("capacity must be positive"),
+            _ => {}
+        }
+        if self.filter_candidates == 0 || self.filter_candidates > 64 {
+            return bad("filter_candidates must be in 1..=64");
+        }
+        if self.slow_path_batch == 0 {
+            return bad("slow_path_batch must be positive");
+        }
+        if !(self.risk_threshold.is_finite() && self.risk_threshold > 0.0) {
+            return bad("risk_threshold must be positive");
+        }
+        if self.insert_log_cap == 0 || self.delete_log_cap == 0 {
+            return bad("log caps must be positive");
+        }
+        if let FilterKind::Hnsw { m, ef_construction, ef_search } = self.filter {
+            if m == 0 || m > 256 || ef_construction == 0 || ef_search == 0 {
+                return bad("hnsw filter: m in 1..=256, ef_construction and ef_search positive");
+            }
+        }
+        Ok(())
+    }
+}

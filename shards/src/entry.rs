@@ -1,0 +1,136 @@
+//! Representative entries (§4.2) and their neighbour lists.
+//!
+//! The neighbour list is published as an immutable `Arc<NeighborList>`: a mutation
+//! builds a new list and swaps it in, so a reader holding the old one is never
+//! disturbed (the concurrent read path relies on this).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use crate::exact_table::QueryKey;
+
+/// Representatives are numbered in admission order, so the FIFO is ascending `RepId`.
+pub type RepId = u64;
+
+/// `NRL`: up to `k + Δ` results ascending by (distance to `RQ`, id). Each result's
+/// vector rides along (when the cache stores vectors) so a hit can re-rank for the
+/// request's own vector without touching the shared pool.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NeighborList {
+    pub ids: Vec<u64>,
+    pub dists: Vec<f32>,
+    pub vectors: Vec<Option<Arc<[f32]>>>,
+}
+
+impl NeighborList {
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+    /// `minD`: distance to the nearest result.
+    pub fn min_d(&self) -> f32 {
+        self.dists.first().copied().unwrap_or(0.0)
+    }
+    /// `maxD`: distance to the last result present.
+    pub fn max_d(&self) -> f32 {
+        self.dists.last().copied().unwrap_or(0.0)
+    }
+    pub fn position(&self, id: u64) -> Option<usize> {
+        self.ids.iter().position(|&x| x == id)
+    }
+    /// Risk factor `r(e) = d_k / d_(k+Δ)` (1 when the list holds no reserve).
+    pub fn risk_factor(&self, k: usize) -> f64 {
+        if self.len() <= k || k == 0 {
+            return 1.0;
+        }
+        let (dk, dlast) = (self.dists[k - 1] as f64, self.max_d() as f64);
+        if dlast <= 0.0 {
+            1.0
+        } else {
+            (dk / dlast).clamp(0.0, 1.0)
+        }
+    }
+    /// Inserts `(id, d)` at its sorted place; returns the place.
+    pub fn insert_sorted(&mut self, id: u64, d: f32, v: Option<Arc<[f32]>>) -> usize {
+        let at = self.sorted_place(d, id);
+        self.ids.insert(at, id);
+        self.dists.insert(at, d);
+        self.vectors.insert(at, v);
+        at
+    }
+    /// Removes the result at `i`.
+    pub fn remove_at(&mut self, i: usize) -> u64 {
+        self.dists.remove(i);
+        self.vectors.remove(i);
+        self.ids.remove(i)
+    }
+    /// Index at which `(d, id)` belongs in ascending order.
+    pub fn sorted_place(&self, d: f32, id: u64) -> usize {
+        self.dists
+            .iter()
+            .zip(&self.ids)
+            .position(|(&x, &xid)| d.total_cmp(&x).then(id.cmp(&xid)).is_lt())
+            .unwrap_or(self.len())
+    }
+    pub fn is_sorted(&self) -> bool {
+        self.dists.windows(2).zip(self.ids.windows(2)).all(|(d, i)| {
+            d[0].total_cmp(&d[1]).then(i[0].cmp(&i[1])).is_lt()
+        })
+    }
+}
+
+/// A threshold readable and updatable from any thread (f32 bits in an atomic).
+#[derive(Debug)]
+pub struct AtomicF32(AtomicU32);
+
+impl AtomicF32 {
+    pub fn new(v: f32) -> Self {
+        AtomicF32(AtomicU32::new(v.to_bits()))
+    }
+    pub fn load(&self) -> f32 {
+        f32::from_bits(self.0.load(Ordering::Relaxed))
+    }
+    pub fn store(&self, v: f32) {
+        self.0.store(v.to_bits(), Ordering::Relaxed)
+    }
+    /// Compare-and-swap loop: `f` maps the current value to the new one.
+    pub fn update(&self, f: impl Fn(f32) -> f32) -> f32 {
+        let mut cur = self.0.load(Ordering::Relaxed);
+        loop {
+            let new = f(f32::from_bits(cur));
+            match self.0.compare_exchange_weak(cur, new.to_bits(), Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return new,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+}
+
+/// A cached query that owns its result list and is indexed in the query filter.
+#[derive(Debug)]
+pub struct Representative {
+    pub id: RepId,
+    pub key: QueryKey,
+    pub k: usize,
+    /// `RQ`.
+    pub query: Arc<[f32]>,
+    /// `NRL`, swapped whole on every change.
+    pub nrl: Arc<NeighborList>,
+    /// `τ`, the per-entry similarity threshold.
+    pub tau: AtomicF32,
+    /// `LC`: sequence number of the last insert-log record this entry has accounted for.
+    pub cursor: u64,
+    /// Keys linked to this entry by approximate hits (§4.2 entry linking).
+    pub aliases: Vec<QueryKey>,
+}
+
+impl Representative {
+    pub fn min_d(&self) -> f32 {
+        self.nrl.min_d()
+    }
+    pub fn max_d(&self) -> f32 {
+        self.nrl.max_d()
+    }
+}

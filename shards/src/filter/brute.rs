@@ -1,0 +1,46 @@
+//! Exact-scan filter index: the reference the HNSW one is compared with, and the one
+//! the model test and faithfulness runs use.
+
+use std::sync::Arc;
+
+use super::FilterIndex;
+use crate::entry::RepId;
+use crate::metric::Metric;
+
+pub struct BruteForceIndex {
+    metric: Metric,
+    points: Vec<(RepId, Arc<[f32]>)>,
+}
+
+impl BruteForceIndex {
+    pub fn new(metric: Metric) -> Self {
+        BruteForceIndex { metric, points: Vec::new() }
+    }
+}
+
+impl FilterIndex for BruteForceIndex {
+    fn insert(&mut self, rep: RepId, v: &[f32]) {
+        self.points.push((rep, Arc::from(v)));
+    }
+
+    fn search(&self, q: &[f32], n: usize, accept: &dyn Fn(RepId) -> bool) -> Vec<(RepId, f32)> {
+        let mut best: Vec<(RepId, f32)> = Vec::with_capacity(n + 1);
+        for (rep, v) in &self.points {
+            if !accept(*rep) {
+                continue;
+            }
+            let d = self.metric.distance(q, v);
+            let worse = |x: &(RepId, f32)| d.total_cmp(&x.1).then(rep.cmp(&x.0)).is_lt();
+            if best.len() < n || best.last().is_some_and(worse) {
+                let at = best.iter().position(worse).unwrap_or(best.len());
+                best.insert(at, (*rep, d));
+                best.truncate(n);
+            }
+        }
+        best
+    }
+
+    fn len(&self) -> usize {
+        self.points.len()
+    }
+}

@@ -1,0 +1,60 @@
+//! HNSW filter index on hnsw_rs, with distances from our SIMD kernel (hnsw_rs's own
+//! `DistL2` takes a square root and is scalar).
+
+use hnsw_rs::anndists::dist::Distance;
+use hnsw_rs::hnsw::Hnsw;
+
+use super::FilterIndex;
+use crate::entry::RepId;
+use crate::metric::Metric;
+
+/// hnsw_rs `Distance` that calls `Metric::distance` (simsimd).
+#[derive(Clone, Copy, Debug)]
+pub struct SimdDistance(pub Metric);
+
+impl Distance<f32> for SimdDistance {
+    fn eval(&self, va: &[f32], vb: &[f32]) -> f32 {
+        let d = self.0.distance(va, vb);
+        // hnsw_rs asserts distances >= 0. The graph only compares distances, so any
+        // increasing map onto [0, inf) keeps its behaviour; callers recompute the true
+        // distance from the stored vectors.
+        match self.0 {
+            Metric::InnerProduct if d >= 0.0 => 1.0 + d,
+            Metric::InnerProduct => 1.0 / (1.0 - d),
+            Metric::Cosine | Metric::L2Sq => d.max(0.0),
+        }
+    }
+}
+
+pub struct HnswIndex {
+    graph: Hnsw<'static, f32, SimdDistance>,
+    ef_search: usize,
+    len: usize,
+}
+
+impl HnswIndex {
+    pub fn new(metric: Metric, m: usize, ef_construction: usize, ef_search: usize, capacity_hint: usize) -> Self {
+        let graph = Hnsw::new(m, capacity_hint.max(16), 16, ef_construction, SimdDistance(metric));
+        HnswIndex { graph, ef_search, len: 0 }
+    }
+}
+
+impl FilterIndex for HnswIndex {
+    fn insert(&mut self, rep: RepId, v: &[f32]) {
+        self.graph.insert_slice((v, rep as usize));
+        self.len += 1;
+    }
+
+    fn search(&self, q: &[f32], n: usize, accept: &dyn Fn(RepId) -> bool) -> Vec<(RepId, f32)> {
+        if self.len == 0 {
+            return Vec::new();
+        }
+        let filter = |id: &usize| accept(*id as RepId);
+        let found = self.graph.search_filter(q, n, self.ef_search.max(n), Some(&filter));
+        found.into_iter().map(|nb| (nb.d_id as RepId, nb.distance)).collect()
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}

@@ -1,0 +1,76 @@
+//! Hit policies: when a near query may reuse a cached answer, and how thresholds learn.
+//! One file per policy; the cache calls them only through [`HitPolicy`].
+//!
+//! - [`AkerPolicy`]: per-entry thresholds (§4.4), the paper's algorithm.
+//! - [`ProximityPolicy`]: Proximity+, one fixed global threshold, no aliases.
+//! - [`PotluckPolicy`]: Potluck+, one global threshold tuned by sampled verification.
+//!
+//! The trait is shaped for richer policies: `rerank` lets a policy return the best `k`
+//! of the cached `k + Δ` for the request's own vector, and `on_verification` feeds back
+//! whether a reused answer matched the backend's.
+
+mod aker;
+mod potluck;
+mod proximity;
+
+pub use aker::AkerPolicy;
+pub use potluck::PotluckPolicy;
+pub use proximity::ProximityPolicy;
+
+use serde::{Deserialize, Serialize};
+
+use crate::entry::Representative;
+
+pub trait HitPolicy: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// `τ` of a newly admitted entry, given its `minD`.
+    fn initial_tau(&self, min_d: f32) -> f32;
+    /// A query at distance `d` from `rep.query` is an approximate hit iff `d < threshold`.
+    fn threshold(&self, rep: &Representative) -> f32;
+    /// After an equality hit on `rep`.
+    fn on_equality_hit(&self, rep: &Representative);
+    /// After an approximate hit on `rep`.
+    fn on_approximate_hit(&self, rep: &Representative);
+    /// Whether approximate hits link an alias for the query (§4.2 entry linking).
+    fn links_aliases(&self) -> bool;
+    /// Whether this approximate hit should be turned into a verifying miss.
+    fn sample_verification(&self) -> bool {
+        false
+    }
+    /// The backend's answer to a verifying miss, against the cached one (ids, top-k).
+    fn on_verification(&self, _cached: &[u64], _fresh: &[u64]) {}
+    /// Whether hits return the best `k` of all `k + Δ` cached results for the request's
+    /// vector (needs stored vectors) instead of the entry's own first `k`.
+    fn rerank(&self) -> bool {
+        false
+    }
+}
+
+/// Serializable choice of policy, for configs and the experiment runner.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum PolicyConfig {
+    Aker { alpha_l: f32, alpha_t: f32, tau_init_divisor: f32 },
+    Proximity { threshold: f32 },
+    Potluck { threshold: f32, p: f64, grow: f32, shrink: f32, seed: u64 },
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig::Aker { alpha_l: 1.1, alpha_t: 0.25, tau_init_divisor: 4.0 }
+    }
+}
+
+impl PolicyConfig {
+    pub fn build(&self) -> Box<dyn HitPolicy> {
+        match *self {
+            PolicyConfig::Aker { alpha_l, alpha_t, tau_init_divisor } => {
+                Box::new(AkerPolicy { alpha_l, alpha_t, tau_init_divisor })
+            }
+            PolicyConfig::Proximity { threshold } => Box::new(ProximityPolicy::new(threshold)),
+            PolicyConfig::Potluck { threshold, p, grow, shrink, seed } => {
+                Box::new(PotluckPolicy::new(threshold, p, grow, shrink, seed))
+            }
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! Proximity+ (§5 baseline): one fixed global threshold (the runner uses the 1st
+//! percentile of inter-query distances), no aliases.
+
+use super::HitPolicy;
+use crate::entry::Representative;
+
+#[derive(Clone, Copy, Debug)]
+pub struct ProximityPolicy {
+    threshold: f32,
+}
+
+impl ProximityPolicy {
+    pub fn new(threshold: f32) -> Self {
+        ProximityPolicy { threshold }
+    }
+}
+
+impl HitPolicy for ProximityPolicy {
+    fn name(&self) -> &'static str {
+        "proximity"
+    }
+    fn initial_tau(&self, _min_d: f32) -> f32 {
+        self.threshold
+    }
+    fn threshold(&self, _rep: &Representative) -> f32 {
+        self.threshold
+    }
+    fn on_equality_hit(&self, _rep: &Representative) {}
+    fn on_approximate_hit(&self, _rep: &Representative) {}
+    fn links_aliases(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,113 @@
+//! The neighbour object pool (§4.2): one object per result id, shared by every entry
+//! that lists it, reference-counted by its holders.
+//!
+//! Each object keeps the list of representatives holding it (its reference count is
+//! that list's length), so a delete reaches exactly the entries it affects without a
+//! scan (ALGORITHM.md: "every entry that listed it promotes its next reserve result").
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::entry::RepId;
+
+/// Bytes charged per object beyond its vector and payload (map slot, holder list).
+pub const OBJECT_OVERHEAD_BYTES: usize = 64;
+
+#[derive(Debug, Default)]
+pub struct NeighborObject {
+    pub vector: Option<Arc<[f32]>>,
+    pub payload: Option<Arc<[u8]>>,
+    /// Representatives whose `NRL` lists this id; `holders.len()` is the reference count.
+    pub holders: Vec<RepId>,
+}
+
+impl NeighborObject {
+    pub fn refs(&self) -> usize {
+        self.holders.len()
+    }
+    pub fn bytes(&self) -> usize {
+        OBJECT_OVERHEAD_BYTES
+            + self.vector.as_ref().map_or(0, |v| v.len() * 4)
+            + self.payload.as_ref().map_or(0, |p| p.len())
+            + self.holders.capacity() * 8
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct NeighborPool {
+    objects: HashMap<u64, NeighborObject>,
+    /// Bytes of vectors and payloads (holder lists are charged at a flat rate).
+    data_bytes: usize,
+}
+
+impl NeighborPool {
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+    pub fn get(&self, id: u64) -> Option<&NeighborObject> {
+        self.objects.get(&id)
+    }
+    pub fn contains(&self, id: u64) -> bool {
+        self.objects.contains_key(&id)
+    }
+    /// Estimated bytes held by the pool.
+    pub fn bytes(&self) -> usize {
+        self.objects.len() * OBJECT_OVERHEAD_BYTES + self.data_bytes
+    }
+
+    /// Takes a reference on `id` for `rep`, creating the object if needed. A vector or
+    /// payload given here fills an object that has none.
+    pub fn acquire(&mut self, id: u64, rep: RepId, vector: Option<Arc<[f32]>>, payload: Option<Arc<[u8]>>) {
+        let obj = self.objects.entry(id).or_default();
+        if obj.vector.is_none() {
+            if let Some(v) = vector {
+                self.data_bytes += v.len() * 4;
+                obj.vector = Some(v);
+            }
+        }
+        if obj.payload.is_none() {
+            if let Some(p) = payload {
+                self.data_bytes += p.len();
+                obj.payload = Some(p);
+            }
+        }
+        debug_assert!(!obj.holders.contains(&rep), "rep {rep} holds id {id} twice");
+        obj.holders.push(rep);
+    }
+
+    /// Drops `rep`'s reference on `id`; frees the object at zero. True when freed.
+    pub fn release(&mut self, id: u64, rep: RepId) -> bool {
+        let Some(obj) = self.objects.get_mut(&id) else {
+            debug_assert!(false, "release of absent object {id}");
+            return false;
+        };
+        if let Some(i) = obj.holders.iter().position(|&h| h == rep) {
+            obj.holders.swap_remove(i);
+        }
+        if obj.holders.is_empty() {
+            self.remove(id);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Removes the object whatever its references; returns its holders.
+    pub fn remove(&mut self, id: u64) -> Option<Vec<RepId>> {
+        let obj = self.objects.remove(&id)?;
+        self.data_bytes -= obj.vector.as_ref().map_or(0, |v| v.len() * 4) + obj.payload.as_ref().map_or(0, |p| p.len());
+        Some(obj.holders)
+    }
+
+    pub fn clear(&mut self) {
+        self.objects.clear();
+        self.data_bytes = 0;
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&u64, &NeighborObject)> {
+        self.objects.iter()
+    }
+}

@@ -1,0 +1,155 @@
+//! Inserts and lazy refresh (§4.6, Algorithm 2): the insert log, the fast path, the
+//! slow path and the risk `R` that decides when the slow path runs.
+//!
+//! ```text
+//!  insert(id, v) ─► log.append ─► length cap (entries left behind: invalidated)
+//!               ─► fast path: nearest representative; d(v, RQ) < maxD ⇒ sorted insert
+//!               ─► slow path while R ≥ τ_risk (bounded steps)
+//!  slow path step: next representative round-robin with unchecked records;
+//!                  scan B records from LC, sorted-merge those with d < maxD, advance LC
+//!  R = mean(r) · U / W,  r = d_k / d_(k+Δ),  U = mean unchecked records, W = log length
+//! ```
+
+use std::sync::Arc;
+
+use crate::cache::{bump, Cache, Removal};
+use crate::entry::RepId;
+use crate::error::{validate_vector, Result};
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InsertOutcome {
+    pub seq: u64,
+    /// The fast path put the vector into its nearest representative's list.
+    pub fast_path: bool,
+    pub slow_path_steps: usize,
+    /// The id was cached or logged before: treated as delete + insert.
+    pub replaced: bool,
+}
+
+impl Cache {
+    /// INSERT: call after the backend has applied the insert.
+    pub fn insert(&mut self, id: u64, v: &[f32]) -> Result<InsertOutcome> {
+        validate_vector(v, self.cfg.dim)?;
+        bump(&self.counters.inserts);
+        let mut out = InsertOutcome::default();
+        // An upsert: cached distances to the old vector are wrong now.
+        if self.pool.contains(id) || self.log.contains_id(id) {
+            self.delete(id);
+            out.replaced = true;
+        }
+        let v: Arc<[f32]> = Arc::from(v);
+        out.seq = self.log.append(id, v.clone());
+        self.enforce_log_cap();
+        out.fast_path = self.fast_path(id, &v);
+        out.slow_path_steps = self.run_slow_path();
+        self.trim_log();
+        Ok(out)
+    }
+
+    /// Entries whose cursor fell behind the cap are invalidated; the head moves up.
+    fn enforce_log_cap(&mut self) {
+        let cap = self.cfg.insert_log_cap as u64;
+        if (self.log.len() as u64) <= cap {
+            return;
+        }
+        let new_head = self.log.last_seq() + 1 - cap;
+        while let Some(&(cursor, rid)) = self.cursors.first() {
+            if cursor + 1 >= new_head {
+                break;
+            }
+            self.remove_rep(rid, Removal::LogCap);
+        }
+        self.log.trim_to(new_head - 1);
+    }
+
+    /// The nearest representative to `v` takes it if it is closer than its `maxD`.
+    fn fast_path(&mut self, id: u64, v: &Arc<[f32]>) -> bool {
+        let Some(&(rid, d)) = self.filter.search(v, 1, &|_| true).first() else { return false };
+        if d < self.reps[&rid].max_d() && self.merge(rid, id, d, v) {
+            bump(&self.counters.fast_path_updates);
+            return true;
+        }
+        false
+    }
+
+    /// Sorted insert of `(id, d)` into `rid`'s list, dropping what falls past `k + Δ`.
+    fn merge(&mut self, rid: RepId, id: u64, d: f32, v: &Arc<[f32]>) -> bool {
+        let rep = &self.reps[&rid];
+        if rep.nrl.position(id).is_some() {
+            return false;
+        }
+        let cap = self.answer_len(rep.k);
+        let mut nrl = (*rep.nrl).clone();
+        let vector = self.cfg.store_vectors.then(|| v.clone());
+        if nrl.insert_sorted(id, d, vector.clone()) >= cap {
+            return false;
+        }
+        self.pool.acquire(id, rid, vector, None);
+        while nrl.len() > cap {
+            let dropped = nrl.remove_at(nrl.len() - 1);
+            self.pool.release(dropped, rid);
+        }
+        self.set_nrl(rid, nrl);
+        true
+    }
+
+    /// `R = mean(r) · U / W` (0 with no entries or an empty log).
+    pub fn risk(&self) -> f64 {
+        let n = self.reps.len() as f64;
+        let w = self.log.len() as f64;
+        if n == 0.0 || w == 0.0 {
+            return 0.0;
+        }
+        let unchecked = (self.reps.len() as u128 * self.log.last_seq() as u128 - self.risk.sum_cursor) as f64;
+        self.risk.sum_r * unchecked / (n * n * w)
+    }
+
+    /// Runs slow-path steps while `R ≥ τ_risk`, at most `slow_path_max_steps`.
+    pub fn run_slow_path(&mut self) -> usize {
+        let mut steps = 0;
+        while steps < self.cfg.slow_path_max_steps && self.risk() >= self.cfg.risk_threshold {
+            if !self.slow_path_step() {
+                break;
+            }
+            steps += 1;
+        }
+        steps
+    }
+
+    /// One step: the next representative (round-robin by id) with unchecked records
+    /// scans up to `B` of them. False when no representative lags.
+    pub fn slow_path_step(&mut self) -> bool {
+        let last = self.log.last_seq();
+        let after = self.slow_path_last;
+        let next = self
+            .reps
+            .range(after + 1..)
+            .chain(self.reps.range(..=after))
+            .find(|(_, r)| r.cursor < last)
+            .map(|(&id, _)| id);
+        let Some(rid) = next else { return false };
+        self.slow_path_last = rid;
+        bump(&self.counters.slow_path_steps);
+
+        let (from, query) = {
+            let r = &self.reps[&rid];
+            (r.cursor, r.query.clone())
+        };
+        let to = (from + self.cfg.slow_path_batch as u64).min(last);
+        for seq in from + 1..=to {
+            let Some(rec) = self.log.get(seq) else { continue };
+            let (Some(v), id) = (rec.vector.clone(), rec.id) else { continue };
+            let d = self.cfg.metric.distance(&v, &query);
+            if d < self.reps[&rid].max_d() && self.merge(rid, id, d, &v) {
+                bump(&self.counters.slow_path_merges);
+            }
+        }
+        let rep = self.reps.get_mut(&rid).expect("live");
+        self.cursors.remove(&(rep.cursor, rid));
+        self.risk.sum_cursor += (to - rep.cursor) as u128;
+        rep.cursor = to;
+        self.cursors.insert((to, rid));
+        self.trim_log();
+        true
+    }
+}

@@ -1,0 +1,403 @@
+//! Hand-computed checks of each rule of ALGORITHM.md, one test per rule.
+//!
+//! The collection is one-dimensional so every distance can be worked out by hand:
+//! squared L2 between points on a line.
+
+use std::sync::Arc;
+
+use shards::store::ExactStore;
+use shards::{
+    Admission, Backend, Cache, CacheConfig, Capacity, Error, FilterKind, HitKind, Lookup, Metric, PolicyConfig,
+};
+
+/// Points: id -> position on the line.
+const POINTS: [(u64, f32); 6] = [(1, 2.0), (2, 3.0), (3, 5.0), (4, 9.0), (5, 14.0), (6, 20.0)];
+
+fn store() -> ExactStore {
+    let mut s = ExactStore::new(1, Metric::L2Sq);
+    for (id, x) in POINTS {
+        s.insert(id, &[x]).unwrap();
+    }
+    s
+}
+
+fn cache_with(delta: usize, capacity: usize, filter: FilterKind, policy: PolicyConfig) -> Cache {
+    let cfg = CacheConfig {
+        delta,
+        capacity: Capacity::Objects(capacity),
+        filter,
+        k_max: 4,
+        ..CacheConfig::new(1, Metric::L2Sq)
+    };
+    Cache::new(cfg, policy.build()).unwrap()
+}
+
+fn cache(delta: usize) -> Cache {
+    cache_with(delta, 100, FilterKind::BruteForce, PolicyConfig::default())
+}
+
+fn ids(r: &shards::SearchOutcome) -> Vec<u64> {
+    r.results.iter().map(|n| n.id).collect()
+}
+
+fn tau(c: &Cache, q: f32, k: usize) -> f32 {
+    let rep = c.slot(&[q], k).unwrap().rep();
+    c.representative(rep).unwrap().tau.load()
+}
+
+fn close(a: f32, b: f32) -> bool {
+    (a - b).abs() < 1e-5
+}
+
+#[test]
+fn miss_admits_with_tau_min_d_over_4_then_equality_hit_grows_tau() {
+    let (mut c, s) = (cache(0), store());
+    // q = 1.0: d(1) = 1, d(2) = 4 -> minD = 1, τ = 0.25
+    let r = c.search(&s, &[1.0], 2).unwrap();
+    assert_eq!(r.kind, HitKind::Miss);
+    assert_eq!(ids(&r), vec![1, 2]);
+    assert!(close(tau(&c, 1.0, 2), 0.25));
+    let r = c.search(&s, &[1.0], 2).unwrap();
+    assert_eq!(r.kind, HitKind::Exact);
+    assert_eq!(ids(&r), vec![1, 2]);
+    assert!(close(tau(&c, 1.0, 2), 0.275), "τ ← min(0.25 · 1.1, minD = 1)");
+    // growth is capped by minD
+    for _ in 0..40 {
+        c.search(&s, &[1.0], 2).unwrap();
+    }
+    assert!(close(tau(&c, 1.0, 2), 1.0), "capped at minD, got {}", tau(&c, 1.0, 2));
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn approximate_hit_shrinks_tau_links_alias_and_reranks_for_the_request() {
+    let (mut c, s) = (cache(0), store());
+    c.search(&s, &[1.0], 2).unwrap();
+    c.search(&s, &[1.0], 2).unwrap(); // τ = 0.275
+    // q' = 1.3: d(q', RQ) = 0.09 < 0.275
+    let r = c.search(&s, &[1.3], 2).unwrap();
+    assert_eq!(r.kind, HitKind::Approximate);
+    assert_eq!(ids(&r), vec![1, 2]);
+    assert!(close(r.results[0].distance, 0.49) && close(r.results[1].distance, 2.89), "{:?}", r.results);
+    assert!(r.exact_distances);
+    assert!(close(tau(&c, 1.0, 2), 0.06875), "τ ← 0.275 · 0.25");
+    // the same query again comes back through its alias, τ unchanged
+    let r = c.search(&s, &[1.3], 2).unwrap();
+    assert_eq!(r.kind, HitKind::Alias);
+    assert!(close(tau(&c, 1.0, 2), 0.06875));
+    assert_eq!(c.aliases(), 1);
+    // d = 0.09 is no longer < τ for another near query
+    let r = c.search(&s, &[0.7], 2).unwrap();
+    assert_eq!(r.kind, HitKind::Miss);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn threshold_is_strict() {
+    let (mut c, s) = (cache(0), store());
+    c.search(&s, &[1.0], 2).unwrap(); // τ = 0.25
+    // d(1.5, 1.0) = 0.25, not < 0.25
+    assert_eq!(c.search(&s, &[1.5], 2).unwrap().kind, HitKind::Miss);
+}
+
+#[test]
+fn entries_are_keyed_by_k() {
+    let (mut c, s) = (cache(0), store());
+    c.search(&s, &[1.0], 2).unwrap();
+    let r = c.search(&s, &[1.0], 3).unwrap();
+    assert_eq!(r.kind, HitKind::Miss);
+    assert_eq!(ids(&r), vec![1, 2, 3]);
+    assert_eq!(c.search(&s, &[1.0], 3).unwrap().kind, HitKind::Exact);
+}
+
+#[test]
+fn delete_promotes_the_reserve() {
+    let (mut c, mut s) = (cache(1), store());
+    c.search(&s, &[1.0], 2).unwrap(); // NRL = 1, 2 | 3
+    s.delete(1).unwrap();
+    let d = c.delete(1);
+    assert_eq!((d.cached, d.repaired, d.invalidated), (true, 1, 0));
+    let r = c.search(&s, &[1.0], 2).unwrap();
+    assert_eq!(r.kind, HitKind::Exact);
+    assert_eq!(ids(&r), vec![2, 3]);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn fewer_than_k_invalidates_and_the_query_is_admissible_at_once() {
+    let (mut c, mut s) = (cache(0), store());
+    c.search(&s, &[1.0], 2).unwrap();
+    s.delete(2).unwrap();
+    let d = c.delete(2);
+    assert_eq!((d.repaired, d.invalidated), (0, 1));
+    assert_eq!(c.len(), 0);
+    assert_eq!(c.objects(), 0, "references released");
+    let r = c.search(&s, &[1.0], 2).unwrap();
+    assert_eq!(r.kind, HitKind::Miss);
+    assert_eq!(ids(&r), vec![1, 3]);
+    assert_eq!(r.admission, Some(Admission::Admitted(2)));
+    assert_eq!(c.search(&s, &[1.0], 2).unwrap().kind, HitKind::Exact);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn delete_of_an_uncached_id_is_normal() {
+    let mut c = cache(0);
+    let d = c.delete(12345);
+    assert!(!d.cached);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn a_delete_during_an_in_flight_miss_is_not_admitted_back() {
+    let (mut c, mut s) = (cache(0), store());
+    let Lookup::Miss(ticket) = c.lookup(&[1.0], 2).unwrap() else { panic!("cold cache") };
+    let answer = s.search(&ticket.query, 3).unwrap(); // backend answered: 1, 2, 3
+    s.delete(1).unwrap();
+    c.delete(1); // acknowledged before the admission
+    assert_eq!(c.admit(ticket, answer).unwrap(), Admission::Admitted(1));
+    let r = c.search(&s, &[1.0], 2).unwrap();
+    assert_eq!(r.kind, HitKind::Exact);
+    assert_eq!(ids(&r), vec![2, 3], "the deleted id is stripped at admission");
+    c.check_invariants().unwrap();
+
+    // With too few left after stripping, nothing is admitted.
+    let (mut c, s) = (cache(0), store());
+    let Lookup::Miss(ticket) = c.lookup(&[1.0], 2).unwrap() else { panic!() };
+    let answer = s.search(&ticket.query, 2).unwrap();
+    c.delete(2);
+    assert_eq!(c.admit(ticket, answer).unwrap(), Admission::TooFew);
+    assert_eq!(c.len(), 0);
+}
+
+#[test]
+fn fast_path_inserts_at_the_sorted_place() {
+    let (mut c, mut s) = (cache(1), store());
+    c.search(&s, &[1.0], 2).unwrap(); // NRL: 1 (1), 2 (4), 3 (16)
+    s.insert(9, &[0.0]).unwrap(); // d = 1, ties with id 1: after it by id
+    let out = c.insert(9, &[0.0]).unwrap();
+    assert!(out.fast_path);
+    let rep = c.representative(c.slot(&[1.0], 2).unwrap().rep()).unwrap();
+    assert_eq!(rep.nrl.ids, vec![1, 9, 2], "inserted at its place, last dropped");
+    assert_eq!(rep.nrl.dists, vec![1.0, 1.0, 4.0]);
+    assert_eq!(c.objects(), 3, "the dropped result's reference is released");
+    // an insert farther than maxD changes nothing
+    s.insert(10, &[30.0]).unwrap();
+    assert!(!c.insert(10, &[30.0]).unwrap().fast_path);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn risk_is_mean_r_times_unchecked_over_log_length() {
+    let (mut c, s) = (cache(1), store());
+    c.search(&s, &[1.0], 2).unwrap(); // A: dists 1, 4 | 16 -> r = 4 / 16 = 0.25
+    assert_eq!(c.risk(), 0.0, "empty log");
+    // far inserts: no fast-path merge; U = W, so R = mean r = 0.25 < 0.3: no slow path
+    c.insert(100, &[1000.0]).unwrap();
+    c.insert(101, &[1001.0]).unwrap();
+    assert!((c.risk() - 0.25).abs() < 1e-9, "{}", c.risk());
+    assert_eq!(c.stats().slow_path_steps, 0);
+    // B admitted after both inserts (cursor 2): dists 0, 36 | 121 -> r = 36 / 121
+    c.search(&s, &[20.0], 2).unwrap();
+    let mean_r = (0.25 + 36.0 / 121.0) / 2.0;
+    let (u, w) = ((2.0 + 0.0) / 2.0, 2.0);
+    assert!((c.risk() - mean_r * u / w).abs() < 1e-9, "{}", c.risk());
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn slow_path_runs_while_risk_is_high_and_trims_the_log() {
+    let (mut c, s) = (cache(0), store());
+    c.search(&s, &[1.0], 2).unwrap(); // Δ = 0: r = 1, so R = U / W = 1 after an insert
+    c.insert(100, &[1000.0]).unwrap();
+    assert_eq!(c.stats().slow_path_steps, 1);
+    assert_eq!(c.risk(), 0.0);
+    assert_eq!(c.insert_log_len(), 0, "every cursor passed the record");
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn slow_path_merge_reaches_entries_the_fast_path_skips() {
+    let cfg = CacheConfig {
+        delta: 0,
+        filter: FilterKind::BruteForce,
+        k_max: 4,
+        risk_threshold: 0.3,
+        ..CacheConfig::new(1, Metric::L2Sq)
+    };
+    let mut c = Cache::new(cfg, PolicyConfig::default().build()).unwrap();
+    let mut s = store();
+    c.search(&s, &[4.0], 2).unwrap(); // A at 4: 2 (1), 3 (1)
+    c.search(&s, &[6.0], 2).unwrap(); // B at 6: 3 (1), 4 (9)
+    // x = 4.6: nearest representative is A (0.36 vs 1.96), so the fast path offers it to
+    // A (0.36 < maxD 1: taken). B wants it too (1.96 < 9): only the slow path brings it.
+    s.insert(30, &[4.6]).unwrap();
+    c.insert(30, &[4.6]).unwrap();
+    let b = c.slot(&[6.0], 2).unwrap().rep();
+    assert_eq!(c.representative(b).unwrap().nrl.ids, vec![3, 30]);
+    assert!(c.stats().slow_path_merges >= 1);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn fifo_eviction_releases_references_and_aliases() {
+    // capacity 4 objects, k = 2: two entries fit
+    let mut c = cache_with(0, 4, FilterKind::BruteForce, PolicyConfig::default());
+    let s = store();
+    c.search(&s, &[1.0], 2).unwrap(); // 1, 2
+    c.search(&s, &[1.0], 2).unwrap();
+    c.search(&s, &[1.3], 2).unwrap(); // approximate: alias 1.3
+    c.search(&s, &[20.0], 2).unwrap(); // 6, 5
+    assert_eq!(c.objects(), 4);
+    c.search(&s, &[9.0], 2).unwrap(); // 4, 3: evicts the oldest (q = 1.0) and its alias
+    assert_eq!(c.len(), 2);
+    assert_eq!(c.aliases(), 0);
+    assert!(c.slot(&[1.3], 2).is_none() && c.slot(&[1.0], 2).is_none());
+    assert_eq!(c.stats().evictions, 1);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn shared_objects_are_reference_counted() {
+    let mut c = cache(0);
+    let s = store();
+    c.search(&s, &[1.0], 2).unwrap(); // 1, 2
+    c.search(&s, &[2.4], 2).unwrap(); // 1 (0.16), 2 (0.36): both shared
+    assert_eq!(c.objects(), 2, "ids 1 and 2 shared");
+    assert_eq!(c.len(), 2);
+    c.evict_oldest();
+    assert_eq!(c.objects(), 2, "still held by the second entry");
+    c.evict_oldest();
+    assert_eq!(c.objects(), 0);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn bad_input_is_an_error_value() {
+    let mut c = cache(0);
+    let s = store();
+    assert!(matches!(c.lookup(&[1.0, 2.0], 2), Err(Error::DimensionMismatch { expected: 1, got: 2 })));
+    assert!(matches!(c.lookup(&[f32::NAN], 2), Err(Error::NonFinite { .. })));
+    assert!(matches!(c.lookup(&[f32::INFINITY], 2), Err(Error::NonFinite { .. })));
+    assert!(matches!(c.lookup(&[1.0], 0), Err(Error::KOutOfRange { k: 0, k_max: 4 })));
+    assert!(matches!(c.search(&s, &[1.0], 5), Err(Error::KOutOfRange { k: 5, .. })));
+    assert!(matches!(c.insert(1, &[f32::NAN]), Err(Error::NonFinite { .. })));
+    assert!(Cache::new(CacheConfig::new(0, Metric::L2Sq), PolicyConfig::default().build()).is_err());
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn log_cap_invalidates_entries_left_behind() {
+    let cfg = CacheConfig {
+        filter: FilterKind::BruteForce,
+        k_max: 4,
+        insert_log_cap: 4,
+        // never run the slow path, so cursors stay where they are
+        risk_threshold: 1e9,
+        ..CacheConfig::new(1, Metric::L2Sq)
+    };
+    let mut c = Cache::new(cfg, PolicyConfig::default().build()).unwrap();
+    let s = store();
+    c.search(&s, &[1.0], 2).unwrap();
+    for i in 0..4 {
+        c.insert(100 + i, &[1000.0 + i as f32]).unwrap();
+    }
+    assert_eq!(c.len(), 1, "log at its cap, entry still valid");
+    c.insert(200, &[2000.0]).unwrap();
+    assert_eq!(c.len(), 0, "cursor fell behind the cap");
+    assert!(c.insert_log_len() <= 4);
+    assert_eq!(c.stats().log_cap_invalidations, 1);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn insert_log_head_follows_the_oldest_cursor() {
+    let mut c = cache(1); // r = 0.25 below τ_risk: the slow path stays idle
+    let s = store();
+    for i in 0..3 {
+        c.insert(100 + i, &[1000.0]).unwrap();
+    }
+    assert_eq!(c.insert_log_len(), 0, "no entry needs the log");
+    c.search(&s, &[1.0], 2).unwrap();
+    c.insert(200, &[1000.0]).unwrap();
+    assert_eq!(c.insert_log_len(), 1);
+    c.flush();
+    assert_eq!(c.insert_log_len(), 0);
+}
+
+#[test]
+fn upsert_replaces_a_cached_vector() {
+    let (mut c, mut s) = (cache(1), store());
+    c.search(&s, &[1.0], 2).unwrap(); // 1, 2 | 3
+    s.insert(1, &[50.0]).unwrap();
+    let out = c.insert(1, &[50.0]).unwrap();
+    assert!(out.replaced);
+    let r = c.search(&s, &[1.0], 2).unwrap();
+    assert_eq!(ids(&r), vec![2, 3]);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn proximity_uses_one_global_threshold_and_no_aliases() {
+    let mut c = cache_with(0, 100, FilterKind::BruteForce, PolicyConfig::Proximity { threshold: 4.0 });
+    let s = store();
+    c.search(&s, &[1.0], 2).unwrap();
+    assert_eq!(c.search(&s, &[2.9], 2).unwrap().kind, HitKind::Approximate); // d = 3.61 < 4
+    assert_eq!(c.search(&s, &[2.9], 2).unwrap().kind, HitKind::Approximate, "no alias");
+    assert_eq!(c.aliases(), 0);
+    assert_eq!(c.search(&s, &[3.1], 2).unwrap().kind, HitKind::Miss); // d = 4.41
+}
+
+#[test]
+fn potluck_verification_tunes_the_global_threshold() {
+    let policy = PolicyConfig::Potluck { threshold: 4.0, p: 1.0, grow: 1.1, shrink: 0.5, seed: 1 };
+    let mut c = cache_with(0, 100, FilterKind::BruteForce, policy);
+    let s = store();
+    c.search(&s, &[1.0], 2).unwrap(); // 1, 2
+    // every approximate hit is verified: 2.9's true top-2 is 2, 1 = same set: grows
+    let r = c.search(&s, &[2.9], 2).unwrap();
+    assert_eq!(r.kind, HitKind::Miss);
+    assert_eq!(c.stats().verifications, 1);
+    let Lookup::Miss(_) = c.lookup(&[3.6], 2).unwrap() else { panic!("verified again") };
+}
+
+#[test]
+fn filter_rotation_through_evictions_keeps_hits() {
+    // HNSW filter, small pool: many evictions rotate the filter; every live entry must
+    // still be found by an exact-distance near query.
+    let mut c = cache_with(0, 8, FilterKind::default(), PolicyConfig::Proximity { threshold: 0.01 });
+    let mut s = ExactStore::new(1, Metric::L2Sq);
+    for i in 0..200u64 {
+        s.insert(i, &[i as f32 * 10.0]).unwrap();
+    }
+    for i in 0..100u64 {
+        c.search(&s, &[i as f32 * 10.0 + 1.0], 2).unwrap();
+    }
+    assert!(c.stats().filter.rotations >= 2, "{:?}", c.stats().filter);
+    for rep in c.representatives().map(|r| r.query.clone()).collect::<Vec<Arc<[f32]>>>() {
+        let near = [rep[0] + 0.05];
+        assert_eq!(c.search(&s, &near, 2).unwrap().kind, HitKind::Approximate);
+    }
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn byte_budget_bounds_memory() {
+    let cfg = CacheConfig {
+        capacity: Capacity::Bytes(4096),
+        filter: FilterKind::BruteForce,
+        k_max: 4,
+        ..CacheConfig::new(1, Metric::L2Sq)
+    };
+    let mut c = Cache::new(cfg, PolicyConfig::default().build()).unwrap();
+    let mut s = ExactStore::new(1, Metric::L2Sq);
+    for i in 0..500u64 {
+        s.insert(i, &[i as f32]).unwrap();
+    }
+    for i in 0..200u64 {
+        c.search(&s, &[i as f32 * 2.5 + 0.3], 4).unwrap();
+        assert!(c.bytes() <= 4096, "{}", c.bytes());
+    }
+    assert!(c.stats().evictions > 0);
+    c.check_invariants().unwrap();
+}
