@@ -21,7 +21,11 @@ pub struct Candidate {
 
 impl Candidate {
     pub fn new(id: u64, distance: f32) -> Self {
-        Candidate { id, distance, vector: None }
+        Candidate {
+            id,
+            distance,
+            vector: None,
+        }
     }
 }
 

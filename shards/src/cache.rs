@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::backend::{sort_candidates, Backend, Candidate};
-use crate::config::{Capacity, CacheConfig};
+use crate::config::{CacheConfig, Capacity};
 use crate::entry::{AtomicF32, NeighborList, RepId, Representative};
 use crate::error::{validate_k, validate_vector, Result};
 use crate::exact_table::{ExactTable, QueryKey, Slot};
@@ -308,7 +308,13 @@ impl Cache {
                 self.policy.on_approximate_hit(rep);
                 bump(&self.counters.approximate_hits);
                 let link = self.policy.links_aliases().then_some(key);
-                return Ok(Lookup::Hit(self.answer(rep, q, k, HitKind::Approximate, link)));
+                return Ok(Lookup::Hit(self.answer(
+                    rep,
+                    q,
+                    k,
+                    HitKind::Approximate,
+                    link,
+                )));
             }
         }
         bump(&self.counters.misses);
@@ -322,7 +328,14 @@ impl Cache {
         Ok(self.ticket(q, k, QueryKey::new(q, k), None, replace))
     }
 
-    fn ticket(&self, q: &[f32], k: usize, key: QueryKey, verify: Option<Vec<u64>>, replace: bool) -> MissTicket {
+    fn ticket(
+        &self,
+        q: &[f32],
+        k: usize,
+        key: QueryKey,
+        verify: Option<Vec<u64>>,
+        replace: bool,
+    ) -> MissTicket {
         MissTicket {
             query: Arc::from(q),
             k,
@@ -335,13 +348,25 @@ impl Cache {
     }
 
     /// The `k` results a hit returns, ascending by distance to the request's vector.
-    fn answer(&self, rep: &Representative, q: &[f32], k: usize, kind: HitKind, link: Option<QueryKey>) -> Hit {
+    fn answer(
+        &self,
+        rep: &Representative,
+        q: &[f32],
+        k: usize,
+        kind: HitKind,
+        link: Option<QueryKey>,
+    ) -> Hit {
         let nrl: &NeighborList = &rep.nrl;
         debug_assert!(nrl.len() >= k, "a representative holds at least k results");
         let mut results: Vec<Neighbor>;
         let mut exact_distances = true;
         if kind == HitKind::Exact {
-            results = (0..k).map(|i| Neighbor { id: nrl.ids[i], distance: nrl.dists[i] }).collect();
+            results = (0..k)
+                .map(|i| Neighbor {
+                    id: nrl.ids[i],
+                    distance: nrl.dists[i],
+                })
+                .collect();
         } else {
             let pool = if self.policy.rerank() { nrl.len() } else { k };
             results = Vec::with_capacity(pool);
@@ -353,12 +378,21 @@ impl Cache {
                         nrl.dists[i]
                     }
                 };
-                results.push(Neighbor { id: nrl.ids[i], distance });
+                results.push(Neighbor {
+                    id: nrl.ids[i],
+                    distance,
+                });
             }
             results.sort_by(|a, b| a.distance.total_cmp(&b.distance).then(a.id.cmp(&b.id)));
             results.truncate(k);
         }
-        Hit { kind, rep: rep.id, results, exact_distances, link }
+        Hit {
+            kind,
+            rep: rep.id,
+            results,
+            exact_distances,
+            link,
+        }
     }
 
     /// Lookup, then whatever it asks of the owner, then the backend on a miss: the
@@ -369,7 +403,12 @@ impl Cache {
                 if let Some(key) = hit.link {
                     self.link_alias(key, hit.rep);
                 }
-                SearchOutcome { kind: hit.kind, results: hit.results, exact_distances: hit.exact_distances, admission: None }
+                SearchOutcome {
+                    kind: hit.kind,
+                    results: hit.results,
+                    exact_distances: hit.exact_distances,
+                    admission: None,
+                }
             }
             Lookup::Miss(ticket) => self.resolve_miss(backend, ticket)?,
         };
@@ -378,17 +417,32 @@ impl Cache {
     }
 
     /// Calls the backend for a ticket and admits its answer.
-    pub fn resolve_miss(&mut self, backend: &dyn Backend, ticket: MissTicket) -> Result<SearchOutcome> {
+    pub fn resolve_miss(
+        &mut self,
+        backend: &dyn Backend,
+        ticket: MissTicket,
+    ) -> Result<SearchOutcome> {
         let k = ticket.k;
         let answer = backend.search(&ticket.query, self.answer_len(k))?;
-        let results: Vec<Neighbor> =
-            answer.iter().take(k).map(|c| Neighbor { id: c.id, distance: c.distance }).collect();
+        let results: Vec<Neighbor> = answer
+            .iter()
+            .take(k)
+            .map(|c| Neighbor {
+                id: c.id,
+                distance: c.distance,
+            })
+            .collect();
         if let Some(cached) = &ticket.verify {
             let fresh: Vec<u64> = results.iter().map(|n| n.id).collect();
             self.policy.on_verification(cached, &fresh);
         }
         let admission = self.admit(ticket, answer)?;
-        Ok(SearchOutcome { kind: HitKind::Miss, results, exact_distances: true, admission: Some(admission) })
+        Ok(SearchOutcome {
+            kind: HitKind::Miss,
+            results,
+            exact_distances: true,
+            admission: Some(admission),
+        })
     }
 
     // --------------------------------------------------------------- owner side
@@ -399,7 +453,9 @@ impl Cache {
         if self.table.get(&key).is_some() {
             return false;
         }
-        let Some(r) = self.reps.get_mut(&rep) else { return false };
+        let Some(r) = self.reps.get_mut(&rep) else {
+            return false;
+        };
         if r.aliases.len() >= self.cfg.max_aliases_per_rep {
             return false;
         }
@@ -448,7 +504,9 @@ impl Cache {
 
         let n = answer.len();
         while !self.fits(n) {
-            let Some((&victim, _)) = self.reps.first_key_value() else { break };
+            let Some((&victim, _)) = self.reps.first_key_value() else {
+                break;
+            };
             self.remove_rep(victim, Removal::Evicted);
         }
         if !self.fits(n) {
@@ -460,7 +518,11 @@ impl Cache {
         self.next_rep += 1;
         let mut nrl = NeighborList::default();
         for c in answer {
-            let v = if self.cfg.store_vectors { c.vector } else { None };
+            let v = if self.cfg.store_vectors {
+                c.vector
+            } else {
+                None
+            };
             self.pool.acquire(c.id, id, v.clone(), None);
             nrl.ids.push(c.id);
             nrl.dists.push(c.distance);
@@ -468,7 +530,10 @@ impl Cache {
         }
         // The backend already reflects every insert the log held when the miss began;
         // a trimmed-away stretch cannot be scanned any more (P2 allows missing it).
-        let cursor = ticket.insert_seq.max(self.log.head_seq() - 1).min(self.log.last_seq());
+        let cursor = ticket
+            .insert_seq
+            .max(self.log.head_seq() - 1)
+            .min(self.log.last_seq());
         let rep = Representative {
             id,
             key: ticket.key,
@@ -494,13 +559,27 @@ impl Cache {
         REP_OVERHEAD_BYTES + self.cfg.dim * 4 + self.answer_len(k) * 20
     }
 
-    /// Whether an entry of `n` results fits without eviction.
+    /// Evicts (FIFO) while the pool is over its budget.
+    pub(crate) fn evict_to_budget(&mut self) {
+        while !self.fits(0) && self.evict_oldest() {}
+    }
+
+    /// Whether an entry of `n` results fits without eviction (`n = 0`: within budget).
     fn fits(&self, n: usize) -> bool {
         match self.cfg.capacity {
             Capacity::Objects(cap) => self.pool.len() + n <= cap,
             Capacity::Bytes(budget) => {
-                let per_object = OBJECT_OVERHEAD_BYTES + if self.cfg.store_vectors { self.cfg.dim * 4 } else { 0 };
-                let extra = n * per_object + REP_OVERHEAD_BYTES + self.cfg.dim * 4 + n * 20;
+                let per_object = OBJECT_OVERHEAD_BYTES
+                    + if self.cfg.store_vectors {
+                        self.cfg.dim * 4
+                    } else {
+                        0
+                    };
+                let extra = if n == 0 {
+                    0
+                } else {
+                    n * per_object + REP_OVERHEAD_BYTES + self.cfg.dim * 4 + n * 20
+                };
                 self.bytes() + extra <= budget
             }
         }
@@ -518,7 +597,9 @@ impl Cache {
     /// Removes a representative with its aliases: releases its references, tombstones it
     /// in the filter, and trims the insert log to the oldest cursor left.
     pub(crate) fn remove_rep(&mut self, id: RepId, why: Removal) {
-        let Some(rep) = self.reps.remove(&id) else { return };
+        let Some(rep) = self.reps.remove(&id) else {
+            return;
+        };
         for &nid in &rep.nrl.ids {
             self.pool.release(nid, id);
         }
@@ -560,13 +641,19 @@ impl Cache {
 
     /// Drops log records every representative has accounted for.
     pub(crate) fn trim_log(&mut self) {
-        let upto = self.cursors.first().map_or(self.log.last_seq(), |&(c, _)| c);
+        let upto = self
+            .cursors
+            .first()
+            .map_or(self.log.last_seq(), |&(c, _)| c);
         self.log.trim_to(upto);
     }
 
     /// Replaces `rep`'s list, keeping the risk sums current.
     pub(crate) fn set_nrl(&mut self, id: RepId, nrl: NeighborList) {
-        let rep = self.reps.get_mut(&id).expect("set_nrl on a live representative");
+        let rep = self
+            .reps
+            .get_mut(&id)
+            .expect("set_nrl on a live representative");
         debug_assert!(nrl.is_sorted());
         self.risk.sum_r += nrl.risk_factor(rep.k) - rep.nrl.risk_factor(rep.k);
         rep.nrl = Arc::new(nrl);
@@ -579,10 +666,14 @@ impl Cache {
         self.deletes.append(id);
         self.log.tombstone(id);
         let mut out = DeleteOutcome::default();
-        let Some(holders) = self.pool.remove(id) else { return out };
+        let Some(holders) = self.pool.remove(id) else {
+            return out;
+        };
         out.cached = true;
         for rid in holders {
-            let Some(rep) = self.reps.get(&rid) else { continue };
+            let Some(rep) = self.reps.get(&rid) else {
+                continue;
+            };
             let mut nrl = (*rep.nrl).clone();
             let k = rep.k;
             if let Some(i) = nrl.position(id) {
@@ -688,7 +779,11 @@ impl Cache {
                 return Err(ctx("id mismatch"));
             }
             if nrl.len() < rep.k || nrl.len() > self.answer_len(rep.k) {
-                return Err(ctx(&format!("list length {} outside k..=k+Δ ({})", nrl.len(), rep.k)));
+                return Err(ctx(&format!(
+                    "list length {} outside k..=k+Δ ({})",
+                    nrl.len(),
+                    rep.k
+                )));
             }
             if nrl.ids.len() != nrl.dists.len() || nrl.ids.len() != nrl.vectors.len() {
                 return Err(ctx("list columns differ in length"));
@@ -733,7 +828,9 @@ impl Cache {
             }
             for h in &obj.holders {
                 if !self.reps.get(h).is_some_and(|r| r.nrl.ids.contains(&nid)) {
-                    return Err(format!("object {nid} names holder {h} that does not list it"));
+                    return Err(format!(
+                        "object {nid} names holder {h} that does not list it"
+                    ));
                 }
             }
         }
@@ -746,7 +843,11 @@ impl Cache {
             ));
         }
         if self.filter.live() != self.reps.len() {
-            return Err(format!("filter has {} live for {} reps", self.filter.live(), self.reps.len()));
+            return Err(format!(
+                "filter has {} live for {} reps",
+                self.filter.live(),
+                self.reps.len()
+            ));
         }
         if self.cursors.len() != self.reps.len() || sum_cursor != self.risk.sum_cursor {
             return Err("cursor index or sum out of step".into());

@@ -21,14 +21,22 @@ pub enum Capacity {
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum FilterKind {
     /// hnsw_rs over the SIMD kernel (§4.7: m = 4, ef_construction = 8, ef_search = 16).
-    Hnsw { m: usize, ef_construction: usize, ef_search: usize },
+    Hnsw {
+        m: usize,
+        ef_construction: usize,
+        ef_search: usize,
+    },
     /// Exact scan: for tests and faithfulness runs.
     BruteForce,
 }
 
 impl Default for FilterKind {
     fn default() -> Self {
-        FilterKind::Hnsw { m: 4, ef_construction: 8, ef_search: 16 }
+        FilterKind::Hnsw {
+            m: 4,
+            ef_construction: 8,
+            ef_search: 16,
+        }
     }
 }
 
@@ -84,7 +92,11 @@ impl Default for CacheConfig {
 
 impl CacheConfig {
     pub fn new(dim: usize, metric: Metric) -> Self {
-        CacheConfig { dim, metric, ..Default::default() }
+        CacheConfig {
+            dim,
+            metric,
+            ..Default::default()
+        }
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -114,7 +126,12 @@ impl CacheConfig {
         if self.insert_log_cap == 0 || self.delete_log_cap == 0 {
             return bad("log caps must be positive");
         }
-        if let FilterKind::Hnsw { m, ef_construction, ef_search } = self.filter {
+        if let FilterKind::Hnsw {
+            m,
+            ef_construction,
+            ef_search,
+        } = self.filter
+        {
             if m == 0 || m > 256 || ef_construction == 0 || ef_search == 0 {
                 return bad("hnsw filter: m in 1..=256, ef_construction and ef_search positive");
             }

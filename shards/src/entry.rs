@@ -75,9 +75,10 @@ impl NeighborList {
             .unwrap_or(self.len())
     }
     pub fn is_sorted(&self) -> bool {
-        self.dists.windows(2).zip(self.ids.windows(2)).all(|(d, i)| {
-            d[0].total_cmp(&d[1]).then(i[0].cmp(&i[1])).is_lt()
-        })
+        self.dists
+            .windows(2)
+            .zip(self.ids.windows(2))
+            .all(|(d, i)| d[0].total_cmp(&d[1]).then(i[0].cmp(&i[1])).is_lt())
     }
 }
 
@@ -100,7 +101,12 @@ impl AtomicF32 {
         let mut cur = self.0.load(Ordering::Relaxed);
         loop {
             let new = f(f32::from_bits(cur));
-            match self.0.compare_exchange_weak(cur, new.to_bits(), Ordering::Relaxed, Ordering::Relaxed) {
+            match self.0.compare_exchange_weak(
+                cur,
+                new.to_bits(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return new,
                 Err(actual) => cur = actual,
             }

@@ -33,7 +33,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Checks a vector at the boundary: dimension and finiteness.
 pub fn validate_vector(v: &[f32], dim: usize) -> Result<()> {
     if v.len() != dim {
-        return Err(Error::DimensionMismatch { expected: dim, got: v.len() });
+        return Err(Error::DimensionMismatch {
+            expected: dim,
+            got: v.len(),
+        });
     }
     if let Some((index, &value)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
         return Err(Error::NonFinite { index, value });

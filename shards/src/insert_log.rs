@@ -32,7 +32,11 @@ pub struct InsertLog {
 impl InsertLog {
     pub fn append(&mut self, id: u64, v: Arc<[f32]>) -> u64 {
         self.last_seq += 1;
-        self.records.push_back(LogRecord { seq: self.last_seq, id, vector: Some(v) });
+        self.records.push_back(LogRecord {
+            seq: self.last_seq,
+            id,
+            vector: Some(v),
+        });
         self.by_id.entry(id).or_default().push(self.last_seq);
         self.last_seq
     }
@@ -112,7 +116,11 @@ pub struct DeleteLog {
 
 impl DeleteLog {
     pub fn new(cap: usize) -> Self {
-        DeleteLog { records: VecDeque::new(), last_seq: 0, cap }
+        DeleteLog {
+            records: VecDeque::new(),
+            last_seq: 0,
+            cap,
+        }
     }
 
     pub fn append(&mut self, id: u64) -> u64 {
@@ -134,7 +142,13 @@ impl DeleteLog {
         if seq + 1 < head {
             return None;
         }
-        Some(self.records.iter().filter(|(s, _)| *s > seq).map(|(_, id)| *id).collect())
+        Some(
+            self.records
+                .iter()
+                .filter(|(s, _)| *s > seq)
+                .map(|(_, id)| *id)
+                .collect(),
+        )
     }
 }
 

@@ -27,7 +27,10 @@ pub mod refresh;
 pub mod store;
 
 pub use backend::{Backend, Candidate};
-pub use cache::{Admission, Cache, CacheStats, DeleteOutcome, Hit, HitKind, Lookup, MissTicket, Neighbor, SearchOutcome};
+pub use cache::{
+    Admission, Cache, CacheStats, DeleteOutcome, Hit, HitKind, Lookup, MissTicket, Neighbor,
+    SearchOutcome,
+};
 pub use config::{CacheConfig, Capacity, FilterKind};
 pub use error::{Error, Result};
 pub use metric::Metric;

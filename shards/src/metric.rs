@@ -24,7 +24,11 @@ impl Metric {
     /// The distance from `a` to `b` with the SIMD kernel.
     #[inline]
     pub fn distance(self, a: &[f32], b: &[f32]) -> f32 {
-        debug_assert_eq!(a.len(), b.len(), "distance over vectors of different dimension");
+        debug_assert_eq!(
+            a.len(),
+            b.len(),
+            "distance over vectors of different dimension"
+        );
         let simd = match self {
             Metric::L2Sq => <f32 as SpatialSimilarity>::l2sq(a, b),
             Metric::Cosine => <f32 as SpatialSimilarity>::cos(a, b),
@@ -124,7 +128,10 @@ mod tests {
         let a = [1.0, 2.0, 3.0];
         let b = [4.0, 6.0, 3.0];
         assert!(close(Metric::L2Sq.distance(&a, &b), 25.0));
-        assert!(close(Metric::InnerProduct.distance(&a, &b), -(4.0 + 12.0 + 9.0)));
+        assert!(close(
+            Metric::InnerProduct.distance(&a, &b),
+            -(4.0 + 12.0 + 9.0)
+        ));
         let c = [1.0, 0.0];
         let d = [0.0, 1.0];
         assert!(close(Metric::Cosine.distance(&c, &d), 1.0));

@@ -60,7 +60,13 @@ impl NeighborPool {
 
     /// Takes a reference on `id` for `rep`, creating the object if needed. A vector or
     /// payload given here fills an object that has none.
-    pub fn acquire(&mut self, id: u64, rep: RepId, vector: Option<Arc<[f32]>>, payload: Option<Arc<[u8]>>) {
+    pub fn acquire(
+        &mut self,
+        id: u64,
+        rep: RepId,
+        vector: Option<Arc<[f32]>>,
+        payload: Option<Arc<[u8]>>,
+    ) {
         let obj = self.objects.entry(id).or_default();
         if obj.vector.is_none() {
             if let Some(v) = vector {
@@ -98,7 +104,8 @@ impl NeighborPool {
     /// Removes the object whatever its references; returns its holders.
     pub fn remove(&mut self, id: u64) -> Option<Vec<RepId>> {
         let obj = self.objects.remove(&id)?;
-        self.data_bytes -= obj.vector.as_ref().map_or(0, |v| v.len() * 4) + obj.payload.as_ref().map_or(0, |p| p.len());
+        self.data_bytes -= obj.vector.as_ref().map_or(0, |v| v.len() * 4)
+            + obj.payload.as_ref().map_or(0, |p| p.len());
         Some(obj.holders)
     }
 

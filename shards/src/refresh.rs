@@ -64,7 +64,9 @@ impl Cache {
 
     /// The nearest representative to `v` takes it if it is closer than its `maxD`.
     fn fast_path(&mut self, id: u64, v: &Arc<[f32]>) -> bool {
-        let Some(&(rid, d)) = self.filter.search(v, 1, &|_| true).first() else { return false };
+        let Some(&(rid, d)) = self.filter.search(v, 1, &|_| true).first() else {
+            return false;
+        };
         if d < self.reps[&rid].max_d() && self.merge(rid, id, d, v) {
             bump(&self.counters.fast_path_updates);
             return true;
@@ -90,6 +92,8 @@ impl Cache {
             self.pool.release(dropped, rid);
         }
         self.set_nrl(rid, nrl);
+        // A merged id can be a new object: make room the way admission does (FIFO).
+        self.evict_to_budget();
         true
     }
 
@@ -100,7 +104,8 @@ impl Cache {
         if n == 0.0 || w == 0.0 {
             return 0.0;
         }
-        let unchecked = (self.reps.len() as u128 * self.log.last_seq() as u128 - self.risk.sum_cursor) as f64;
+        let unchecked =
+            (self.reps.len() as u128 * self.log.last_seq() as u128 - self.risk.sum_cursor) as f64;
         self.risk.sum_r * unchecked / (n * n * w)
     }
 
@@ -137,14 +142,24 @@ impl Cache {
         };
         let to = (from + self.cfg.slow_path_batch as u64).min(last);
         for seq in from + 1..=to {
-            let Some(rec) = self.log.get(seq) else { continue };
-            let (Some(v), id) = (rec.vector.clone(), rec.id) else { continue };
+            let Some(rec) = self.log.get(seq) else {
+                continue;
+            };
+            let (Some(v), id) = (rec.vector.clone(), rec.id) else {
+                continue;
+            };
             let d = self.cfg.metric.distance(&v, &query);
-            if d < self.reps[&rid].max_d() && self.merge(rid, id, d, &v) {
+            let Some(rep) = self.reps.get(&rid) else {
+                break;
+            };
+            if d < rep.max_d() && self.merge(rid, id, d, &v) {
                 bump(&self.counters.slow_path_merges);
             }
         }
-        let rep = self.reps.get_mut(&rid).expect("live");
+        // A merge may have evicted this very entry to stay within budget.
+        let Some(rep) = self.reps.get_mut(&rid) else {
+            return true;
+        };
         self.cursors.remove(&(rep.cursor, rid));
         self.risk.sum_cursor += (to - rep.cursor) as u128;
         rep.cursor = to;

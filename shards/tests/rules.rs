@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use shards::store::ExactStore;
 use shards::{
-    Admission, Backend, Cache, CacheConfig, Capacity, Error, FilterKind, HitKind, Lookup, Metric, PolicyConfig,
+    Admission, Backend, Cache, CacheConfig, Capacity, Error, FilterKind, HitKind, Lookup, Metric,
+    PolicyConfig,
 };
 
 /// Points: id -> position on the line.
@@ -60,12 +61,19 @@ fn miss_admits_with_tau_min_d_over_4_then_equality_hit_grows_tau() {
     let r = c.search(&s, &[1.0], 2).unwrap();
     assert_eq!(r.kind, HitKind::Exact);
     assert_eq!(ids(&r), vec![1, 2]);
-    assert!(close(tau(&c, 1.0, 2), 0.275), "τ ← min(0.25 · 1.1, minD = 1)");
+    assert!(
+        close(tau(&c, 1.0, 2), 0.275),
+        "τ ← min(0.25 · 1.1, minD = 1)"
+    );
     // growth is capped by minD
     for _ in 0..40 {
         c.search(&s, &[1.0], 2).unwrap();
     }
-    assert!(close(tau(&c, 1.0, 2), 1.0), "capped at minD, got {}", tau(&c, 1.0, 2));
+    assert!(
+        close(tau(&c, 1.0, 2), 1.0),
+        "capped at minD, got {}",
+        tau(&c, 1.0, 2)
+    );
     c.check_invariants().unwrap();
 }
 
@@ -74,11 +82,15 @@ fn approximate_hit_shrinks_tau_links_alias_and_reranks_for_the_request() {
     let (mut c, s) = (cache(0), store());
     c.search(&s, &[1.0], 2).unwrap();
     c.search(&s, &[1.0], 2).unwrap(); // τ = 0.275
-    // q' = 1.3: d(q', RQ) = 0.09 < 0.275
+                                      // q' = 1.3: d(q', RQ) = 0.09 < 0.275
     let r = c.search(&s, &[1.3], 2).unwrap();
     assert_eq!(r.kind, HitKind::Approximate);
     assert_eq!(ids(&r), vec![1, 2]);
-    assert!(close(r.results[0].distance, 0.49) && close(r.results[1].distance, 2.89), "{:?}", r.results);
+    assert!(
+        close(r.results[0].distance, 0.49) && close(r.results[1].distance, 2.89),
+        "{:?}",
+        r.results
+    );
     assert!(r.exact_distances);
     assert!(close(tau(&c, 1.0, 2), 0.06875), "τ ← 0.275 · 0.25");
     // the same query again comes back through its alias, τ unchanged
@@ -96,7 +108,7 @@ fn approximate_hit_shrinks_tau_links_alias_and_reranks_for_the_request() {
 fn threshold_is_strict() {
     let (mut c, s) = (cache(0), store());
     c.search(&s, &[1.0], 2).unwrap(); // τ = 0.25
-    // d(1.5, 1.0) = 0.25, not < 0.25
+                                      // d(1.5, 1.0) = 0.25, not < 0.25
     assert_eq!(c.search(&s, &[1.5], 2).unwrap().kind, HitKind::Miss);
 }
 
@@ -151,19 +163,27 @@ fn delete_of_an_uncached_id_is_normal() {
 #[test]
 fn a_delete_during_an_in_flight_miss_is_not_admitted_back() {
     let (mut c, mut s) = (cache(0), store());
-    let Lookup::Miss(ticket) = c.lookup(&[1.0], 2).unwrap() else { panic!("cold cache") };
+    let Lookup::Miss(ticket) = c.lookup(&[1.0], 2).unwrap() else {
+        panic!("cold cache")
+    };
     let answer = s.search(&ticket.query, 3).unwrap(); // backend answered: 1, 2, 3
     s.delete(1).unwrap();
     c.delete(1); // acknowledged before the admission
     assert_eq!(c.admit(ticket, answer).unwrap(), Admission::Admitted(1));
     let r = c.search(&s, &[1.0], 2).unwrap();
     assert_eq!(r.kind, HitKind::Exact);
-    assert_eq!(ids(&r), vec![2, 3], "the deleted id is stripped at admission");
+    assert_eq!(
+        ids(&r),
+        vec![2, 3],
+        "the deleted id is stripped at admission"
+    );
     c.check_invariants().unwrap();
 
     // With too few left after stripping, nothing is admitted.
     let (mut c, s) = (cache(0), store());
-    let Lookup::Miss(ticket) = c.lookup(&[1.0], 2).unwrap() else { panic!() };
+    let Lookup::Miss(ticket) = c.lookup(&[1.0], 2).unwrap() else {
+        panic!()
+    };
     let answer = s.search(&ticket.query, 2).unwrap();
     c.delete(2);
     assert_eq!(c.admit(ticket, answer).unwrap(), Admission::TooFew);
@@ -178,7 +198,11 @@ fn fast_path_inserts_at_the_sorted_place() {
     let out = c.insert(9, &[0.0]).unwrap();
     assert!(out.fast_path);
     let rep = c.representative(c.slot(&[1.0], 2).unwrap().rep()).unwrap();
-    assert_eq!(rep.nrl.ids, vec![1, 9, 2], "inserted at its place, last dropped");
+    assert_eq!(
+        rep.nrl.ids,
+        vec![1, 9, 2],
+        "inserted at its place, last dropped"
+    );
     assert_eq!(rep.nrl.dists, vec![1.0, 1.0, 4.0]);
     assert_eq!(c.objects(), 3, "the dropped result's reference is released");
     // an insert farther than maxD changes nothing
@@ -229,8 +253,8 @@ fn slow_path_merge_reaches_entries_the_fast_path_skips() {
     let mut s = store();
     c.search(&s, &[4.0], 2).unwrap(); // A at 4: 2 (1), 3 (1)
     c.search(&s, &[6.0], 2).unwrap(); // B at 6: 3 (1), 4 (9)
-    // x = 4.6: nearest representative is A (0.36 vs 1.96), so the fast path offers it to
-    // A (0.36 < maxD 1: taken). B wants it too (1.96 < 9): only the slow path brings it.
+                                      // x = 4.6: nearest representative is A (0.36 vs 1.96), so the fast path offers it to
+                                      // A (0.36 < maxD 1: taken). B wants it too (1.96 < 9): only the slow path brings it.
     s.insert(30, &[4.6]).unwrap();
     c.insert(30, &[4.6]).unwrap();
     let b = c.slot(&[6.0], 2).unwrap().rep();
@@ -276,13 +300,38 @@ fn shared_objects_are_reference_counted() {
 fn bad_input_is_an_error_value() {
     let mut c = cache(0);
     let s = store();
-    assert!(matches!(c.lookup(&[1.0, 2.0], 2), Err(Error::DimensionMismatch { expected: 1, got: 2 })));
-    assert!(matches!(c.lookup(&[f32::NAN], 2), Err(Error::NonFinite { .. })));
-    assert!(matches!(c.lookup(&[f32::INFINITY], 2), Err(Error::NonFinite { .. })));
-    assert!(matches!(c.lookup(&[1.0], 0), Err(Error::KOutOfRange { k: 0, k_max: 4 })));
-    assert!(matches!(c.search(&s, &[1.0], 5), Err(Error::KOutOfRange { k: 5, .. })));
-    assert!(matches!(c.insert(1, &[f32::NAN]), Err(Error::NonFinite { .. })));
-    assert!(Cache::new(CacheConfig::new(0, Metric::L2Sq), PolicyConfig::default().build()).is_err());
+    assert!(matches!(
+        c.lookup(&[1.0, 2.0], 2),
+        Err(Error::DimensionMismatch {
+            expected: 1,
+            got: 2
+        })
+    ));
+    assert!(matches!(
+        c.lookup(&[f32::NAN], 2),
+        Err(Error::NonFinite { .. })
+    ));
+    assert!(matches!(
+        c.lookup(&[f32::INFINITY], 2),
+        Err(Error::NonFinite { .. })
+    ));
+    assert!(matches!(
+        c.lookup(&[1.0], 0),
+        Err(Error::KOutOfRange { k: 0, k_max: 4 })
+    ));
+    assert!(matches!(
+        c.search(&s, &[1.0], 5),
+        Err(Error::KOutOfRange { k: 5, .. })
+    ));
+    assert!(matches!(
+        c.insert(1, &[f32::NAN]),
+        Err(Error::NonFinite { .. })
+    ));
+    assert!(Cache::new(
+        CacheConfig::new(0, Metric::L2Sq),
+        PolicyConfig::default().build()
+    )
+    .is_err());
     c.check_invariants().unwrap();
 }
 
@@ -339,33 +388,55 @@ fn upsert_replaces_a_cached_vector() {
 
 #[test]
 fn proximity_uses_one_global_threshold_and_no_aliases() {
-    let mut c = cache_with(0, 100, FilterKind::BruteForce, PolicyConfig::Proximity { threshold: 4.0 });
+    let mut c = cache_with(
+        0,
+        100,
+        FilterKind::BruteForce,
+        PolicyConfig::Proximity { threshold: 4.0 },
+    );
     let s = store();
     c.search(&s, &[1.0], 2).unwrap();
     assert_eq!(c.search(&s, &[2.9], 2).unwrap().kind, HitKind::Approximate); // d = 3.61 < 4
-    assert_eq!(c.search(&s, &[2.9], 2).unwrap().kind, HitKind::Approximate, "no alias");
+    assert_eq!(
+        c.search(&s, &[2.9], 2).unwrap().kind,
+        HitKind::Approximate,
+        "no alias"
+    );
     assert_eq!(c.aliases(), 0);
     assert_eq!(c.search(&s, &[3.1], 2).unwrap().kind, HitKind::Miss); // d = 4.41
 }
 
 #[test]
 fn potluck_verification_tunes_the_global_threshold() {
-    let policy = PolicyConfig::Potluck { threshold: 4.0, p: 1.0, grow: 1.1, shrink: 0.5, seed: 1 };
+    let policy = PolicyConfig::Potluck {
+        threshold: 4.0,
+        p: 1.0,
+        grow: 1.1,
+        shrink: 0.5,
+        seed: 1,
+    };
     let mut c = cache_with(0, 100, FilterKind::BruteForce, policy);
     let s = store();
     c.search(&s, &[1.0], 2).unwrap(); // 1, 2
-    // every approximate hit is verified: 2.9's true top-2 is 2, 1 = same set: grows
+                                      // every approximate hit is verified: 2.9's true top-2 is 2, 1 = same set: grows
     let r = c.search(&s, &[2.9], 2).unwrap();
     assert_eq!(r.kind, HitKind::Miss);
     assert_eq!(c.stats().verifications, 1);
-    let Lookup::Miss(_) = c.lookup(&[3.6], 2).unwrap() else { panic!("verified again") };
+    let Lookup::Miss(_) = c.lookup(&[3.6], 2).unwrap() else {
+        panic!("verified again")
+    };
 }
 
 #[test]
 fn filter_rotation_through_evictions_keeps_hits() {
     // HNSW filter, small pool: many evictions rotate the filter; every live entry must
     // still be found by an exact-distance near query.
-    let mut c = cache_with(0, 8, FilterKind::default(), PolicyConfig::Proximity { threshold: 0.01 });
+    let mut c = cache_with(
+        0,
+        8,
+        FilterKind::default(),
+        PolicyConfig::Proximity { threshold: 0.01 },
+    );
     let mut s = ExactStore::new(1, Metric::L2Sq);
     for i in 0..200u64 {
         s.insert(i, &[i as f32 * 10.0]).unwrap();
@@ -374,7 +445,11 @@ fn filter_rotation_through_evictions_keeps_hits() {
         c.search(&s, &[i as f32 * 10.0 + 1.0], 2).unwrap();
     }
     assert!(c.stats().filter.rotations >= 2, "{:?}", c.stats().filter);
-    for rep in c.representatives().map(|r| r.query.clone()).collect::<Vec<Arc<[f32]>>>() {
+    for rep in c
+        .representatives()
+        .map(|r| r.query.clone())
+        .collect::<Vec<Arc<[f32]>>>()
+    {
         let near = [rep[0] + 0.05];
         assert_eq!(c.search(&s, &near, 2).unwrap().kind, HitKind::Approximate);
     }

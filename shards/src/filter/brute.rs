@@ -14,7 +14,10 @@ pub struct BruteForceIndex {
 
 impl BruteForceIndex {
     pub fn new(metric: Metric) -> Self {
-        BruteForceIndex { metric, points: Vec::new() }
+        BruteForceIndex {
+            metric,
+            points: Vec::new(),
+        }
     }
 }
 

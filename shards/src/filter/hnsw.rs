@@ -33,9 +33,25 @@ pub struct HnswIndex {
 }
 
 impl HnswIndex {
-    pub fn new(metric: Metric, m: usize, ef_construction: usize, ef_search: usize, capacity_hint: usize) -> Self {
-        let graph = Hnsw::new(m, capacity_hint.max(16), 16, ef_construction, SimdDistance(metric));
-        HnswIndex { graph, ef_search, len: 0 }
+    pub fn new(
+        metric: Metric,
+        m: usize,
+        ef_construction: usize,
+        ef_search: usize,
+        capacity_hint: usize,
+    ) -> Self {
+        let graph = Hnsw::new(
+            m,
+            capacity_hint.max(16),
+            16,
+            ef_construction,
+            SimdDistance(metric),
+        );
+        HnswIndex {
+            graph,
+            ef_search,
+            len: 0,
+        }
     }
 }
 
@@ -50,8 +66,13 @@ impl FilterIndex for HnswIndex {
             return Vec::new();
         }
         let filter = |id: &usize| accept(*id as RepId);
-        let found = self.graph.search_filter(q, n, self.ef_search.max(n), Some(&filter));
-        found.into_iter().map(|nb| (nb.d_id as RepId, nb.distance)).collect()
+        let found = self
+            .graph
+            .search_filter(q, n, self.ef_search.max(n), Some(&filter));
+        found
+            .into_iter()
+            .map(|nb| (nb.d_id as RepId, nb.distance))
+            .collect()
     }
 
     fn len(&self) -> usize {

@@ -39,9 +39,17 @@ pub trait FilterIndex: Send + Sync {
 fn new_index(kind: FilterKind, metric: Metric, capacity_hint: usize) -> Box<dyn FilterIndex> {
     match kind {
         FilterKind::BruteForce => Box::new(BruteForceIndex::new(metric)),
-        FilterKind::Hnsw { m, ef_construction, ef_search } => {
-            Box::new(HnswIndex::new(metric, m, ef_construction, ef_search, capacity_hint))
-        }
+        FilterKind::Hnsw {
+            m,
+            ef_construction,
+            ef_search,
+        } => Box::new(HnswIndex::new(
+            metric,
+            m,
+            ef_construction,
+            ef_search,
+            capacity_hint,
+        )),
     }
 }
 
@@ -54,7 +62,11 @@ struct Generation {
 
 impl Generation {
     fn new(kind: FilterKind, metric: Metric, hint: usize) -> Self {
-        Generation { index: new_index(kind, metric, hint), live: HashMap::new(), tombstones: 0 }
+        Generation {
+            index: new_index(kind, metric, hint),
+            live: HashMap::new(),
+            tombstones: 0,
+        }
     }
 }
 
@@ -143,7 +155,12 @@ impl DualFilter {
             }
             let ok = |r: RepId| gen.live.contains_key(&r) && accept(r);
             // The exact distance with the SIMD kernel, whatever the index reported.
-            out.extend(gen.index.search(q, n, &ok).into_iter().map(|(r, _)| (r, self.metric.distance(q, &gen.live[&r]))));
+            out.extend(
+                gen.index
+                    .search(q, n, &ok)
+                    .into_iter()
+                    .map(|(r, _)| (r, self.metric.distance(q, &gen.live[&r]))),
+            );
         }
         out.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
         out.truncate(n);
@@ -186,7 +203,10 @@ mod tests {
         for r in 2..8 {
             f.remove(r);
         }
-        assert!(f.stats().rotations >= 1, "tombstones 6 > live 4 must rotate");
+        assert!(
+            f.stats().rotations >= 1,
+            "tombstones 6 > live 4 must rotate"
+        );
         for r in 10..30 {
             f.insert(r, v(r as f32));
         }

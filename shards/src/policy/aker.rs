@@ -13,7 +13,11 @@ pub struct AkerPolicy {
 
 impl Default for AkerPolicy {
     fn default() -> Self {
-        AkerPolicy { alpha_l: 1.1, alpha_t: 0.25, tau_init_divisor: 4.0 }
+        AkerPolicy {
+            alpha_l: 1.1,
+            alpha_t: 0.25,
+            tau_init_divisor: 4.0,
+        }
     }
 }
 

@@ -50,27 +50,53 @@ pub trait HitPolicy: Send + Sync {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum PolicyConfig {
-    Aker { alpha_l: f32, alpha_t: f32, tau_init_divisor: f32 },
-    Proximity { threshold: f32 },
-    Potluck { threshold: f32, p: f64, grow: f32, shrink: f32, seed: u64 },
+    Aker {
+        alpha_l: f32,
+        alpha_t: f32,
+        tau_init_divisor: f32,
+    },
+    Proximity {
+        threshold: f32,
+    },
+    Potluck {
+        threshold: f32,
+        p: f64,
+        grow: f32,
+        shrink: f32,
+        seed: u64,
+    },
 }
 
 impl Default for PolicyConfig {
     fn default() -> Self {
-        PolicyConfig::Aker { alpha_l: 1.1, alpha_t: 0.25, tau_init_divisor: 4.0 }
+        PolicyConfig::Aker {
+            alpha_l: 1.1,
+            alpha_t: 0.25,
+            tau_init_divisor: 4.0,
+        }
     }
 }
 
 impl PolicyConfig {
     pub fn build(&self) -> Box<dyn HitPolicy> {
         match *self {
-            PolicyConfig::Aker { alpha_l, alpha_t, tau_init_divisor } => {
-                Box::new(AkerPolicy { alpha_l, alpha_t, tau_init_divisor })
-            }
+            PolicyConfig::Aker {
+                alpha_l,
+                alpha_t,
+                tau_init_divisor,
+            } => Box::new(AkerPolicy {
+                alpha_l,
+                alpha_t,
+                tau_init_divisor,
+            }),
             PolicyConfig::Proximity { threshold } => Box::new(ProximityPolicy::new(threshold)),
-            PolicyConfig::Potluck { threshold, p, grow, shrink, seed } => {
-                Box::new(PotluckPolicy::new(threshold, p, grow, shrink, seed))
-            }
+            PolicyConfig::Potluck {
+                threshold,
+                p,
+                grow,
+                shrink,
+                seed,
+            } => Box::new(PotluckPolicy::new(threshold, p, grow, shrink, seed)),
         }
     }
 }

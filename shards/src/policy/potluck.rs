@@ -40,8 +40,14 @@ impl PotluckPolicy {
             y ^= y >> 12;
             y ^= y << 25;
             y ^= y >> 27;
-            match self.rng.compare_exchange_weak(x, y, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return (y.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64,
+            match self
+                .rng
+                .compare_exchange_weak(x, y, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    return (y.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64
+                        / (1u64 << 53) as f64
+                }
                 Err(a) => x = a,
             }
         }

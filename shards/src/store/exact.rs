@@ -17,7 +17,13 @@ pub struct ExactStore {
 
 impl ExactStore {
     pub fn new(dim: usize, metric: Metric) -> Self {
-        ExactStore { dim, metric, ids: Vec::new(), vectors: Vec::new(), index: HashMap::new() }
+        ExactStore {
+            dim,
+            metric,
+            ids: Vec::new(),
+            vectors: Vec::new(),
+            index: HashMap::new(),
+        }
     }
 
     /// Rows of a row-major matrix, ids `0..n`.
@@ -43,16 +49,26 @@ impl Backend for ExactStore {
     }
     fn search(&self, q: &[f32], n: usize) -> Result<Vec<Candidate>> {
         validate_vector(q, self.dim)?;
-        let mut all: Vec<(f32, usize)> =
-            self.vectors.iter().enumerate().map(|(i, v)| (self.metric.distance(q, v), i)).collect();
-        let by = |a: &(f32, usize), b: &(f32, usize)| a.0.total_cmp(&b.0).then(self.ids[a.1].cmp(&self.ids[b.1]));
+        let mut all: Vec<(f32, usize)> = self
+            .vectors
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (self.metric.distance(q, v), i))
+            .collect();
+        let by = |a: &(f32, usize), b: &(f32, usize)| {
+            a.0.total_cmp(&b.0).then(self.ids[a.1].cmp(&self.ids[b.1]))
+        };
         if n < all.len() {
             all.select_nth_unstable_by(n, by);
             all.truncate(n);
         }
         let mut out: Vec<Candidate> = all
             .into_iter()
-            .map(|(d, i)| Candidate { id: self.ids[i], distance: d, vector: Some(self.vectors[i].clone()) })
+            .map(|(d, i)| Candidate {
+                id: self.ids[i],
+                distance: d,
+                vector: Some(self.vectors[i].clone()),
+            })
             .collect();
         sort_candidates(&mut out);
         Ok(out)
@@ -71,7 +87,9 @@ impl Backend for ExactStore {
         Ok(())
     }
     fn delete(&mut self, id: u64) -> Result<bool> {
-        let Some(i) = self.index.remove(&id) else { return Ok(false) };
+        let Some(i) = self.index.remove(&id) else {
+            return Ok(false);
+        };
         self.ids.swap_remove(i);
         self.vectors.swap_remove(i);
         if i < self.ids.len() {
@@ -94,7 +112,13 @@ mod tests {
     #[test]
     fn exact_search_insert_delete() {
         let mut s = ExactStore::from_rows(1, Metric::L2Sq, &[0.0, 1.0, 2.0, 3.0]).unwrap();
-        let ids = |s: &ExactStore| s.search(&[1.9], 2).unwrap().iter().map(|c| c.id).collect::<Vec<_>>();
+        let ids = |s: &ExactStore| {
+            s.search(&[1.9], 2)
+                .unwrap()
+                .iter()
+                .map(|c| c.id)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(ids(&s), vec![2, 1]);
         s.delete(2).unwrap();
         assert_eq!(ids(&s), vec![1, 3]);

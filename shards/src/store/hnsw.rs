@@ -25,11 +25,24 @@ pub struct HnswStore {
 }
 
 impl HnswStore {
-    pub fn new(dim: usize, metric: Metric, m: usize, ef_construction: usize, ef_search: usize, capacity_hint: usize) -> Self {
+    pub fn new(
+        dim: usize,
+        metric: Metric,
+        m: usize,
+        ef_construction: usize,
+        ef_search: usize,
+        capacity_hint: usize,
+    ) -> Self {
         HnswStore {
             dim,
             metric,
-            graph: Hnsw::new(m, capacity_hint.max(16), 16, ef_construction, SimdDistance(metric)),
+            graph: Hnsw::new(
+                m,
+                capacity_hint.max(16),
+                16,
+                ef_construction,
+                SimdDistance(metric),
+            ),
             ef_search,
             points: Vec::new(),
             live: HashMap::new(),
@@ -38,7 +51,14 @@ impl HnswStore {
     }
 
     /// Builds from a row-major matrix (ids `0..n`) with hnsw_rs's parallel insert.
-    pub fn build(dim: usize, metric: Metric, data: &[f32], m: usize, ef_construction: usize, ef_search: usize) -> Result<Self> {
+    pub fn build(
+        dim: usize,
+        metric: Metric,
+        data: &[f32],
+        m: usize,
+        ef_construction: usize,
+        ef_search: usize,
+    ) -> Result<Self> {
         let n = data.len() / dim.max(1);
         let mut s = HnswStore::new(dim, metric, m, ef_construction, ef_search, n);
         for (i, row) in data.chunks_exact(dim).enumerate() {
@@ -46,7 +66,12 @@ impl HnswStore {
             s.points.push((i as u64, Arc::from(row)));
             s.live.insert(i as u64, i);
         }
-        let rows: Vec<(&[f32], usize)> = s.points.iter().enumerate().map(|(i, (_, v))| (&v[..], i)).collect();
+        let rows: Vec<(&[f32], usize)> = s
+            .points
+            .iter()
+            .enumerate()
+            .map(|(i, (_, v))| (&v[..], i))
+            .collect();
         s.graph.parallel_insert_slice(&rows);
         Ok(s)
     }
@@ -65,14 +90,24 @@ impl Backend for HnswStore {
             return Ok(Vec::new());
         }
         let filter = |p: &usize| !self.dead.contains(p);
-        let filter_ref: Option<&dyn hnsw_rs::filter::FilterT> = if self.dead.is_empty() { None } else { Some(&filter) };
-        let found = self.graph.search_filter(q, n, self.ef_search.max(n), filter_ref);
+        let filter_ref: Option<&dyn hnsw_rs::filter::FilterT> = if self.dead.is_empty() {
+            None
+        } else {
+            Some(&filter)
+        };
+        let found = self
+            .graph
+            .search_filter(q, n, self.ef_search.max(n), filter_ref);
         let mut out: Vec<Candidate> = found
             .into_iter()
             .filter(|nb| !self.dead.contains(&nb.d_id))
             .map(|nb| {
                 let (id, v) = &self.points[nb.d_id];
-                Candidate { id: *id, distance: self.metric.distance(q, v), vector: Some(v.clone()) }
+                Candidate {
+                    id: *id,
+                    distance: self.metric.distance(q, v),
+                    vector: Some(v.clone()),
+                }
             })
             .collect();
         sort_candidates(&mut out);
