@@ -1,106 +1,36 @@
-//! One shard of the approximate result cache: lookup (Algorithm 1), admission and FIFO
-//! eviction (§4.5, §4.7), deletes (§4.6). Inserts and refresh live in `refresh.rs`.
+//! The owner of one shard: admission and FIFO eviction (§4.5, §4.7), deletes (§4.6),
+//! alias links, FLUSH. Inserts and refresh live in `refresh.rs`, lookups in `read.rs`.
 //!
 //! ```text
-//!  lookup(q, k)  (&self: reads, and CAS on τ only)
-//!    ├─ exact table ── representative ─► Exact hit      τ ← min(τ·α_L, minD)
-//!    │               └ alias ──────────► Alias hit      τ unchanged
-//!    ├─ dual filter: nearest candidates, first with d(q, RQ) < τ
-//!    │                                 ► Approximate    τ ← τ·α_T, link alias (owner)
-//!    └─ otherwise ─────────────────────► Miss ticket (insert / delete sequence numbers)
-//!
-//!  owner (&mut self): link_alias, admit(ticket, answer), insert, delete, refresh
+//!   any core ── lookup ──► CacheReader (shared, lock-free)   ◄── publishes ──┐
+//!                 │ hit: alias link / slow-path credit (channel, owner side)  │
+//!                 │ miss: backend, then admit ──────────────────────────────► Cache (owner)
+//!   INSERT / DELETE ───────────────────────────────────────────────────────► Cache (owner)
 //! ```
 //!
-//! Lookup never mutates structure: what a hit wants changed (an alias link, slow-path
-//! credit) is handed back to the caller, who applies it on the owner. The concurrent
-//! engine sends exactly these on a channel.
+//! The owner keeps private bookkeeping (pool, logs, cursors, FIFO) and publishes what
+//! readers need: the exact table, one immutable view per representative, the filter
+//! set, and the log sequence numbers.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::backend::{sort_candidates, Backend, Candidate};
 use crate::config::{CacheConfig, Capacity};
-use crate::entry::{AtomicF32, NeighborList, RepId, Representative};
+use crate::entry::{AtomicF32, NeighborList, RepId, RepView, Representative};
 use crate::error::{validate_k, validate_vector, Result};
-use crate::exact_table::{ExactTable, QueryKey, Slot};
+use crate::exact_table::{QueryKey, Slot};
 use crate::filter::{DualFilter, FilterStats};
 use crate::insert_log::{DeleteLog, InsertLog};
 use crate::policy::HitPolicy;
 use crate::pool::{NeighborPool, OBJECT_OVERHEAD_BYTES};
+use crate::read::{CacheReader, Counters, HitKind, Lookup, MissTicket, Neighbor};
 
 /// Bytes charged per representative beyond its query vector and list.
 pub const REP_OVERHEAD_BYTES: usize = 160;
 /// Bytes charged per alias (a table slot and a key in its representative).
 pub const ALIAS_BYTES: usize = 48;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum HitKind {
-    /// The query is a representative's own.
-    Exact,
-    /// The query was served by an approximate hit before and is linked.
-    Alias,
-    /// A near representative passed its threshold.
-    Approximate,
-    Miss,
-}
-
-impl HitKind {
-    pub fn is_hit(self) -> bool {
-        self != HitKind::Miss
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            HitKind::Exact => "exact",
-            HitKind::Alias => "alias",
-            HitKind::Approximate => "approximate",
-            HitKind::Miss => "miss",
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Neighbor {
-    pub id: u64,
-    pub distance: f32,
-}
-
-#[derive(Clone, Debug)]
-pub struct Hit {
-    pub kind: HitKind,
-    pub rep: RepId,
-    /// Exactly `k` live results ascending by `distance`.
-    pub results: Vec<Neighbor>,
-    /// Distances are to the request's own vector; false only when the cache keeps no
-    /// vectors and served a near query (then they are to the representative's query).
-    pub exact_distances: bool,
-    /// A key the owner should link as an alias of `rep`.
-    pub link: Option<QueryKey>,
-}
-
-/// What a miss must carry to the owner for admission.
-#[derive(Clone, Debug)]
-pub struct MissTicket {
-    pub query: Arc<[f32]>,
-    pub k: usize,
-    pub key: QueryKey,
-    /// Insert-log sequence number noted before the backend call: the entry's `LC`.
-    pub insert_seq: u64,
-    /// Delete sequence number noted before the backend call: ids deleted after it are
-    /// stripped from the answer at admission.
-    pub delete_seq: u64,
-    /// A sampled verification of this cached top-k (Potluck+).
-    pub verify: Option<Vec<u64>>,
-    /// Replace an existing representative of the same key (REFRESH).
-    pub replace: bool,
-}
-
-#[derive(Clone, Debug)]
-pub enum Lookup {
-    Hit(Hit),
-    Miss(MissTicket),
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admission {
@@ -143,33 +73,6 @@ pub enum Removal {
     LogCap,
 }
 
-/// Counters; lookups bump theirs through `&self`.
-#[derive(Debug, Default)]
-pub struct Counters {
-    pub lookups: AtomicU64,
-    pub exact_hits: AtomicU64,
-    pub alias_hits: AtomicU64,
-    pub approximate_hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub verifications: AtomicU64,
-    pub admissions: AtomicU64,
-    pub admissions_refused: AtomicU64,
-    pub evictions: AtomicU64,
-    pub invalidations: AtomicU64,
-    pub log_cap_invalidations: AtomicU64,
-    pub deletes: AtomicU64,
-    pub delete_repairs: AtomicU64,
-    pub inserts: AtomicU64,
-    pub fast_path_updates: AtomicU64,
-    pub slow_path_steps: AtomicU64,
-    pub slow_path_merges: AtomicU64,
-    pub aliases_linked: AtomicU64,
-}
-
-pub(crate) fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
-}
-
 /// A point-in-time view for STATS and reports.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CacheStats {
@@ -210,9 +113,9 @@ pub(crate) struct RiskSums {
 }
 
 pub struct Cache {
+    pub(crate) read: Arc<CacheReader>,
     pub(crate) cfg: CacheConfig,
-    pub(crate) policy: Box<dyn HitPolicy>,
-    pub(crate) table: ExactTable,
+    pub(crate) policy: Arc<dyn HitPolicy>,
     /// Live representatives; ascending id is admission order, so the first is the FIFO victim.
     pub(crate) reps: BTreeMap<RepId, Representative>,
     pub(crate) pool: NeighborPool,
@@ -228,18 +131,29 @@ pub struct Cache {
     pub(crate) alias_count: usize,
     /// Bytes of representatives (query, list) and aliases.
     pub(crate) entry_bytes: usize,
-    pub(crate) counters: Counters,
 }
 
 impl Cache {
     pub fn new(cfg: CacheConfig, policy: Box<dyn HitPolicy>) -> Result<Self> {
         cfg.validate()?;
+        let policy: Arc<dyn HitPolicy> = Arc::from(policy);
+        let filter = DualFilter::new(cfg.filter, cfg.metric);
+        let read = Arc::new(CacheReader {
+            cfg: cfg.clone(),
+            policy: policy.clone(),
+            table: papaya::HashMap::new(),
+            reps: papaya::HashMap::new(),
+            filter: filter.published(),
+            insert_seq: AtomicU64::new(0),
+            delete_seq: AtomicU64::new(0),
+            counters: Counters::default(),
+        });
         Ok(Cache {
-            filter: DualFilter::new(cfg.filter, cfg.metric),
+            read,
             deletes: DeleteLog::new(cfg.delete_log_cap),
+            filter,
             cfg,
             policy,
-            table: ExactTable::default(),
             reps: BTreeMap::new(),
             pool: NeighborPool::default(),
             log: InsertLog::default(),
@@ -249,8 +163,12 @@ impl Cache {
             slow_path_last: 0,
             alias_count: 0,
             entry_bytes: 0,
-            counters: Counters::default(),
         })
+    }
+
+    /// The read side, for other threads.
+    pub fn reader(&self) -> Arc<CacheReader> {
+        self.read.clone()
     }
 
     pub fn config(&self) -> &CacheConfig {
@@ -266,133 +184,13 @@ impl Cache {
         k + self.cfg.delta
     }
 
-    pub fn validate_request(&self, q: &[f32], k: usize) -> Result<()> {
-        validate_vector(q, self.cfg.dim)?;
-        validate_k(k, self.cfg.k_max)
-    }
-
-    // ------------------------------------------------------------------ lookup
-
-    /// Algorithm 1. Takes `&self`: it reads, and updates `τ` by compare-and-swap.
+    /// Algorithm 1, on the read side.
     pub fn lookup(&self, q: &[f32], k: usize) -> Result<Lookup> {
-        self.validate_request(q, k)?;
-        bump(&self.counters.lookups);
-        let key = QueryKey::new(q, k);
-
-        if let Some(slot) = self.table.get(&key) {
-            let rep = &self.reps[&slot.rep()];
-            let kind = match slot {
-                Slot::Representative(_) => {
-                    self.policy.on_equality_hit(rep);
-                    bump(&self.counters.exact_hits);
-                    HitKind::Exact
-                }
-                Slot::Alias(_) => {
-                    bump(&self.counters.alias_hits);
-                    HitKind::Alias
-                }
-            };
-            return Ok(Lookup::Hit(self.answer(rep, q, k, kind, None)));
-        }
-
-        let same_k = |r: RepId| self.reps.get(&r).is_some_and(|e| e.k == k);
-        for (rid, d) in self.filter.search(q, self.cfg.filter_candidates, &same_k) {
-            let rep = &self.reps[&rid];
-            if d < self.policy.threshold(rep) {
-                if self.policy.sample_verification() {
-                    bump(&self.counters.verifications);
-                    bump(&self.counters.misses);
-                    let cached = rep.nrl.ids[..k].to_vec();
-                    return Ok(Lookup::Miss(self.ticket(q, k, key, Some(cached), false)));
-                }
-                self.policy.on_approximate_hit(rep);
-                bump(&self.counters.approximate_hits);
-                let link = self.policy.links_aliases().then_some(key);
-                return Ok(Lookup::Hit(self.answer(
-                    rep,
-                    q,
-                    k,
-                    HitKind::Approximate,
-                    link,
-                )));
-            }
-        }
-        bump(&self.counters.misses);
-        Ok(Lookup::Miss(self.ticket(q, k, key, None, false)))
+        self.read.lookup(q, k)
     }
 
-    /// A ticket for a miss that skips the lookup: REFRESH (replace the entry) or a
-    /// forced miss.
     pub fn miss_ticket(&self, q: &[f32], k: usize, replace: bool) -> Result<MissTicket> {
-        self.validate_request(q, k)?;
-        Ok(self.ticket(q, k, QueryKey::new(q, k), None, replace))
-    }
-
-    fn ticket(
-        &self,
-        q: &[f32],
-        k: usize,
-        key: QueryKey,
-        verify: Option<Vec<u64>>,
-        replace: bool,
-    ) -> MissTicket {
-        MissTicket {
-            query: Arc::from(q),
-            k,
-            key,
-            insert_seq: self.log.last_seq(),
-            delete_seq: self.deletes.last_seq(),
-            verify,
-            replace,
-        }
-    }
-
-    /// The `k` results a hit returns, ascending by distance to the request's vector.
-    fn answer(
-        &self,
-        rep: &Representative,
-        q: &[f32],
-        k: usize,
-        kind: HitKind,
-        link: Option<QueryKey>,
-    ) -> Hit {
-        let nrl: &NeighborList = &rep.nrl;
-        debug_assert!(nrl.len() >= k, "a representative holds at least k results");
-        let mut results: Vec<Neighbor>;
-        let mut exact_distances = true;
-        if kind == HitKind::Exact {
-            results = (0..k)
-                .map(|i| Neighbor {
-                    id: nrl.ids[i],
-                    distance: nrl.dists[i],
-                })
-                .collect();
-        } else {
-            let pool = if self.policy.rerank() { nrl.len() } else { k };
-            results = Vec::with_capacity(pool);
-            for i in 0..pool {
-                let distance = match &nrl.vectors[i] {
-                    Some(v) => self.cfg.metric.distance(q, v),
-                    None => {
-                        exact_distances = false;
-                        nrl.dists[i]
-                    }
-                };
-                results.push(Neighbor {
-                    id: nrl.ids[i],
-                    distance,
-                });
-            }
-            results.sort_by(|a, b| a.distance.total_cmp(&b.distance).then(a.id.cmp(&b.id)));
-            results.truncate(k);
-        }
-        Hit {
-            kind,
-            rep: rep.id,
-            results,
-            exact_distances,
-            link,
-        }
+        self.read.miss_ticket(q, k, replace)
     }
 
     /// Lookup, then whatever it asks of the owner, then the backend on a miss: the
@@ -445,18 +243,29 @@ impl Cache {
         })
     }
 
+    // ------------------------------------------------------------ publication
+
+    fn publish_view(&self, view: RepView) {
+        self.read.reps.pin().insert(view.id, view);
+    }
+
+    pub(crate) fn publish_seqs(&self) {
+        self.read
+            .insert_seq
+            .store(self.log.last_seq(), Ordering::Release);
+        self.read
+            .delete_seq
+            .store(self.deletes.last_seq(), Ordering::Release);
+    }
+
     // --------------------------------------------------------------- owner side
 
     /// Links `key` as an alias of `rep` (after an approximate hit). Ignored when `rep`
-    /// is gone, the key is already present, or `rep` has its maximum of aliases.
+    /// is gone, the key is already present, or `rep` has its maximum of aliases: so
+    /// duplicate link requests from several cores are harmless.
     pub fn link_alias(&mut self, key: QueryKey, rep: RepId) -> bool {
-        if self.table.get(&key).is_some() {
-            return false;
-        }
-        let Some(r) = self.reps.get_mut(&rep) else {
-            return false;
-        };
-        if r.aliases.len() >= self.cfg.max_aliases_per_rep {
+        let table = self.read.table.pin();
+        if table.get(&key).is_some() {
             return false;
         }
         if let Capacity::Bytes(budget) = self.cfg.capacity {
@@ -464,11 +273,17 @@ impl Cache {
                 return false;
             }
         }
+        let Some(r) = self.reps.get_mut(&rep) else {
+            return false;
+        };
+        if r.aliases.len() >= self.cfg.max_aliases_per_rep {
+            return false;
+        }
         r.aliases.push(key);
-        self.table.insert(key, Slot::Alias(rep));
+        table.insert(key, Slot::Alias(rep));
         self.alias_count += 1;
         self.entry_bytes += ALIAS_BYTES;
-        bump(&self.counters.aliases_linked);
+        self.read.counters.aliases_linked.bump();
         true
     }
 
@@ -478,7 +293,7 @@ impl Cache {
         validate_k(ticket.k, self.cfg.k_max)?;
         let k = ticket.k;
         let Some(deleted) = self.deletes.deleted_since(ticket.delete_seq) else {
-            bump(&self.counters.admissions_refused);
+            self.read.counters.admissions_refused.bump();
             return Ok(Admission::Stale);
         };
         let mut answer: Vec<Candidate> = answer
@@ -487,15 +302,16 @@ impl Cache {
             .filter(|c| c.vector.as_ref().is_none_or(|v| v.len() == self.cfg.dim))
             .collect();
         sort_candidates(&mut answer);
-        let mut seen = std::collections::HashSet::with_capacity(answer.len());
+        let mut seen = HashSet::with_capacity(answer.len());
         answer.retain(|c| seen.insert(c.id));
         answer.truncate(self.answer_len(k));
         if answer.len() < k {
-            bump(&self.counters.admissions_refused);
+            self.read.counters.admissions_refused.bump();
             return Ok(Admission::TooFew);
         }
 
-        match self.table.get(&ticket.key) {
+        let existing = self.read.table.pin().get(&ticket.key).copied();
+        match existing {
             Some(Slot::Representative(r)) if !ticket.replace => return Ok(Admission::Duplicate(r)),
             Some(Slot::Representative(r)) => self.remove_rep(r, Removal::Replaced),
             Some(Slot::Alias(r)) => self.unlink_alias(ticket.key, r),
@@ -504,13 +320,12 @@ impl Cache {
 
         let n = answer.len();
         while !self.fits(n) {
-            let Some((&victim, _)) = self.reps.first_key_value() else {
+            if !self.evict_oldest() {
                 break;
-            };
-            self.remove_rep(victim, Removal::Evicted);
+            }
         }
         if !self.fits(n) {
-            bump(&self.counters.admissions_refused);
+            self.read.counters.admissions_refused.bump();
             return Ok(Admission::TooLarge);
         }
 
@@ -534,24 +349,35 @@ impl Cache {
             .insert_seq
             .max(self.log.head_seq() - 1)
             .min(self.log.last_seq());
-        let rep = Representative {
+        let view = RepView {
             id,
-            key: ticket.key,
             k,
             query: ticket.query.clone(),
-            tau: AtomicF32::new(self.policy.initial_tau(nrl.min_d())),
-            cursor,
-            aliases: Vec::new(),
+            tau: Arc::new(AtomicF32::new(self.policy.initial_tau(nrl.min_d()))),
             nrl: Arc::new(nrl),
         };
-        self.risk.sum_r += rep.nrl.risk_factor(k);
+        self.risk.sum_r += view.nrl.risk_factor(k);
         self.risk.sum_cursor += cursor as u128;
         self.cursors.insert((cursor, id));
         self.entry_bytes += self.rep_bytes(k);
-        self.table.insert(ticket.key, Slot::Representative(id));
+        // Publish the view before the key and the filter point, so a reader that finds
+        // either always finds the view.
+        self.publish_view(view.clone());
+        self.read
+            .table
+            .pin()
+            .insert(ticket.key, Slot::Representative(id));
         self.filter.insert(id, ticket.query);
-        self.reps.insert(id, rep);
-        bump(&self.counters.admissions);
+        self.reps.insert(
+            id,
+            Representative {
+                view,
+                key: ticket.key,
+                cursor,
+                aliases: Vec::new(),
+            },
+        );
+        self.read.counters.admissions.bump();
         Ok(Admission::Admitted(id))
     }
 
@@ -586,7 +412,7 @@ impl Cache {
     }
 
     fn unlink_alias(&mut self, key: QueryKey, rep: RepId) {
-        self.table.remove(&key);
+        self.read.table.pin().remove(&key);
         if let Some(r) = self.reps.get_mut(&rep) {
             r.aliases.retain(|a| *a != key);
         }
@@ -600,30 +426,36 @@ impl Cache {
         let Some(rep) = self.reps.remove(&id) else {
             return;
         };
+        // Unpublish first: readers stop finding it before its objects go.
+        {
+            let table = self.read.table.pin();
+            if table.get(&rep.key) == Some(&Slot::Representative(id)) {
+                table.remove(&rep.key);
+            }
+            for a in &rep.aliases {
+                if table.get(a) == Some(&Slot::Alias(id)) {
+                    table.remove(a);
+                }
+            }
+        }
+        self.read.reps.pin().remove(&id);
+        self.filter.remove(id);
         for &nid in &rep.nrl.ids {
             self.pool.release(nid, id);
         }
-        if self.table.get(&rep.key) == Some(Slot::Representative(id)) {
-            self.table.remove(&rep.key);
-        }
-        for a in &rep.aliases {
-            if self.table.get(a) == Some(Slot::Alias(id)) {
-                self.table.remove(a);
-            }
-        }
         self.alias_count -= rep.aliases.len();
         self.entry_bytes -= rep.aliases.len() * ALIAS_BYTES + self.rep_bytes(rep.k);
-        self.filter.remove(id);
         self.cursors.remove(&(rep.cursor, id));
         self.risk.sum_r -= rep.nrl.risk_factor(rep.k);
         self.risk.sum_cursor -= rep.cursor as u128;
         if self.reps.is_empty() {
             self.risk = RiskSums::default();
         }
+        let c = &self.read.counters;
         match why {
-            Removal::Evicted => bump(&self.counters.evictions),
-            Removal::Invalidated | Removal::Replaced => bump(&self.counters.invalidations),
-            Removal::LogCap => bump(&self.counters.log_cap_invalidations),
+            Removal::Evicted => c.evictions.bump(),
+            Removal::Invalidated | Removal::Replaced => c.invalidations.bump(),
+            Removal::LogCap => c.log_cap_invalidations.bump(),
         }
         self.trim_log();
     }
@@ -648,7 +480,7 @@ impl Cache {
         self.log.trim_to(upto);
     }
 
-    /// Replaces `rep`'s list, keeping the risk sums current.
+    /// Replaces `rep`'s list and publishes it, keeping the risk sums current.
     pub(crate) fn set_nrl(&mut self, id: RepId, nrl: NeighborList) {
         let rep = self
             .reps
@@ -656,39 +488,47 @@ impl Cache {
             .expect("set_nrl on a live representative");
         debug_assert!(nrl.is_sorted());
         self.risk.sum_r += nrl.risk_factor(rep.k) - rep.nrl.risk_factor(rep.k);
-        rep.nrl = Arc::new(nrl);
+        rep.view.nrl = Arc::new(nrl);
+        let view = rep.view.clone();
+        self.publish_view(view);
     }
 
     /// DELETE (§4.6): the id leaves the pool at once; every entry listing it promotes
     /// its next reserve; an entry left with fewer than `k` results is invalidated.
+    /// Call after the backend applied the delete; once this returns, no lookup that
+    /// starts afterwards can return `id`.
     pub fn delete(&mut self, id: u64) -> DeleteOutcome {
-        bump(&self.counters.deletes);
+        self.read.counters.deletes.bump();
         self.deletes.append(id);
         self.log.tombstone(id);
         let mut out = DeleteOutcome::default();
-        let Some(holders) = self.pool.remove(id) else {
-            return out;
-        };
-        out.cached = true;
-        for rid in holders {
-            let Some(rep) = self.reps.get(&rid) else {
-                continue;
-            };
-            let mut nrl = (*rep.nrl).clone();
-            let k = rep.k;
-            if let Some(i) = nrl.position(id) {
-                nrl.remove_at(i);
-            }
-            let short = nrl.len() < k;
-            self.set_nrl(rid, nrl);
-            if short {
-                self.remove_rep(rid, Removal::Invalidated);
-                out.invalidated += 1;
-            } else {
-                bump(&self.counters.delete_repairs);
-                out.repaired += 1;
+        if let Some(holders) = self.pool.remove(id) {
+            out.cached = true;
+            for rid in holders {
+                let Some(rep) = self.reps.get(&rid) else {
+                    continue;
+                };
+                let k = rep.k;
+                let mut nrl = (*rep.nrl).clone();
+                if let Some(i) = nrl.position(id) {
+                    nrl.remove_at(i);
+                }
+                if nrl.len() < k {
+                    // Unpublish without publishing the short list first; its other
+                    // references are released by remove_rep (the deleted one is gone).
+                    let rep = self.reps.get_mut(&rid).expect("live");
+                    self.risk.sum_r += nrl.risk_factor(k) - rep.nrl.risk_factor(k);
+                    rep.view.nrl = Arc::new(nrl);
+                    self.remove_rep(rid, Removal::Invalidated);
+                    out.invalidated += 1;
+                } else {
+                    self.set_nrl(rid, nrl);
+                    self.read.counters.delete_repairs.bump();
+                    out.repaired += 1;
+                }
             }
         }
+        self.publish_seqs();
         out
     }
 
@@ -698,7 +538,7 @@ impl Cache {
         for id in ids {
             self.remove_rep(id, Removal::Invalidated);
         }
-        debug_assert!(self.pool.is_empty() && self.table.is_empty());
+        debug_assert!(self.pool.is_empty());
         self.filter.clear();
     }
 
@@ -727,37 +567,36 @@ impl Cache {
         self.reps.values()
     }
     pub fn slot(&self, q: &[f32], k: usize) -> Option<Slot> {
-        self.table.get(&QueryKey::new(q, k))
+        self.read.slot(q, k)
     }
     pub fn insert_log_len(&self) -> usize {
         self.log.len()
     }
     pub fn counters(&self) -> &Counters {
-        &self.counters
+        &self.read.counters
     }
 
     pub fn stats(&self) -> CacheStats {
-        let c = &self.counters;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let c = &self.read.counters;
         CacheStats {
-            lookups: g(&c.lookups),
-            exact_hits: g(&c.exact_hits),
-            alias_hits: g(&c.alias_hits),
-            approximate_hits: g(&c.approximate_hits),
-            misses: g(&c.misses),
-            verifications: g(&c.verifications),
-            admissions: g(&c.admissions),
-            admissions_refused: g(&c.admissions_refused),
-            evictions: g(&c.evictions),
-            invalidations: g(&c.invalidations),
-            log_cap_invalidations: g(&c.log_cap_invalidations),
-            deletes: g(&c.deletes),
-            delete_repairs: g(&c.delete_repairs),
-            inserts: g(&c.inserts),
-            fast_path_updates: g(&c.fast_path_updates),
-            slow_path_steps: g(&c.slow_path_steps),
-            slow_path_merges: g(&c.slow_path_merges),
-            aliases_linked: g(&c.aliases_linked),
+            lookups: c.lookups.get(),
+            exact_hits: c.exact_hits.get(),
+            alias_hits: c.alias_hits.get(),
+            approximate_hits: c.approximate_hits.get(),
+            misses: c.misses.get(),
+            verifications: c.verifications.get(),
+            admissions: c.admissions.get(),
+            admissions_refused: c.admissions_refused.get(),
+            evictions: c.evictions.get(),
+            invalidations: c.invalidations.get(),
+            log_cap_invalidations: c.log_cap_invalidations.get(),
+            deletes: c.deletes.get(),
+            delete_repairs: c.delete_repairs.get(),
+            inserts: c.inserts.get(),
+            fast_path_updates: c.fast_path_updates.get(),
+            slow_path_steps: c.slow_path_steps.get(),
+            slow_path_merges: c.slow_path_merges.get(),
+            aliases_linked: c.aliases_linked.get(),
             representatives: self.reps.len(),
             aliases: self.alias_count,
             objects: self.pool.len(),
@@ -770,6 +609,8 @@ impl Cache {
 
     /// Every structural invariant, checked from scratch (tests, debug tooling).
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let table = self.read.table.pin();
+        let published = self.read.reps.pin();
         let mut aliases = 0;
         let mut sum_cursor: u128 = 0;
         for (&id, rep) in &self.reps {
@@ -791,17 +632,21 @@ impl Cache {
             if !nrl.is_sorted() {
                 return Err(ctx("list not ascending"));
             }
+            match published.get(&id) {
+                Some(v) if Arc::ptr_eq(&v.nrl, &rep.nrl) && Arc::ptr_eq(&v.tau, &rep.tau) => {}
+                _ => return Err(ctx("published view differs from the owner's")),
+            }
             for &nid in &nrl.ids {
                 match self.pool.get(nid) {
                     Some(o) if o.holders.contains(&id) => {}
                     _ => return Err(ctx(&format!("id {nid} has no object held by it"))),
                 }
             }
-            if self.table.get(&rep.key) != Some(Slot::Representative(id)) {
+            if table.get(&rep.key) != Some(&Slot::Representative(id)) {
                 return Err(ctx("key not in the exact table"));
             }
             for a in &rep.aliases {
-                if self.table.get(a) != Some(Slot::Alias(id)) {
+                if table.get(a) != Some(&Slot::Alias(id)) {
                     return Err(ctx("alias not in the exact table"));
                 }
             }
@@ -822,6 +667,13 @@ impl Cache {
             }
             sum_cursor += rep.cursor as u128;
         }
+        if published.len() != self.reps.len() {
+            return Err(format!(
+                "{} views published for {} reps",
+                published.len(),
+                self.reps.len()
+            ));
+        }
         for (&nid, obj) in self.pool.iter() {
             if obj.holders.is_empty() {
                 return Err(format!("object {nid} has no references"));
@@ -834,10 +686,10 @@ impl Cache {
                 }
             }
         }
-        if aliases != self.alias_count || self.table.len() != self.reps.len() + aliases {
+        if aliases != self.alias_count || table.len() != self.reps.len() + aliases {
             return Err(format!(
                 "table holds {} keys for {} reps + {} aliases",
-                self.table.len(),
+                table.len(),
                 self.reps.len(),
                 aliases
             ));

@@ -114,29 +114,44 @@ impl AtomicF32 {
     }
 }
 
-/// A cached query that owns its result list and is indexed in the query filter.
-#[derive(Debug)]
-pub struct Representative {
+/// What readers see of a representative. Immutable but for `tau`: a change to the
+/// list publishes a new view (the old one is reclaimed by epochs).
+#[derive(Clone, Debug)]
+pub struct RepView {
     pub id: RepId,
-    pub key: QueryKey,
     pub k: usize,
     /// `RQ`.
     pub query: Arc<[f32]>,
-    /// `NRL`, swapped whole on every change.
+    /// `NRL`.
     pub nrl: Arc<NeighborList>,
-    /// `τ`, the per-entry similarity threshold.
-    pub tau: AtomicF32,
+    /// `τ`, the per-entry similarity threshold, shared by every view of the entry.
+    pub tau: Arc<AtomicF32>,
+}
+
+impl RepView {
+    pub fn min_d(&self) -> f32 {
+        self.nrl.min_d()
+    }
+    pub fn max_d(&self) -> f32 {
+        self.nrl.max_d()
+    }
+}
+
+/// The owner's record of a representative: the published view plus what only the
+/// owner reads.
+#[derive(Debug)]
+pub struct Representative {
+    pub view: RepView,
+    pub key: QueryKey,
     /// `LC`: sequence number of the last insert-log record this entry has accounted for.
     pub cursor: u64,
     /// Keys linked to this entry by approximate hits (§4.2 entry linking).
     pub aliases: Vec<QueryKey>,
 }
 
-impl Representative {
-    pub fn min_d(&self) -> f32 {
-        self.nrl.min_d()
-    }
-    pub fn max_d(&self) -> f32 {
-        self.nrl.max_d()
+impl std::ops::Deref for Representative {
+    type Target = RepView;
+    fn deref(&self) -> &RepView {
+        &self.view
     }
 }

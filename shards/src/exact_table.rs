@@ -1,12 +1,10 @@
-//! The query lookup table (§4.2, Algorithm 1 step 1): an exact-match map from a query's
-//! bytes to its representative or alias entry.
+//! Keys of the query lookup table (§4.2, Algorithm 1 step 1), an exact-match map from a
+//! query's bytes to its representative or alias entry (a papaya map in [`crate::read`]).
 //!
 //! Keys are 128-bit xxh3 hashes of the vector's bytes, seeded with `k`. A 64-bit hash
 //! (the authors' artifact) can collide within a busy cache's lifetime and would then
 //! serve another query's answer; at 128 bits a collision needs ~2^64 distinct queries,
 //! so aliases need not store their vectors.
-
-use std::collections::HashMap;
 
 use crate::entry::RepId;
 
@@ -39,34 +37,5 @@ impl Slot {
         match self {
             Slot::Representative(r) | Slot::Alias(r) => r,
         }
-    }
-}
-
-#[derive(Default, Debug)]
-pub struct ExactTable {
-    map: HashMap<QueryKey, Slot>,
-}
-
-impl ExactTable {
-    pub fn get(&self, key: &QueryKey) -> Option<Slot> {
-        self.map.get(key).copied()
-    }
-    pub fn insert(&mut self, key: QueryKey, slot: Slot) -> Option<Slot> {
-        self.map.insert(key, slot)
-    }
-    pub fn remove(&mut self, key: &QueryKey) -> Option<Slot> {
-        self.map.remove(key)
-    }
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
-    pub fn clear(&mut self) {
-        self.map.clear()
-    }
-    pub fn iter(&self) -> impl Iterator<Item = (&QueryKey, &Slot)> {
-        self.map.iter()
     }
 }

@@ -5,7 +5,9 @@
 //! |--------------------------------------------------|-----------------------------|
 //! | distances (squared L2, 1 - cos, -dot; simsimd)   | [`metric`]                  |
 //! | exact table, 128-bit keys, representative/alias  | [`exact_table`], [`entry`]  |
-//! | lookup, admission, FIFO eviction, deletes        | [`cache`]                   |
+//! | lookup (lock-free read side)                     | [`read`]                    |
+//! | admission, FIFO eviction, deletes (owner)        | [`cache`]                   |
+//! | epoch-published values (seize)                   | [`epoch`]                   |
 //! | neighbour objects with reference counts          | [`pool`]                    |
 //! | dual query filter, rotation keeps survivors      | [`filter`]                  |
 //! | insert log, delete log (in-flight misses)        | [`insert_log`]              |
@@ -15,7 +17,9 @@
 pub mod backend;
 pub mod cache;
 pub mod config;
+pub mod counter;
 pub mod entry;
+pub mod epoch;
 pub mod error;
 pub mod exact_table;
 pub mod filter;
@@ -23,16 +27,15 @@ pub mod insert_log;
 pub mod metric;
 pub mod policy;
 pub mod pool;
+pub mod read;
 pub mod refresh;
 pub mod store;
 
 pub use backend::{Backend, Candidate};
-pub use cache::{
-    Admission, Cache, CacheStats, DeleteOutcome, Hit, HitKind, Lookup, MissTicket, Neighbor,
-    SearchOutcome,
-};
+pub use cache::{Admission, Cache, CacheStats, DeleteOutcome, SearchOutcome};
 pub use config::{CacheConfig, Capacity, FilterKind};
 pub use error::{Error, Result};
 pub use metric::Metric;
 pub use policy::{HitPolicy, PolicyConfig};
+pub use read::{CacheReader, Hit, HitKind, Lookup, MissTicket, Neighbor};
 pub use refresh::InsertOutcome;

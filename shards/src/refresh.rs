@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use crate::cache::{bump, Cache, Removal};
+use crate::cache::{Cache, Removal};
 use crate::entry::RepId;
 use crate::error::{validate_vector, Result};
 
@@ -30,7 +30,7 @@ impl Cache {
     /// INSERT: call after the backend has applied the insert.
     pub fn insert(&mut self, id: u64, v: &[f32]) -> Result<InsertOutcome> {
         validate_vector(v, self.cfg.dim)?;
-        bump(&self.counters.inserts);
+        self.read.counters.inserts.bump();
         let mut out = InsertOutcome::default();
         // An upsert: cached distances to the old vector are wrong now.
         if self.pool.contains(id) || self.log.contains_id(id) {
@@ -40,6 +40,7 @@ impl Cache {
         let v: Arc<[f32]> = Arc::from(v);
         out.seq = self.log.append(id, v.clone());
         self.enforce_log_cap();
+        self.publish_seqs();
         out.fast_path = self.fast_path(id, &v);
         out.slow_path_steps = self.run_slow_path();
         self.trim_log();
@@ -68,7 +69,7 @@ impl Cache {
             return false;
         };
         if d < self.reps[&rid].max_d() && self.merge(rid, id, d, v) {
-            bump(&self.counters.fast_path_updates);
+            self.read.counters.fast_path_updates.bump();
             return true;
         }
         false
@@ -134,7 +135,7 @@ impl Cache {
             .map(|(&id, _)| id);
         let Some(rid) = next else { return false };
         self.slow_path_last = rid;
-        bump(&self.counters.slow_path_steps);
+        self.read.counters.slow_path_steps.bump();
 
         let (from, query) = {
             let r = &self.reps[&rid];
@@ -153,7 +154,7 @@ impl Cache {
                 break;
             };
             if d < rep.max_d() && self.merge(rid, id, d, &v) {
-                bump(&self.counters.slow_path_merges);
+                self.read.counters.slow_path_merges.bump();
             }
         }
         // A merge may have evicted this very entry to stay within budget.

@@ -1,5 +1,6 @@
 //! Exact-scan filter index: the reference the HNSW one is compared with, and the one
-//! the model test and faithfulness runs use.
+//! the model test and faithfulness runs use. A papaya map, so the owner inserts while
+//! readers scan, without locks.
 
 use std::sync::Arc;
 
@@ -9,26 +10,26 @@ use crate::metric::Metric;
 
 pub struct BruteForceIndex {
     metric: Metric,
-    points: Vec<(RepId, Arc<[f32]>)>,
+    points: papaya::HashMap<RepId, Arc<[f32]>>,
 }
 
 impl BruteForceIndex {
     pub fn new(metric: Metric) -> Self {
         BruteForceIndex {
             metric,
-            points: Vec::new(),
+            points: papaya::HashMap::new(),
         }
     }
 }
 
 impl FilterIndex for BruteForceIndex {
-    fn insert(&mut self, rep: RepId, v: &[f32]) {
-        self.points.push((rep, Arc::from(v)));
+    fn insert(&self, rep: RepId, v: &[f32]) {
+        self.points.pin().insert(rep, Arc::from(v));
     }
 
     fn search(&self, q: &[f32], n: usize, accept: &dyn Fn(RepId) -> bool) -> Vec<(RepId, f32)> {
         let mut best: Vec<(RepId, f32)> = Vec::with_capacity(n + 1);
-        for (rep, v) in &self.points {
+        for (rep, v) in self.points.pin().iter() {
             if !accept(*rep) {
                 continue;
             }

@@ -29,7 +29,7 @@ impl Distance<f32> for SimdDistance {
 pub struct HnswIndex {
     graph: Hnsw<'static, f32, SimdDistance>,
     ef_search: usize,
-    len: usize,
+    len: std::sync::atomic::AtomicUsize,
 }
 
 impl HnswIndex {
@@ -50,19 +50,19 @@ impl HnswIndex {
         HnswIndex {
             graph,
             ef_search,
-            len: 0,
+            len: Default::default(),
         }
     }
 }
 
 impl FilterIndex for HnswIndex {
-    fn insert(&mut self, rep: RepId, v: &[f32]) {
+    fn insert(&self, rep: RepId, v: &[f32]) {
         self.graph.insert_slice((v, rep as usize));
-        self.len += 1;
+        self.len.fetch_add(1, std::sync::atomic::Ordering::Release);
     }
 
     fn search(&self, q: &[f32], n: usize, accept: &dyn Fn(RepId) -> bool) -> Vec<(RepId, f32)> {
-        if self.len == 0 {
+        if self.len() == 0 {
             return Vec::new();
         }
         let filter = |id: &usize| accept(*id as RepId);
@@ -76,6 +76,6 @@ impl FilterIndex for HnswIndex {
     }
 
     fn len(&self) -> usize {
-        self.len
+        self.len.load(std::sync::atomic::Ordering::Acquire)
     }
 }

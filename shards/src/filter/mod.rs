@@ -3,47 +3,52 @@
 //!
 //! ```text
 //!   admit ──► active (F_A) ── inserts only
-//!   evict ──► whichever generation holds the entry: tombstone (skipped by searches)
-//!   tombstones > live ──► rotate:  new active = empty
+//!   evict ──► whichever generation holds the entry: tombstone (readers skip it: the
+//!             entry is gone from the published representatives)
+//!   tombstones > live ──► rotate:  new active = empty + the live entries of the
+//!                                  dropped standby (re-inserted: never lost)
 //!                                  standby   = old active (sealed)
-//!                                  old standby dropped; its *live* entries are
-//!                                  re-inserted into the new active (never lost)
-//!   lookup ──► search both, merge, nearest first
+//!                                  old standby dropped once no reader holds it (epochs)
+//!   lookup ──► search both generations of the published FilterSet, nearest first
 //! ```
+//!
+//! [`DualFilter`] is the owner's bookkeeping; readers see only the [`FilterSet`] it
+//! publishes through an [`EpochCell`].
 
 mod brute;
 mod hnsw;
-pub use hnsw::SimdDistance;
 
 pub use brute::BruteForceIndex;
-pub use hnsw::HnswIndex;
+pub use hnsw::{HnswIndex, SimdDistance};
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::FilterKind;
 use crate::entry::RepId;
+use crate::epoch::EpochCell;
 use crate::metric::Metric;
 
-/// One generation's index. Tombstones are not the index's business: searches take a
-/// predicate and return only accepted ids.
+/// One generation's index. Inserts take `&self` so readers can search while the owner
+/// inserts (hnsw_rs's own short locks are accepted). Tombstones are not the index's
+/// business: searches take a predicate and return only accepted ids.
 pub trait FilterIndex: Send + Sync {
-    fn insert(&mut self, rep: RepId, v: &[f32]);
+    fn insert(&self, rep: RepId, v: &[f32]);
     /// Up to `n` accepted reps near `q`. The distances may be any increasing map of the
-    /// true ones: the caller recomputes them.
+    /// true ones: callers recompute them.
     fn search(&self, q: &[f32], n: usize, accept: &dyn Fn(RepId) -> bool) -> Vec<(RepId, f32)>;
     /// Points inserted, tombstoned ones included.
     fn len(&self) -> usize;
 }
 
-fn new_index(kind: FilterKind, metric: Metric, capacity_hint: usize) -> Box<dyn FilterIndex> {
+fn new_index(kind: FilterKind, metric: Metric, capacity_hint: usize) -> Arc<dyn FilterIndex> {
     match kind {
-        FilterKind::BruteForce => Box::new(BruteForceIndex::new(metric)),
+        FilterKind::BruteForce => Arc::new(BruteForceIndex::new(metric)),
         FilterKind::Hnsw {
             m,
             ef_construction,
             ef_search,
-        } => Box::new(HnswIndex::new(
+        } => Arc::new(HnswIndex::new(
             metric,
             m,
             ef_construction,
@@ -53,19 +58,26 @@ fn new_index(kind: FilterKind, metric: Metric, capacity_hint: usize) -> Box<dyn 
     }
 }
 
-struct Generation {
-    index: Box<dyn FilterIndex>,
-    /// Live members with their vectors (kept to re-insert survivors at rotation).
-    live: HashMap<RepId, Arc<[f32]>>,
-    tombstones: usize,
+/// What readers search: the two current generations.
+pub struct FilterSet {
+    active: Arc<dyn FilterIndex>,
+    standby: Arc<dyn FilterIndex>,
 }
 
-impl Generation {
-    fn new(kind: FilterKind, metric: Metric, hint: usize) -> Self {
-        Generation {
-            index: new_index(kind, metric, hint),
-            live: HashMap::new(),
-            tombstones: 0,
+impl FilterSet {
+    /// Ids of up to `n` accepted reps per generation, nearest first by the index's
+    /// own distance. The caller recomputes exact distances and merges.
+    pub fn candidates(
+        &self,
+        q: &[f32],
+        n: usize,
+        accept: &dyn Fn(RepId) -> bool,
+        out: &mut Vec<RepId>,
+    ) {
+        for gen in [&self.active, &self.standby] {
+            if gen.len() > 0 {
+                out.extend(gen.search(q, n, accept).into_iter().map(|(r, _)| r));
+            }
         }
     }
 }
@@ -79,47 +91,84 @@ pub struct FilterStats {
     pub reinserted_on_rotation: u64,
 }
 
+struct Members {
+    /// Live members with their vectors (kept to re-insert survivors at rotation).
+    live: HashMap<RepId, Arc<[f32]>>,
+    tombstones: usize,
+}
+
+impl Members {
+    fn new() -> Self {
+        Members {
+            live: HashMap::new(),
+            tombstones: 0,
+        }
+    }
+}
+
+/// The owner's side of the filter.
 pub struct DualFilter {
     kind: FilterKind,
     metric: Metric,
-    active: Generation,
-    standby: Generation,
+    published: Arc<EpochCell<FilterSet>>,
+    active: Arc<dyn FilterIndex>,
+    standby: Arc<dyn FilterIndex>,
+    active_members: Members,
+    standby_members: Members,
     rotations: u64,
     reinserted: u64,
 }
 
 impl DualFilter {
     pub fn new(kind: FilterKind, metric: Metric) -> Self {
+        let active = new_index(kind, metric, 1024);
+        let standby = new_index(kind, metric, 16);
+        let published = Arc::new(EpochCell::new(FilterSet {
+            active: active.clone(),
+            standby: standby.clone(),
+        }));
         DualFilter {
             kind,
             metric,
-            active: Generation::new(kind, metric, 1024),
-            standby: Generation::new(kind, metric, 16),
+            published,
+            active,
+            standby,
+            active_members: Members::new(),
+            standby_members: Members::new(),
             rotations: 0,
             reinserted: 0,
         }
     }
 
+    /// The cell readers search through.
+    pub fn published(&self) -> Arc<EpochCell<FilterSet>> {
+        self.published.clone()
+    }
+
+    pub fn metric(&self) -> Metric {
+        self.metric
+    }
+
     pub fn insert(&mut self, rep: RepId, v: Arc<[f32]>) {
         debug_assert!(!self.contains(rep));
-        self.active.index.insert(rep, &v);
-        self.active.live.insert(rep, v);
+        self.active.insert(rep, &v);
+        self.active_members.live.insert(rep, v);
     }
 
     pub fn contains(&self, rep: RepId) -> bool {
-        self.active.live.contains_key(&rep) || self.standby.live.contains_key(&rep)
+        self.active_members.live.contains_key(&rep) || self.standby_members.live.contains_key(&rep)
     }
 
     /// Tombstones `rep`, then rotates if tombstones outnumber live entries.
     pub fn remove(&mut self, rep: RepId) -> bool {
-        let gen = if self.standby.live.remove(&rep).is_some() {
-            &mut self.standby
-        } else if self.active.live.remove(&rep).is_some() {
-            &mut self.active
+        let members = if self.standby_members.live.remove(&rep).is_some() {
+            &mut self.standby_members
+        } else if self.active_members.live.remove(&rep).is_some() {
+            &mut self.active_members
         } else {
             return false;
         };
-        gen.tombstones += 1;
+        members.tombstones += 1;
         // Each rotation drops the standby's tombstones, so two rounds always suffice.
         for _ in 0..2 {
             if self.tombstones() > self.live() {
@@ -130,48 +179,64 @@ impl DualFilter {
     }
 
     fn rotate(&mut self) {
-        let hint = self.active.live.len().max(1024);
-        let fresh = Generation::new(self.kind, self.metric, hint);
+        let fresh = new_index(
+            self.kind,
+            self.metric,
+            self.active_members.live.len().max(1024),
+        );
         let sealed = std::mem::replace(&mut self.active, fresh);
-        let dropped = std::mem::replace(&mut self.standby, sealed);
+        self.standby = sealed;
+        let dropped = std::mem::replace(
+            &mut self.standby_members,
+            std::mem::replace(&mut self.active_members, Members::new()),
+        );
         // The artifact loses these; a live representative must stay findable.
         let mut survivors: Vec<_> = dropped.live.into_iter().collect();
         survivors.sort_by_key(|(r, _)| *r);
         self.reinserted += survivors.len() as u64;
         for (rep, v) in survivors {
-            self.active.index.insert(rep, &v);
-            self.active.live.insert(rep, v);
+            self.active.insert(rep, &v);
+            self.active_members.live.insert(rep, v);
         }
         self.rotations += 1;
+        self.published.store(FilterSet {
+            active: self.active.clone(),
+            standby: self.standby.clone(),
+        });
     }
 
-    /// Up to `n` live accepted reps nearest to `q` over both generations,
-    /// ascending by (distance, rep).
+    /// Up to `n` accepted reps nearest to `q` over both generations, with exact
+    /// distances, ascending by (distance, rep). The owner's search (fast path, tests).
     pub fn search(&self, q: &[f32], n: usize, accept: &dyn Fn(RepId) -> bool) -> Vec<(RepId, f32)> {
-        let mut out = Vec::with_capacity(2 * n);
-        for gen in [&self.active, &self.standby] {
-            if gen.live.is_empty() {
-                continue;
-            }
-            let ok = |r: RepId| gen.live.contains_key(&r) && accept(r);
-            // The exact distance with the SIMD kernel, whatever the index reported.
-            out.extend(
-                gen.index
-                    .search(q, n, &ok)
-                    .into_iter()
-                    .map(|(r, _)| (r, self.metric.distance(q, &gen.live[&r]))),
-            );
-        }
+        let mut ids = Vec::new();
+        let live = |r: RepId| self.contains(r) && accept(r);
+        self.published
+            .read(|set| set.candidates(q, n, &live, &mut ids));
+        let mut out: Vec<(RepId, f32)> = ids
+            .into_iter()
+            .map(|r| {
+                let v = self
+                    .active_members
+                    .live
+                    .get(&r)
+                    .or_else(|| self.standby_members.live.get(&r));
+                (
+                    r,
+                    self.metric.distance(q, v.expect("accepted reps are live")),
+                )
+            })
+            .collect();
         out.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        out.dedup_by_key(|x| x.0);
         out.truncate(n);
         out
     }
 
     pub fn live(&self) -> usize {
-        self.active.live.len() + self.standby.live.len()
+        self.active_members.live.len() + self.standby_members.live.len()
     }
     pub fn tombstones(&self) -> usize {
-        self.active.tombstones + self.standby.tombstones
+        self.active_members.tombstones + self.standby_members.tombstones
     }
     pub fn stats(&self) -> FilterStats {
         FilterStats {
@@ -181,8 +246,16 @@ impl DualFilter {
             reinserted_on_rotation: self.reinserted,
         }
     }
+    /// Drops both generations (FLUSH).
     pub fn clear(&mut self) {
-        *self = DualFilter::new(self.kind, self.metric);
+        self.active = new_index(self.kind, self.metric, 1024);
+        self.standby = new_index(self.kind, self.metric, 16);
+        self.active_members = Members::new();
+        self.standby_members = Members::new();
+        self.published.store(FilterSet {
+            active: self.active.clone(),
+            standby: self.standby.clone(),
+        });
     }
 }
 

@@ -2,7 +2,7 @@
 //! `α_L` on equality hits (capped by `minD`), shrunk by `α_T` on approximate hits.
 
 use super::HitPolicy;
-use crate::entry::Representative;
+use crate::entry::RepView;
 
 #[derive(Clone, Copy, Debug)]
 pub struct AkerPolicy {
@@ -28,14 +28,14 @@ impl HitPolicy for AkerPolicy {
     fn initial_tau(&self, min_d: f32) -> f32 {
         min_d / self.tau_init_divisor
     }
-    fn threshold(&self, rep: &Representative) -> f32 {
+    fn threshold(&self, rep: &RepView) -> f32 {
         rep.tau.load()
     }
-    fn on_equality_hit(&self, rep: &Representative) {
+    fn on_equality_hit(&self, rep: &RepView) {
         let cap = rep.min_d();
         rep.tau.update(|t| (t * self.alpha_l).min(cap));
     }
-    fn on_approximate_hit(&self, rep: &Representative) {
+    fn on_approximate_hit(&self, rep: &RepView) {
         rep.tau.update(|t| t * self.alpha_t);
     }
     fn links_aliases(&self) -> bool {

@@ -19,18 +19,18 @@ pub use proximity::ProximityPolicy;
 
 use serde::{Deserialize, Serialize};
 
-use crate::entry::Representative;
+use crate::entry::RepView;
 
 pub trait HitPolicy: Send + Sync {
     fn name(&self) -> &'static str;
     /// `τ` of a newly admitted entry, given its `minD`.
     fn initial_tau(&self, min_d: f32) -> f32;
     /// A query at distance `d` from `rep.query` is an approximate hit iff `d < threshold`.
-    fn threshold(&self, rep: &Representative) -> f32;
+    fn threshold(&self, rep: &RepView) -> f32;
     /// After an equality hit on `rep`.
-    fn on_equality_hit(&self, rep: &Representative);
+    fn on_equality_hit(&self, rep: &RepView);
     /// After an approximate hit on `rep`.
-    fn on_approximate_hit(&self, rep: &Representative);
+    fn on_approximate_hit(&self, rep: &RepView);
     /// Whether approximate hits link an alias for the query (§4.2 entry linking).
     fn links_aliases(&self) -> bool;
     /// Whether this approximate hit should be turned into a verifying miss.

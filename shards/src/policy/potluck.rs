@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::HitPolicy;
-use crate::entry::{AtomicF32, Representative};
+use crate::entry::{AtomicF32, RepView};
 
 #[derive(Debug)]
 pub struct PotluckPolicy {
@@ -61,11 +61,11 @@ impl HitPolicy for PotluckPolicy {
     fn initial_tau(&self, _min_d: f32) -> f32 {
         self.threshold.load()
     }
-    fn threshold(&self, _rep: &Representative) -> f32 {
+    fn threshold(&self, _rep: &RepView) -> f32 {
         self.threshold.load()
     }
-    fn on_equality_hit(&self, _rep: &Representative) {}
-    fn on_approximate_hit(&self, _rep: &Representative) {}
+    fn on_equality_hit(&self, _rep: &RepView) {}
+    fn on_approximate_hit(&self, _rep: &RepView) {}
     fn links_aliases(&self) -> bool {
         false
     }

@@ -2,7 +2,7 @@
 //! percentile of inter-query distances), no aliases.
 
 use super::HitPolicy;
-use crate::entry::Representative;
+use crate::entry::RepView;
 
 #[derive(Clone, Copy, Debug)]
 pub struct ProximityPolicy {
@@ -22,11 +22,11 @@ impl HitPolicy for ProximityPolicy {
     fn initial_tau(&self, _min_d: f32) -> f32 {
         self.threshold
     }
-    fn threshold(&self, _rep: &Representative) -> f32 {
+    fn threshold(&self, _rep: &RepView) -> f32 {
         self.threshold
     }
-    fn on_equality_hit(&self, _rep: &Representative) {}
-    fn on_approximate_hit(&self, _rep: &Representative) {}
+    fn on_equality_hit(&self, _rep: &RepView) {}
+    fn on_approximate_hit(&self, _rep: &RepView) {}
     fn links_aliases(&self) -> bool {
         false
     }

@@ -1,0 +1,92 @@
+//! Epoch-published values: the one place this crate retires memory itself.
+//!
+//! Reclamation is seize's (the same collector papaya's maps use, so the crate has one
+//! reclamation scheme, not two). A reader enters an epoch only inside [`EpochCell::read`]'s
+//! closure, which is synchronous: a guard can never be held across an `.await`
+//! (glommio tasks are `!Send`, so the compiler would not catch that otherwise).
+
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use seize::{reclaim, Collector, Guard};
+
+pub struct EpochCell<T> {
+    collector: Collector,
+    ptr: AtomicPtr<T>,
+}
+
+// Safety: the cell hands out `&T` to many threads and drops `T` on whichever thread
+// reclaims it, so `T` must be both.
+unsafe impl<T: Send + Sync> Send for EpochCell<T> {}
+unsafe impl<T: Send + Sync> Sync for EpochCell<T> {}
+
+impl<T> EpochCell<T> {
+    pub fn new(value: T) -> Self {
+        EpochCell {
+            collector: Collector::new(),
+            ptr: AtomicPtr::new(Box::into_raw(Box::new(value))),
+        }
+    }
+
+    /// Runs `f` on the current value; the value cannot be freed while `f` runs.
+    #[inline]
+    pub fn read<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        let guard = self.collector.enter();
+        let p = guard.protect(&self.ptr, Ordering::Acquire);
+        // Safety: `p` came from `Box::into_raw` and is retired only through the
+        // collector, which waits for this guard.
+        f(unsafe { &*p })
+    }
+
+    /// Publishes `value`; the old one is freed once no reader can hold it.
+    pub fn store(&self, value: T) {
+        let old = self
+            .ptr
+            .swap(Box::into_raw(Box::new(value)), Ordering::AcqRel);
+        // Safety: `old` is unreachable for new readers; seize defers the free until
+        // every guard that could have loaded it is gone.
+        unsafe { self.collector.retire(old, reclaim::boxed::<T>) };
+    }
+}
+
+impl<T> Drop for EpochCell<T> {
+    fn drop(&mut self) {
+        // Safety: `&mut self`: no reader is left; retired values are freed by the
+        // collector's own drop.
+        unsafe { drop(Box::from_raw(self.ptr.load(Ordering::Acquire))) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn readers_see_whole_values_while_a_writer_publishes() {
+        let cell = Arc::new(EpochCell::new(vec![0u64; 64]));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let (cell, stop) = (cell.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) && n < 5_000_000 {
+                        cell.read(|v| {
+                            let first = v[0];
+                            assert!(v.iter().all(|&x| x == first), "torn value");
+                        });
+                        n += 1;
+                    }
+                })
+            })
+            .collect();
+        for i in 1..20_000u64 {
+            cell.store(vec![i; 64]);
+        }
+        stop.store(true, Ordering::Relaxed);
+        for r in readers {
+            r.join().unwrap();
+        }
+        cell.read(|v| assert_eq!(v[0], 19_999));
+    }
+}

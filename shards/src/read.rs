@@ -1,0 +1,308 @@
+//! The read side of a shard: what any core may search without waiting for the owner.
+//!
+//! ```text
+//!  lookup(q, k)  (&self: no lock of ours, never waits for the owner)
+//!    ├─ exact table ── representative ─► Exact hit      τ ← min(τ·α_L, minD)   (CAS)
+//!    │               └ alias ──────────► Alias hit      τ unchanged
+//!    ├─ filter set (both generations): nearest candidates, exact d(q, RQ),
+//!    │  first with d < τ ──────────────► Approximate    τ ← τ·α_T (CAS); the alias
+//!    │                                                  link is handed back for the owner
+//!    └─ otherwise ─────────────────────► Miss ticket (insert / delete sequence numbers)
+//! ```
+//!
+//! Every structure here is either a papaya map (lock-free, seize-reclaimed) or an
+//! [`EpochCell`]; views are immutable once published, so a reader never sees a list
+//! half-updated. Clippy's `disallowed-types` (see `clippy.toml`) keeps `Mutex` and
+//! `RwLock` out of this module.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::config::CacheConfig;
+use crate::counter::Counter;
+use crate::entry::{RepId, RepView};
+use crate::epoch::EpochCell;
+use crate::error::{validate_k, validate_vector, Result};
+use crate::exact_table::{QueryKey, Slot};
+use crate::filter::FilterSet;
+use crate::policy::HitPolicy;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HitKind {
+    /// The query is a representative's own.
+    Exact,
+    /// The query was served by an approximate hit before and is linked.
+    Alias,
+    /// A near representative passed its threshold.
+    Approximate,
+    Miss,
+}
+
+impl HitKind {
+    pub fn is_hit(self) -> bool {
+        self != HitKind::Miss
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            HitKind::Exact => "exact",
+            HitKind::Alias => "alias",
+            HitKind::Approximate => "approximate",
+            HitKind::Miss => "miss",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Neighbor {
+    pub id: u64,
+    pub distance: f32,
+}
+
+#[derive(Clone, Debug)]
+pub struct Hit {
+    pub kind: HitKind,
+    pub rep: RepId,
+    /// Exactly `k` live results ascending by `distance`.
+    pub results: Vec<Neighbor>,
+    /// Distances are to the request's own vector; false only when the cache keeps no
+    /// vectors and served a near query (then they are to the representative's query).
+    pub exact_distances: bool,
+    /// A key the owner should link as an alias of `rep`.
+    pub link: Option<QueryKey>,
+}
+
+/// What a miss must carry to the owner for admission.
+#[derive(Clone, Debug)]
+pub struct MissTicket {
+    pub query: Arc<[f32]>,
+    pub k: usize,
+    pub key: QueryKey,
+    /// Insert-log sequence number noted before the backend call: the entry's `LC`.
+    pub insert_seq: u64,
+    /// Delete sequence number noted before the backend call: ids deleted after it are
+    /// stripped from the answer at admission.
+    pub delete_seq: u64,
+    /// A sampled verification of this cached top-k (Potluck+).
+    pub verify: Option<Vec<u64>>,
+    /// Replace an existing representative of the same key (REFRESH).
+    pub replace: bool,
+}
+
+#[derive(Clone, Debug)]
+pub enum Lookup {
+    Hit(Hit),
+    Miss(MissTicket),
+}
+
+/// Counters; the hit path bumps striped ones.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub lookups: Counter,
+    pub exact_hits: Counter,
+    pub alias_hits: Counter,
+    pub approximate_hits: Counter,
+    pub misses: Counter,
+    pub verifications: Counter,
+    pub admissions: Counter,
+    pub admissions_refused: Counter,
+    pub evictions: Counter,
+    pub invalidations: Counter,
+    pub log_cap_invalidations: Counter,
+    pub deletes: Counter,
+    pub delete_repairs: Counter,
+    pub inserts: Counter,
+    pub fast_path_updates: Counter,
+    pub slow_path_steps: Counter,
+    pub slow_path_merges: Counter,
+    pub aliases_linked: Counter,
+}
+
+pub struct CacheReader {
+    pub(crate) cfg: CacheConfig,
+    pub(crate) policy: Arc<dyn HitPolicy>,
+    pub(crate) table: papaya::HashMap<QueryKey, Slot>,
+    pub(crate) reps: papaya::HashMap<RepId, RepView>,
+    pub(crate) filter: Arc<EpochCell<FilterSet>>,
+    /// Last insert-log / delete sequence numbers, published by the owner after it
+    /// applied them (the backend had applied them before that).
+    pub(crate) insert_seq: AtomicU64,
+    pub(crate) delete_seq: AtomicU64,
+    pub(crate) counters: Counters,
+}
+
+impl CacheReader {
+    pub fn config(&self) -> &CacheConfig {
+        &self.cfg
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    pub fn validate_request(&self, q: &[f32], k: usize) -> Result<()> {
+        validate_vector(q, self.cfg.dim)?;
+        validate_k(k, self.cfg.k_max)
+    }
+
+    /// Algorithm 1. Takes `&self`: it reads, and updates `τ` by compare-and-swap.
+    pub fn lookup(&self, q: &[f32], k: usize) -> Result<Lookup> {
+        self.validate_request(q, k)?;
+        self.counters.lookups.bump();
+        let key = QueryKey::new(q, k);
+        if let Some(hit) = self.probe_exact(q, k, key) {
+            return Ok(hit);
+        }
+        if let Some(hit) = self.probe_filter(q, k, key) {
+            return Ok(hit);
+        }
+        self.counters.misses.bump();
+        Ok(Lookup::Miss(self.ticket(q, k, key, None, false)))
+    }
+
+    /// Step 1: the exact table. `None` also when the slot's representative is gone
+    /// (removed between the two reads): the lookup goes on as if the key were absent.
+    pub fn probe_exact(&self, q: &[f32], k: usize, key: QueryKey) -> Option<Lookup> {
+        let slot = self.table.pin().get(&key).copied()?;
+        let reps = self.reps.pin();
+        let rep = reps.get(&slot.rep())?;
+        let kind = match slot {
+            Slot::Representative(_) => {
+                self.policy.on_equality_hit(rep);
+                self.counters.exact_hits.bump();
+                HitKind::Exact
+            }
+            Slot::Alias(_) => {
+                self.counters.alias_hits.bump();
+                HitKind::Alias
+            }
+        };
+        Some(Lookup::Hit(self.answer(rep, q, k, kind, None)))
+    }
+
+    /// Step 2: the filter's nearest candidates, first one within its threshold.
+    pub fn probe_filter(&self, q: &[f32], k: usize, key: QueryKey) -> Option<Lookup> {
+        let reps = self.reps.pin();
+        let same_k = |r: RepId| reps.get(&r).is_some_and(|e| e.k == k);
+        let n = self.cfg.filter_candidates;
+        let mut ids = Vec::with_capacity(2 * n);
+        self.filter
+            .read(|set| set.candidates(q, n, &same_k, &mut ids));
+        let mut cands: Vec<(f32, RepId, &RepView)> = Vec::with_capacity(ids.len());
+        for r in ids {
+            if let Some(view) = reps.get(&r) {
+                if cands.iter().all(|c| c.1 != r) {
+                    cands.push((self.cfg.metric.distance(q, &view.query), r, view));
+                }
+            }
+        }
+        cands.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        for &(d, _, rep) in cands.iter().take(n) {
+            if d < self.policy.threshold(rep) {
+                if self.policy.sample_verification() {
+                    self.counters.verifications.bump();
+                    self.counters.misses.bump();
+                    let cached = rep.nrl.ids[..k].to_vec();
+                    return Some(Lookup::Miss(self.ticket(q, k, key, Some(cached), false)));
+                }
+                self.policy.on_approximate_hit(rep);
+                self.counters.approximate_hits.bump();
+                let link = self.policy.links_aliases().then_some(key);
+                return Some(Lookup::Hit(self.answer(
+                    rep,
+                    q,
+                    k,
+                    HitKind::Approximate,
+                    link,
+                )));
+            }
+        }
+        None
+    }
+
+    pub(crate) fn ticket(
+        &self,
+        q: &[f32],
+        k: usize,
+        key: QueryKey,
+        verify: Option<Vec<u64>>,
+        replace: bool,
+    ) -> MissTicket {
+        MissTicket {
+            query: Arc::from(q),
+            k,
+            key,
+            insert_seq: self.insert_seq.load(Ordering::Acquire),
+            delete_seq: self.delete_seq.load(Ordering::Acquire),
+            verify,
+            replace,
+        }
+    }
+
+    /// A ticket for a miss that skips the lookup: REFRESH (replace the entry) or a
+    /// bypass that still admits.
+    pub fn miss_ticket(&self, q: &[f32], k: usize, replace: bool) -> Result<MissTicket> {
+        self.validate_request(q, k)?;
+        Ok(self.ticket(q, k, QueryKey::new(q, k), None, replace))
+    }
+
+    /// The `k` results a hit returns, ascending by distance to the request's vector.
+    fn answer(
+        &self,
+        rep: &RepView,
+        q: &[f32],
+        k: usize,
+        kind: HitKind,
+        link: Option<QueryKey>,
+    ) -> Hit {
+        let nrl = &rep.nrl;
+        debug_assert!(nrl.len() >= k, "a representative holds at least k results");
+        let mut exact_distances = true;
+        let mut results: Vec<Neighbor>;
+        if kind == HitKind::Exact {
+            results = (0..k)
+                .map(|i| Neighbor {
+                    id: nrl.ids[i],
+                    distance: nrl.dists[i],
+                })
+                .collect();
+        } else {
+            let pool = if self.policy.rerank() { nrl.len() } else { k };
+            results = Vec::with_capacity(pool);
+            for i in 0..pool {
+                let distance = match &nrl.vectors[i] {
+                    Some(v) => self.cfg.metric.distance(q, v),
+                    None => {
+                        exact_distances = false;
+                        nrl.dists[i]
+                    }
+                };
+                results.push(Neighbor {
+                    id: nrl.ids[i],
+                    distance,
+                });
+            }
+            results.sort_by(|a, b| a.distance.total_cmp(&b.distance).then(a.id.cmp(&b.id)));
+            results.truncate(k);
+        }
+        Hit {
+            kind,
+            rep: rep.id,
+            results,
+            exact_distances,
+            link,
+        }
+    }
+
+    /// Number of published representatives.
+    pub fn len(&self) -> usize {
+        self.reps.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.reps.is_empty()
+    }
+
+    pub fn slot(&self, q: &[f32], k: usize) -> Option<Slot> {
+        self.table.pin().get(&QueryKey::new(q, k)).copied()
+    }
+}
