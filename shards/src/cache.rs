@@ -106,8 +106,8 @@ pub struct CacheStats {
 /// Running sums behind the global risk `R` (§4.6).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct RiskSums {
-    /// Σ r(e) over representatives.
-    pub sum_r: f64,
+    /// Σ r(e) over representatives, in fixed point (see `NeighborList::risk_fixed`).
+    pub sum_r: u64,
     /// Σ LC over representatives.
     pub sum_cursor: u128,
 }
@@ -356,7 +356,7 @@ impl Cache {
             tau: Arc::new(AtomicF32::new(self.policy.initial_tau(nrl.min_d()))),
             nrl: Arc::new(nrl),
         };
-        self.risk.sum_r += view.nrl.risk_factor(k);
+        self.risk.sum_r += view.nrl.risk_fixed(k);
         self.risk.sum_cursor += cursor as u128;
         self.cursors.insert((cursor, id));
         self.entry_bytes += self.rep_bytes(k);
@@ -446,7 +446,7 @@ impl Cache {
         self.alias_count -= rep.aliases.len();
         self.entry_bytes -= rep.aliases.len() * ALIAS_BYTES + self.rep_bytes(rep.k);
         self.cursors.remove(&(rep.cursor, id));
-        self.risk.sum_r -= rep.nrl.risk_factor(rep.k);
+        self.risk.sum_r -= rep.nrl.risk_fixed(rep.k);
         self.risk.sum_cursor -= rep.cursor as u128;
         if self.reps.is_empty() {
             self.risk = RiskSums::default();
@@ -487,7 +487,7 @@ impl Cache {
             .get_mut(&id)
             .expect("set_nrl on a live representative");
         debug_assert!(nrl.is_sorted());
-        self.risk.sum_r += nrl.risk_factor(rep.k) - rep.nrl.risk_factor(rep.k);
+        self.risk.sum_r = self.risk.sum_r + nrl.risk_fixed(rep.k) - rep.nrl.risk_fixed(rep.k);
         rep.view.nrl = Arc::new(nrl);
         let view = rep.view.clone();
         self.publish_view(view);
@@ -517,7 +517,7 @@ impl Cache {
                     // Unpublish without publishing the short list first; its other
                     // references are released by remove_rep (the deleted one is gone).
                     let rep = self.reps.get_mut(&rid).expect("live");
-                    self.risk.sum_r += nrl.risk_factor(k) - rep.nrl.risk_factor(k);
+                    self.risk.sum_r = self.risk.sum_r + nrl.risk_fixed(k) - rep.nrl.risk_fixed(k);
                     rep.view.nrl = Arc::new(nrl);
                     self.remove_rep(rid, Removal::Invalidated);
                     out.invalidated += 1;

@@ -9,6 +9,9 @@ use std::sync::Arc;
 
 use crate::exact_table::QueryKey;
 
+/// Fixed-point scale of risk factors.
+pub const RISK_SCALE: f64 = 4_294_967_296.0;
+
 /// Representatives are numbered in admission order, so the FIFO is ascending `RepId`.
 pub type RepId = u64;
 
@@ -65,6 +68,11 @@ impl NeighborList {
         self.dists.remove(i);
         self.vectors.remove(i);
         self.ids.remove(i)
+    }
+    /// `r(e)` in fixed point (units of 2^-32), so the running sum over all entries
+    /// is exact: no drift however many updates it sees.
+    pub fn risk_fixed(&self, k: usize) -> u64 {
+        (self.risk_factor(k) * RISK_SCALE).round() as u64
     }
     /// Index at which `(d, id)` belongs in ascending order.
     pub fn sorted_place(&self, d: f32, id: u64) -> usize {

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use crate::cache::{Cache, Removal};
-use crate::entry::RepId;
+use crate::entry::{RepId, RISK_SCALE};
 use crate::error::{validate_vector, Result};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -107,7 +107,7 @@ impl Cache {
         }
         let unchecked =
             (self.reps.len() as u128 * self.log.last_seq() as u128 - self.risk.sum_cursor) as f64;
-        self.risk.sum_r * unchecked / (n * n * w)
+        (self.risk.sum_r as f64 / RISK_SCALE) * unchecked / (n * n * w)
     }
 
     /// Runs slow-path steps while `R ≥ τ_risk`, at most `slow_path_max_steps`.

@@ -234,11 +234,12 @@ impl Model {
         if n == 0 || w == 0 {
             return 0.0;
         }
-        let sum_r: f64 = self
+        // r in fixed point, units of 2^-32 (the engine sums it exactly that way)
+        let sum_r: u64 = self
             .reps
             .iter()
             .map(|r| {
-                if r.list.len() <= r.k {
+                let f = if r.list.len() <= r.k {
                     1.0
                 } else {
                     let last = r.list.last().unwrap().1 as f64;
@@ -247,11 +248,12 @@ impl Model {
                     } else {
                         (r.list[r.k - 1].1 as f64 / last).clamp(0.0, 1.0)
                     }
-                }
+                };
+                (f * 4_294_967_296.0).round() as u64
             })
             .sum();
         let unchecked: u64 = self.reps.iter().map(|r| self.last_seq - r.cursor).sum();
-        sum_r * unchecked as f64 / ((n * n) as f64 * w as f64)
+        (sum_r as f64 / 4_294_967_296.0) * unchecked as f64 / ((n * n) as f64 * w as f64)
     }
 
     fn slow_path(&mut self) {
@@ -560,6 +562,31 @@ fn run(p: Params, ops: Vec<Op>) -> Result<shards::CacheStats, TestCaseError> {
                 prop_assert_eq!(a, b, "step {}: admission", step);
             }
         }
+        if std::env::var("DEBUG_MODEL").is_ok() {
+            let e: Vec<_> = cache
+                .representatives()
+                .map(|r| (r.id, r.cursor, r.nrl.ids.clone()))
+                .collect();
+            let m: Vec<_> = model
+                .reps
+                .iter()
+                .map(|r| {
+                    (
+                        r.id,
+                        r.cursor,
+                        r.list.iter().map(|x| x.0).collect::<Vec<_>>(),
+                    )
+                })
+                .collect();
+            eprintln!(
+                "step {step}: risk {} vs {} engine {e:?} log {} | model {m:?} log {:?} head {}",
+                cache.risk(),
+                model.risk(),
+                cache.insert_log_len(),
+                model.log.iter().map(|r| r.0).collect::<Vec<_>>(),
+                model.head
+            );
+        }
         if let Err(e) = cache.check_invariants() {
             return Err(TestCaseError::fail(format!("step {step}: {e}")));
         }
@@ -600,7 +627,10 @@ fn run(p: Params, ops: Vec<Op>) -> Result<shards::CacheStats, TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    // PROPTEST_CASES overrides the count for longer runs.
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+    ))]
 
     #[test]
     fn engine_agrees_with_model(p in params(), ops in proptest::collection::vec(op(), 1..120)) {
