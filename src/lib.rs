@@ -1,1 +1,12 @@
+//! aker: a cache server that answers nearest-neighbour searches from an approximate
+//! result cache (see `shared/ARCHITECTURE.md`).
+//!
+//! - [`protocol`]: the versioned binary wire protocol (`PROTOCOL.md`): parse / compose /
+//!   validate, pure functions over byte buffers.
+//! - [`client`]: blocking and pipelined clients over `std::net::TcpStream`.
+//! - [`server`]: the glommio connection layer, independent of the cache: it speaks the
+//!   protocol and hands validated requests to a [`server::Service`].
 
+pub mod protocol;
+pub mod client;
+pub mod server;

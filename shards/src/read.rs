@@ -167,6 +167,14 @@ impl CacheReader {
         let rep = reps.get(&slot.rep())?;
         let kind = match slot {
             Slot::Representative(_) => {
+                // Potluck+ drops out of equality hits too: a repeat verifies the
+                // threshold (the paper: "equality hits gradually loosen" it).
+                if self.policy.sample_verification() {
+                    self.counters.verifications.bump();
+                    self.counters.misses.bump();
+                    let cached = rep.nrl.ids[..k].to_vec();
+                    return Some(Lookup::Miss(self.ticket(q, k, key, Some(cached), false)));
+                }
                 self.policy.on_equality_hit(rep);
                 self.counters.exact_hits.bump();
                 HitKind::Exact
