@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::backend::{sort_candidates, Backend, Candidate};
+use crate::budget::GlobalBudget;
 use crate::config::{CacheConfig, Capacity};
 use crate::entry::{AtomicF32, NeighborList, RepId, RepView, Representative};
 use crate::error::{validate_k, validate_vector, Result};
@@ -103,6 +104,45 @@ pub struct CacheStats {
     pub filter: FilterStats,
 }
 
+impl CacheStats {
+    /// Adds `o` into `self` (sums; risk is averaged by the caller if needed).
+    pub fn accumulate(&mut self, o: &CacheStats) {
+        macro_rules! add {
+            ($($f:ident),*) => { $( self.$f += o.$f; )* };
+        }
+        add!(
+            lookups,
+            exact_hits,
+            alias_hits,
+            approximate_hits,
+            misses,
+            verifications,
+            admissions,
+            admissions_refused,
+            evictions,
+            invalidations,
+            log_cap_invalidations,
+            deletes,
+            delete_repairs,
+            inserts,
+            fast_path_updates,
+            slow_path_steps,
+            slow_path_merges,
+            aliases_linked,
+            representatives,
+            aliases,
+            objects,
+            bytes,
+            insert_log_len
+        );
+        self.risk = self.risk.max(o.risk);
+        self.filter.live += o.filter.live;
+        self.filter.tombstones += o.filter.tombstones;
+        self.filter.rotations += o.filter.rotations;
+        self.filter.reinserted_on_rotation += o.filter.reinserted_on_rotation;
+    }
+}
+
 /// Running sums behind the global risk `R` (§4.6).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct RiskSums {
@@ -131,6 +171,8 @@ pub struct Cache {
     pub(crate) alias_count: usize,
     /// Bytes of representatives (query, list) and aliases.
     pub(crate) entry_bytes: usize,
+    /// A share of a global budget instead of `cfg.capacity`'s amount.
+    pub(crate) budget: Option<(Arc<GlobalBudget>, usize)>,
 }
 
 impl Cache {
@@ -147,6 +189,7 @@ impl Cache {
             insert_seq: AtomicU64::new(0),
             delete_seq: AtomicU64::new(0),
             counters: Counters::default(),
+            credit_pending: Default::default(),
         });
         Ok(Cache {
             read,
@@ -163,7 +206,28 @@ impl Cache {
             slow_path_last: 0,
             alias_count: 0,
             entry_bytes: 0,
+            budget: None,
         })
+    }
+
+    /// A shard whose capacity is its share of `budget` (in `cfg.capacity`'s unit).
+    pub fn with_budget(
+        cfg: CacheConfig,
+        policy: Box<dyn HitPolicy>,
+        budget: Arc<GlobalBudget>,
+        shard: usize,
+    ) -> Result<Self> {
+        let mut c = Cache::new(cfg, policy)?;
+        c.budget = Some((budget, shard));
+        Ok(c)
+    }
+
+    /// The amount the pool may hold now.
+    fn capacity_now(&self) -> usize {
+        match (&self.budget, self.cfg.capacity) {
+            (Some((b, s)), _) => b.share(*s),
+            (None, Capacity::Objects(n) | Capacity::Bytes(n)) => n,
+        }
     }
 
     /// The read side, for other threads.
@@ -268,10 +332,10 @@ impl Cache {
         if table.get(&key).is_some() {
             return false;
         }
-        if let Capacity::Bytes(budget) = self.cfg.capacity {
-            if self.pool.bytes() + self.entry_bytes + ALIAS_BYTES > budget {
-                return false;
-            }
+        if matches!(self.cfg.capacity, Capacity::Bytes(_))
+            && self.bytes() + ALIAS_BYTES > self.capacity_now()
+        {
+            return false;
         }
         let Some(r) = self.reps.get_mut(&rep) else {
             return false;
@@ -319,6 +383,8 @@ impl Cache {
         }
 
         let n = answer.len();
+        // The share may have shrunk since the last admission.
+        self.evict_to_budget();
         while !self.fits(n) {
             if !self.evict_oldest() {
                 break;
@@ -378,6 +444,9 @@ impl Cache {
             },
         );
         self.read.counters.admissions.bump();
+        if let Some((b, s)) = &self.budget {
+            b.record_admission(*s);
+        }
         Ok(Admission::Admitted(id))
     }
 
@@ -392,9 +461,10 @@ impl Cache {
 
     /// Whether an entry of `n` results fits without eviction (`n = 0`: within budget).
     fn fits(&self, n: usize) -> bool {
+        let cap = self.capacity_now();
         match self.cfg.capacity {
-            Capacity::Objects(cap) => self.pool.len() + n <= cap,
-            Capacity::Bytes(budget) => {
+            Capacity::Objects(_) => self.pool.len() + n <= cap,
+            Capacity::Bytes(_) => {
                 let per_object = OBJECT_OVERHEAD_BYTES
                     + if self.cfg.store_vectors {
                         self.cfg.dim * 4
@@ -406,7 +476,7 @@ impl Cache {
                 } else {
                     n * per_object + REP_OVERHEAD_BYTES + self.cfg.dim * 4 + n * 20
                 };
-                self.bytes() + extra <= budget
+                self.bytes() + extra <= cap
             }
         }
     }
@@ -704,15 +774,17 @@ impl Cache {
         if self.cursors.len() != self.reps.len() || sum_cursor != self.risk.sum_cursor {
             return Err("cursor index or sum out of step".into());
         }
-        if let Capacity::Objects(cap) = self.cfg.capacity {
-            if self.pool.len() > cap {
-                return Err(format!("{} objects over capacity {cap}", self.pool.len()));
-            }
-        }
-        if let Capacity::Bytes(b) = self.cfg.capacity {
-            if self.bytes() > b {
-                return Err(format!("{} bytes over budget {b}", self.bytes()));
-            }
+        // A global budget's share moves under the shard; it must stay within the total.
+        let cap = match &self.budget {
+            Some((b, _)) => b.total(),
+            None => self.capacity_now(),
+        };
+        let used = match self.cfg.capacity {
+            Capacity::Objects(_) => self.pool.len(),
+            Capacity::Bytes(_) => self.bytes(),
+        };
+        if used > cap {
+            return Err(format!("{used} over capacity {cap}"));
         }
         Ok(())
     }

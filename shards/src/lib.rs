@@ -14,7 +14,12 @@
 //! | fast path, slow path, risk                       | [`refresh`]                 |
 //! | hit policies: Aker, Proximity+, Potluck+         | [`policy`]                  |
 //! | backends: trait, exact and HNSW stores           | [`backend`], [`store`]      |
+//! | routing by centroid, load-based assignment       | [`router`]                  |
+//! | global pool budget, shares follow admissions     | [`budget`]                  |
+//! | owner messages (bounded channel, hints dropped)  | [`owner`]                   |
+//! | many shards behind one call (runner, tests)      | [`sharded`]                 |
 pub mod backend;
+pub mod budget;
 pub mod cache;
 pub mod config;
 pub mod counter;
@@ -25,10 +30,13 @@ pub mod exact_table;
 pub mod filter;
 pub mod insert_log;
 pub mod metric;
+pub mod owner;
 pub mod policy;
 pub mod pool;
 pub mod read;
 pub mod refresh;
+pub mod router;
+pub mod sharded;
 pub mod store;
 
 pub use backend::{Backend, Candidate};

@@ -128,6 +128,8 @@ pub struct CacheReader {
     pub(crate) insert_seq: AtomicU64,
     pub(crate) delete_seq: AtomicU64,
     pub(crate) counters: Counters,
+    /// A slow-path credit is queued for the owner (coalesces credits from many cores).
+    pub(crate) credit_pending: std::sync::atomic::AtomicBool,
 }
 
 impl CacheReader {

@@ -29,7 +29,19 @@ pub struct InsertOutcome {
 impl Cache {
     /// INSERT: call after the backend has applied the insert.
     pub fn insert(&mut self, id: u64, v: &[f32]) -> Result<InsertOutcome> {
-        validate_vector(v, self.cfg.dim)?;
+        self.insert_with(id, Arc::from(v), true)
+    }
+
+    /// INSERT as a shard of many sees it: every shard logs every insert (so its slow
+    /// path can reach all of its entries), only the shards nearest the vector run the
+    /// fast path. The vector is shared, so a shard's log costs a record, not a copy.
+    pub fn insert_with(
+        &mut self,
+        id: u64,
+        v: Arc<[f32]>,
+        fast_path: bool,
+    ) -> Result<InsertOutcome> {
+        validate_vector(&v, self.cfg.dim)?;
         self.read.counters.inserts.bump();
         let mut out = InsertOutcome::default();
         // An upsert: cached distances to the old vector are wrong now.
@@ -37,11 +49,10 @@ impl Cache {
             self.delete(id);
             out.replaced = true;
         }
-        let v: Arc<[f32]> = Arc::from(v);
         out.seq = self.log.append(id, v.clone());
         self.enforce_log_cap();
         self.publish_seqs();
-        out.fast_path = self.fast_path(id, &v);
+        out.fast_path = fast_path && self.fast_path(id, &v);
         out.slow_path_steps = self.run_slow_path();
         self.trim_log();
         Ok(out)

@@ -1,0 +1,263 @@
+//! Routing by coarse centroid (ARCHITECTURE.md, "Shards by coarse centroid").
+//!
+//! Many centroids (64 by default, k-means on a sample of the collection) map every
+//! vector to a shard. Centroids are assigned to shards by measured load, not
+//! round-robin: under skew one centroid can draw a fifth of all traffic. A query near
+//! a boundary probes the shards of its two nearest centroids.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::counter::Counter;
+use crate::error::{Error, Result};
+use crate::metric::Metric;
+
+/// Most k-means iterations (each is one pass over the sample).
+const KMEANS_ITERATIONS_MAX: usize = 25;
+
+pub struct Router {
+    dim: usize,
+    metric: Metric,
+    /// Row-major, `n_centroids x dim`.
+    centroids: Vec<f32>,
+    /// Centroid -> shard, re-assignable while readers route.
+    assignment: Vec<AtomicU32>,
+    /// Requests routed to each centroid since the last rebalance.
+    load: Vec<Counter>,
+    shards: usize,
+    rebalances: AtomicU64,
+}
+
+impl Router {
+    /// k-means (k-means++ seeding, Lloyd iterations) over `sample` (row-major), then
+    /// an even assignment of centroids to `shards` until load is measured.
+    pub fn train(
+        sample: &[f32],
+        dim: usize,
+        metric: Metric,
+        n_centroids: usize,
+        shards: usize,
+        seed: u64,
+    ) -> Result<Self> {
+        if dim == 0 || sample.len() % dim != 0 || sample.is_empty() {
+            return Err(Error::Config(
+                "router sample must be a non-empty multiple of dim".into(),
+            ));
+        }
+        if shards == 0 || n_centroids == 0 {
+            return Err(Error::Config(
+                "router needs at least one shard and one centroid".into(),
+            ));
+        }
+        let n = sample.len() / dim;
+        let c = n_centroids.min(n);
+        let row = |i: usize| &sample[i * dim..(i + 1) * dim];
+        let mut rng = StdRng::seed_from_u64(seed);
+        // k-means++ seeding
+        let mut centroids: Vec<f32> = row(rng.gen_range(0..n)).to_vec();
+        let mut d2: Vec<f64> = (0..n)
+            .map(|i| Metric::L2Sq.distance(row(i), &centroids[..dim]) as f64)
+            .collect();
+        while centroids.len() / dim < c {
+            let total: f64 = d2.iter().sum();
+            let pick = if total <= 0.0 {
+                rng.gen_range(0..n)
+            } else {
+                let mut t = rng.gen_range(0.0..total);
+                d2.iter()
+                    .position(|&x| {
+                        t -= x;
+                        t <= 0.0
+                    })
+                    .unwrap_or(n - 1)
+            };
+            let new = row(pick).to_vec();
+            for (i, d) in d2.iter_mut().enumerate() {
+                *d = d.min(Metric::L2Sq.distance(row(i), &new) as f64);
+            }
+            centroids.extend_from_slice(&new);
+        }
+        // Lloyd iterations
+        let mut assign = vec![usize::MAX; n];
+        for _ in 0..KMEANS_ITERATIONS_MAX {
+            let mut changed = 0;
+            for (i, a) in assign.iter_mut().enumerate() {
+                let best = nearest(&centroids, dim, Metric::L2Sq, row(i));
+                if *a != best {
+                    *a = best;
+                    changed += 1;
+                }
+            }
+            let mut sums = vec![0f64; c * dim];
+            let mut counts = vec![0usize; c];
+            for (i, &a) in assign.iter().enumerate() {
+                counts[a] += 1;
+                for (s, &x) in sums[a * dim..(a + 1) * dim].iter_mut().zip(row(i)) {
+                    *s += x as f64;
+                }
+            }
+            for j in 0..c {
+                if counts[j] > 0 {
+                    for t in 0..dim {
+                        centroids[j * dim + t] = (sums[j * dim + t] / counts[j] as f64) as f32;
+                    }
+                }
+            }
+            if changed == 0 {
+                break;
+            }
+        }
+        Ok(Router {
+            dim,
+            metric,
+            assignment: (0..c)
+                .map(|j| AtomicU32::new((j % shards) as u32))
+                .collect(),
+            load: (0..c).map(|_| Counter::default()).collect(),
+            centroids,
+            shards,
+            rebalances: AtomicU64::new(0),
+        })
+    }
+
+    pub fn shards(&self) -> usize {
+        self.shards
+    }
+
+    pub fn centroids(&self) -> usize {
+        self.assignment.len()
+    }
+
+    pub fn rebalances(&self) -> u64 {
+        self.rebalances.load(Ordering::Relaxed)
+    }
+
+    /// The two nearest centroids' shards (the same one twice when they agree); counts
+    /// the request against the nearest centroid's load.
+    pub fn route(&self, q: &[f32]) -> [usize; 2] {
+        debug_assert_eq!(q.len(), self.dim);
+        let (mut b1, mut b2) = ((f32::INFINITY, 0usize), (f32::INFINITY, 0usize));
+        for (j, c) in self.centroids.chunks_exact(self.dim).enumerate() {
+            let d = self.metric.distance(q, c);
+            if d < b1.0 {
+                b2 = b1;
+                b1 = (d, j);
+            } else if d < b2.0 {
+                b2 = (d, j);
+            }
+        }
+        self.load[b1.1].bump();
+        let s1 = self.assignment[b1.1].load(Ordering::Relaxed) as usize;
+        let s2 = if b2.0.is_finite() {
+            self.assignment[b2.1].load(Ordering::Relaxed) as usize
+        } else {
+            s1
+        };
+        [s1, s2]
+    }
+
+    /// Re-assigns centroids to shards by the load measured since the last call:
+    /// heaviest centroid first, each to the least-loaded shard (LPT). Returns the
+    /// number of centroids that moved. Control plane: call it from one place.
+    pub fn rebalance(&self) -> usize {
+        let loads: Vec<u64> = self.load.iter().map(|c| c.get()).collect();
+        let assignment = assign_by_load(&loads, self.shards);
+        let mut moved = 0;
+        for (a, &s) in self.assignment.iter().zip(&assignment) {
+            if a.swap(s as u32, Ordering::Relaxed) != s as u32 {
+                moved += 1;
+            }
+        }
+        self.rebalances.fetch_add(1, Ordering::Relaxed);
+        moved
+    }
+
+    /// Per-shard share of the routed load under the current assignment.
+    pub fn shard_loads(&self) -> Vec<u64> {
+        let mut out = vec![0u64; self.shards];
+        for (a, l) in self.assignment.iter().zip(&self.load) {
+            out[a.load(Ordering::Relaxed) as usize] += l.get();
+        }
+        out
+    }
+}
+
+fn nearest(centroids: &[f32], dim: usize, metric: Metric, v: &[f32]) -> usize {
+    let mut best = (f32::INFINITY, 0);
+    for (j, c) in centroids.chunks_exact(dim).enumerate() {
+        let d = metric.distance(v, c);
+        if d < best.0 {
+            best = (d, j);
+        }
+    }
+    best.1
+}
+
+/// Longest-processing-time assignment: heaviest first, to the lightest shard.
+pub fn assign_by_load(loads: &[u64], shards: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..loads.len()).collect();
+    order.sort_by(|&a, &b| loads[b].cmp(&loads[a]).then(a.cmp(&b)));
+    let mut shard_load = vec![0u64; shards];
+    let mut out = vec![0usize; loads.len()];
+    for j in order {
+        let s = (0..shards)
+            .min_by_key(|&s| (shard_load[s], s))
+            .expect("shards > 0");
+        // Zero-load centroids still count one, so idle ones spread evenly.
+        shard_load[s] += loads[j].max(1);
+        out[j] = s;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lpt_balances_a_skewed_load() {
+        // one centroid draws a fifth of the traffic
+        let mut loads = vec![10u64; 63];
+        loads.push(160);
+        let a = assign_by_load(&loads, 4);
+        let mut per = [0u64; 4];
+        for (j, &s) in a.iter().enumerate() {
+            per[s] += loads[j];
+        }
+        let (max, min) = (*per.iter().max().unwrap(), *per.iter().min().unwrap());
+        assert!(max - min <= 10, "{per:?}");
+        // round-robin would have put 160 + 15 * 10 = 310 on one shard
+        assert!(max < 310);
+    }
+
+    #[test]
+    fn kmeans_finds_separated_clusters_and_routes_to_them() {
+        let mut sample = Vec::new();
+        for c in 0..4 {
+            for i in 0..50 {
+                sample.extend_from_slice(&[
+                    c as f32 * 100.0 + (i % 5) as f32 * 0.1,
+                    (i / 5) as f32 * 0.1,
+                ]);
+            }
+        }
+        let r = Router::train(&sample, 2, Metric::L2Sq, 4, 2, 1).unwrap();
+        // points of one cluster route to the same shard; nearest two differ across clusters
+        let s0 = r.route(&[0.2, 0.2])[0];
+        assert_eq!(r.route(&[0.3, 0.5])[0], s0);
+        let shards: std::collections::HashSet<usize> = (0..4)
+            .map(|c| r.route(&[c as f32 * 100.0, 0.0])[0])
+            .collect();
+        assert_eq!(shards.len(), 2, "4 centroids over 2 shards use both");
+        // all load on one cluster: rebalancing keeps the assignment valid
+        for _ in 0..100 {
+            r.route(&[300.0, 0.0]);
+        }
+        r.rebalance();
+        let loads = r.shard_loads();
+        assert_eq!(loads.iter().sum::<u64>(), 4 + 100 + 2);
+        assert!(Router::train(&[], 2, Metric::L2Sq, 4, 2, 1).is_err());
+    }
+}
