@@ -7,6 +7,6 @@
 //! - [`server`]: the glommio connection layer, independent of the cache: it speaks the
 //!   protocol and hands validated requests to a [`server::Service`].
 
-pub mod protocol;
 pub mod client;
+pub mod protocol;
 pub mod server;

@@ -27,6 +27,18 @@ pub fn exact_top_n(
     metric: Metric,
     n: usize,
 ) -> Vec<Vec<Candidate>> {
+    exact_top_n_with_progress(base, queries, metric, n, &|_| {})
+}
+
+/// [`exact_top_n`], calling `progress` (from the worker threads) with the number of
+/// queries each finished block held, so a long scan can drive a progress bar.
+pub fn exact_top_n_with_progress(
+    base: &Dataset,
+    queries: &[f32],
+    metric: Metric,
+    n: usize,
+    progress: &(dyn Fn(usize) + Sync),
+) -> Vec<Vec<Candidate>> {
     assert_eq!(
         queries.len() % base.dim,
         0,
@@ -42,7 +54,7 @@ pub fn exact_top_n(
     std::thread::scope(|s| {
         let handles: Vec<_> = queries
             .chunks(per_thread * base.dim)
-            .map(|chunk| s.spawn(move || scan(base, chunk, metric, n)))
+            .map(|chunk| s.spawn(move || scan(base, chunk, metric, n, progress)))
             .collect();
         handles
             .into_iter()
@@ -69,7 +81,13 @@ impl PartialOrd for Key {
     }
 }
 
-fn scan(base: &Dataset, queries: &[f32], metric: Metric, n: usize) -> Vec<Vec<Candidate>> {
+fn scan(
+    base: &Dataset,
+    queries: &[f32],
+    metric: Metric,
+    n: usize,
+    progress: &(dyn Fn(usize) + Sync),
+) -> Vec<Vec<Candidate>> {
     let dim = base.dim;
     let mut out = Vec::with_capacity(queries.len() / dim);
     for block in queries.chunks(QUERY_BLOCK * dim) {
@@ -97,6 +115,7 @@ fn scan(base: &Dataset, queries: &[f32], metric: Metric, n: usize) -> Vec<Vec<Ca
             sort_candidates(&mut c);
             c
         }));
+        progress(block.len() / dim);
     }
     out
 }
@@ -112,13 +131,15 @@ pub struct CachedGroundTruth {
 
 /// [`exact_top_n`], cached as `cache_dir/gt-<hash>.bin`. The hash covers the base and
 /// query bytes, the metric and `n`, so any change to them computes afresh; a cache file
-/// that does not read back cleanly is recomputed and replaced.
+/// that does not read back cleanly is recomputed and replaced. `progress` is as for
+/// [`exact_top_n_with_progress`] and is not called on a load.
 pub fn exact_top_n_cached(
     base: &Dataset,
     queries: &[f32],
     metric: Metric,
     n: usize,
     cache_dir: &Path,
+    progress: &(dyn Fn(usize) + Sync),
 ) -> io::Result<CachedGroundTruth> {
     let key = cache_key(base, queries, metric, n);
     let path = cache_dir.join(format!("gt-{key:032x}.bin"));
@@ -133,7 +154,7 @@ pub fn exact_top_n_cached(
             loaded: true,
         });
     }
-    let lists = exact_top_n(base, queries, metric, n);
+    let lists = exact_top_n_with_progress(base, queries, metric, n, progress);
     fs::create_dir_all(cache_dir)?;
     // Write under a temporary name and rename, so a crash never leaves a torn file
     // under the final name.
@@ -288,7 +309,7 @@ mod tests {
         let base = synthetic(1_000, 8, 4, 3);
         let queries = synthetic(20, 8, 4, 4).data;
 
-        let first = exact_top_n_cached(&base, &queries, Metric::L2Sq, 5, dir.path()).unwrap();
+        let first = exact_top_n_cached(&base, &queries, Metric::L2Sq, 5, dir.path(), &|_| {}).unwrap();
         assert!(!first.loaded);
         assert_eq!(fs::metadata(&first.path).unwrap().len(), 48 + 20 * 5 * 12);
 
@@ -296,17 +317,17 @@ mod tests {
         let mut bytes = fs::read(&first.path).unwrap();
         bytes[48 + 8..48 + 12].copy_from_slice(&(-1.0f32).to_le_bytes());
         fs::write(&first.path, &bytes).unwrap();
-        let second = exact_top_n_cached(&base, &queries, Metric::L2Sq, 5, dir.path()).unwrap();
+        let second = exact_top_n_cached(&base, &queries, Metric::L2Sq, 5, dir.path(), &|_| {}).unwrap();
         assert!(second.loaded);
         assert_eq!(second.path, first.path);
         assert_eq!(second.lists[0][0].distance, -1.0);
         assert_eq!(pairs(&second.lists[1]), pairs(&first.lists[1]));
 
         // Other inputs, other file.
-        let other = exact_top_n_cached(&base, &queries, Metric::Cosine, 5, dir.path()).unwrap();
+        let other = exact_top_n_cached(&base, &queries, Metric::Cosine, 5, dir.path(), &|_| {}).unwrap();
         assert!(!other.loaded);
         assert_ne!(other.path, first.path);
-        let deeper = exact_top_n_cached(&base, &queries, Metric::L2Sq, 6, dir.path()).unwrap();
+        let deeper = exact_top_n_cached(&base, &queries, Metric::L2Sq, 6, dir.path(), &|_| {}).unwrap();
         assert_ne!(deeper.path, first.path);
     }
 
@@ -315,18 +336,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let base = synthetic(500, 4, 3, 5);
         let queries = synthetic(9, 4, 3, 6).data;
-        let first = exact_top_n_cached(&base, &queries, Metric::L2Sq, 4, dir.path()).unwrap();
+        let first = exact_top_n_cached(&base, &queries, Metric::L2Sq, 4, dir.path(), &|_| {}).unwrap();
         let bytes = fs::read(&first.path).unwrap();
 
         fs::write(&first.path, &bytes[..bytes.len() - 5]).unwrap();
-        let again = exact_top_n_cached(&base, &queries, Metric::L2Sq, 4, dir.path()).unwrap();
+        let again = exact_top_n_cached(&base, &queries, Metric::L2Sq, 4, dir.path(), &|_| {}).unwrap();
         assert!(!again.loaded);
         assert_eq!(fs::read(&first.path).unwrap(), bytes);
 
         let mut wrong_key = bytes.clone();
         wrong_key[20] ^= 1;
         fs::write(&first.path, &wrong_key).unwrap();
-        let again = exact_top_n_cached(&base, &queries, Metric::L2Sq, 4, dir.path()).unwrap();
+        let again = exact_top_n_cached(&base, &queries, Metric::L2Sq, 4, dir.path(), &|_| {}).unwrap();
         assert!(!again.loaded);
         assert_eq!(again.lists.len(), 9);
         assert_eq!(pairs(&again.lists[3]), pairs(&first.lists[3]));

@@ -463,6 +463,7 @@ mod tests {
             dim: 2,
             vectors: vec![0.0, 1.0, 2.0, 3.0],
             requests: vec![0, 1, 1, 0],
+            members: vec![7, 3],
         };
         let mut t = Trace::from_workload(&w, Metric::L2Sq, 5);
         assert_eq!(t.n_vectors(), 2);

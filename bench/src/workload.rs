@@ -36,8 +36,9 @@ pub struct Groups {
 
 impl Groups {
     /// For each row `q` of `bases`, `group_size` members `(1 − λ)·q + λ·p`, each with
-    /// its own partner `p` drawn uniformly from `partners` (the collection, in the
-    /// simZipf set-up here; the paper draws from the query set) and `λ ~ U(0, 0.5)`.
+    /// its own partner `p` drawn uniformly from `partners` and `λ ~ U(0, 0.5)`. The
+    /// paper (§5.1) draws partners from the query set itself, so the experiment runner
+    /// passes the bases as `partners`.
     pub fn build(bases: &Dataset, partners: &Dataset, group_size: usize, seed: u64) -> Groups {
         assert_eq!(
             bases.dim, partners.dim,
@@ -91,6 +92,9 @@ pub struct Workload {
     pub vectors: Vec<f32>,
     /// Per request, the index of its vector in `vectors`.
     pub requests: Vec<u32>,
+    /// Per distinct vector, its row in [`Groups::members`] (`group * group_size + i`):
+    /// how answers computed once for every member are found for this stream.
+    pub members: Vec<u32>,
 }
 
 impl Workload {
@@ -110,13 +114,15 @@ pub fn sim_zipf(groups: &Groups, n_requests: usize, skew: f64, seed: u64) -> Wor
     // (group, member) -> index into `vectors`, u32::MAX while unrequested.
     let mut index = vec![u32::MAX; groups.len() * groups.group_size];
     let mut vectors = Vec::new();
+    let mut members = Vec::new();
     let requests = picks
         .into_iter()
         .map(|(g, i)| {
-            let slot = &mut index[g * groups.group_size + i];
+            let row = g * groups.group_size + i;
+            let slot = &mut index[row];
             if *slot == u32::MAX {
-                *slot =
-                    u32::try_from(vectors.len() / groups.dim).expect("under 2^32 distinct vectors");
+                *slot = u32::try_from(members.len()).expect("under 2^32 distinct vectors");
+                members.push(u32::try_from(row).expect("under 2^32 group members"));
                 vectors.extend_from_slice(groups.member(g, i));
             }
             *slot
@@ -126,6 +132,7 @@ pub fn sim_zipf(groups: &Groups, n_requests: usize, skew: f64, seed: u64) -> Wor
         dim: groups.dim,
         vectors,
         requests,
+        members,
     }
 }
 
@@ -364,6 +371,7 @@ mod tests {
         let mut seen = std::collections::HashMap::new();
         for (&r, &(gi, i)) in w.requests.iter().zip(&picks) {
             assert_eq!(w.vector(r), g.member(gi, i));
+            assert_eq!(w.members[r as usize] as usize, gi * GROUP_SIZE + i);
             // One vector per (group, member), one (group, member) per vector.
             assert_eq!(*seen.entry((gi, i)).or_insert(r), r);
         }

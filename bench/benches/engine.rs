@@ -1,0 +1,259 @@
+//! Engine micro-benchmarks (issue: engine part 2, "Speed").
+//!
+//! 100,000 representatives at d = 128 and d = 768 (HNSW filter, k = 10, Δ = 2), one
+//! core: exact hit, approximate hit, miss admission (at capacity, so it evicts),
+//! insert fast path, delete. Then the tail: p50 / p99 / p99.9 of each operation from
+//! an HdrHistogram, and the read scaling of exact and approximate hits with 1 and 2
+//! reader threads while the owner admits in the background.
+//!
+//! `cargo bench -p bench --bench engine` (AKER_BENCH_REPS overrides 100,000).
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, BenchmarkId, Criterion};
+use hdrhistogram::Histogram;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use shards::{Cache, CacheConfig, Candidate, Capacity, FilterKind, Lookup, Metric, PolicyConfig};
+
+const K: usize = 10;
+const DELTA: usize = 2;
+const DIMS: [usize; 2] = [128, 768];
+
+fn reps() -> usize {
+    std::env::var("AKER_BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000)
+}
+
+/// A cache holding `n` representatives with fabricated answers: each entry's results
+/// are ids from a shared space (so objects are shared, as in real traffic) with
+/// distances 1.0 .. 2.0, so `τ = minD / 4 = 0.25`.
+struct Fixture {
+    cache: Cache,
+    queries: Vec<Vec<f32>>,
+    rng: StdRng,
+    dim: usize,
+    next_id: u64,
+}
+
+fn answer(rng: &mut StdRng, base_id: u64) -> Vec<Candidate> {
+    (0..K + DELTA)
+        .map(|i| Candidate::new(base_id + rng.gen_range(0..50_000u64) * 16 + i as u64, 1.0 + i as f32 * 0.1))
+        .collect()
+}
+
+impl Fixture {
+    fn new(dim: usize, n: usize) -> Fixture {
+        let cfg = CacheConfig {
+            delta: DELTA,
+            k_max: 100,
+            store_vectors: false,
+            capacity: Capacity::Objects(n * (K + DELTA)),
+            filter: FilterKind::default(),
+            ..CacheConfig::new(dim, Metric::L2Sq)
+        };
+        let mut cache = Cache::new(cfg, PolicyConfig::default().build()).unwrap();
+        let mut rng = StdRng::seed_from_u64(dim as u64);
+        let mut queries = Vec::with_capacity(n);
+        for i in 0..n {
+            let q: Vec<f32> = (0..dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            let ticket = cache.miss_ticket(&q, K, false).unwrap();
+            cache.admit(ticket, answer(&mut rng, i as u64 * 1_000_000)).unwrap();
+            queries.push(q);
+        }
+        assert_eq!(cache.len(), n);
+        Fixture { cache, queries, rng, dim, next_id: 1 << 40 }
+    }
+
+    fn query(&mut self) -> &[f32] {
+        let i = self.rng.gen_range(0..self.queries.len());
+        &self.queries[i]
+    }
+
+    /// Within `τ` of a live representative however many times it was hit: per
+    /// component 1e-6, squared distance ~d·1e-12.
+    fn near_query(&mut self) -> Vec<f32> {
+        let i = self.rng.gen_range(0..self.queries.len());
+        let noise = 1e-6;
+        self.queries[i].iter().map(|x| x + noise).collect()
+    }
+
+    fn fresh_query(&mut self) -> Vec<f32> {
+        (0..self.dim).map(|_| self.rng.gen_range(-1.0f32..1.0)).collect()
+    }
+}
+
+fn single_core(c: &mut Criterion) {
+    let n = reps();
+    for dim in DIMS {
+        let mut f = Fixture::new(dim, n);
+        let mut g = c.benchmark_group(format!("engine/d{dim}/{n}reps"));
+        g.sample_size(30).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+        // Inputs are made before timing: setup closures cannot borrow the cache.
+        let exact: Vec<Vec<f32>> = (0..4096).map(|_| f.query().to_vec()).collect();
+        let near: Vec<Vec<f32>> = (0..4096).map(|_| f.near_query()).collect();
+        let (cache, mut i) = (&mut f.cache, 0usize);
+        g.bench_function(BenchmarkId::new("exact_hit", dim), |b| {
+            b.iter(|| {
+                i = (i + 1) % exact.len();
+                assert!(matches!(cache.lookup(black_box(&exact[i]), K).unwrap(), Lookup::Hit(_)))
+            })
+        });
+        g.bench_function(BenchmarkId::new("approximate_hit", dim), |b| {
+            b.iter(|| {
+                i = (i + 1) % near.len();
+                black_box(cache.lookup(black_box(&near[i]), K).unwrap())
+            })
+        });
+        let (mut rng, mut next_id) = (StdRng::seed_from_u64(5), 1u64 << 40);
+        g.bench_function(BenchmarkId::new("miss_admission", dim), |b| {
+            b.iter_batched(
+                || {
+                    let q: Vec<f32> = (0..dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+                    next_id += 1_000_000;
+                    (q, answer(&mut rng, next_id))
+                },
+                |(q, a)| {
+                    let t = cache.miss_ticket(&q, K, false).unwrap();
+                    black_box(cache.admit(t, a).unwrap())
+                },
+                criterion::BatchSize::SmallInput,
+            )
+        });
+        g.bench_function(BenchmarkId::new("insert_fast_path", dim), |b| {
+            b.iter(|| {
+                i = (i + 1) % near.len();
+                next_id += 1;
+                black_box(cache.insert(next_id, &near[i]).unwrap())
+            })
+        });
+        // ids that live entries hold, one per entry
+        let victims: Vec<u64> = cache.representatives().map(|r| r.nrl.ids[0]).collect();
+        let mut v = 0usize;
+        g.bench_function(BenchmarkId::new("delete", dim), |b| {
+            b.iter(|| {
+                v = (v + 1) % victims.len();
+                black_box(cache.delete(victims[v]))
+            })
+        });
+        g.finish();
+        tails(&mut f);
+        scaling(f);
+    }
+}
+
+fn pct(h: &Histogram<u64>) -> String {
+    format!(
+        "p50 {:>7.2} µs  p99 {:>7.2} µs  p99.9 {:>7.2} µs",
+        h.value_at_quantile(0.5) as f64 / 1000.0,
+        h.value_at_quantile(0.99) as f64 / 1000.0,
+        h.value_at_quantile(0.999) as f64 / 1000.0
+    )
+}
+
+/// Per-operation latency distribution over 200,000 (lookups) / 20,000 (writes) ops.
+fn tails(f: &mut Fixture) {
+    let mut h = |name: &str, n: usize, op: &mut dyn FnMut(&mut Fixture)| {
+        let mut hist = Histogram::<u64>::new(3).unwrap();
+        for _ in 0..n {
+            let t = Instant::now();
+            op(f);
+            hist.record(t.elapsed().as_nanos() as u64).unwrap();
+        }
+        println!("tail d{:<4} {name:<17} {}", f.dim, pct(&hist));
+    };
+    h("exact_hit", 200_000, &mut |f| {
+        let q = f.query().to_vec();
+        black_box(f.cache.lookup(&q, K).unwrap());
+    });
+    h("approximate_hit", 200_000, &mut |f| {
+        let q = f.near_query();
+        black_box(f.cache.lookup(&q, K).unwrap());
+    });
+    h("miss_admission", 20_000, &mut |f| {
+        let q = f.fresh_query();
+        let base = f.next_id;
+        f.next_id += 1_000_000;
+        let a = answer(&mut f.rng, base);
+        let t = f.cache.miss_ticket(&q, K, false).unwrap();
+        black_box(f.cache.admit(t, a).unwrap());
+    });
+    h("insert_fast_path", 20_000, &mut |f| {
+        f.next_id += 1;
+        let v = f.near_query();
+        black_box(f.cache.insert(f.next_id, &v).unwrap());
+    });
+}
+
+/// Lookups per second with 1 and 2 reader threads, the owner admitting in the
+/// background (one admission every 200 µs).
+fn scaling(f: Fixture) {
+    let Fixture { cache, queries, dim, .. } = f;
+    let reader = cache.reader();
+    let queries = Arc::new(queries);
+    let owner = Arc::new(Mutex::new(cache));
+    for approximate in [false, true] {
+        let mut rates = vec![];
+        for threads in [1usize, 2] {
+            let stop = Arc::new(AtomicBool::new(false));
+            let bg = {
+                let (owner, stop) = (owner.clone(), stop.clone());
+                thread::spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(9);
+                    let mut c = owner.lock().unwrap();
+                    while !stop.load(Ordering::Relaxed) {
+                        let q: Vec<f32> = (0..dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+                        let t = c.miss_ticket(&q, K, false).unwrap();
+                        let base = rng.gen_range(0..1u64 << 40);
+                        let a = answer(&mut rng, base);
+                        c.admit(t, a).unwrap();
+                        thread::sleep(Duration::from_micros(200));
+                    }
+                })
+            };
+            let per_thread = 300_000;
+            let t = Instant::now();
+            let workers: Vec<_> = (0..threads)
+                .map(|w| {
+                    let (reader, queries) = (reader.clone(), queries.clone());
+                    thread::spawn(move || {
+                        let mut rng = StdRng::seed_from_u64(w as u64);
+                        for _ in 0..per_thread {
+                            let q = &queries[rng.gen_range(0..queries.len())];
+                            if approximate {
+                                let near: Vec<f32> = q.iter().map(|x| x + 1e-6).collect();
+                                black_box(reader.lookup(&near, K).unwrap());
+                            } else {
+                                black_box(reader.lookup(q, K).unwrap());
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for w in workers {
+                w.join().unwrap();
+            }
+            let rate = (threads * per_thread) as f64 / t.elapsed().as_secs_f64();
+            stop.store(true, Ordering::Relaxed);
+            bg.join().unwrap();
+            rates.push(rate);
+        }
+        println!(
+            "scaling d{dim:<4} {:<12} 1 reader {:>10.0}/s  2 readers {:>10.0}/s  ratio {:.2}x",
+            if approximate { "approximate" } else { "exact" },
+            rates[0],
+            rates[1],
+            rates[1] / rates[0]
+        );
+    }
+}
+
+criterion_group!(benches, single_core);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

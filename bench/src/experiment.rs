@@ -1,0 +1,392 @@
+//! The core of the recall experiment (paper §5.2, Figures 10 and 11): replay one
+//! simZipf stream through one cache configuration and score every answer against the
+//! exact neighbours. Also the two calibrations the baselines need: Proximity+'s global
+//! threshold (a percentile of inter-query distances) and the HNSW backend's `ef` (the
+//! smallest reaching a target recall without a cache).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Instant;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use shards::store::HnswStore;
+use shards::{
+    Backend, Cache, CacheConfig, Capacity, FilterKind, HitKind, Metric, PolicyConfig, Result,
+};
+
+use crate::workload::Workload;
+
+/// The hit rule of a configuration; `NoCache` sends every request to the backend.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rule {
+    /// The paper's per-entry thresholds (α_L = 1.1, α_T = 0.25, τ₀ = minD / 4).
+    Aker,
+    /// Proximity+: one fixed global threshold.
+    Proximity,
+    /// Potluck+: one global threshold, verified on a share `p` of hits.
+    Potluck { p: f64 },
+    NoCache,
+}
+
+/// A policy column of the report: a hit rule and the query filter it runs with.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Policy {
+    pub rule: Rule,
+    /// `true`: exact-scan filter; `false`: the paper's HNSW filter (m 4, efc 8, efs 16).
+    pub brute_force_filter: bool,
+}
+
+impl Policy {
+    pub fn filter(&self) -> FilterKind {
+        if self.brute_force_filter {
+            FilterKind::BruteForce
+        } else {
+            FilterKind::default()
+        }
+    }
+}
+
+/// Names as the CLI takes them: `aker`, `prx`, `pl10`, `pl25` (any `plNN`: p = NN %),
+/// `none`; a `-bf` suffix selects the brute-force filter.
+impl FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Policy, String> {
+        let lower = s.trim().to_ascii_lowercase();
+        let (name, brute_force_filter) = match lower.strip_suffix("-bf") {
+            Some(n) => (n, true),
+            None => (lower.as_str(), false),
+        };
+        let rule = match name {
+            "aker" => Rule::Aker,
+            "prx" | "proximity" => Rule::Proximity,
+            "none" | "nocache" => Rule::NoCache,
+            _ => match name.strip_prefix("pl").map(str::parse::<u32>) {
+                Some(Ok(pct)) if (1..=100).contains(&pct) => Rule::Potluck {
+                    p: f64::from(pct) / 100.0,
+                },
+                _ => {
+                    return Err(format!(
+                        "unknown policy '{s}' (aker, prx, pl10, pl25, none; -bf suffix: brute-force filter)"
+                    ))
+                }
+            },
+        };
+        if rule == Rule::NoCache && brute_force_filter {
+            return Err("'none' has no filter".into());
+        }
+        Ok(Policy {
+            rule,
+            brute_force_filter,
+        })
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.rule {
+            Rule::Aker => write!(f, "aker")?,
+            Rule::Proximity => write!(f, "prx")?,
+            Rule::Potluck { p } => write!(f, "pl{}", (p * 100.0).round())?,
+            Rule::NoCache => return write!(f, "none"),
+        }
+        if self.brute_force_filter {
+            write!(f, "-bf")?;
+        }
+        Ok(())
+    }
+}
+
+/// Potluck+'s threshold factors: the paper gives none, so they are reported.
+pub const POTLUCK_GROW: f32 = 1.1;
+pub const POTLUCK_SHRINK: f32 = 0.5;
+
+/// One run: a policy at a pool size over a stream.
+#[derive(Clone, Debug)]
+pub struct RunSpec {
+    pub policy: Policy,
+    /// Pool capacity in distinct neighbour objects.
+    pub pool_objects: usize,
+    pub k: usize,
+    /// Reserve results per entry (Δ).
+    pub delta: usize,
+    /// Proximity+'s fixed threshold and Potluck+'s starting one (metric units).
+    pub global_threshold: f32,
+    pub potluck_seed: u64,
+}
+
+impl RunSpec {
+    fn policy_config(&self) -> PolicyConfig {
+        match self.policy.rule {
+            Rule::Aker | Rule::NoCache => PolicyConfig::default(),
+            Rule::Proximity => PolicyConfig::Proximity {
+                threshold: self.global_threshold,
+            },
+            Rule::Potluck { p } => PolicyConfig::Potluck {
+                threshold: self.global_threshold,
+                p,
+                grow: POTLUCK_GROW,
+                shrink: POTLUCK_SHRINK,
+                seed: self.potluck_seed,
+            },
+        }
+    }
+}
+
+/// Counts and recall sums of one hit kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct KindTally {
+    pub count: u64,
+    pub recall_sum: f64,
+    /// Requests of this kind whose recall was below 0.8.
+    pub below_08: u64,
+}
+
+impl KindTally {
+    fn add(&mut self, recall: f64) {
+        self.count += 1;
+        self.recall_sum += recall;
+        if recall < 0.8 {
+            self.below_08 += 1;
+        }
+    }
+
+    /// Mean recall, `NaN` when there was none of this kind.
+    pub fn mean_recall(&self) -> f64 {
+        self.recall_sum / self.count as f64
+    }
+
+    pub fn share_below_08(&self) -> f64 {
+        self.below_08 as f64 / self.count as f64
+    }
+}
+
+/// What one run measured.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunResult {
+    pub requests: u64,
+    pub exact: KindTally,
+    pub alias: KindTally,
+    pub approximate: KindTally,
+    pub miss: KindTally,
+    /// Misses that were Potluck+ verifications (included in `miss`).
+    pub verifications: u64,
+    pub representatives: usize,
+    pub aliases: usize,
+    pub objects: usize,
+    pub evictions: u64,
+    pub seconds: f64,
+}
+
+impl RunResult {
+    /// Mean recall@k over all requests.
+    pub fn recall(&self) -> f64 {
+        let sum = self.exact.recall_sum
+            + self.alias.recall_sum
+            + self.approximate.recall_sum
+            + self.miss.recall_sum;
+        sum / self.requests as f64
+    }
+
+    pub fn hits(&self) -> u64 {
+        self.exact.count + self.alias.count + self.approximate.count
+    }
+
+    pub fn ratio(&self, count: u64) -> f64 {
+        count as f64 / self.requests as f64
+    }
+
+    /// Every miss is exactly one backend search (verifications included).
+    pub fn backend_calls(&self) -> u64 {
+        self.miss.count
+    }
+}
+
+/// `|got ∩ truth| / |truth|` over ids (lists of at most a few dozen: a scan is fastest).
+pub fn recall_at(got: impl IntoIterator<Item = u64>, truth: &[u64]) -> f64 {
+    if truth.is_empty() {
+        return 1.0;
+    }
+    let found = got.into_iter().filter(|id| truth.contains(id)).count();
+    found as f64 / truth.len() as f64
+}
+
+/// Replays `workload` through `spec`'s cache in front of `backend`, scoring request
+/// `i` against `truth[workload.requests[i]]` (the exact top-k ids of its vector).
+/// `progress` is called with the number of requests done since its last call.
+pub fn run(
+    spec: &RunSpec,
+    workload: &Workload,
+    truth: &[Vec<u64>],
+    backend: &dyn Backend,
+    progress: &dyn Fn(u64),
+) -> Result<RunResult> {
+    const TICK: usize = 2048;
+    let start = Instant::now();
+    let mut out = RunResult::default();
+    let mut cache = match spec.policy.rule {
+        Rule::NoCache => None,
+        _ => {
+            let cfg = CacheConfig {
+                delta: spec.delta,
+                capacity: Capacity::Objects(spec.pool_objects),
+                filter: spec.policy.filter(),
+                k_max: spec.k.max(100),
+                // Ids-only objects, as in the reference simulation (ALGORITHM.md): no
+                // policy here re-ranks with stored vectors.
+                store_vectors: false,
+                ..CacheConfig::new(workload.dim, backend.metric())
+            };
+            Some(Cache::new(cfg, spec.policy_config().build())?)
+        }
+    };
+    for (i, &r) in workload.requests.iter().enumerate() {
+        let q = workload.vector(r);
+        let want = &truth[r as usize];
+        match cache.as_mut() {
+            None => {
+                let got = backend.search(q, spec.k)?;
+                out.miss.add(recall_at(got.iter().map(|c| c.id), want));
+            }
+            Some(cache) => {
+                let outcome = cache.search(backend, q, spec.k)?;
+                let recall = recall_at(outcome.results.iter().map(|n| n.id), want);
+                match outcome.kind {
+                    HitKind::Exact => out.exact.add(recall),
+                    HitKind::Alias => out.alias.add(recall),
+                    HitKind::Approximate => out.approximate.add(recall),
+                    HitKind::Miss => out.miss.add(recall),
+                }
+            }
+        }
+        if (i + 1) % TICK == 0 {
+            progress(TICK as u64);
+        }
+    }
+    progress((workload.requests.len() % TICK) as u64);
+    out.requests = workload.requests.len() as u64;
+    if let Some(cache) = &cache {
+        let s = cache.stats();
+        // The engine's own counters must tell the same story as the outcomes.
+        debug_assert_eq!(
+            (s.exact_hits, s.alias_hits, s.approximate_hits, s.misses),
+            (
+                out.exact.count,
+                out.alias.count,
+                out.approximate.count,
+                out.miss.count
+            )
+        );
+        out.verifications = s.verifications;
+        out.representatives = s.representatives;
+        out.aliases = s.aliases;
+        out.objects = s.objects;
+        out.evictions = s.evictions;
+    }
+    out.seconds = start.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+/// The `percentile` (in `0..=1`) of distances between `pairs` random pairs of distinct
+/// vectors of `workload` (Proximity+'s threshold: the 1st percentile, §5 "Baselines").
+/// Deterministic in `seed`.
+pub fn inter_query_percentile(
+    workload: &Workload,
+    metric: Metric,
+    pairs: usize,
+    percentile: f64,
+    seed: u64,
+) -> f32 {
+    let n = workload.n_vectors();
+    assert!(n >= 2 && pairs > 0, "need two vectors and one pair");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut d: Vec<f32> = (0..pairs)
+        .map(|_| {
+            let a = rng.gen_range(0..n);
+            // Uniform over the other n - 1 vectors.
+            let b = (a + rng.gen_range(1..n)) % n;
+            metric.distance(workload.vector(a as u32), workload.vector(b as u32))
+        })
+        .collect();
+    let at = ((pairs - 1) as f64 * percentile.clamp(0.0, 1.0)).round() as usize;
+    *d.select_nth_unstable_by(at, f32::total_cmp).1
+}
+
+/// One step of an `ef` sweep.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EfPoint {
+    pub ef: usize,
+    pub recall: f64,
+}
+
+/// Raises `store.ef_search` along `ladder` until the mean recall@k over `samples`
+/// (vector, exact top-k ids) reaches `target`; leaves the store at the chosen `ef` (the
+/// last rung if none reaches it) and returns the points tried.
+pub fn tune_ef(
+    store: &mut HnswStore,
+    samples: &[(&[f32], &[u64])],
+    k: usize,
+    target: f64,
+    ladder: &[usize],
+) -> Result<Vec<EfPoint>> {
+    let mut tried = Vec::new();
+    for &ef in ladder {
+        store.ef_search = ef;
+        let mut sum = 0.0;
+        for (q, want) in samples {
+            let got = store.search(q, k)?;
+            sum += recall_at(got.iter().map(|c| c.id), want);
+        }
+        let recall = sum / samples.len() as f64;
+        tried.push(EfPoint { ef, recall });
+        if recall >= target {
+            break;
+        }
+    }
+    Ok(tried)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_names_round_trip() {
+        for name in ["aker", "aker-bf", "prx", "prx-bf", "pl10", "pl25-bf", "none"] {
+            let p: Policy = name.parse().unwrap();
+            assert_eq!(p.to_string(), name);
+        }
+        assert_eq!(
+            "PL25".parse::<Policy>().unwrap().rule,
+            Rule::Potluck { p: 0.25 }
+        );
+        assert!("none-bf".parse::<Policy>().is_err());
+        assert!("pl0".parse::<Policy>().is_err());
+        assert!("lru".parse::<Policy>().is_err());
+    }
+
+    #[test]
+    fn recall_counts_the_overlap() {
+        assert_eq!(recall_at([1, 2, 3, 9], &[1, 2, 3, 4]), 0.75);
+        assert_eq!(recall_at([], &[1]), 0.0);
+        assert_eq!(recall_at([5], &[]), 1.0);
+    }
+
+    #[test]
+    fn percentile_of_a_known_spread() {
+        // Vectors 0, 1, ..., 99 on a line: pair distances are squared index gaps.
+        let w = Workload {
+            dim: 1,
+            vectors: (0..100).map(|i| i as f32).collect(),
+            requests: vec![0],
+            members: (0..100).collect(),
+        };
+        let p1 = inter_query_percentile(&w, Metric::L2Sq, 200_000, 0.01, 1);
+        // P(|i - j| <= 1) over distinct pairs is 2 * 99 / 9900 = 2%.
+        assert_eq!(p1, 1.0);
+        assert_eq!(p1, inter_query_percentile(&w, Metric::L2Sq, 200_000, 0.01, 1));
+        let median = inter_query_percentile(&w, Metric::L2Sq, 200_000, 0.5, 1);
+        assert!((700.0..1000.0).contains(&median), "{median}");
+        assert_eq!(inter_query_percentile(&w, Metric::L2Sq, 1000, 0.0, 2), 1.0);
+    }
+}

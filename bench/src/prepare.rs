@@ -1,0 +1,226 @@
+//! Everything a recall experiment needs before its first request: the collection, the
+//! held-out group bases, the simZipf groups, and the exact neighbours of every group
+//! member (brute force on every core, cached on disk), so that each skew's stream and
+//! the exact backend look their answers up instead of scanning again.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use shards::{Candidate, Metric};
+
+use crate::data::{self, Dataset};
+use crate::groundtruth;
+use crate::workload::{Groups, Workload, GROUP_SIZE};
+
+/// Group bases held out of every collection (§5.1: the query set).
+pub const HELD_OUT: usize = 1_000;
+
+/// Where the vectors come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Source {
+    /// GloVe 6B 50-d as `ops/get-glove.sh` stores it.
+    Glove,
+    /// [`data::synthetic`] with these parameters.
+    Synthetic {
+        n: usize,
+        dim: usize,
+        clusters: usize,
+    },
+    /// A user's `.npy` or `.fvecs` file.
+    File(PathBuf),
+}
+
+/// The synthetic set of the full report: 200,000 vectors after the hold-out, 32-d, 100
+/// clusters whose populations differ 100-fold and spreads 30-fold.
+pub const SYNTHETIC: Source = Source::Synthetic {
+    n: 201_000,
+    dim: 32,
+    clusters: 100,
+};
+
+/// The `--quick` smoke set.
+pub const SYNTHETIC_QUICK: Source = Source::Synthetic {
+    n: 21_000,
+    dim: 16,
+    clusters: 20,
+};
+
+impl FromStr for Source {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Source, String> {
+        Ok(match s {
+            "glove" => Source::Glove,
+            "synthetic" => SYNTHETIC,
+            path => Source::File(PathBuf::from(path)),
+        })
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Glove => write!(f, "glove"),
+            s if *s == SYNTHETIC => write!(f, "synthetic"),
+            Source::Synthetic { n, dim, .. } => write!(f, "synthetic-{n}x{dim}"),
+            Source::File(p) => write!(
+                f,
+                "{}",
+                p.file_stem().map_or("file".into(), |s| s.to_string_lossy())
+            ),
+        }
+    }
+}
+
+impl Source {
+    /// Reads or generates the vectors; `data_dir` holds GloVe.
+    pub fn load(&self, data_dir: &Path, seed: u64) -> Result<Dataset, String> {
+        match self {
+            Source::Glove => {
+                let path = data_dir.join("glove-6b-50d.npy");
+                if !path.exists() {
+                    return Err(format!(
+                        "{} is missing: run `bash ops/get-glove.sh` first",
+                        path.display()
+                    ));
+                }
+                data::load(&path).map_err(|e| e.to_string())
+            }
+            Source::Synthetic { n, dim, clusters } => {
+                Ok(data::synthetic(*n, *dim, *clusters, seed))
+            }
+            Source::File(path) => data::load(path).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// A human description for the report.
+    pub fn describe(&self) -> String {
+        match self {
+            Source::Glove => "GloVe 6B 50-d (data/glove-6b-50d.npy)".into(),
+            Source::Synthetic { n, dim, clusters } => format!(
+                "synthetic: {n} x {dim}-d, {clusters} Gaussian clusters (populations ∝ 1/rank, \
+                 spreads 0.02-0.6, the most populous the tightest)"
+            ),
+            Source::File(p) => p.display().to_string(),
+        }
+    }
+}
+
+/// Seeds of every random choice, derived from one base seed so a run is reproduced by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seeds {
+    pub synthetic: u64,
+    pub split: u64,
+    pub groups: u64,
+    pub stream: u64,
+    pub threshold: u64,
+    pub potluck: u64,
+    pub ef_sample: u64,
+}
+
+impl Seeds {
+    pub fn from_base(base: u64) -> Seeds {
+        Seeds {
+            synthetic: base,
+            split: base + 1,
+            groups: base + 2,
+            stream: base + 3,
+            threshold: base + 4,
+            potluck: base + 5,
+            ef_sample: base + 6,
+        }
+    }
+}
+
+impl fmt::Display for Seeds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "synthetic {}, split {}, groups {}, stream {}, threshold pairs {}, potluck {}, ef sample {}",
+            self.synthetic,
+            self.split,
+            self.groups,
+            self.stream,
+            self.threshold,
+            self.potluck,
+            self.ef_sample
+        )
+    }
+}
+
+/// A collection with its simZipf groups and every member's exact neighbours.
+pub struct Prepared {
+    pub name: String,
+    pub metric: Metric,
+    /// The collection (ids are its row numbers).
+    pub base: Dataset,
+    pub groups: Groups,
+    /// Per group member, its exact top `depth` in `base`.
+    pub member_truth: Vec<Vec<Candidate>>,
+    pub depth: usize,
+    pub truth_path: PathBuf,
+    pub truth_loaded: bool,
+}
+
+impl Prepared {
+    /// Splits off [`HELD_OUT`] bases, builds groups whose partners are the bases
+    /// themselves (§5.1), and finds each member's exact top `depth` (cached in
+    /// `cache_dir`). `progress` counts members scanned.
+    pub fn new(
+        name: String,
+        all: &Dataset,
+        metric: Metric,
+        depth: usize,
+        seeds: Seeds,
+        cache_dir: &Path,
+        progress: &(dyn Fn(usize) + Sync),
+    ) -> Result<Prepared, String> {
+        if all.n <= HELD_OUT + depth {
+            return Err(format!(
+                "{name}: {} vectors is too few to hold out {HELD_OUT} and keep {depth} neighbours",
+                all.n
+            ));
+        }
+        let (base, bases) = data::split_queries(all, HELD_OUT, seeds.split);
+        let groups = Groups::build(&bases, &bases, GROUP_SIZE, seeds.groups);
+        let gt =
+            groundtruth::exact_top_n_cached(&base, &groups.members, metric, depth, cache_dir, progress)
+                .map_err(|e| format!("ground truth cache in {}: {e}", cache_dir.display()))?;
+        Ok(Prepared {
+            name,
+            metric,
+            base,
+            groups,
+            member_truth: gt.lists,
+            depth,
+            truth_path: gt.path,
+            truth_loaded: gt.loaded,
+        })
+    }
+
+    pub fn members(&self) -> usize {
+        self.member_truth.len()
+    }
+
+    /// Per distinct vector of `w`, its exact top-`k` ids.
+    pub fn truth_ids(&self, w: &Workload, k: usize) -> Vec<Vec<u64>> {
+        w.members
+            .iter()
+            .map(|&m| {
+                self.member_truth[m as usize]
+                    .iter()
+                    .take(k)
+                    .map(|c| c.id)
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Per distinct vector of `w`, its exact top-`depth` list (for a trace's ground truth).
+    pub fn truth_lists(&self, w: &Workload) -> Vec<Vec<Candidate>> {
+        w.members
+            .iter()
+            .map(|&m| self.member_truth[m as usize].clone())
+            .collect()
+    }
+}

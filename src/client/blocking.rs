@@ -1,0 +1,178 @@
+//! The blocking client: one request on the wire at a time.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use super::conn::Conn;
+use super::{server_error, ClientError, ClientOptions, Result};
+use crate::protocol::{
+    DeleteRequest, FillCandidate, FillRequest, HelloReply, InsertRequest, Reply, ReplyFrame,
+    Request, RequestFrame, SearchReply, SearchRequest, CONNECTION_OP,
+};
+
+/// A blocking client. Not thread-safe by design: one connection, one caller.
+pub struct Client {
+    conn: Conn,
+    next_id: u64,
+    server: Option<HelloReply>,
+}
+
+impl Client {
+    pub fn connect<A: ToSocketAddrs>(addr: A) -> Result<Client> {
+        Client::connect_with(addr, ClientOptions::default())
+    }
+
+    pub fn connect_with<A: ToSocketAddrs>(addr: A, opts: ClientOptions) -> Result<Client> {
+        Ok(Client {
+            conn: Conn::connect(addr, &opts)?,
+            next_id: 1,
+            server: None,
+        })
+    }
+
+    pub fn peer_addr(&self) -> Result<SocketAddr> {
+        self.conn.peer_addr()
+    }
+
+    pub fn set_io_timeout(&mut self, t: Option<Duration>) {
+        self.conn.set_io_timeout(t);
+    }
+
+    /// The server's HELLO answer, once [`Client::hello`] has been called.
+    pub fn server_info(&self) -> Option<&HelloReply> {
+        self.server.as_ref()
+    }
+
+    pub fn is_broken(&self) -> bool {
+        self.conn.is_broken()
+    }
+
+    /// Sends `req` and waits for its reply. Error replies come back as `Ok(Reply::Error)`;
+    /// the typed helpers turn them into [`ClientError::Server`].
+    pub fn call(&mut self, req: Request) -> Result<Reply> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.conn.queue(&RequestFrame {
+            request_id: id,
+            request: req,
+        })?;
+        self.conn.flush()?;
+        loop {
+            let frame = self.conn.read_frame()?;
+            if frame.request_id == id {
+                return Ok(frame.reply);
+            }
+            if frame.request_id == 0 && frame.reply.op_code() == CONNECTION_OP {
+                // Connection-level: the server closes after it.
+                self.conn.mark_broken();
+                return Err(server_error(0, frame.reply));
+            }
+            if frame.request_id > id {
+                self.conn.mark_broken();
+                return Err(ClientError::Protocol(format!(
+                    "reply for request {} that was never sent",
+                    frame.request_id
+                )));
+            }
+            // An earlier call timed out; its reply arrived late. Drop it.
+        }
+    }
+
+    /// Queues raw bytes and sends them (malformed input for tests and tools).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        self.conn.queue_raw(bytes)?;
+        self.conn.flush()
+    }
+
+    /// The next reply frame, whatever its id.
+    pub fn recv_frame(&mut self) -> Result<ReplyFrame> {
+        self.conn.read_frame()
+    }
+
+    /// HELLO: the server's limits. Remembered, so that oversized requests are refused here
+    /// instead of costing the connection.
+    pub fn hello(&mut self) -> Result<HelloReply> {
+        match self.call(Request::Hello)? {
+            Reply::Hello(h) => {
+                self.conn.set_server_max_frame(h.max_frame_bytes as usize);
+                self.server = Some(h);
+                Ok(h)
+            }
+            other => Err(server_error(self.next_id - 1, other)),
+        }
+    }
+
+    pub fn ping(&mut self) -> Result<()> {
+        match self.call(Request::Ping(Vec::new()))? {
+            Reply::Pong(_) => Ok(()),
+            other => Err(server_error(self.next_id - 1, other)),
+        }
+    }
+
+    /// SEARCH in collection 0 with no flags and no deadline.
+    pub fn search(&mut self, k: u32, vector: &[f32]) -> Result<SearchReply> {
+        self.search_with(SearchRequest::new(k, vector.to_vec()))
+    }
+
+    pub fn search_with(&mut self, req: SearchRequest) -> Result<SearchReply> {
+        match self.call(Request::Search(req))? {
+            Reply::Search(s) => Ok(s),
+            other => Err(server_error(self.next_id - 1, other)),
+        }
+    }
+
+    /// INSERT into collection 0, no payload.
+    pub fn insert(&mut self, id: u64, vector: &[f32]) -> Result<()> {
+        self.insert_with(InsertRequest {
+            id,
+            vector: vector.to_vec(),
+            ..Default::default()
+        })
+    }
+
+    pub fn insert_with(&mut self, req: InsertRequest) -> Result<()> {
+        match self.call(Request::Insert(req))? {
+            Reply::Inserted => Ok(()),
+            other => Err(server_error(self.next_id - 1, other)),
+        }
+    }
+
+    /// DELETE from collection 0; `Ok(false)` when the id was not there.
+    pub fn delete(&mut self, id: u64) -> Result<bool> {
+        match self.call(Request::Delete(DeleteRequest { id, collection: 0 }))? {
+            Reply::Deleted { existed } => Ok(existed),
+            other => Err(server_error(self.next_id - 1, other)),
+        }
+    }
+
+    /// FILL collection 0 with a backend answer; `Ok(true)` when the cache admitted it.
+    pub fn fill(&mut self, query: &[f32], k: u32, candidates: Vec<FillCandidate>) -> Result<bool> {
+        self.fill_with(FillRequest {
+            collection: 0,
+            k,
+            query: query.to_vec(),
+            candidates,
+        })
+    }
+
+    pub fn fill_with(&mut self, req: FillRequest) -> Result<bool> {
+        match self.call(Request::Fill(req))? {
+            Reply::Filled { admitted } => Ok(admitted),
+            other => Err(server_error(self.next_id - 1, other)),
+        }
+    }
+
+    pub fn flush(&mut self) -> Result<()> {
+        match self.call(Request::Flush)? {
+            Reply::Flushed => Ok(()),
+            other => Err(server_error(self.next_id - 1, other)),
+        }
+    }
+
+    pub fn stats(&mut self) -> Result<String> {
+        match self.call(Request::Stats)? {
+            Reply::Stats(s) => Ok(s),
+            other => Err(server_error(self.next_id - 1, other)),
+        }
+    }
+}

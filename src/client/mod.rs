@@ -1,0 +1,99 @@
+//! Clients over `std::net::TcpStream`.
+//!
+//! - [`Client`]: blocking, one request at a time, typed helpers (`search`, `insert`, ...).
+//! - [`Pipeline`]: many requests in flight (a bounded window), replies in any order,
+//!   matched by request id.
+//!
+//! Both use overall I/O timeouts ([`ClientOptions::io_timeout`]). A read timeout keeps the
+//! bytes read so far, so a slow reply can still be collected by a later call; a failed or
+//! timed-out write, lost framing or a closed socket makes the client [`ClientError::Broken`].
+//! Request ids start at 1: id 0 is what the server uses for connection-level replies.
+
+mod blocking;
+mod conn;
+mod pipeline;
+
+pub use blocking::Client;
+pub use pipeline::Pipeline;
+
+use std::time::Duration;
+
+use crate::protocol::{DecodeError, EncodeError, Reply, Status};
+
+/// Connection settings.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    pub connect_timeout: Duration,
+    /// Bound on one call's writing, and on one reply's reading; `None` blocks forever.
+    pub io_timeout: Option<Duration>,
+    /// Largest reply frame accepted.
+    pub max_frame_bytes: usize,
+    pub nodelay: bool,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            connect_timeout: Duration::from_secs(5),
+            io_timeout: Some(Duration::from_secs(10)),
+            max_frame_bytes: 64 << 20,
+            nodelay: true,
+        }
+    }
+}
+
+/// Everything a client call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("timed out")]
+    Timeout,
+    #[error("connection closed")]
+    Closed,
+    #[error("connection is unusable after an earlier error")]
+    Broken,
+    /// An error reply. `request_id` 0: a connection-level reply (the server then closes).
+    #[error("server replied {status} to request {request_id}: {message}")]
+    Server {
+        request_id: u64,
+        status: Status,
+        message: String,
+    },
+    #[error("request of {len} bytes is over the server's frame limit of {max}")]
+    TooLarge { len: usize, max: usize },
+    #[error("undecodable reply: {0}")]
+    Decode(#[from] DecodeError),
+    #[error("cannot encode request: {0}")]
+    Encode(#[from] EncodeError),
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    /// The server's status for an error reply.
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            ClientError::Server { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+/// Turns an error reply into `ClientError::Server`.
+fn server_error(request_id: u64, reply: Reply) -> ClientError {
+    match reply {
+        Reply::Error {
+            status, message, ..
+        } => ClientError::Server {
+            request_id,
+            status,
+            message,
+        },
+        other => ClientError::Protocol(format!(
+            "unexpected reply to request {request_id}: {other:?}"
+        )),
+    }
+}

@@ -1,0 +1,178 @@
+//! Frames → bytes. Appends to a caller-owned `Vec<u8>` so that a connection can batch many
+//! replies into one write. Encoding is canonical: `decode(encode(f)) == f`, and every byte
+//! string that decodes re-encodes to itself (the fuzz target checks both).
+
+use super::*;
+
+/// Why a frame could not be encoded. On error nothing is left appended to the output.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EncodeError {
+    #[error("body of {0} bytes does not fit the u32 length field")]
+    BodyTooLong(usize),
+    #[error("{what} count {n} does not fit its u32 field")]
+    CountTooLarge { what: &'static str, n: usize },
+    #[error("fill candidate {index} has dimension {got}, the query has {expected}")]
+    FillDimension {
+        index: usize,
+        got: usize,
+        expected: usize,
+    },
+    #[error("an error reply cannot carry status OK")]
+    ErrorWithOk,
+}
+
+fn count(what: &'static str, n: usize) -> Result<u32, EncodeError> {
+    u32::try_from(n).map_err(|_| EncodeError::CountTooLarge { what, n })
+}
+
+fn put_u16(out: &mut Vec<u8>, v: u16) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
+    out.reserve(v.len() * 4);
+    for x in v {
+        out.extend_from_slice(&x.to_bits().to_le_bytes());
+    }
+}
+
+/// Writes a header with a zero length, the body via `body`, then patches the length.
+/// Truncates `out` back on error.
+fn frame(
+    out: &mut Vec<u8>,
+    opcode: u8,
+    flags: u16,
+    status: u16,
+    request_id: u64,
+    body: impl FnOnce(&mut Vec<u8>) -> Result<(), EncodeError>,
+) -> Result<usize, EncodeError> {
+    let start = out.len();
+    put_u16(out, MAGIC);
+    out.push(VERSION);
+    out.push(opcode);
+    put_u16(out, flags);
+    put_u16(out, status);
+    put_u64(out, request_id);
+    put_u32(out, 0);
+    let result = body(out).and_then(|()| {
+        let body_len = out.len() - start - HEADER_LEN;
+        u32::try_from(body_len).map_err(|_| EncodeError::BodyTooLong(body_len))
+    });
+    match result {
+        Ok(len) => {
+            out[start + 16..start + 20].copy_from_slice(&len.to_le_bytes());
+            Ok(out.len() - start)
+        }
+        Err(e) => {
+            out.truncate(start);
+            Err(e)
+        }
+    }
+}
+
+/// Appends one request frame to `out`; returns its length.
+pub fn encode_request(f: &RequestFrame, out: &mut Vec<u8>) -> Result<usize, EncodeError> {
+    let op = f.request.opcode().code();
+    let flags = match &f.request {
+        Request::Search(s) => s.flags(),
+        _ => 0,
+    };
+    frame(out, op, flags, 0, f.request_id, |out| {
+        match &f.request {
+            Request::Hello | Request::Flush | Request::Stats => {}
+            Request::Ping(payload) => out.extend_from_slice(payload),
+            Request::Search(s) => {
+                put_u32(out, s.collection);
+                put_u32(out, s.k);
+                put_u32(out, s.deadline_us);
+                put_u32(out, count("vector", s.vector.len())?);
+                put_f32s(out, &s.vector);
+            }
+            Request::Insert(i) => {
+                put_u64(out, i.id);
+                put_u32(out, i.collection);
+                put_u32(out, count("vector", i.vector.len())?);
+                put_u32(out, count("payload", i.payload.len())?);
+                put_f32s(out, &i.vector);
+                out.extend_from_slice(&i.payload);
+            }
+            Request::Delete(d) => {
+                put_u64(out, d.id);
+                put_u32(out, d.collection);
+            }
+            Request::Fill(fill) => {
+                let n = fill.query.len();
+                put_u32(out, fill.collection);
+                put_u32(out, fill.k);
+                put_u32(out, count("query", n)?);
+                put_u32(out, count("candidates", fill.candidates.len())?);
+                put_f32s(out, &fill.query);
+                for (index, c) in fill.candidates.iter().enumerate() {
+                    if c.vector.len() != n {
+                        return Err(EncodeError::FillDimension {
+                            index,
+                            got: c.vector.len(),
+                            expected: n,
+                        });
+                    }
+                    put_u64(out, c.id);
+                    put_u32(out, c.distance.to_bits());
+                    put_f32s(out, &c.vector);
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Appends one reply frame to `out`; returns its length.
+pub fn encode_reply(f: &ReplyFrame, out: &mut Vec<u8>) -> Result<usize, EncodeError> {
+    let opcode = f.reply.op_code() | REPLY_BIT;
+    let status = f.reply.status();
+    if matches!(f.reply, Reply::Error { .. }) && status == Status::Ok {
+        return Err(EncodeError::ErrorWithOk);
+    }
+    frame(out, opcode, 0, status.code(), f.request_id, |out| {
+        match &f.reply {
+            Reply::Hello(h) => {
+                out.push(h.version_min);
+                out.push(h.version_max);
+                out.push(h.metric.code());
+                out.push(0);
+                put_u32(out, h.max_frame_bytes);
+                put_u32(out, h.dim);
+                put_u32(out, h.k_max);
+                put_u32(out, h.max_inflight);
+                put_u32(out, h.executors);
+                put_u32(out, h.shards);
+            }
+            Reply::Pong(payload) => out.extend_from_slice(payload),
+            Reply::Search(s) => {
+                out.push(s.hit.code());
+                out.push(if s.distances_to_query {
+                    REPLY_DISTANCES_TO_QUERY
+                } else {
+                    0
+                });
+                put_u16(out, 0);
+                put_u32(out, count("neighbors", s.neighbors.len())?);
+                out.reserve(s.neighbors.len() * 12);
+                for n in &s.neighbors {
+                    put_u64(out, n.id);
+                    put_u32(out, n.distance.to_bits());
+                }
+            }
+            Reply::Inserted | Reply::Flushed => {}
+            Reply::Deleted { existed } => out.push(*existed as u8),
+            Reply::Filled { admitted } => out.push(*admitted as u8),
+            Reply::Stats(text) => out.extend_from_slice(text.as_bytes()),
+            Reply::Error { message, .. } => out.extend_from_slice(message.as_bytes()),
+        }
+        Ok(())
+    })
+}

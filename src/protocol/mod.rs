@@ -1,0 +1,479 @@
+//! The aker wire protocol, version 1 (byte layouts: `PROTOCOL.md` at the repository root).
+//!
+//! Pelikan-style split: [`parse`] turns bytes into frames (a pure function over a buffer
+//! that never panics and never allocates more than the frame it was allowed to read),
+//! [`compose`] turns frames into bytes, and [`validate`] checks a decoded request against
+//! the server's limits (dimension, finiteness, k). The connection layer
+//! (`crate::server`) and the clients (`crate::client`) are built on these three.
+//!
+//! Every frame is a fixed 20-byte little-endian header followed by `body_len` bytes:
+//!
+//! ```text
+//!  0      2        3        4       6        8            16         20
+//!  +------+--------+--------+-------+--------+------------+----------+------ - -
+//!  |magic |version |opcode  |flags  |status  |request id  |body len  | body ...
+//!  | u16  |  u8    |  u8    | u16   | u16    |   u64      |   u32    |
+//!  +------+--------+--------+-------+--------+------------+----------+------ - -
+//! ```
+
+pub mod compose;
+#[doc(hidden)]
+pub mod fuzz_support;
+pub mod parse;
+pub mod validate;
+
+#[cfg(test)]
+mod tests;
+
+pub use compose::{encode_reply, encode_request, EncodeError};
+pub use parse::{decode_reply, decode_request, peek_header, DecodeError, Header};
+pub use validate::{status_of, validate, Limits, Rejection};
+
+use shards::Metric;
+
+/// `"AK"` on the wire (bytes `0x41 0x4B`), read as a little-endian u16.
+pub const MAGIC: u16 = 0x4B41;
+/// The protocol version this build speaks.
+pub const VERSION: u8 = 1;
+/// Oldest version this build accepts (the header layout is frozen across versions, so a
+/// peer speaking another version gets a per-request `BAD_VERSION`, not a closed socket).
+pub const VERSION_MIN: u8 = 1;
+/// Fixed header length in bytes.
+pub const HEADER_LEN: usize = 20;
+/// Set in the opcode byte of every reply.
+pub const REPLY_BIT: u8 = 0x80;
+/// Opcode byte (without [`REPLY_BIT`]) of connection-level replies (sent with request id 0):
+/// `BAD_FRAME` after garbage, `BUSY` past `max_connections`, `SHUTTING_DOWN`.
+pub const CONNECTION_OP: u8 = 0;
+
+/// SEARCH request flag: answer from the backend, do not look the cache up.
+pub const FLAG_BYPASS_CACHE: u16 = 0x0001;
+/// SEARCH request flag: answer from the backend and replace the cached entry.
+pub const FLAG_REFRESH_ENTRY: u16 = 0x0002;
+/// Every flag bit a SEARCH may carry.
+pub const SEARCH_FLAGS: u16 = FLAG_BYPASS_CACHE | FLAG_REFRESH_ENTRY;
+
+/// SEARCH reply body flag: the distances are to the request's own vector (re-ranked), not
+/// to the cached representative query's.
+pub const REPLY_DISTANCES_TO_QUERY: u8 = 0x01;
+
+/// Request opcodes. A reply carries `opcode | REPLY_BIT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Opcode {
+    Hello = 0x01,
+    Ping = 0x02,
+    Search = 0x03,
+    Insert = 0x04,
+    Delete = 0x05,
+    Fill = 0x06,
+    Flush = 0x07,
+    Stats = 0x08,
+}
+
+impl Opcode {
+    pub const ALL: [Opcode; 8] = [
+        Opcode::Hello,
+        Opcode::Ping,
+        Opcode::Search,
+        Opcode::Insert,
+        Opcode::Delete,
+        Opcode::Fill,
+        Opcode::Flush,
+        Opcode::Stats,
+    ];
+
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The request opcode for a byte without [`REPLY_BIT`]; `None` for unknown codes.
+    pub fn from_code(code: u8) -> Option<Opcode> {
+        Opcode::ALL.iter().copied().find(|o| o.code() == code)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Opcode::Hello => "HELLO",
+            Opcode::Ping => "PING",
+            Opcode::Search => "SEARCH",
+            Opcode::Insert => "INSERT",
+            Opcode::Delete => "DELETE",
+            Opcode::Fill => "FILL",
+            Opcode::Flush => "FLUSH",
+            Opcode::Stats => "STATS",
+        }
+    }
+}
+
+impl std::fmt::Display for Opcode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Reply status, the header's `status` field (always 0 in requests).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum Status {
+    /// Success; the body is the operation's reply body.
+    Ok = 0,
+    /// The id the request names is not present (reserved for a service; DELETE of an
+    /// absent id is `Ok` with `existed = 0`).
+    NotFound = 1,
+    /// Over a limit that clears by itself: in-flight requests on this connection,
+    /// connections on the server (connection-level, then closed), a full internal queue.
+    Busy = 2,
+    /// The frame is longer than `max_frame_bytes`. Closes the connection.
+    TooLarge = 3,
+    /// The bytes are not a frame (bad magic). Closes the connection.
+    BadFrame = 4,
+    /// The header's version is not one this server speaks.
+    BadVersion = 5,
+    /// Unknown opcode (or a reply opcode sent as a request).
+    UnknownOp = 6,
+    /// The body does not match the opcode's layout, reserved bits are set, a count
+    /// disagrees with the body length, or FILL candidates are unsorted / duplicated.
+    BadRequest = 7,
+    /// The vector's dimension is not the collection's.
+    DimMismatch = 8,
+    /// A vector component or a distance is NaN or infinite.
+    NonFinite = 9,
+    /// k is 0 or above `k_max`.
+    BadK = 10,
+    /// The request's deadline (or the server's request timeout) passed first. For a
+    /// write the outcome is unknown.
+    DeadlineExceeded = 11,
+    /// The collection id is not served here.
+    UnknownCollection = 12,
+    /// The operation is not available in this server's configuration (e.g. FILL when the
+    /// backend is not cache-aside).
+    Unsupported = 13,
+    /// The backend failed or cannot be reached.
+    Unavailable = 14,
+    /// The server is stopping (connection-level, then closed).
+    ShuttingDown = 15,
+    /// A bug or an unexpected failure inside the server.
+    Internal = 16,
+}
+
+impl Status {
+    pub const ALL: [Status; 17] = [
+        Status::Ok,
+        Status::NotFound,
+        Status::Busy,
+        Status::TooLarge,
+        Status::BadFrame,
+        Status::BadVersion,
+        Status::UnknownOp,
+        Status::BadRequest,
+        Status::DimMismatch,
+        Status::NonFinite,
+        Status::BadK,
+        Status::DeadlineExceeded,
+        Status::UnknownCollection,
+        Status::Unsupported,
+        Status::Unavailable,
+        Status::ShuttingDown,
+        Status::Internal,
+    ];
+
+    pub fn code(self) -> u16 {
+        self as u16
+    }
+
+    pub fn from_code(code: u16) -> Option<Status> {
+        Status::ALL.get(code as usize).copied()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Ok => "OK",
+            Status::NotFound => "NOT_FOUND",
+            Status::Busy => "BUSY",
+            Status::TooLarge => "TOO_LARGE",
+            Status::BadFrame => "BAD_FRAME",
+            Status::BadVersion => "BAD_VERSION",
+            Status::UnknownOp => "UNKNOWN_OP",
+            Status::BadRequest => "BAD_REQUEST",
+            Status::DimMismatch => "DIM_MISMATCH",
+            Status::NonFinite => "NON_FINITE",
+            Status::BadK => "BAD_K",
+            Status::DeadlineExceeded => "DEADLINE_EXCEEDED",
+            Status::UnknownCollection => "UNKNOWN_COLLECTION",
+            Status::Unsupported => "UNSUPPORTED",
+            Status::Unavailable => "UNAVAILABLE",
+            Status::ShuttingDown => "SHUTTING_DOWN",
+            Status::Internal => "INTERNAL",
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How a SEARCH was answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum HitKind {
+    /// Not answered from the cache (miss, BYPASS_CACHE or REFRESH_ENTRY): the backend's answer.
+    Miss = 0,
+    /// The same query vector was cached.
+    Exact = 1,
+    /// A query recorded as an alias of a cached representative.
+    Alias = 2,
+    /// Answered from a nearby cached query's result.
+    Approximate = 3,
+}
+
+impl HitKind {
+    pub const ALL: [HitKind; 4] = [
+        HitKind::Miss,
+        HitKind::Exact,
+        HitKind::Alias,
+        HitKind::Approximate,
+    ];
+
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_code(code: u8) -> Option<HitKind> {
+        HitKind::ALL.get(code as usize).copied()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HitKind::Miss => "miss",
+            HitKind::Exact => "exact",
+            HitKind::Alias => "alias",
+            HitKind::Approximate => "approximate",
+        }
+    }
+}
+
+/// SEARCH: the `k` nearest neighbours of `vector` in `collection`.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct SearchRequest {
+    pub collection: u32,
+    pub k: u32,
+    /// Time budget in microseconds from when the server decodes the request; 0 = none
+    /// (the server's `request_timeout_ms` still applies).
+    pub deadline_us: u32,
+    pub bypass_cache: bool,
+    pub refresh_entry: bool,
+    pub vector: Vec<f32>,
+}
+
+impl SearchRequest {
+    pub fn new(k: u32, vector: Vec<f32>) -> Self {
+        SearchRequest {
+            k,
+            vector,
+            ..Default::default()
+        }
+    }
+
+    /// The deadline as a duration, `None` when the request carries none.
+    pub fn deadline(&self) -> Option<std::time::Duration> {
+        (self.deadline_us != 0).then(|| std::time::Duration::from_micros(self.deadline_us as u64))
+    }
+
+    pub(crate) fn flags(&self) -> u16 {
+        let mut f = 0;
+        if self.bypass_cache {
+            f |= FLAG_BYPASS_CACHE;
+        }
+        if self.refresh_entry {
+            f |= FLAG_REFRESH_ENTRY;
+        }
+        f
+    }
+}
+
+/// INSERT: insert or replace `id` (in the backend, then the cache).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct InsertRequest {
+    pub id: u64,
+    pub collection: u32,
+    pub vector: Vec<f32>,
+    /// Opaque bytes stored with the vector by backends that keep payloads.
+    pub payload: Vec<u8>,
+}
+
+/// DELETE: remove `id`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DeleteRequest {
+    pub id: u64,
+    pub collection: u32,
+}
+
+/// One neighbour of a cache-aside FILL: the backend's answer with its vector.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct FillCandidate {
+    pub id: u64,
+    pub distance: f32,
+    pub vector: Vec<f32>,
+}
+
+impl From<FillCandidate> for shards::Candidate {
+    fn from(c: FillCandidate) -> Self {
+        shards::Candidate {
+            id: c.id,
+            distance: c.distance,
+            vector: Some(c.vector.into()),
+        }
+    }
+}
+
+/// FILL (cache-aside): the client searched the backend itself after a miss and hands the
+/// cache the query, its k and the backend's `k + Δ` answer, ascending by distance.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct FillRequest {
+    pub collection: u32,
+    pub k: u32,
+    pub query: Vec<f32>,
+    /// Every candidate vector has the query's dimension.
+    pub candidates: Vec<FillCandidate>,
+}
+
+/// A decoded request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Request {
+    Hello,
+    /// The payload is echoed back.
+    Ping(Vec<u8>),
+    Search(SearchRequest),
+    Insert(InsertRequest),
+    Delete(DeleteRequest),
+    Fill(FillRequest),
+    Flush,
+    Stats,
+}
+
+impl Request {
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            Request::Hello => Opcode::Hello,
+            Request::Ping(_) => Opcode::Ping,
+            Request::Search(_) => Opcode::Search,
+            Request::Insert(_) => Opcode::Insert,
+            Request::Delete(_) => Opcode::Delete,
+            Request::Fill(_) => Opcode::Fill,
+            Request::Flush => Opcode::Flush,
+            Request::Stats => Opcode::Stats,
+        }
+    }
+}
+
+/// A request with its id.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestFrame {
+    pub request_id: u64,
+    pub request: Request,
+}
+
+/// HELLO reply: what a client must know before sending anything else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HelloReply {
+    pub version_min: u8,
+    pub version_max: u8,
+    pub metric: Metric,
+    pub max_frame_bytes: u32,
+    pub dim: u32,
+    pub k_max: u32,
+    /// Requests one connection may have in flight; more get BUSY.
+    pub max_inflight: u32,
+    pub executors: u32,
+    pub shards: u32,
+}
+
+/// One search result.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct Neighbor {
+    pub id: u64,
+    pub distance: f32,
+}
+
+/// SEARCH reply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SearchReply {
+    pub hit: HitKind,
+    /// True when `distance`s are to the request's own vector; false when they are to the
+    /// cached representative query's (an approximate hit that was not re-ranked).
+    pub distances_to_query: bool,
+    /// Ascending by distance.
+    pub neighbors: Vec<Neighbor>,
+}
+
+/// A reply. Every request opcode has its own success variant; any failure is `Error`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reply {
+    Hello(HelloReply),
+    Pong(Vec<u8>),
+    Search(SearchReply),
+    Inserted,
+    Deleted {
+        existed: bool,
+    },
+    Filled {
+        admitted: bool,
+    },
+    Flushed,
+    /// UTF-8 text, one `name value` pair per line.
+    Stats(String),
+    /// Any non-OK status. `op` is the request opcode byte the error answers (without
+    /// [`REPLY_BIT`]; [`CONNECTION_OP`] for connection-level replies). `status` is never `Ok`.
+    Error {
+        op: u8,
+        status: Status,
+        message: String,
+    },
+}
+
+impl Reply {
+    pub fn error(op: u8, status: Status, message: impl Into<String>) -> Reply {
+        Reply::Error {
+            op: op & !REPLY_BIT,
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// The request opcode byte this reply answers (without [`REPLY_BIT`]).
+    pub fn op_code(&self) -> u8 {
+        match self {
+            Reply::Hello(_) => Opcode::Hello.code(),
+            Reply::Pong(_) => Opcode::Ping.code(),
+            Reply::Search(_) => Opcode::Search.code(),
+            Reply::Inserted => Opcode::Insert.code(),
+            Reply::Deleted { .. } => Opcode::Delete.code(),
+            Reply::Filled { .. } => Opcode::Fill.code(),
+            Reply::Flushed => Opcode::Flush.code(),
+            Reply::Stats(_) => Opcode::Stats.code(),
+            Reply::Error { op, .. } => *op & !REPLY_BIT,
+        }
+    }
+
+    pub fn status(&self) -> Status {
+        match self {
+            Reply::Error { status, .. } => *status,
+            _ => Status::Ok,
+        }
+    }
+
+    /// Whether this is a success reply for a request with opcode `op`.
+    pub fn answers(&self, op: Opcode) -> bool {
+        !matches!(self, Reply::Error { .. }) && self.op_code() == op.code()
+    }
+}
+
+/// A reply with the id of the request it answers (0 for connection-level replies).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplyFrame {
+    pub request_id: u64,
+    pub reply: Reply,
+}

@@ -1,0 +1,531 @@
+//! Bytes → frames. Pure functions over a byte buffer: no I/O, no panics on any input, and
+//! no allocation larger than the frame, which is never longer than `max_frame_bytes`
+//! (every count is checked against the body length before anything is allocated).
+//!
+//! Each decoder answers one of
+//! - `Ok(Some((frame, consumed)))`: a frame, `consumed` bytes long;
+//! - `Ok(None)`: the buffer holds a prefix of a valid-so-far frame, read more;
+//! - `Err(DecodeError::Framing { .. })`: the stream is not made of our frames any more
+//!   (bad magic, or a length over the limit that we refuse to buffer): reply, then close;
+//! - `Err(DecodeError::Frame { consumed, .. })`: the frame boundary is known and only this
+//!   frame is bad (bad version, unknown opcode, wrong body): answer it with its request
+//!   id, skip `consumed` bytes, keep the connection.
+//!
+//! A bad frame is only reported once it is complete, so that skipping it is always
+//! possible; the length check comes first, so that a client cannot make us buffer more
+//! than `max_frame_bytes` to find out.
+
+use super::*;
+
+/// The fixed header, as read (not yet checked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub magic: u16,
+    pub version: u8,
+    pub opcode: u8,
+    pub flags: u16,
+    pub status: u16,
+    pub request_id: u64,
+    pub body_len: u32,
+}
+
+impl Header {
+    /// Header plus body, in bytes (u64: cannot overflow).
+    pub fn frame_len(&self) -> u64 {
+        HEADER_LEN as u64 + self.body_len as u64
+    }
+}
+
+/// Reads the header if `buf` holds at least [`HEADER_LEN`] bytes; checks nothing.
+pub fn peek_header(buf: &[u8]) -> Option<Header> {
+    let h = buf.get(..HEADER_LEN)?;
+    Some(Header {
+        magic: u16::from_le_bytes([h[0], h[1]]),
+        version: h[2],
+        opcode: h[3],
+        flags: u16::from_le_bytes([h[4], h[5]]),
+        status: u16::from_le_bytes([h[6], h[7]]),
+        request_id: u64::from_le_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]),
+        body_len: u32::from_le_bytes([h[16], h[17], h[18], h[19]]),
+    })
+}
+
+/// Why a buffer did not decode.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Framing is lost: send the error reply (best effort), then close the connection.
+    #[error("{status}: {reason} (framing lost)")]
+    Framing {
+        status: Status,
+        /// From the header when it could be read and trusted that far, else 0.
+        request_id: u64,
+        /// Opcode byte without the reply bit ([`CONNECTION_OP`] when unknown).
+        op: u8,
+        reason: String,
+    },
+    /// Only this frame is bad: answer `request_id` with `status`, skip `consumed` bytes.
+    #[error("{status} for request {request_id}: {reason}")]
+    Frame {
+        status: Status,
+        request_id: u64,
+        op: u8,
+        consumed: usize,
+        reason: String,
+    },
+}
+
+impl DecodeError {
+    /// True when the connection must be closed after the error reply.
+    pub fn closes_connection(&self) -> bool {
+        matches!(self, DecodeError::Framing { .. })
+    }
+
+    pub fn status(&self) -> Status {
+        match self {
+            DecodeError::Framing { status, .. } | DecodeError::Frame { status, .. } => *status,
+        }
+    }
+
+    pub fn request_id(&self) -> u64 {
+        match self {
+            DecodeError::Framing { request_id, .. } | DecodeError::Frame { request_id, .. } => {
+                *request_id
+            }
+        }
+    }
+
+    /// Bytes to skip for a `Frame` error; `None` when framing is lost.
+    pub fn consumed(&self) -> Option<usize> {
+        match self {
+            DecodeError::Framing { .. } => None,
+            DecodeError::Frame { consumed, .. } => Some(*consumed),
+        }
+    }
+
+    pub fn reason(&self) -> &str {
+        match self {
+            DecodeError::Framing { reason, .. } | DecodeError::Frame { reason, .. } => reason,
+        }
+    }
+
+    /// The reply a server sends for this error.
+    pub fn error_reply(&self) -> ReplyFrame {
+        let (op, status, request_id, reason) = match self {
+            DecodeError::Framing {
+                op,
+                status,
+                request_id,
+                reason,
+            }
+            | DecodeError::Frame {
+                op,
+                status,
+                request_id,
+                reason,
+                ..
+            } => (*op, *status, *request_id, reason),
+        };
+        ReplyFrame {
+            request_id,
+            reply: Reply::error(op, status, reason.clone()),
+        }
+    }
+}
+
+/// A checked header and its complete body.
+struct RawFrame<'a> {
+    header: Header,
+    body: &'a [u8],
+    consumed: usize,
+}
+
+impl RawFrame<'_> {
+    fn bad(&self, status: Status, reason: impl Into<String>) -> DecodeError {
+        DecodeError::Frame {
+            status,
+            request_id: self.header.request_id,
+            op: self.header.opcode & !REPLY_BIT,
+            consumed: self.consumed,
+            reason: reason.into(),
+        }
+    }
+}
+
+fn bad_magic() -> DecodeError {
+    DecodeError::Framing {
+        status: Status::BadFrame,
+        request_id: 0,
+        op: CONNECTION_OP,
+        reason: "bad magic: not an aker frame".into(),
+    }
+}
+
+/// Steps shared by both directions: magic, length limit, completeness, version.
+fn split_frame(buf: &[u8], max_frame_bytes: usize) -> Result<Option<RawFrame<'_>>, DecodeError> {
+    // Reject garbage from its first byte, so that e.g. an HTTP request is refused at once
+    // instead of waiting for 20 bytes that may never come.
+    let magic = MAGIC.to_le_bytes();
+    if buf.iter().zip(magic.iter()).any(|(a, b)| a != b) {
+        return Err(bad_magic());
+    }
+    let Some(header) = peek_header(buf) else {
+        return Ok(None);
+    };
+    let frame_len = header.frame_len();
+    if frame_len > max_frame_bytes as u64 {
+        return Err(DecodeError::Framing {
+            status: Status::TooLarge,
+            request_id: header.request_id,
+            op: header.opcode & !REPLY_BIT,
+            reason: format!("frame of {frame_len} bytes is over the limit of {max_frame_bytes}"),
+        });
+    }
+    // frame_len <= max_frame_bytes, a usize: the cast cannot truncate.
+    let frame_len = frame_len as usize;
+    if buf.len() < frame_len {
+        return Ok(None);
+    }
+    let raw = RawFrame {
+        header,
+        body: &buf[HEADER_LEN..frame_len],
+        consumed: frame_len,
+    };
+    if !(VERSION_MIN..=VERSION).contains(&header.version) {
+        return Err(raw.bad(
+            Status::BadVersion,
+            format!(
+                "version {} is not supported ({VERSION_MIN}..={VERSION})",
+                header.version
+            ),
+        ));
+    }
+    Ok(Some(raw))
+}
+
+/// Decodes one request frame from the front of `buf`.
+pub fn decode_request(
+    buf: &[u8],
+    max_frame_bytes: usize,
+) -> Result<Option<(RequestFrame, usize)>, DecodeError> {
+    let Some(raw) = split_frame(buf, max_frame_bytes)? else {
+        return Ok(None);
+    };
+    let h = raw.header;
+    if h.opcode & REPLY_BIT != 0 {
+        return Err(raw.bad(
+            Status::UnknownOp,
+            format!("opcode {:#04x} is a reply opcode", h.opcode),
+        ));
+    }
+    let Some(op) = Opcode::from_code(h.opcode) else {
+        return Err(raw.bad(
+            Status::UnknownOp,
+            format!("unknown opcode {:#04x}", h.opcode),
+        ));
+    };
+    if h.status != 0 {
+        return Err(raw.bad(Status::BadRequest, "status field must be 0 in a request"));
+    }
+    let allowed_flags = if op == Opcode::Search {
+        SEARCH_FLAGS
+    } else {
+        0
+    };
+    if h.flags & !allowed_flags != 0 {
+        return Err(raw.bad(
+            Status::BadRequest,
+            format!("flags {:#06x} are not defined for {op}", h.flags),
+        ));
+    }
+    let request = parse_request_body(op, h.flags, raw.body)
+        .map_err(|reason| raw.bad(Status::BadRequest, format!("{op} body: {reason}")))?;
+    Ok(Some((
+        RequestFrame {
+            request_id: h.request_id,
+            request,
+        },
+        raw.consumed,
+    )))
+}
+
+/// Decodes one reply frame from the front of `buf`.
+pub fn decode_reply(
+    buf: &[u8],
+    max_frame_bytes: usize,
+) -> Result<Option<(ReplyFrame, usize)>, DecodeError> {
+    let Some(raw) = split_frame(buf, max_frame_bytes)? else {
+        return Ok(None);
+    };
+    let h = raw.header;
+    if h.opcode & REPLY_BIT == 0 {
+        return Err(raw.bad(
+            Status::UnknownOp,
+            format!("opcode {:#04x} is not a reply opcode", h.opcode),
+        ));
+    }
+    let op = h.opcode & !REPLY_BIT;
+    let Some(status) = Status::from_code(h.status) else {
+        return Err(raw.bad(Status::BadRequest, format!("unknown status {}", h.status)));
+    };
+    if h.flags != 0 {
+        return Err(raw.bad(Status::BadRequest, "reply flags must be 0"));
+    }
+    let reply = if status == Status::Ok {
+        let Some(op) = Opcode::from_code(op) else {
+            return Err(raw.bad(Status::UnknownOp, format!("unknown reply opcode {op:#04x}")));
+        };
+        parse_reply_body(op, raw.body)
+            .map_err(|reason| raw.bad(Status::BadRequest, format!("{op} reply body: {reason}")))?
+    } else {
+        let message = std::str::from_utf8(raw.body)
+            .map_err(|_| raw.bad(Status::BadRequest, "error message is not UTF-8"))?;
+        Reply::Error {
+            op,
+            status,
+            message: message.to_owned(),
+        }
+    };
+    Ok(Some((
+        ReplyFrame {
+            request_id: h.request_id,
+            reply,
+        },
+        raw.consumed,
+    )))
+}
+
+/// Little-endian cursor over a body; every read is bounds-checked.
+struct Cursor<'a> {
+    buf: &'a [u8],
+}
+
+type Parse<T> = Result<T, String>;
+
+impl<'a> Cursor<'a> {
+    fn new(buf: &'a [u8]) -> Self {
+        Cursor { buf }
+    }
+
+    fn take(&mut self, n: usize, what: &str) -> Parse<&'a [u8]> {
+        if self.buf.len() < n {
+            return Err(format!(
+                "short body: {what} needs {n} bytes, {} left",
+                self.buf.len()
+            ));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+
+    fn u8(&mut self, what: &str) -> Parse<u8> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn u16(&mut self, what: &str) -> Parse<u16> {
+        let b = self.take(2, what)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    fn u32(&mut self, what: &str) -> Parse<u32> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self, what: &str) -> Parse<u64> {
+        let b = self.take(8, what)?;
+        Ok(u64::from_le_bytes([
+            b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7],
+        ]))
+    }
+
+    fn f32(&mut self, what: &str) -> Parse<f32> {
+        Ok(f32::from_bits(self.u32(what)?))
+    }
+
+    fn bool(&mut self, what: &str) -> Parse<bool> {
+        match self.u8(what)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(format!("{what} must be 0 or 1, got {v}")),
+        }
+    }
+
+    /// `n` f32s; the length is checked before allocating, so `n` from the wire cannot
+    /// make us allocate more than the body holds.
+    fn f32s(&mut self, n: u32, what: &str) -> Parse<Vec<f32>> {
+        let bytes = (n as usize)
+            .checked_mul(4)
+            .ok_or_else(|| format!("{what}: count {n} overflows"))?;
+        let raw = self.take(bytes, what)?;
+        Ok(raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    fn rest(&mut self) -> &'a [u8] {
+        std::mem::take(&mut self.buf)
+    }
+
+    fn finish(&self) -> Parse<()> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} trailing bytes", self.buf.len()))
+        }
+    }
+}
+
+fn parse_request_body(op: Opcode, flags: u16, body: &[u8]) -> Parse<Request> {
+    let mut c = Cursor::new(body);
+    let req = match op {
+        Opcode::Hello => Request::Hello,
+        Opcode::Ping => Request::Ping(c.rest().to_vec()),
+        Opcode::Search => {
+            let collection = c.u32("collection")?;
+            let k = c.u32("k")?;
+            let deadline_us = c.u32("deadline_us")?;
+            let n = c.u32("dim")?;
+            let vector = c.f32s(n, "vector")?;
+            Request::Search(SearchRequest {
+                collection,
+                k,
+                deadline_us,
+                bypass_cache: flags & FLAG_BYPASS_CACHE != 0,
+                refresh_entry: flags & FLAG_REFRESH_ENTRY != 0,
+                vector,
+            })
+        }
+        Opcode::Insert => {
+            let id = c.u64("id")?;
+            let collection = c.u32("collection")?;
+            let n = c.u32("dim")?;
+            let p = c.u32("payload_len")?;
+            let vector = c.f32s(n, "vector")?;
+            let payload = c.take(p as usize, "payload")?.to_vec();
+            Request::Insert(InsertRequest {
+                id,
+                collection,
+                vector,
+                payload,
+            })
+        }
+        Opcode::Delete => {
+            let id = c.u64("id")?;
+            let collection = c.u32("collection")?;
+            Request::Delete(DeleteRequest { id, collection })
+        }
+        Opcode::Fill => {
+            let collection = c.u32("collection")?;
+            let k = c.u32("k")?;
+            let n = c.u32("dim")?;
+            let m = c.u32("count")?;
+            let query = c.f32s(n, "query")?;
+            // Check the whole candidate array fits before reserving room for it.
+            // u128: 2^32 candidates of 2^32 components do not fit in a u64.
+            let need = (12u128 + 4 * n as u128) * m as u128;
+            if need != c.buf.len() as u128 {
+                return Err(format!(
+                    "{m} candidates of dimension {n} need {need} bytes, {} left",
+                    c.buf.len()
+                ));
+            }
+            let mut candidates = Vec::with_capacity(m as usize);
+            for _ in 0..m {
+                let id = c.u64("candidate id")?;
+                let distance = c.f32("candidate distance")?;
+                let vector = c.f32s(n, "candidate vector")?;
+                candidates.push(FillCandidate {
+                    id,
+                    distance,
+                    vector,
+                });
+            }
+            Request::Fill(FillRequest {
+                collection,
+                k,
+                query,
+                candidates,
+            })
+        }
+        Opcode::Flush => Request::Flush,
+        Opcode::Stats => Request::Stats,
+    };
+    c.finish()?;
+    Ok(req)
+}
+
+fn parse_reply_body(op: Opcode, body: &[u8]) -> Parse<Reply> {
+    let mut c = Cursor::new(body);
+    let reply = match op {
+        Opcode::Hello => {
+            let version_min = c.u8("version_min")?;
+            let version_max = c.u8("version_max")?;
+            let metric_code = c.u8("metric")?;
+            let metric = Metric::from_code(metric_code)
+                .ok_or_else(|| format!("unknown metric code {metric_code}"))?;
+            if c.u8("reserved")? != 0 {
+                return Err("reserved byte must be 0".into());
+            }
+            Reply::Hello(HelloReply {
+                version_min,
+                version_max,
+                metric,
+                max_frame_bytes: c.u32("max_frame_bytes")?,
+                dim: c.u32("dim")?,
+                k_max: c.u32("k_max")?,
+                max_inflight: c.u32("max_inflight")?,
+                executors: c.u32("executors")?,
+                shards: c.u32("shards")?,
+            })
+        }
+        Opcode::Ping => Reply::Pong(c.rest().to_vec()),
+        Opcode::Search => {
+            let hit_code = c.u8("hit kind")?;
+            let hit = HitKind::from_code(hit_code)
+                .ok_or_else(|| format!("unknown hit kind {hit_code}"))?;
+            let flags = c.u8("flags")?;
+            if flags & !REPLY_DISTANCES_TO_QUERY != 0 {
+                return Err(format!("undefined search reply flags {flags:#04x}"));
+            }
+            if c.u16("reserved")? != 0 {
+                return Err("reserved field must be 0".into());
+            }
+            let n = c.u32("count")?;
+            if 12 * n as u64 != c.buf.len() as u64 {
+                return Err(format!(
+                    "{n} neighbours need {} bytes, {} left",
+                    12 * n as u64,
+                    c.buf.len()
+                ));
+            }
+            let mut neighbors = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                let id = c.u64("id")?;
+                let distance = c.f32("distance")?;
+                neighbors.push(Neighbor { id, distance });
+            }
+            Reply::Search(SearchReply {
+                hit,
+                distances_to_query: flags & REPLY_DISTANCES_TO_QUERY != 0,
+                neighbors,
+            })
+        }
+        Opcode::Insert => Reply::Inserted,
+        Opcode::Delete => Reply::Deleted {
+            existed: c.bool("existed")?,
+        },
+        Opcode::Fill => Reply::Filled {
+            admitted: c.bool("admitted")?,
+        },
+        Opcode::Flush => Reply::Flushed,
+        Opcode::Stats => {
+            let text =
+                std::str::from_utf8(c.rest()).map_err(|_| "stats text is not UTF-8".to_string())?;
+            Reply::Stats(text.to_owned())
+        }
+    };
+    c.finish()?;
+    Ok(reply)
+}

@@ -1,0 +1,653 @@
+use super::*;
+use proptest::prelude::*;
+
+const MAX: usize = 4096;
+const LIMITS: Limits = Limits { dim: 4, k_max: 10 };
+
+fn enc_req(id: u64, r: Request) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_request(
+        &RequestFrame {
+            request_id: id,
+            request: r,
+        },
+        &mut out,
+    )
+    .unwrap();
+    out
+}
+
+fn enc_reply(id: u64, r: Reply) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_reply(
+        &ReplyFrame {
+            request_id: id,
+            reply: r,
+        },
+        &mut out,
+    )
+    .unwrap();
+    out
+}
+
+fn v4() -> Vec<f32> {
+    vec![0.5, -1.0, 2.25, 0.0]
+}
+
+fn all_requests() -> Vec<Request> {
+    vec![
+        Request::Hello,
+        Request::Ping(vec![]),
+        Request::Ping(b"payload \x00\xff".to_vec()),
+        Request::Search(SearchRequest::new(3, v4())),
+        Request::Search(SearchRequest {
+            collection: 7,
+            k: 10,
+            deadline_us: 1500,
+            bypass_cache: true,
+            refresh_entry: false,
+            vector: v4(),
+        }),
+        Request::Search(SearchRequest {
+            collection: u32::MAX,
+            k: 1,
+            deadline_us: u32::MAX,
+            bypass_cache: true,
+            refresh_entry: true,
+            vector: vec![],
+        }),
+        Request::Insert(InsertRequest {
+            id: u64::MAX,
+            collection: 3,
+            vector: v4(),
+            payload: vec![],
+        }),
+        Request::Insert(InsertRequest {
+            id: 42,
+            collection: 0,
+            vector: v4(),
+            payload: b"json-ish {}".to_vec(),
+        }),
+        Request::Delete(DeleteRequest {
+            id: 9,
+            collection: 1,
+        }),
+        Request::Fill(FillRequest {
+            collection: 0,
+            k: 2,
+            query: v4(),
+            candidates: vec![],
+        }),
+        Request::Fill(FillRequest {
+            collection: 2,
+            k: 2,
+            query: v4(),
+            candidates: (0..3)
+                .map(|i| FillCandidate {
+                    id: 100 + i,
+                    distance: i as f32 * 0.5,
+                    vector: vec![i as f32; 4],
+                })
+                .collect(),
+        }),
+        Request::Flush,
+        Request::Stats,
+    ]
+}
+
+fn all_replies() -> Vec<Reply> {
+    let mut v = vec![
+        Reply::Hello(HelloReply {
+            version_min: 1,
+            version_max: 1,
+            metric: shards::Metric::Cosine,
+            max_frame_bytes: 1 << 20,
+            dim: 768,
+            k_max: 100,
+            max_inflight: 64,
+            executors: 4,
+            shards: 16,
+        }),
+        Reply::Pong(vec![]),
+        Reply::Pong(vec![1, 2, 3]),
+        Reply::Search(SearchReply {
+            hit: HitKind::Miss,
+            distances_to_query: true,
+            neighbors: vec![],
+        }),
+        Reply::Inserted,
+        Reply::Deleted { existed: true },
+        Reply::Deleted { existed: false },
+        Reply::Filled { admitted: true },
+        Reply::Filled { admitted: false },
+        Reply::Flushed,
+        Reply::Stats(String::new()),
+        Reply::Stats("hits_exact 3\nhits_alias 0\n".into()),
+    ];
+    for hit in HitKind::ALL {
+        v.push(Reply::Search(SearchReply {
+            hit,
+            distances_to_query: hit != HitKind::Approximate,
+            neighbors: (0..5)
+                .map(|i| Neighbor {
+                    id: i * 7,
+                    distance: i as f32,
+                })
+                .collect(),
+        }));
+    }
+    for m in [shards::Metric::L2Sq, shards::Metric::InnerProduct] {
+        if let Reply::Hello(mut h) = v[0] {
+            h.metric = m;
+            v.push(Reply::Hello(h));
+        }
+    }
+    for status in Status::ALL.into_iter().filter(|s| *s != Status::Ok) {
+        v.push(Reply::error(
+            Opcode::Search.code(),
+            status,
+            format!("{status} happened"),
+        ));
+    }
+    v.push(Reply::error(CONNECTION_OP, Status::Busy, ""));
+    v.push(Reply::error(0x42, Status::UnknownOp, "unknown opcode 0x42"));
+    v
+}
+
+#[test]
+fn every_request_round_trips() {
+    for (i, r) in all_requests().into_iter().enumerate() {
+        let id = i as u64 * 0x0101_0101_0101;
+        let bytes = enc_req(id, r.clone());
+        let (f, n) = decode_request(&bytes, MAX).unwrap().unwrap();
+        assert_eq!(n, bytes.len());
+        assert_eq!(f.request_id, id);
+        assert_eq!(f.request, r);
+        // Every proper prefix asks for more bytes.
+        for cut in 0..bytes.len() {
+            assert_eq!(
+                decode_request(&bytes[..cut], MAX),
+                Ok(None),
+                "{r:?} cut at {cut}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_reply_round_trips() {
+    for (i, r) in all_replies().into_iter().enumerate() {
+        let id = i as u64 + 1;
+        let bytes = enc_reply(id, r.clone());
+        let (f, n) = decode_reply(&bytes, MAX).unwrap().unwrap();
+        assert_eq!(n, bytes.len());
+        assert_eq!(f.request_id, id);
+        assert_eq!(f.reply, r);
+        for cut in 0..bytes.len() {
+            assert_eq!(
+                decode_reply(&bytes[..cut], MAX),
+                Ok(None),
+                "{r:?} cut at {cut}"
+            );
+        }
+    }
+}
+
+#[test]
+fn nan_bit_patterns_survive_the_wire() {
+    // Validation refuses them, but the codec itself must be lossless.
+    let weird = f32::from_bits(0x7fc0_1234);
+    let bytes = enc_req(
+        1,
+        Request::Search(SearchRequest::new(1, vec![weird, f32::INFINITY])),
+    );
+    let (f, _) = decode_request(&bytes, MAX).unwrap().unwrap();
+    let Request::Search(s) = f.request else {
+        panic!()
+    };
+    assert_eq!(s.vector[0].to_bits(), 0x7fc0_1234);
+}
+
+#[test]
+fn pipelined_frames_decode_in_sequence() {
+    let mut buf = Vec::new();
+    let reqs = all_requests();
+    for (i, r) in reqs.iter().enumerate() {
+        buf.extend(enc_req(i as u64, r.clone()));
+    }
+    let mut pos = 0;
+    for (i, r) in reqs.iter().enumerate() {
+        let (f, n) = decode_request(&buf[pos..], MAX).unwrap().unwrap();
+        assert_eq!((f.request_id, &f.request), (i as u64, r));
+        pos += n;
+    }
+    assert_eq!(pos, buf.len());
+}
+
+#[test]
+fn header_layout_is_the_documented_one() {
+    let bytes = enc_req(
+        0x1122_3344_5566_7788,
+        Request::Delete(DeleteRequest {
+            id: 5,
+            collection: 6,
+        }),
+    );
+    assert_eq!(
+        &bytes[..HEADER_LEN],
+        &[
+            0x41, 0x4B, // magic "AK"
+            1,    // version
+            0x05, // DELETE
+            0, 0, // flags
+            0, 0, // status
+            0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, // request id
+            12, 0, 0, 0, // body length
+        ]
+    );
+    assert_eq!(&bytes[HEADER_LEN..], &[5, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0, 0]);
+    let reply = enc_reply(3, Reply::Deleted { existed: true });
+    assert_eq!(reply[3], 0x85);
+    assert_eq!(&reply[HEADER_LEN..], &[1]);
+}
+
+#[test]
+fn encoder_refuses_what_it_cannot_represent() {
+    let mut out = vec![9u8];
+    let bad = RequestFrame {
+        request_id: 1,
+        request: Request::Fill(FillRequest {
+            collection: 0,
+            k: 1,
+            query: v4(),
+            candidates: vec![FillCandidate {
+                id: 1,
+                distance: 0.0,
+                vector: vec![1.0],
+            }],
+        }),
+    };
+    assert!(matches!(
+        encode_request(&bad, &mut out),
+        Err(EncodeError::FillDimension {
+            index: 0,
+            got: 1,
+            expected: 4
+        })
+    ));
+    assert_eq!(out, vec![9u8], "nothing is left behind on error");
+    let ok_error = ReplyFrame {
+        request_id: 1,
+        reply: Reply::Error {
+            op: 3,
+            status: Status::Ok,
+            message: String::new(),
+        },
+    };
+    assert_eq!(
+        encode_reply(&ok_error, &mut out),
+        Err(EncodeError::ErrorWithOk)
+    );
+}
+
+/// A hand-built frame, for inputs the encoder would never produce.
+fn raw(magic: u16, version: u8, op: u8, flags: u16, status: u16, id: u64, body: &[u8]) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend(magic.to_le_bytes());
+    b.push(version);
+    b.push(op);
+    b.extend(flags.to_le_bytes());
+    b.extend(status.to_le_bytes());
+    b.extend(id.to_le_bytes());
+    b.extend((body.len() as u32).to_le_bytes());
+    b.extend(body);
+    b
+}
+
+fn search_body(k: u32, v: &[f32]) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend(0u32.to_le_bytes());
+    b.extend(k.to_le_bytes());
+    b.extend(0u32.to_le_bytes());
+    b.extend((v.len() as u32).to_le_bytes());
+    for x in v {
+        b.extend(x.to_le_bytes());
+    }
+    b
+}
+
+fn search(id: u64, k: u32, v: Vec<f32>) -> Vec<u8> {
+    enc_req(id, Request::Search(SearchRequest::new(k, v)))
+}
+
+fn fill(id: u64, k: u32, cands: Vec<(u64, f32, Vec<f32>)>) -> Vec<u8> {
+    enc_req(
+        id,
+        Request::Fill(FillRequest {
+            collection: 0,
+            k,
+            query: v4(),
+            candidates: cands
+                .into_iter()
+                .map(|(id, distance, vector)| FillCandidate {
+                    id,
+                    distance,
+                    vector,
+                })
+                .collect(),
+        }),
+    )
+}
+
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    /// Ok(None): wait for more bytes.
+    NeedMore,
+    /// Decoded and validated.
+    Accepted,
+    /// Error reply with this status, for this request id; `close` = framing lost.
+    Rejected {
+        status: Status,
+        id: u64,
+        close: bool,
+    },
+}
+
+/// What a server does with `bytes`: decode, then validate.
+fn outcome(bytes: &[u8]) -> Outcome {
+    match decode_request(bytes, MAX) {
+        Ok(None) => Outcome::NeedMore,
+        Ok(Some((f, n))) => {
+            assert_eq!(n, bytes.len());
+            match validate(&f.request, &LIMITS) {
+                Ok(()) => Outcome::Accepted,
+                Err(r) => Outcome::Rejected {
+                    status: r.status,
+                    id: f.request_id,
+                    close: false,
+                },
+            }
+        }
+        Err(e) => {
+            if let Some(n) = e.consumed() {
+                assert_eq!(n, bytes.len(), "a bad frame is skipped whole");
+            }
+            Outcome::Rejected {
+                status: e.status(),
+                id: e.request_id(),
+                close: e.closes_connection(),
+            }
+        }
+    }
+}
+
+fn rejected(status: Status, id: u64, close: bool) -> Outcome {
+    Outcome::Rejected { status, id, close }
+}
+
+#[test]
+fn every_bad_input_gets_its_exact_status() {
+    use Status::*;
+    let m = MAGIC;
+    let nan = f32::NAN;
+    let inf = f32::INFINITY;
+    let too_long_header = {
+        let mut h = raw(m, 1, 0x03, 0, 0, 77, &[]);
+        h[16..20].copy_from_slice(&((MAX - HEADER_LEN + 1) as u32).to_le_bytes());
+        h
+    };
+    #[rustfmt::skip]
+    let cases: Vec<(&str, Vec<u8>, Outcome)> = vec![
+        // -- framing lost: reply, then close
+        ("oversized frame, header only", too_long_header.clone(), rejected(TooLarge, 77, true)),
+        ("oversized frame, body len u32::MAX", {
+            let mut h = too_long_header.clone();
+            h[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+            h
+        }, rejected(TooLarge, 77, true)),
+        ("oversized frame, whole", search(5, 1, vec![0.0; MAX / 4]), rejected(TooLarge, 5, true)),
+        ("bad magic", raw(0xBEEF, 1, 0x02, 0, 0, 9, &[]), rejected(BadFrame, 0, true)),
+        ("bad magic, first byte only", b"G".to_vec(), rejected(BadFrame, 0, true)),
+        ("bad magic, second byte", vec![0x41, 0x00], rejected(BadFrame, 0, true)),
+        ("http request", b"GET / HTTP/1.1\r\n\r\n".to_vec(), rejected(BadFrame, 0, true)),
+        // -- incomplete: wait
+        ("empty buffer", vec![], Outcome::NeedMore),
+        ("magic only", vec![0x41, 0x4B], Outcome::NeedMore),
+        ("truncated header", raw(m, 1, 0x02, 0, 0, 1, &[])[..HEADER_LEN - 1].to_vec(), Outcome::NeedMore),
+        ("truncated body", { let b = search(3, 1, v4()); b[..b.len() - 1].to_vec() }, Outcome::NeedMore),
+        // -- this request only: error reply with its id, connection stays
+        ("bad version 0", raw(m, 0, 0x02, 0, 0, 11, &[]), rejected(BadVersion, 11, false)),
+        ("bad version 2", raw(m, 2, 0x03, 0, 0, 12, &search_body(1, &v4())), rejected(BadVersion, 12, false)),
+        ("unknown opcode", raw(m, 1, 0x42, 0, 0, 13, b"xyz"), rejected(UnknownOp, 13, false)),
+        ("opcode 0", raw(m, 1, 0x00, 0, 0, 14, &[]), rejected(UnknownOp, 14, false)),
+        ("reply opcode as request", raw(m, 1, 0x83, 0, 0, 15, &[]), rejected(UnknownOp, 15, false)),
+        ("status set in request", raw(m, 1, 0x02, 0, 1, 16, &[]), rejected(BadRequest, 16, false)),
+        ("undefined search flag", raw(m, 1, 0x03, 0x0004, 0, 17, &search_body(1, &v4())), rejected(BadRequest, 17, false)),
+        ("flags on ping", raw(m, 1, 0x02, FLAG_BYPASS_CACHE, 0, 18, &[]), rejected(BadRequest, 18, false)),
+        ("hello with a body", raw(m, 1, 0x01, 0, 0, 19, &[0]), rejected(BadRequest, 19, false)),
+        ("short search body", raw(m, 1, 0x03, 0, 0, 20, &search_body(1, &v4())[..14]), rejected(BadRequest, 20, false)),
+        ("search body shorter than its dim", {
+            let mut b = search_body(1, &v4());
+            b.truncate(b.len() - 4);
+            raw(m, 1, 0x03, 0, 0, 21, &b)
+        }, rejected(BadRequest, 21, false)),
+        ("search body with trailing bytes", {
+            let mut b = search_body(1, &v4());
+            b.push(0);
+            raw(m, 1, 0x03, 0, 0, 22, &b)
+        }, rejected(BadRequest, 22, false)),
+        ("search dim u32::MAX in a small body", {
+            let mut b = search_body(1, &v4());
+            b[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+            raw(m, 1, 0x03, 0, 0, 23, &b)
+        }, rejected(BadRequest, 23, false)),
+        ("short delete body", raw(m, 1, 0x05, 0, 0, 24, &[1, 2, 3]), rejected(BadRequest, 24, false)),
+        ("insert payload longer than body", {
+            let mut b = Vec::new();
+            b.extend(1u64.to_le_bytes());
+            b.extend(0u32.to_le_bytes());
+            b.extend(0u32.to_le_bytes());
+            b.extend(100u32.to_le_bytes());
+            b.extend([1, 2]);
+            raw(m, 1, 0x04, 0, 0, 25, &b)
+        }, rejected(BadRequest, 25, false)),
+        ("fill count u32::MAX", {
+            let mut b = fill(26, 1, vec![]);
+            b[HEADER_LEN + 12..HEADER_LEN + 16].copy_from_slice(&u32::MAX.to_le_bytes());
+            b
+        }, rejected(BadRequest, 26, false)),
+        // -- decoded, refused by validation against the limits
+        ("wrong dimension", search(30, 1, vec![1.0; 3]), rejected(DimMismatch, 30, false)),
+        ("empty vector", search(31, 1, vec![]), rejected(DimMismatch, 31, false)),
+        ("NaN component", search(32, 1, vec![0.0, nan, 0.0, 0.0]), rejected(NonFinite, 32, false)),
+        ("+inf component", search(33, 1, vec![inf, 0.0, 0.0, 0.0]), rejected(NonFinite, 33, false)),
+        ("-inf component", search(34, 1, vec![0.0, 0.0, 0.0, -inf]), rejected(NonFinite, 34, false)),
+        ("k = 0", search(35, 0, v4()), rejected(BadK, 35, false)),
+        ("k > k_max", search(36, 11, v4()), rejected(BadK, 36, false)),
+        ("insert wrong dimension", enc_req(37, Request::Insert(InsertRequest { vector: vec![0.0; 5], ..Default::default() })), rejected(DimMismatch, 37, false)),
+        ("insert NaN", enc_req(38, Request::Insert(InsertRequest { vector: vec![nan; 4], ..Default::default() })), rejected(NonFinite, 38, false)),
+        ("fill k = 0", fill(39, 0, vec![]), rejected(BadK, 39, false)),
+        ("fill k > k_max", fill(40, 11, vec![]), rejected(BadK, 40, false)),
+        ("fill NaN distance", fill(41, 1, vec![(1, nan, v4())]), rejected(NonFinite, 41, false)),
+        ("fill NaN in a candidate vector", fill(42, 1, vec![(1, 0.0, vec![0.0, 0.0, inf, 0.0])]), rejected(NonFinite, 42, false)),
+        ("fill unsorted", fill(43, 1, vec![(1, 2.0, v4()), (2, 1.0, v4())]), rejected(BadRequest, 43, false)),
+        ("fill duplicate id", fill(44, 1, vec![(1, 1.0, v4()), (1, 2.0, v4())]), rejected(BadRequest, 44, false)),
+        ("fill wrong query dimension", enc_req(45, Request::Fill(FillRequest { k: 1, query: vec![0.0; 2], ..Default::default() })), rejected(DimMismatch, 45, false)),
+        // -- and the good ones pass
+        ("valid search, k = k_max", search(50, 10, v4()), Outcome::Accepted),
+        ("valid fill", fill(51, 2, vec![(1, 0.5, v4()), (2, 0.5, v4()), (3, 1.0, v4())]), Outcome::Accepted),
+        ("frame exactly max_frame_bytes", enc_req(52, Request::Ping(vec![7; MAX - HEADER_LEN])), Outcome::Accepted),
+    ];
+    let mut failures = Vec::new();
+    for (name, bytes, want) in cases {
+        let got = outcome(&bytes);
+        if got != want {
+            failures.push(format!("{name}: got {got:?}, want {want:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+#[test]
+fn a_bad_frame_is_skipped_and_the_next_one_decodes() {
+    let mut buf = raw(MAGIC, 1, 0x42, 0, 0, 1, b"junk");
+    buf.extend(enc_req(2, Request::Ping(b"after".to_vec())));
+    let e = decode_request(&buf, MAX).unwrap_err();
+    assert!(!e.closes_connection());
+    let n = e.consumed().unwrap();
+    let (f, _) = decode_request(&buf[n..], MAX).unwrap().unwrap();
+    assert_eq!(f.request_id, 2);
+    assert_eq!(f.request, Request::Ping(b"after".to_vec()));
+    // The error reply answers the bad frame's id with UNKNOWN_OP, op byte echoed.
+    let r = e.error_reply();
+    assert_eq!(r.request_id, 1);
+    assert!(matches!(
+        r.reply,
+        Reply::Error {
+            op: 0x42,
+            status: Status::UnknownOp,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn bad_replies_are_classified_too() {
+    // Request opcode in a reply, unknown status, non-UTF-8 error text, bad bool.
+    #[rustfmt::skip]
+    let cases = [
+        (raw(MAGIC, 1, 0x02, 0, 0, 1, &[]), Status::UnknownOp),
+        (raw(MAGIC, 1, 0x82, 0, 999, 1, &[]), Status::BadRequest),
+        (raw(MAGIC, 1, 0x82, 0, Status::Busy.code(), 1, &[0xff, 0xfe]), Status::BadRequest),
+        (raw(MAGIC, 1, 0x85, 0, 0, 1, &[2]), Status::BadRequest),
+        (raw(MAGIC, 1, 0x82, 1, 0, 1, &[]), Status::BadRequest),
+        (raw(MAGIC, 1, 0xC2, 0, 0, 1, &[]), Status::UnknownOp),
+        (raw(MAGIC, 1, 0x81, 0, 0, 1, &[0; 28][..27]), Status::BadRequest),
+    ];
+    for (bytes, status) in cases {
+        let e = decode_reply(&bytes, MAX).unwrap_err();
+        assert_eq!(e.status(), status, "{e}");
+        assert_eq!(e.consumed(), Some(bytes.len()));
+    }
+    // An error reply to an unknown opcode decodes (status != OK accepts any op byte).
+    let ok = raw(MAGIC, 1, 0xC2, 0, Status::UnknownOp.code(), 1, b"no");
+    assert!(decode_reply(&ok, MAX).unwrap().is_some());
+}
+
+#[test]
+fn tiny_limits_never_panic() {
+    let bytes = enc_req(1, Request::Ping(vec![]));
+    for max in 0..=HEADER_LEN {
+        let r = decode_request(&bytes, max);
+        if max < HEADER_LEN {
+            assert_eq!(r.unwrap_err().status(), Status::TooLarge);
+        } else {
+            assert!(r.unwrap().is_some());
+        }
+    }
+}
+
+#[test]
+fn status_and_kind_codes_are_dense_and_stable() {
+    for (i, s) in Status::ALL.iter().enumerate() {
+        assert_eq!(s.code() as usize, i);
+        assert_eq!(Status::from_code(i as u16), Some(*s));
+    }
+    assert_eq!(Status::from_code(Status::ALL.len() as u16), None);
+    for (i, h) in HitKind::ALL.iter().enumerate() {
+        assert_eq!(HitKind::from_code(i as u8), Some(*h));
+    }
+    for o in Opcode::ALL {
+        assert_eq!(Opcode::from_code(o.code()), Some(o));
+    }
+    assert_eq!(Opcode::from_code(0), None);
+    assert_eq!(Opcode::from_code(0x09), None);
+}
+
+#[test]
+fn engine_errors_map_to_statuses() {
+    assert_eq!(
+        status_of(&shards::Error::DimensionMismatch {
+            expected: 1,
+            got: 2
+        }),
+        Status::DimMismatch
+    );
+    assert_eq!(
+        status_of(&shards::Error::Backend("x".into())),
+        Status::Unavailable
+    );
+    assert_eq!(
+        status_of(&shards::Error::Capacity("x".into())),
+        Status::Busy
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..256)) {
+        fuzz_support::frame_decode(&data);
+    }
+
+    /// Valid frames with a few bytes flipped: reaches the body parsers far more often.
+    #[test]
+    fn mutated_frames_never_panic(
+        which in 0usize..13,
+        flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..4),
+    ) {
+        let reqs = all_requests();
+        let mut bytes = enc_req(7, reqs[which % reqs.len()].clone());
+        bytes.extend(enc_reply(8, all_replies()[which].clone()));
+        for (at, val) in flips {
+            let i = at % bytes.len();
+            bytes[i] = val;
+        }
+        fuzz_support::frame_decode(&bytes);
+    }
+}
+
+/// The worked example in PROTOCOL.md, byte for byte.
+#[test]
+fn protocol_md_example_is_exact() {
+    let req = enc_req(
+        7,
+        Request::Search(SearchRequest {
+            k: 2,
+            ..SearchRequest::new(2, vec![1.0, 0.0])
+        }),
+    );
+    #[rustfmt::skip]
+    let want_req: &[u8] = &[
+        0x41, 0x4B, 0x01, 0x03, 0x00, 0x00, 0x00, 0x00, 0x07, 0, 0, 0, 0, 0, 0, 0, 0x18, 0, 0, 0,
+        0, 0, 0, 0, 0x02, 0, 0, 0, 0, 0, 0, 0, 0x02, 0, 0, 0,
+        0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x00, 0x00,
+    ];
+    assert_eq!(req, want_req);
+    let reply = enc_reply(
+        7,
+        Reply::Search(SearchReply {
+            hit: HitKind::Exact,
+            distances_to_query: true,
+            neighbors: vec![
+                Neighbor {
+                    id: 5,
+                    distance: 0.0,
+                },
+                Neighbor {
+                    id: 9,
+                    distance: 0.25,
+                },
+            ],
+        }),
+    );
+    #[rustfmt::skip]
+    let want_reply: &[u8] = &[
+        0x41, 0x4B, 0x01, 0x83, 0x00, 0x00, 0x00, 0x00, 0x07, 0, 0, 0, 0, 0, 0, 0, 0x20, 0, 0, 0,
+        0x01, 0x01, 0x00, 0x00, 0x02, 0, 0, 0,
+        0x05, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x00, 0x00, 0x00,
+        0x09, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x00, 0x80, 0x3E,
+    ];
+    assert_eq!(reply, want_reply);
+}

@@ -1,0 +1,537 @@
+//! One connection: a reader task that decodes and dispatches, one detached task per
+//! request in the service, and a writer task that batches encoded replies into writes.
+//! See the diagram in `server/mod.rs`.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures_lite::{future, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, FutureExt};
+use glommio::net::TcpStream;
+use glommio::timer::Timer;
+
+use super::listener::ExecutorCtx;
+use super::stats::ServerStats;
+use super::sync::Signal;
+use super::{RequestContext, ServiceResult};
+use crate::protocol::{
+    self, encode_reply, validate, Opcode, Reply, ReplyFrame, Request, RequestFrame, Status,
+    CONNECTION_OP, HEADER_LEN,
+};
+
+/// Read buffer to start with; grows to the largest frame seen, shrinks back when idle.
+const INITIAL_READ: usize = 16 * 1024;
+/// Error messages are for people; keep them from eating a small client's frame budget.
+const MAX_MESSAGE: usize = 256;
+/// How long a closing connection keeps reading (and discarding) so that our last reply
+/// reaches the peer before the close: closing with unread input sends RST, and the peer's
+/// kernel may then drop the reply it has not read yet.
+const LINGER: Duration = Duration::from_millis(500);
+const LINGER_BYTES: usize = 1 << 20;
+
+/// The stream shared by the reader and the writer task. glommio keeps separate poll
+/// sources for the two directions, and a poll never yields while borrowed, so the
+/// `RefCell` is never contended.
+#[derive(Clone)]
+pub(crate) struct Io(Rc<RefCell<TcpStream>>);
+
+impl Io {
+    pub(crate) fn new(stream: TcpStream) -> Io {
+        Io(Rc::new(RefCell::new(stream)))
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_flush(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_close(cx)
+    }
+}
+
+/// State shared by a connection's tasks.
+struct ConnState {
+    /// Encoded replies not yet handed to the writer.
+    out: RefCell<Vec<u8>>,
+    /// Wakes the writer: output queued, a request finished, or closing.
+    writer_wake: Signal,
+    /// Wakes the reader: output drained below the high-water mark, or the writer died.
+    reader_wake: Signal,
+    /// Wakes the connection task while it waits for in-flight requests at shutdown.
+    done_wake: Signal,
+    inflight: Cell<u32>,
+    /// The reader has stopped: the writer exits once nothing is in flight or queued.
+    closing: Cell<bool>,
+    /// The writer failed (peer gone, write timeout): drop output, stop reading.
+    dead: Cell<bool>,
+    max_frame: usize,
+    stats: std::sync::Arc<ServerStats>,
+}
+
+impl ConnState {
+    /// Encodes `reply` for `request_id` into the output buffer. A reply that cannot be
+    /// encoded or is over the frame limit becomes INTERNAL, so the peer always gets an
+    /// answer it can read.
+    fn push(&self, request_id: u64, reply: Reply) {
+        if self.dead.get() {
+            return;
+        }
+        let op = reply.op_code();
+        let reply = match reply {
+            Reply::Error {
+                op,
+                status,
+                mut message,
+            } => {
+                truncate_utf8(&mut message, MAX_MESSAGE);
+                Reply::Error {
+                    op,
+                    status,
+                    message,
+                }
+            }
+            r => r,
+        };
+        let mut out = self.out.borrow_mut();
+        let start = out.len();
+        let frame = ReplyFrame { request_id, reply };
+        let failure = match encode_reply(&frame, &mut out) {
+            Ok(n) if n <= self.max_frame => None,
+            Ok(n) => {
+                out.truncate(start);
+                Some(format!("reply of {n} bytes is over max_frame_bytes"))
+            }
+            Err(e) => Some(format!("reply cannot be encoded: {e}")),
+        };
+        if let Some(msg) = failure {
+            ServerStats::inc(&self.stats.internal_errors);
+            tracing::warn!(request_id, "{msg}");
+            let fallback = ReplyFrame {
+                request_id,
+                reply: Reply::error(op, Status::Internal, msg),
+            };
+            // A short error always encodes and fits (max_frame >= 256 by config).
+            let _ = encode_reply(&fallback, &mut out);
+        }
+        ServerStats::inc(&self.stats.replies);
+        drop(out);
+        self.writer_wake.notify();
+    }
+
+    fn push_error(&self, request_id: u64, op: u8, status: Status, message: impl Into<String>) {
+        self.push(request_id, Reply::error(op, status, message));
+    }
+}
+
+fn truncate_utf8(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+}
+
+/// Why the reader stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadEnd {
+    /// The peer closed its side.
+    Eof,
+    /// Framing lost; the error reply is queued.
+    FramingLost,
+    /// Executor shutdown.
+    Shutdown,
+    /// Nothing in flight and nothing received for `idle_timeout_ms`.
+    Idle,
+    /// Read error, or the writer died.
+    Failed,
+}
+
+/// Serves one accepted connection to the end. Never panics on peer input; all waits are
+/// bounded by the configured timeouts or by shutdown.
+pub(crate) async fn serve_connection(stream: TcpStream, peer: SocketAddr, ctx: Rc<ExecutorCtx>) {
+    let cfg = ctx.server.config();
+    let _ = stream.set_nodelay(true);
+    if cfg.idle_timeout_ms > 0 {
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(cfg.idle_timeout_ms)));
+    }
+    if cfg.write_timeout_ms > 0 {
+        let _ = stream.set_write_timeout(Some(Duration::from_millis(cfg.write_timeout_ms)));
+    }
+    let io = Io::new(stream);
+    let conn = Rc::new(ConnState {
+        out: RefCell::new(Vec::new()),
+        writer_wake: Signal::default(),
+        reader_wake: Signal::default(),
+        done_wake: Signal::default(),
+        inflight: Cell::new(0),
+        closing: Cell::new(false),
+        dead: Cell::new(false),
+        max_frame: cfg.max_frame_bytes as usize,
+        stats: ctx.server.stats_arc(),
+    });
+    let writer = glommio::spawn_local(writer(conn.clone(), io.clone()));
+
+    let end = reader(&conn, &io, &ctx, peer).await;
+    tracing::debug!(%peer, ?end, "connection reader stopped");
+
+    if end == ReadEnd::Shutdown {
+        // Let in-flight requests answer (each is bounded by its deadline, and the whole
+        // executor by shutdown_grace_ms), then say why we close.
+        while conn.inflight.get() > 0 && !conn.dead.get() {
+            conn.done_wake.wait().await;
+        }
+        conn.push_error(
+            0,
+            CONNECTION_OP,
+            Status::ShuttingDown,
+            "server is shutting down",
+        );
+    }
+    conn.closing.set(true);
+    conn.writer_wake.notify();
+    writer.await;
+
+    if matches!(
+        end,
+        ReadEnd::FramingLost | ReadEnd::Shutdown | ReadEnd::Idle
+    ) && !conn.dead.get()
+    {
+        linger_close(&io).await;
+    }
+}
+
+/// Sends FIN after our last bytes, then discards input until the peer closes (bounded).
+pub(crate) async fn linger_close(io: &Io) {
+    let mut io = io.clone();
+    // poll_close is glommio's shutdown(SHUT_WR): a FIN after everything written.
+    if io.close().await.is_err() {
+        return;
+    }
+    let mut sink = [0u8; 4096];
+    let mut discarded = 0;
+    future::or(
+        async {
+            while discarded < LINGER_BYTES {
+                match io.read(&mut sink).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => discarded += n,
+                }
+            }
+        },
+        async {
+            Timer::new(LINGER).await;
+        },
+    )
+    .await;
+}
+
+async fn reader(conn: &Rc<ConnState>, io: &Io, ctx: &Rc<ExecutorCtx>, peer: SocketAddr) -> ReadEnd {
+    let cfg = ctx.server.config();
+    let max_frame = cfg.max_frame_bytes as usize;
+    let high_water = cfg.output_high_water_bytes;
+    let mut io = io.clone();
+    let mut buf = vec![0u8; INITIAL_READ.min(max_frame)];
+    let (mut start, mut end) = (0usize, 0usize);
+    loop {
+        // Dispatch every complete frame in the buffer.
+        loop {
+            if conn.dead.get() {
+                return ReadEnd::Failed;
+            }
+            // Back-pressure: a peer that does not read its replies stops being read.
+            if conn.out.borrow().len() > high_water {
+                ServerStats::inc(&ctx.server.stats().output_stalls);
+                while conn.out.borrow().len() > high_water && !conn.dead.get() {
+                    conn.reader_wake.wait().await;
+                }
+            }
+            match protocol::decode_request(&buf[start..end], max_frame) {
+                Ok(None) => break,
+                Ok(Some((frame, n))) => {
+                    start += n;
+                    dispatch(conn, ctx, frame, peer);
+                }
+                Err(e) => {
+                    let (counter, framing) = if e.closes_connection() {
+                        (&ctx.server.stats().framing_errors, true)
+                    } else {
+                        (&ctx.server.stats().frame_errors, false)
+                    };
+                    ServerStats::inc(counter);
+                    tracing::debug!(%peer, error = %e, "bad frame");
+                    let r = e.error_reply();
+                    conn.push(r.request_id, r.reply);
+                    match e.consumed() {
+                        Some(n) if !framing => start += n,
+                        _ => return ReadEnd::FramingLost,
+                    }
+                }
+            }
+        }
+
+        // Make room: reset, compact, or grow toward the frame being read.
+        if start == end {
+            start = 0;
+            end = 0;
+            if buf.len() > 4 * INITIAL_READ {
+                buf = vec![0u8; INITIAL_READ.min(max_frame)];
+            }
+        }
+        if end == buf.len() {
+            if start > 0 {
+                buf.copy_within(start..end, 0);
+                end -= start;
+                start = 0;
+            } else {
+                // The decoder refused frames over max_frame, so this one fits in max_frame.
+                let want = protocol::peek_header(&buf[..end])
+                    .map(|h| h.frame_len() as usize)
+                    .unwrap_or(HEADER_LEN);
+                let grown = (buf.len() * 2).max(want).min(max_frame.max(HEADER_LEN));
+                if grown <= buf.len() {
+                    // Unreachable with a correct decoder; close rather than spin.
+                    tracing::error!(%peer, "read buffer full without a complete frame");
+                    return ReadEnd::Failed;
+                }
+                buf.resize(grown, 0);
+            }
+        }
+
+        enum Woke {
+            Read(io::Result<usize>),
+            Stop,
+        }
+        let woke = future::or(
+            async { Woke::Read(io.read(&mut buf[end..]).await) },
+            async {
+                future::or(ctx.shutdown.wait(), conn.reader_wake_until_dead()).await;
+                Woke::Stop
+            },
+        )
+        .await;
+        match woke {
+            Woke::Stop if conn.dead.get() => return ReadEnd::Failed,
+            Woke::Stop => return ReadEnd::Shutdown,
+            Woke::Read(Ok(0)) => return ReadEnd::Eof,
+            Woke::Read(Ok(n)) => end += n,
+            Woke::Read(Err(e)) if e.kind() == io::ErrorKind::TimedOut => {
+                // The read timeout is the idle timeout; it only counts while we owe the
+                // peer nothing.
+                if conn.inflight.get() == 0 && conn.out.borrow().is_empty() {
+                    return ReadEnd::Idle;
+                }
+            }
+            Woke::Read(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "read failed");
+                return ReadEnd::Failed;
+            }
+        }
+    }
+}
+
+impl ConnState {
+    /// Completes once the writer has died (a read that never ends must not outlive it).
+    async fn reader_wake_until_dead(&self) {
+        while !self.dead.get() {
+            self.reader_wake.wait().await;
+        }
+    }
+}
+
+/// Answers HELLO and PING inline; validates the rest and hands it to the service, or
+/// answers BUSY past `max_inflight`.
+fn dispatch(conn: &Rc<ConnState>, ctx: &Rc<ExecutorCtx>, frame: RequestFrame, peer: SocketAddr) {
+    let stats = ctx.server.stats();
+    ServerStats::inc(&stats.requests);
+    let id = frame.request_id;
+    let op = frame.request.opcode();
+    let req = match frame.request {
+        Request::Hello => return conn.push(id, Reply::Hello(ctx.hello)),
+        Request::Ping(payload) => return conn.push(id, Reply::Pong(payload)),
+        other => other,
+    };
+    if let Err(r) = validate(&req, &ctx.limits) {
+        ServerStats::inc(&stats.invalid_requests);
+        return conn.push_error(id, op.code(), r.status, r.message);
+    }
+    if conn.inflight.get() >= ctx.server.config().max_inflight {
+        ServerStats::inc(&stats.busy_inflight);
+        return conn.push_error(
+            id,
+            op.code(),
+            Status::Busy,
+            format!(
+                "more than {} requests in flight",
+                ctx.server.config().max_inflight
+            ),
+        );
+    }
+    let now = Instant::now();
+    let request_deadline = match &req {
+        Request::Search(s) => s.deadline().map(|d| now + d),
+        _ => None,
+    };
+    let timeout = ctx.server.config().request_timeout_ms;
+    let server_deadline = (timeout > 0).then(|| now + Duration::from_millis(timeout));
+    let deadline = match (request_deadline, server_deadline) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    conn.inflight.set(conn.inflight.get() + 1);
+    let rctx = RequestContext {
+        request_id: id,
+        received: now,
+        deadline,
+        peer,
+    };
+    glommio::spawn_local(run_request(conn.clone(), ctx.clone(), op, req, rctx)).detach();
+}
+
+/// One request in the service, raced against its deadline. A panic in the service
+/// becomes INTERNAL instead of taking the executor down.
+async fn run_request(
+    conn: Rc<ConnState>,
+    ctx: Rc<ExecutorCtx>,
+    op: Opcode,
+    req: Request,
+    rctx: RequestContext,
+) {
+    let id = rctx.request_id;
+    let deadline = rctx.deadline;
+    let stats = ctx.server.stats();
+    let service = ctx.service.clone();
+    let work = async {
+        let handled = AssertUnwindSafe(service.handle(req, rctx))
+            .catch_unwind()
+            .await;
+        Some(handled)
+    };
+    let outcome = match deadline {
+        None => work.await,
+        Some(d) => {
+            future::or(work, async {
+                Timer::new(d.saturating_duration_since(Instant::now())).await;
+                None
+            })
+            .await
+        }
+    };
+    let reply = match outcome {
+        None => {
+            ServerStats::inc(&stats.deadline_exceeded);
+            Reply::error(op.code(), Status::DeadlineExceeded, "deadline exceeded")
+        }
+        Some(Err(_panic)) => {
+            ServerStats::inc(&stats.internal_errors);
+            tracing::error!(request_id = id, "service panicked handling {op}");
+            Reply::error(op.code(), Status::Internal, "service panicked")
+        }
+        Some(Ok(result)) => service_reply(op, result, stats),
+    };
+    // STATS: the connection layer's counters follow the service's lines.
+    let reply = match reply {
+        Reply::Stats(mut text) => {
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            stats.render(&mut text);
+            Reply::Stats(text)
+        }
+        r => r,
+    };
+    conn.push(id, reply);
+    conn.inflight.set(conn.inflight.get() - 1);
+    conn.writer_wake.notify();
+    conn.done_wake.notify();
+}
+
+/// Checks that the service answered the operation it was asked.
+fn service_reply(op: Opcode, result: ServiceResult, stats: &ServerStats) -> Reply {
+    match result {
+        Err(r) => Reply::error(op.code(), r.status, r.message),
+        Ok(Reply::Error {
+            status: Status::Ok, ..
+        }) => {
+            ServerStats::inc(&stats.internal_errors);
+            Reply::error(
+                op.code(),
+                Status::Internal,
+                "service returned an error with status OK",
+            )
+        }
+        Ok(Reply::Error {
+            status, message, ..
+        }) => Reply::error(op.code(), status, message),
+        Ok(r) if r.answers(op) => r,
+        Ok(r) => {
+            ServerStats::inc(&stats.internal_errors);
+            tracing::error!("service answered {op} with {:?}", r.op_code());
+            Reply::error(
+                op.code(),
+                Status::Internal,
+                format!("service answered {op} with the wrong reply"),
+            )
+        }
+    }
+}
+
+/// Moves queued replies to the socket, many per write. Exits when the reader has stopped
+/// and nothing is in flight or queued, or when a write fails (then marks the connection
+/// dead so the reader and the request tasks stop producing).
+async fn writer(conn: Rc<ConnState>, mut io: Io) {
+    let mut spare: Vec<u8> = Vec::new();
+    loop {
+        loop {
+            if !conn.out.borrow().is_empty() {
+                break;
+            }
+            if conn.closing.get() && conn.inflight.get() == 0 {
+                let _ = io.flush().await;
+                return;
+            }
+            conn.writer_wake.wait().await;
+        }
+        std::mem::swap(&mut *conn.out.borrow_mut(), &mut spare);
+        conn.reader_wake.notify();
+        if let Err(e) = io.write_all(&spare).await {
+            tracing::debug!(error = %e, "write failed; dropping connection");
+            conn.dead.set(true);
+            conn.out.borrow_mut().clear();
+            conn.reader_wake.notify();
+            conn.done_wake.notify();
+            return;
+        }
+        spare.clear();
+        // Do not keep a big reply's buffer for the life of the connection.
+        if spare.capacity() > 4 * INITIAL_READ {
+            spare = Vec::new();
+        }
+    }
+}

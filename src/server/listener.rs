@@ -1,0 +1,346 @@
+//! The accept loop of one executor, the connection limit, shutdown, and `Server::start`,
+//! which runs N executors on one SO_REUSEPORT port.
+
+use std::cell::Cell;
+use std::io;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_lite::{future, AsyncWriteExt};
+use glommio::net::{TcpListener, TcpStream};
+use glommio::timer::Timer;
+use glommio::{LocalExecutorBuilder, Placement};
+
+use super::conn::{linger_close, serve_connection, Io};
+use super::stats::ServerStats;
+use super::sync::Latch;
+use super::{ServerConfig, Service};
+use crate::protocol::{
+    encode_reply, HelloReply, Limits, Reply, ReplyFrame, Status, CONNECTION_OP, VERSION,
+    VERSION_MIN,
+};
+
+/// Connections being turned away at once per executor; past it they are closed without
+/// the BUSY reply, so a connection flood cannot pile up tasks.
+const MAX_REJECTING: usize = 64;
+const REJECT_WRITE_TIMEOUT: Duration = Duration::from_millis(200);
+
+struct Inner {
+    config: ServerConfig,
+    stats: Arc<ServerStats>,
+    shutdown: AtomicBool,
+}
+
+/// The part of a server that all executors share: configuration, counters, the
+/// connection gate and the shutdown flag. Cheap to clone, `Send + Sync`.
+#[derive(Clone)]
+pub struct Server {
+    inner: Arc<Inner>,
+}
+
+impl Server {
+    pub fn new(config: ServerConfig) -> Result<Server, String> {
+        config.validate()?;
+        Ok(Server {
+            inner: Arc::new(Inner {
+                config,
+                stats: Arc::new(ServerStats::default()),
+                shutdown: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &ServerConfig {
+        &self.inner.config
+    }
+
+    pub fn stats(&self) -> &ServerStats {
+        &self.inner.stats
+    }
+
+    pub(crate) fn stats_arc(&self) -> Arc<ServerStats> {
+        self.inner.stats.clone()
+    }
+
+    /// Asks every executor to stop: each stops accepting within `shutdown_poll_ms`, lets
+    /// in-flight requests answer (at most `shutdown_grace_ms`), sends SHUTTING_DOWN and
+    /// closes its connections, and `serve` returns.
+    pub fn shutdown(&self) {
+        self.inner.shutdown.store(true, Ordering::Release);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutdown.load(Ordering::Acquire)
+    }
+
+    /// Binds `addr` with SO_REUSEPORT (glommio sets it), so each executor can bind the
+    /// same port and the kernel spreads connections over them. Call on an executor.
+    pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+        TcpListener::bind(addr).map_err(io::Error::from)
+    }
+
+    /// Runs this executor's accept loop on `listener` until [`Server::shutdown`]. Call
+    /// inside a glommio executor; `service` is this executor's. `service.info()` is read
+    /// once, here: HELLO answers and request validation use that snapshot.
+    pub async fn serve(&self, listener: TcpListener, service: Rc<dyn Service>) -> io::Result<()> {
+        let info = service.info();
+        let cfg = self.config();
+        let ctx = Rc::new(ExecutorCtx {
+            server: self.clone(),
+            limits: Limits {
+                dim: info.dim,
+                k_max: info.k_max,
+            },
+            hello: HelloReply {
+                version_min: VERSION_MIN,
+                version_max: VERSION,
+                metric: info.metric,
+                max_frame_bytes: cfg.max_frame_bytes,
+                dim: info.dim,
+                k_max: info.k_max,
+                max_inflight: cfg.max_inflight,
+                executors: info.executors,
+                shards: info.shards,
+            },
+            service,
+            shutdown: Latch::default(),
+            live: Cell::new(0),
+            rejecting: Cell::new(0),
+        });
+        tracing::info!(addr = ?listener.local_addr().ok(), "serving");
+
+        let accept_loop = async {
+            loop {
+                match listener.accept().await {
+                    Ok(stream) => self.admit(stream, &ctx),
+                    Err(e) => {
+                        // EMFILE and friends: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        Timer::new(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+        };
+        let poll = Duration::from_millis(cfg.shutdown_poll_ms);
+        let watch = async {
+            while !self.is_shutting_down() {
+                Timer::new(poll).await;
+            }
+        };
+        future::or(accept_loop, watch).await;
+        drop(listener);
+
+        // Wake every reader; wait for the connections to close, within the grace period.
+        ctx.shutdown.set();
+        let grace_end = Instant::now() + Duration::from_millis(cfg.shutdown_grace_ms);
+        while (ctx.live.get() > 0 || ctx.rejecting.get() > 0) && Instant::now() < grace_end {
+            Timer::new(Duration::from_millis(5)).await;
+        }
+        if ctx.live.get() > 0 {
+            tracing::warn!(
+                open = ctx.live.get(),
+                "shutdown grace period over; dropping connections"
+            );
+        }
+        Ok(())
+    }
+
+    /// Counts the connection in, or turns it away past `max_connections`.
+    fn admit(&self, stream: TcpStream, ctx: &Rc<ExecutorCtx>) {
+        let stats = self.stats();
+        let peer = stream
+            .peer_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let max = self.config().max_connections as u64;
+        let before = stats.connections_current.fetch_add(1, Ordering::AcqRel);
+        if before >= max {
+            stats.connections_current.fetch_sub(1, Ordering::AcqRel);
+            ServerStats::inc(&stats.connections_rejected);
+            tracing::debug!(%peer, "over max_connections; rejecting");
+            if ctx.rejecting.get() < MAX_REJECTING {
+                ctx.rejecting.set(ctx.rejecting.get() + 1);
+                let ctx = ctx.clone();
+                glommio::spawn_local(async move {
+                    reject(stream, max).await;
+                    ctx.rejecting.set(ctx.rejecting.get() - 1);
+                })
+                .detach();
+            }
+            return;
+        }
+        ServerStats::inc(&stats.connections_accepted);
+        ctx.live.set(ctx.live.get() + 1);
+        let ctx = ctx.clone();
+        glommio::spawn_local(async move {
+            // Decrements even if the executor drops the task at the end of the grace period.
+            let _guard = LiveGuard(ctx.clone());
+            serve_connection(stream, peer, ctx.clone()).await;
+        })
+        .detach();
+    }
+}
+
+struct LiveGuard(Rc<ExecutorCtx>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.live.set(self.0.live.get() - 1);
+        self.0
+            .server
+            .stats()
+            .connections_current
+            .fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One BUSY reply with request id 0, then close.
+async fn reject(stream: TcpStream, max: u64) {
+    let mut bytes = Vec::new();
+    let frame = ReplyFrame {
+        request_id: 0,
+        reply: Reply::error(
+            CONNECTION_OP,
+            Status::Busy,
+            format!("server is at max_connections ({max})"),
+        ),
+    };
+    if encode_reply(&frame, &mut bytes).is_err() {
+        return;
+    }
+    let _ = stream.set_write_timeout(Some(REJECT_WRITE_TIMEOUT));
+    let io = Io::new(stream);
+    let mut w = io.clone();
+    if w.write_all(&bytes).await.is_ok() {
+        linger_close(&io).await;
+    }
+}
+
+/// Per-executor state every connection task shares.
+pub(crate) struct ExecutorCtx {
+    pub(crate) server: Server,
+    pub(crate) service: Rc<dyn Service>,
+    pub(crate) limits: Limits,
+    pub(crate) hello: HelloReply,
+    /// Set when the executor shuts down; every reader races its reads against it.
+    pub(crate) shutdown: Latch,
+    live: Cell<usize>,
+    rejecting: Cell<usize>,
+}
+
+/// Executors started by [`Server::start`].
+pub struct Running {
+    server: Server,
+    addr: SocketAddr,
+    handles: Vec<glommio::ExecutorJoinHandle<io::Result<()>>>,
+}
+
+impl Server {
+    /// Starts `config.executors` executor threads, each binding `config.listen` with
+    /// SO_REUSEPORT and serving its own `make_service(i)` (called on that executor's
+    /// thread, so the service may be `!Send`). With port 0 the first executor picks the
+    /// port and the others join it. Returns once every executor is listening.
+    pub fn start<F>(&self, make_service: F) -> io::Result<Running>
+    where
+        F: Fn(usize) -> Rc<dyn Service> + Send + Sync + 'static,
+    {
+        let make_service = Arc::new(make_service);
+        let cfg = self.config().clone();
+        let mut addr = cfg.listen;
+        let mut handles = Vec::with_capacity(cfg.executors);
+        for i in 0..cfg.executors {
+            let placement = if cfg.pin_cpus {
+                Placement::Fixed(i)
+            } else {
+                Placement::Unbound
+            };
+            let (bound_tx, bound_rx) = std::sync::mpsc::channel::<io::Result<SocketAddr>>();
+            let server = self.clone();
+            let make = make_service.clone();
+            let bind_addr = addr;
+            let spawned = LocalExecutorBuilder::new(placement)
+                .name(&format!("aker-net-{i}"))
+                .io_memory(cfg.io_memory_bytes)
+                .spawn(move || async move {
+                    let listener = match Server::bind(bind_addr) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            let msg = e.to_string();
+                            let _ = bound_tx.send(Err(e));
+                            return Err(io::Error::other(msg));
+                        }
+                    };
+                    let _ = bound_tx.send(listener.local_addr().map_err(io::Error::from));
+                    let service = make(i);
+                    server.serve(listener, service).await
+                });
+            let handle = match spawned {
+                Ok(h) => h,
+                Err(e) => {
+                    self.shutdown();
+                    let _ = join_all(handles);
+                    return Err(io::Error::other(format!("cannot start executor {i}: {e}")));
+                }
+            };
+            handles.push(handle);
+            match bound_rx.recv() {
+                Ok(Ok(a)) => addr = a,
+                Ok(Err(e)) => {
+                    self.shutdown();
+                    let _ = join_all(handles);
+                    return Err(e);
+                }
+                Err(_) => {
+                    self.shutdown();
+                    let _ = join_all(handles);
+                    return Err(io::Error::other(format!(
+                        "executor {i} died before binding"
+                    )));
+                }
+            }
+        }
+        Ok(Running {
+            server: self.clone(),
+            addr,
+            handles,
+        })
+    }
+}
+
+fn join_all(handles: Vec<glommio::ExecutorJoinHandle<io::Result<()>>>) -> io::Result<()> {
+    let mut first_err = None;
+    for h in handles {
+        let r = match h.join() {
+            Ok(r) => r,
+            Err(e) => Err(io::Error::other(e.to_string())),
+        };
+        if let Err(e) = r {
+            first_err.get_or_insert(e);
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+impl Running {
+    /// The address every executor listens on (the real port when `listen` had port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn server(&self) -> &Server {
+        &self.server
+    }
+
+    /// Shuts down and waits for every executor.
+    pub fn stop(self) -> io::Result<()> {
+        self.server.shutdown();
+        join_all(self.handles)
+    }
+
+    /// Waits for the executors to end (after someone calls `Server::shutdown`).
+    pub fn join(self) -> io::Result<()> {
+        join_all(self.handles)
+    }
+}
