@@ -47,3 +47,17 @@ pub use metric::Metric;
 pub use policy::{HitPolicy, PolicyConfig};
 pub use read::{CacheReader, Hit, HitKind, Lookup, MissTicket, Neighbor};
 pub use refresh::InsertOutcome;
+
+#[cfg(test)]
+mod send_sync {
+    fn send<T: Send>() {}
+    fn sync<T: Send + Sync>() {}
+    #[test]
+    fn owner_moves_across_threads_and_readers_are_shared() {
+        send::<crate::Cache>();
+        sync::<crate::CacheReader>();
+        sync::<crate::owner::ShardHandle>();
+        sync::<crate::router::Router>();
+        send::<crate::store::HnswStore>();
+    }
+}
