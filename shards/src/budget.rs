@@ -2,6 +2,9 @@
 //! share following its admissions. A share proportional to a shard's admission rate
 //! gives every shard about the same FIFO residence time, which is what one global
 //! FIFO would give; an even split loses hit ratio under skew (ALGORITHM.md: 4-6 points).
+//!
+//! The rebalance bookkeeping sits behind a mutex: control plane, never on a lookup.
+#![allow(clippy::disallowed_types)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -16,7 +19,8 @@ pub struct GlobalBudget {
     floor_fraction: f64,
     shares: Vec<CachePadded<AtomicUsize>>,
     admissions: Vec<Counter>,
-    /// Admission counts at the last rebalance (control plane only).
+    /// Admission counts at the last rebalance. Control plane only: `share` and
+    /// `record_admission` never touch it.
     seen: Mutex<Vec<u64>>,
 }
 

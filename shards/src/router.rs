@@ -41,7 +41,7 @@ impl Router {
         shards: usize,
         seed: u64,
     ) -> Result<Self> {
-        if dim == 0 || sample.len() % dim != 0 || sample.is_empty() {
+        if dim == 0 || !sample.len().is_multiple_of(dim) || sample.is_empty() {
             return Err(Error::Config(
                 "router sample must be a non-empty multiple of dim".into(),
             ));

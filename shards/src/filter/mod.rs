@@ -39,6 +39,9 @@ pub trait FilterIndex: Send + Sync {
     fn search(&self, q: &[f32], n: usize, accept: &dyn Fn(RepId) -> bool) -> Vec<(RepId, f32)>;
     /// Points inserted, tombstoned ones included.
     fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 fn new_index(kind: FilterKind, metric: Metric, capacity_hint: usize) -> Arc<dyn FilterIndex> {
@@ -75,7 +78,7 @@ impl FilterSet {
         out: &mut Vec<RepId>,
     ) {
         for gen in [&self.active, &self.standby] {
-            if gen.len() > 0 {
+            if !gen.is_empty() {
                 out.extend(gen.search(q, n, accept).into_iter().map(|(r, _)| r));
             }
         }
