@@ -41,6 +41,20 @@ impl Cache {
         v: Arc<[f32]>,
         fast_path: bool,
     ) -> Result<InsertOutcome> {
+        let mut out = self.insert_logged(id, v, fast_path)?;
+        out.slow_path_steps = self.run_slow_path();
+        self.trim_log();
+        Ok(out)
+    }
+
+    /// The insert without the slow-path steps that follow it (`insert_with` runs them):
+    /// log append, length cap, fast path.
+    pub fn insert_logged(
+        &mut self,
+        id: u64,
+        v: Arc<[f32]>,
+        fast_path: bool,
+    ) -> Result<InsertOutcome> {
         validate_vector(&v, self.cfg.dim)?;
         self.read.counters.inserts.bump();
         let mut out = InsertOutcome::default();
@@ -53,8 +67,6 @@ impl Cache {
         self.enforce_log_cap();
         self.publish_seqs();
         out.fast_path = fast_path && self.fast_path(id, &v);
-        out.slow_path_steps = self.run_slow_path();
-        self.trim_log();
         Ok(out)
     }
 

@@ -89,18 +89,16 @@ impl Backend for HnswStore {
         if self.live.is_empty() {
             return Ok(Vec::new());
         }
-        let filter = |p: &usize| !self.dead.contains(p);
-        let filter_ref: Option<&dyn hnsw_rs::filter::FilterT> = if self.dead.is_empty() {
-            None
-        } else {
-            Some(&filter)
-        };
+        // Post-filter the tombstones (hnsw_rs's filtered search loses its early exit);
+        // ask for as many extra as there are dead points, within reason.
+        let want = (n + self.dead.len()).min(n * 4 + 16);
         let found = self
             .graph
-            .search_filter(q, n, self.ef_search.max(n), filter_ref);
+            .search_filter(q, want, self.ef_search.max(want), None);
         let mut out: Vec<Candidate> = found
             .into_iter()
             .filter(|nb| !self.dead.contains(&nb.d_id))
+            .take(n)
             .map(|nb| {
                 let (id, v) = &self.points[nb.d_id];
                 Candidate {
