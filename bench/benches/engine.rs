@@ -28,11 +28,33 @@ fn reps() -> usize {
     std::env::var("AKER_BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000)
 }
 
+/// Query vectors shaped like real embeddings: 1,000 Gaussian clusters of varying
+/// spread (uniform random vectors in 128+ dimensions are a known worst case for any
+/// graph index, and no workload looks like them).
+struct Clusters {
+    centres: Vec<Vec<f32>>,
+    spreads: Vec<f32>,
+}
+
+impl Clusters {
+    fn new(dim: usize, rng: &mut StdRng) -> Clusters {
+        let centres = (0..1000).map(|_| (0..dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect()).collect();
+        let spreads = (0..1000).map(|_| rng.gen_range(0.01f32..0.1)).collect();
+        Clusters { centres, spreads }
+    }
+    fn sample(&self, rng: &mut StdRng) -> Vec<f32> {
+        let c = rng.gen_range(0..self.centres.len());
+        let s = self.spreads[c];
+        self.centres[c].iter().map(|x| x + rng.gen_range(-s..s)).collect()
+    }
+}
+
 /// A cache holding `n` representatives with fabricated answers: each entry's results
 /// are ids from a shared space (so objects are shared, as in real traffic) with
 /// distances 1.0 .. 2.0, so `τ = minD / 4 = 0.25`.
 struct Fixture {
     cache: Cache,
+    clusters: Clusters,
     queries: Vec<Vec<f32>>,
     rng: StdRng,
     dim: usize,
@@ -57,15 +79,16 @@ impl Fixture {
         };
         let mut cache = Cache::new(cfg, PolicyConfig::default().build()).unwrap();
         let mut rng = StdRng::seed_from_u64(dim as u64);
+        let clusters = Clusters::new(dim, &mut rng);
         let mut queries = Vec::with_capacity(n);
         for i in 0..n {
-            let q: Vec<f32> = (0..dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            let q = clusters.sample(&mut rng);
             let ticket = cache.miss_ticket(&q, K, false).unwrap();
             cache.admit(ticket, answer(&mut rng, i as u64 * 1_000_000)).unwrap();
             queries.push(q);
         }
         assert_eq!(cache.len(), n);
-        Fixture { cache, queries, rng, dim, next_id: 1 << 40 }
+        Fixture { cache, clusters, queries, rng, dim, next_id: 1 << 40 }
     }
 
     fn query(&mut self) -> &[f32] {
@@ -82,7 +105,7 @@ impl Fixture {
     }
 
     fn fresh_query(&mut self) -> Vec<f32> {
-        (0..self.dim).map(|_| self.rng.gen_range(-1.0f32..1.0)).collect()
+        self.clusters.sample(&mut self.rng)
     }
 }
 
@@ -109,10 +132,13 @@ fn single_core(c: &mut Criterion) {
             })
         });
         let (mut rng, mut next_id) = (StdRng::seed_from_u64(5), 1u64 << 40);
+        let fresh: Vec<Vec<f32>> = (0..4096).map(|_| f.clusters.sample(&mut rng)).collect();
+        let cache = &mut f.cache;
         g.bench_function(BenchmarkId::new("miss_admission", dim), |b| {
             b.iter_batched(
                 || {
-                    let q: Vec<f32> = (0..dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+                    i = (i + 1) % fresh.len();
+                    let q = fresh[i].clone();
                     next_id += 1_000_000;
                     (q, answer(&mut rng, next_id))
                 },

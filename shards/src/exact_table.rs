@@ -13,13 +13,34 @@ pub struct QueryKey(pub u128);
 
 impl QueryKey {
     pub fn new(q: &[f32], k: usize) -> Self {
-        // Normalise -0.0 to 0.0 so two vectors that compare equal share a key.
-        let mut bytes = Vec::with_capacity(q.len() * 4);
-        for &x in q {
-            let x = if x == 0.0 { 0.0f32 } else { x };
-            bytes.extend_from_slice(&x.to_le_bytes());
+        // Hash the vector's bytes in place; only a vector holding -0.0 is copied, with
+        // -0.0 made 0.0, so two vectors that compare equal share a key.
+        if q.iter().any(|x| x.to_bits() == NEGATIVE_ZERO) {
+            let fixed: Vec<f32> = q.iter().map(|&x| if x == 0.0 { 0.0 } else { x }).collect();
+            return QueryKey::new(&fixed, k);
         }
-        QueryKey(xxhash_rust::xxh3::xxh3_128_with_seed(&bytes, k as u64))
+        // Safety: f32 has no padding and u8 has alignment 1; the length is in bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(q.as_ptr().cast::<u8>(), std::mem::size_of_val(q))
+        };
+        QueryKey(xxhash_rust::xxh3::xxh3_128_with_seed(bytes, k as u64))
+    }
+}
+
+const NEGATIVE_ZERO: u32 = 0x8000_0000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_value_and_k() {
+        assert_eq!(
+            QueryKey::new(&[1.0, 0.0], 3),
+            QueryKey::new(&[1.0, -0.0], 3)
+        );
+        assert_ne!(QueryKey::new(&[1.0, 0.0], 3), QueryKey::new(&[1.0, 0.0], 4));
+        assert_ne!(QueryKey::new(&[1.0, 0.0], 3), QueryKey::new(&[0.0, 1.0], 3));
     }
 }
 
