@@ -1,1 +1,464 @@
-fn main(){}
+//! `aker-loadgen`: the command line. See `loadgen/README.md` for examples.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aker::client::{Client, ClientOptions};
+use aker::protocol::HelloReply;
+use clap::Parser;
+
+use loadgen::report::{self, Document, Point, RunReport, ServerInfo, SweepReport, SweepStepReport};
+use loadgen::schedule::Arrival;
+use loadgen::stats::{final_table, fmt_ms, Phase, Summary};
+use loadgen::sweep::{self, SweepPlan, SweepSpec};
+use loadgen::worker::{self, EngineConfig, Mode};
+use loadgen::workload::{GenParams, Mix, Workload};
+use loadgen::{parse_duration, parse_rate, testserver};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "aker-loadgen",
+    version,
+    about = "Open-loop load generator for akerd: latency from the intended send time \
+             (coordinated-omission corrected), HdrHistograms per operation and hit kind."
+)]
+struct Cli {
+    /// Server address.
+    #[arg(short, long, default_value = "127.0.0.1:7700")]
+    target: String,
+
+    /// Open loop: requests per second over all connections (2000, 2.5k).
+    #[arg(short, long, value_parser = parse_rate, default_value = "1000",
+          conflicts_with_all = ["closed", "sweep"])]
+    rate: f64,
+    /// Spacing of intended send times in open loop: poisson or fixed.
+    #[arg(long, default_value = "poisson")]
+    arrival: Arrival,
+    /// Closed loop: every connection keeps --depth requests in flight; measures the
+    /// maximum throughput.
+    #[arg(long)]
+    closed: bool,
+    /// Open-loop runs at rates FROM:TO:STEP until p99 exceeds --p99; reports the highest
+    /// rate under it.
+    #[arg(long, value_name = "FROM:TO:STEP", conflicts_with = "closed")]
+    sweep: Option<SweepSpec>,
+    /// p99 bound for --sweep.
+    #[arg(long, value_parser = parse_duration, default_value = "10ms")]
+    p99: Duration,
+    /// Pause between sweep steps.
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    sweep_pause: Duration,
+
+    /// TCP connections.
+    #[arg(short, long, default_value_t = 16)]
+    connections: usize,
+    /// Requests in flight per connection (lowered to the server's max_inflight).
+    #[arg(short, long, default_value_t = 8)]
+    depth: usize,
+    /// Sender threads (each owns some connections); default: CPUs, at most --connections.
+    #[arg(short = 'T', long)]
+    threads: Option<usize>,
+    /// Sent first and not counted.
+    #[arg(short, long, value_parser = parse_duration, default_value = "2s")]
+    warmup: Duration,
+    /// Counted run time.
+    #[arg(short = 'D', long, value_parser = parse_duration, default_value = "10s")]
+    duration: Duration,
+    /// Stop after this many counted requests.
+    #[arg(short = 'n', long)]
+    requests: Option<u64>,
+    /// After the run, how long late requests may still be sent and answered; what is
+    /// still unsent or unanswered then counts as errors.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    drain: Duration,
+    /// A connection whose writes block this long is dropped.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    write_timeout: Duration,
+
+    /// Open loop: spin (instead of sleeping) for the last part of each wait before an
+    /// intended send time; tightens send times by tens of µs at the cost of a busy core
+    /// per sender thread. Worth it on a dedicated load-generator machine.
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    spin: Duration,
+
+    /// Replay this trace (bench/TRACE.md) instead of generating a workload.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Start the trace over when it ends (otherwise the run stops there).
+    #[arg(long = "loop", requires = "trace")]
+    loop_trace: bool,
+    /// Set BYPASS_CACHE on every SEARCH: the same operations measure the backend alone.
+    #[arg(long)]
+    bypass: bool,
+    /// Generated workload: operation weights.
+    #[arg(long, default_value = "search=100", conflicts_with = "trace")]
+    mix: Mix,
+    /// Generated workload: distinct vectors (dimension from the server's HELLO).
+    #[arg(long, default_value_t = 10_000, conflicts_with = "trace")]
+    vectors: usize,
+    /// Generated workload: Gaussian clusters (0 = uniform random vectors).
+    #[arg(long, default_value_t = 100, conflicts_with = "trace")]
+    clusters: usize,
+    /// Generated workload: Zipfian skew of query choice in [0, 1) (0 = uniform).
+    #[arg(long, default_value_t = 0.99, conflicts_with = "trace")]
+    skew: f64,
+    /// Generated workload: neighbours per SEARCH (lowered to the server's k_max).
+    #[arg(short, long, default_value_t = 10, conflicts_with = "trace")]
+    k: u32,
+    /// Generated workload: first INSERT id (DELETE removes this run's inserts).
+    #[arg(long, default_value_t = 1 << 40, conflicts_with = "trace")]
+    id_base: u64,
+    /// Seed for generated vectors, operation choice and Poisson spacing.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Per-SEARCH deadline sent to the server (0 = none).
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    deadline: Duration,
+    /// Collection id.
+    #[arg(long, default_value_t = 0)]
+    collection: u32,
+    /// FLUSH the cache before the run (and before every sweep step).
+    #[arg(long)]
+    flush: bool,
+
+    /// No per-second lines.
+    #[arg(short, long)]
+    quiet: bool,
+    /// Write the results as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write HdrHistogram percentile distributions to PREFIX.all.hgrm, PREFIX.search.hgrm,
+    /// PREFIX.search-exact.hgrm, ... (a sweep: PREFIX.RATE.all.hgrm, ...).
+    #[arg(long, value_name = "PREFIX")]
+    hgrm: Option<String>,
+    /// Write a latency-versus-throughput PNG (a sweep: one point per step; a run: one
+    /// point per counted second).
+    #[arg(long)]
+    png: Option<PathBuf>,
+    /// Print the server's STATS after the run.
+    #[arg(long)]
+    server_stats: bool,
+
+    /// Serve the test fixture on ADDR instead of generating load (for tests).
+    #[arg(long, hide = true, value_name = "ADDR")]
+    test_server: Option<SocketAddr>,
+    #[arg(long, hide = true, default_value_t = 8)]
+    test_dim: u32,
+    #[arg(long, hide = true, default_value_t = 0)]
+    test_busy_us: u64,
+    #[arg(long, hide = true, default_value_t = 128)]
+    test_max_inflight: u32,
+    #[arg(long, hide = true, value_parser = parse_duration, default_value = "300s")]
+    test_lifetime: Duration,
+}
+
+type Res<T> = Result<T, String>;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.test_server {
+        Some(addr) => testserver::serve_process(
+            addr,
+            cli.test_dim,
+            Duration::from_micros(cli.test_busy_us),
+            cli.test_max_inflight,
+            cli.test_lifetime,
+        )
+        .map_err(|e| format!("test server: {e}")),
+        None => run(&cli),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("aker-loadgen: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn control(addr: SocketAddr) -> Res<Client> {
+    let opts = ClientOptions {
+        io_timeout: Some(Duration::from_secs(10)),
+        ..ClientOptions::default()
+    };
+    Client::connect_with(addr, opts).map_err(|e| format!("cannot connect to {addr}: {e}"))
+}
+
+fn build_workload(cli: &Cli, hello: &HelloReply) -> Res<Workload> {
+    let mut w = match &cli.trace {
+        Some(path) => {
+            let trace = bench::trace::Trace::load(path).map_err(|e| e.to_string())?;
+            let w = Workload::from_trace(trace, cli.loop_trace)?;
+            if w.dim != hello.dim as usize {
+                return Err(format!(
+                    "the trace's vectors have dimension {}, the server's {}",
+                    w.dim, hello.dim
+                ));
+            }
+            if w.max_k() > hello.k_max {
+                return Err(format!(
+                    "the trace asks for k up to {}, the server's k_max is {}",
+                    w.max_k(),
+                    hello.k_max
+                ));
+            }
+            if let Some(m) = w.metric.filter(|&m| m != hello.metric) {
+                eprintln!(
+                    "warning: the trace was made with metric {m}, the server uses {}; recall will not mean much",
+                    hello.metric
+                );
+            }
+            if w.has_ground_truth() && w.has_writes() {
+                eprintln!(
+                    "note: the trace has INSERT/DELETE; its ground truth describes the collection before them"
+                );
+            }
+            w
+        }
+        None => {
+            let mut w = Workload::generate(
+                hello.dim as usize,
+                GenParams {
+                    vectors: cli.vectors,
+                    clusters: cli.clusters,
+                    skew: cli.skew,
+                    k: cli.k,
+                    mix: cli.mix,
+                    id_base: cli.id_base,
+                    seed: cli.seed,
+                },
+            )?;
+            if cli.k > hello.k_max {
+                eprintln!(
+                    "note: k lowered from {} to the server's k_max {}",
+                    cli.k, hello.k_max
+                );
+                w.clamp_k(hello.k_max);
+            }
+            w
+        }
+    };
+    w.bypass = cli.bypass;
+    w.collection = cli.collection;
+    w.deadline_us = u32::try_from(cli.deadline.as_micros())
+        .map_err(|_| "the SEARCH deadline does not fit in u32 microseconds".to_string())?;
+    Ok(w)
+}
+
+fn run(cli: &Cli) -> Res<()> {
+    let target = cli
+        .target
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {}: {e}", cli.target))?
+        .next()
+        .ok_or_else(|| format!("{} resolves to nothing", cli.target))?;
+    let mut ctl = control(target)?;
+    let hello = ctl.hello().map_err(|e| format!("HELLO to {target}: {e}"))?;
+    let workload = Arc::new(build_workload(cli, &hello)?);
+
+    let depth = cli.depth.clamp(1, hello.max_inflight.max(1) as usize);
+    if depth < cli.depth {
+        eprintln!(
+            "note: depth lowered from {} to the server's max_inflight {depth}",
+            cli.depth
+        );
+    }
+    let connections = cli.connections.max(1);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cli.threads.unwrap_or(cpus).clamp(1, connections);
+    let mode = if cli.closed {
+        Mode::Closed
+    } else {
+        Mode::Open {
+            rate: cli.rate,
+            arrival: cli.arrival,
+        }
+    };
+    let cfg = EngineConfig {
+        target,
+        mode,
+        connections,
+        depth,
+        threads,
+        warmup: cli.warmup,
+        duration: cli.duration,
+        max_requests: cli.requests,
+        drain: cli.drain,
+        connect_timeout: Duration::from_secs(5),
+        write_timeout: cli.write_timeout,
+        max_frame_bytes: 64 << 20,
+        spin: cli.spin,
+        seed: cli.seed,
+    };
+    println!(
+        "target {target}: dim {}, {}, k_max {}, max_inflight {}, {} executors, {} shards",
+        hello.dim, hello.metric, hello.k_max, hello.max_inflight, hello.executors, hello.shards
+    );
+    println!("workload {}", workload.describe());
+
+    let mut doc = Document {
+        tool: "aker-loadgen",
+        target: target.to_string(),
+        workload: workload.describe(),
+        server: ServerInfo::from(&hello),
+        run: None,
+        sweep: None,
+    };
+    let quiet = cli.quiet;
+    let on_line = |l: &loadgen::stats::IntervalLine| {
+        if !quiet {
+            println!("{l}");
+        }
+    };
+
+    if let Some(spec) = cli.sweep {
+        let bound = cli.p99.as_secs_f64() * 1000.0;
+        let base = EngineConfig {
+            mode: Mode::Open {
+                rate: spec.from,
+                arrival: cli.arrival,
+            },
+            ..cfg
+        };
+        println!(
+            "sweep {}..{} step {} req/s, {} arrivals, {connections} connections x depth {depth}, {threads} threads, warm-up {:?}, {:?} per step, p99 bound {}",
+            spec.from, spec.to, spec.step, arrival_name(cli.arrival), cli.warmup, cli.duration, fmt_ms(bound)
+        );
+        let flush = cli.flush;
+        let plan = SweepPlan {
+            spec,
+            p99_bound_ms: bound,
+            pause: cli.sweep_pause,
+        };
+        let outcome = sweep::sweep(
+            &base,
+            plan,
+            &workload,
+            |rate| {
+                if !quiet {
+                    println!("--- {rate} req/s");
+                }
+                if flush {
+                    ctl.flush().map_err(|e| std::io::Error::other(format!("FLUSH: {e}")))?;
+                }
+                Ok(())
+            },
+            on_line,
+            |step| {
+                let s = Summary::of(&step.result.stats.all);
+                println!(
+                    "step {:>9.0} req/s: achieved {:>9.1}  p50 {:>8}  p99 {:>8}  p99.9 {:>8}  max {:>8}  errors {}  {}",
+                    step.rate,
+                    step.result.stats.ok() as f64 / step.result.measured_secs.max(1e-9),
+                    fmt_ms(s.p50_ms),
+                    fmt_ms(s.p99_ms),
+                    fmt_ms(s.p999_ms),
+                    fmt_ms(s.max_ms),
+                    step.result.stats.total_errors(),
+                    if step.pass { "pass" } else { "FAIL" }
+                );
+            },
+        )
+        .map_err(|e| format!("sweep: {e}"))?;
+        match outcome.best_rate {
+            Some(r) => println!("highest rate with p99 <= {}: {r} req/s", fmt_ms(bound)),
+            None => println!("no rate kept p99 <= {}", fmt_ms(bound)),
+        }
+        if let Some(prefix) = &cli.hgrm {
+            for s in &outcome.steps {
+                report::write_hgrms(&format!("{prefix}.{}", s.rate), &s.result.stats)
+                    .map_err(|e| format!("writing .hgrm: {e}"))?;
+            }
+        }
+        let reports = outcome.reports();
+        if let Some(png) = &cli.png {
+            let pts: Vec<Point> = reports.iter().map(|(_, _, r)| Point::of_run(r)).collect();
+            plot(
+                png,
+                &format!("aker-loadgen sweep, {target}"),
+                &pts,
+                true,
+                Some(bound),
+            )?;
+        }
+        doc.sweep = Some(SweepReport {
+            p99_bound_ms: bound,
+            best_rate: outcome.best_rate,
+            steps: reports
+                .into_iter()
+                .map(|(rate, pass, run)| SweepStepReport { rate, pass, run })
+                .collect(),
+        });
+    } else {
+        if cli.flush {
+            ctl.flush().map_err(|e| format!("FLUSH: {e}"))?;
+        }
+        match mode {
+            Mode::Open { rate, arrival } => println!(
+                "open loop {rate} req/s, {} arrivals, {connections} connections x depth {depth}, {threads} threads, warm-up {:?}, duration {:?}",
+                arrival_name(arrival), cli.warmup, cli.duration
+            ),
+            Mode::Closed => println!(
+                "closed loop, {connections} connections x depth {depth}, {threads} threads, warm-up {:?}, duration {:?}",
+                cli.warmup, cli.duration
+            ),
+        }
+        let result = worker::run(&cfg, &workload, on_line).map_err(|e| format!("run: {e}"))?;
+        println!();
+        print!("{}", final_table(&result.stats, result.measured_secs));
+        println!(
+            "stopped       {:?}; {} counted requests sent over {:.2} s",
+            result.stop, result.sent, result.measured_secs
+        );
+        if let Some(prefix) = &cli.hgrm {
+            let files = report::write_hgrms(prefix, &result.stats)
+                .map_err(|e| format!("writing .hgrm: {e}"))?;
+            println!("wrote {}", files.join(", "));
+        }
+        let run = RunReport::new(&cfg, &result);
+        if let Some(png) = &cli.png {
+            let pts: Vec<Point> = result
+                .intervals
+                .iter()
+                .filter(|l| l.phase == Phase::Run && l.rate > 0.0)
+                .map(Point::of_line)
+                .collect();
+            plot(
+                png,
+                &format!("aker-loadgen, {target}, per second"),
+                &pts,
+                false,
+                None,
+            )?;
+        }
+        doc.run = Some(run);
+    }
+
+    if cli.server_stats {
+        let stats = ctl.stats().map_err(|e| format!("STATS: {e}"))?;
+        println!("server STATS:\n{stats}");
+    }
+    if let Some(path) = &cli.json {
+        report::write_json(path, &doc).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn arrival_name(a: Arrival) -> &'static str {
+    match a {
+        Arrival::Poisson => "poisson",
+        Arrival::Fixed => "fixed",
+    }
+}
+
+fn plot(path: &Path, title: &str, pts: &[Point], joined: bool, bound: Option<f64>) -> Res<()> {
+    report::plot(path, title, pts, joined, bound).map_err(|e| {
+        format!(
+            "writing {}: {e} (the PNG needs a system font: apt-get install -y fonts-dejavu-core)",
+            path.display()
+        )
+    })
+}
