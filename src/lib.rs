@@ -6,7 +6,15 @@
 //! - [`client`]: blocking and pipelined clients over `std::net::TcpStream`.
 //! - [`server`]: the glommio connection layer, independent of the cache: it speaks the
 //!   protocol and hands validated requests to a [`server::Service`].
+//! - [`service`]: the daemon (`akerd`): the engine behind the connection layer across
+//!   executors, backend threads, the admin endpoint.
+//! - [`config`]: the daemon's TOML file; [`metrics`]: histograms, STATS and Prometheus;
+//!   [`demo`]: `akerd --demo`.
 
 pub mod client;
+pub mod config;
+pub mod demo;
+pub mod metrics;
 pub mod protocol;
 pub mod server;
+pub mod service;

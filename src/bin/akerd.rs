@@ -1,1 +1,231 @@
-fn main(){}
+//! akerd: the aker cache server.
+//!
+//! ```text
+//! akerd --demo                         # in-process demo over generated data, then exit
+//! akerd --config ops/akerd.toml        # serve until SIGTERM / SIGINT
+//! akerd --listen 127.0.0.1:7700 --executors 4 --cpus 0,2,4,6 --admin-listen off
+//! ```
+//!
+//! Shutdown: the first SIGTERM or SIGINT stops accepting, lets in-flight requests answer
+//! (`server.shutdown_grace_ms`) and exits 0; a second one exits at once.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use aker::config::Config;
+use aker::service::Daemon;
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "akerd",
+    version,
+    about = "Approximate result cache server for vector search"
+)]
+struct Cli {
+    /// TOML configuration (ops/akerd.toml is a commented example); defaults without it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Override [server] listen (default 127.0.0.1:7700).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Override [server] executors (one per core).
+    #[arg(long, value_name = "N")]
+    executors: Option<usize>,
+    /// Pin executors to these CPUs, e.g. 0,2,4-7 (executor i on the i-th); sets
+    /// executors to the count unless --executors is given.
+    #[arg(long, value_name = "LIST")]
+    cpus: Option<String>,
+    /// Override [sharding] shards (0 = 2 x executors).
+    #[arg(long, value_name = "N")]
+    shards: Option<usize>,
+    /// Override [admin] listen; "off" disables the metrics endpoint.
+    #[arg(long, value_name = "ADDR|off")]
+    admin_listen: Option<String>,
+    /// Run the built-in demo (server + client workload in-process) and exit.
+    #[arg(long)]
+    demo: bool,
+    /// Print the effective configuration (defaults filled in) and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+fn parse_cpus(s: &str) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || format!("bad CPU list element '{part}'");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) =
+                    (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                if a > b {
+                    return Err(bad());
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    if out.is_empty() {
+        return Err("empty CPU list".into());
+    }
+    Ok(out)
+}
+
+fn apply_overrides(cfg: &mut Config, cli: &Cli) -> Result<(), String> {
+    if let Some(l) = cli.listen {
+        cfg.server.listen = l;
+    }
+    if let Some(c) = &cli.cpus {
+        cfg.server.cpus = parse_cpus(c)?;
+        cfg.server.executors = cfg.server.cpus.len();
+    }
+    if let Some(e) = cli.executors {
+        cfg.server.executors = e;
+    }
+    if let Some(s) = cli.shards {
+        cfg.sharding.shards = s;
+    }
+    match cli.admin_listen.as_deref() {
+        None => {}
+        Some("off" | "none" | "") => cfg.admin.enabled = false,
+        Some(a) => {
+            cfg.admin.listen = a.parse().map_err(|e| format!("--admin-listen {a}: {e}"))?;
+            cfg.admin.enabled = true;
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The demo prints a table; keep the logs to warnings unless asked.
+    let default_level = if cli.demo { "warn" } else { "info" };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
+        )
+        .with_writer(std::io::stderr)
+        // Colours only on a terminal: journald and log files get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+
+    let mut cfg = match &cli.config {
+        Some(path) => match Config::load(path) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("akerd: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => Config::default(),
+    };
+    if let Err(e) = apply_overrides(&mut cfg, &cli) {
+        eprintln!("akerd: {e}");
+        return ExitCode::from(2);
+    }
+    if cli.print_config {
+        print!("{}", cfg.to_toml());
+        return ExitCode::SUCCESS;
+    }
+    if cli.demo {
+        // Only the topology overrides apply to the demo; it brings its own data.
+        let executors = cli
+            .executors
+            .or(cli.cpus.as_ref().map(|_| cfg.server.executors));
+        return match aker::demo::run(&aker::demo::DemoOptions {
+            executors,
+            cpus: cfg.server.cpus.clone(),
+            shards: cli.shards,
+            ..Default::default()
+        }) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("akerd --demo: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Err(e) = cfg.validate() {
+        eprintln!("akerd: {e}");
+        return ExitCode::from(2);
+    }
+
+    // Signals first, so a SIGTERM during the (possibly long) index build is not lost.
+    let term = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        // A second signal while `term` is set exits at once (code 1).
+        let _ = signal_hook::flag::register_conditional_shutdown(sig, 1, term.clone());
+        if let Err(e) = signal_hook::flag::register(sig, term.clone()) {
+            eprintln!("akerd: cannot install a signal handler: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+
+    let daemon = match Daemon::start(&cfg) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::error!("cannot start: {e}");
+            eprintln!("akerd: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(
+        listen = %daemon.local_addr(),
+        admin = ?daemon.admin_addr(),
+        "ready"
+    );
+    while !term.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    tracing::info!("signal received; shutting down");
+    match daemon.stop() {
+        Ok(()) => {
+            tracing::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!("shutdown: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpus("0,2,4-6").unwrap(), vec![0, 2, 4, 5, 6]);
+        assert!(parse_cpus("3-1").is_err());
+        assert!(parse_cpus("x").is_err());
+        assert!(parse_cpus("").is_err());
+    }
+
+    #[test]
+    fn overrides_apply() {
+        let cli = Cli::parse_from([
+            "akerd",
+            "--listen",
+            "127.0.0.1:9",
+            "--cpus",
+            "1-3",
+            "--shards",
+            "5",
+            "--admin-listen",
+            "off",
+        ]);
+        let mut cfg = Config::default();
+        apply_overrides(&mut cfg, &cli).unwrap();
+        assert_eq!(cfg.server.listen.port(), 9);
+        assert_eq!((cfg.server.executors, cfg.server.cpus.len()), (3, 3));
+        assert_eq!(cfg.sharding.shards, 5);
+        assert!(!cfg.admin.enabled);
+    }
+}

@@ -15,6 +15,9 @@ pub struct ServerConfig {
     pub executors: usize,
     /// `Server::start` pins executor i to CPU i when true.
     pub pin_cpus: bool,
+    /// CPUs to pin executors to, executor i on `cpus[i % len]` (overrides `pin_cpus`);
+    /// empty: see `pin_cpus`. For NUMA placement (`ops/NUMA.md`).
+    pub cpus: Vec<usize>,
     /// io_uring registered buffer memory per executor. Small: it is locked memory, and
     /// network I/O does not use it.
     pub io_memory_bytes: usize,
@@ -49,6 +52,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7700)),
             executors: 1,
             pin_cpus: false,
+            cpus: Vec::new(),
             io_memory_bytes: 1 << 20,
             max_connections: 1024,
             max_frame_bytes: 4 << 20,

@@ -251,7 +251,9 @@ impl Server {
         let mut addr = cfg.listen;
         let mut handles = Vec::with_capacity(cfg.executors);
         for i in 0..cfg.executors {
-            let placement = if cfg.pin_cpus {
+            let placement = if !cfg.cpus.is_empty() {
+                Placement::Fixed(cfg.cpus[i % cfg.cpus.len()])
+            } else if cfg.pin_cpus {
                 Placement::Fixed(i)
             } else {
                 Placement::Unbound

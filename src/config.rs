@@ -1,0 +1,406 @@
+//! The daemon's one TOML file (`ops/akerd.toml` is the commented example). Every table
+//! and key is optional (defaults below); an unknown key is an error, so a typo does not
+//! silently fall back to a default.
+//!
+//! ```toml
+//! [server]    # connection layer: listen, executors, cpus, limits (aker::server::ServerConfig)
+//! [cache]     # the engine: metric, k_max, delta, capacity, filter, policy, log caps
+//! [sharding]  # shards (0 = 2 x executors), centroids, rebalance period
+//! [backend]   # embedded (in-process HNSW / exact store over a collection) or cache_aside
+//! [admin]     # Prometheus text endpoint (GET /metrics), 127.0.0.1 by default
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use shards::{CacheConfig, Capacity, FilterKind, Metric, PolicyConfig};
+
+use crate::server::ServerConfig;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub cache: CacheSection,
+    pub sharding: ShardingSection,
+    pub backend: BackendSection,
+    pub admin: AdminSection,
+}
+
+/// The engine's knobs (`shards::CacheConfig`); the dimension comes from the data.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheSection {
+    /// `l2sq` (squared L2), `cosine` (1 - cos) or `ip` (-dot); the engine's other
+    /// spellings (`l2`, `dot`, `inner_product`, ...) are accepted too.
+    #[serde(with = "metric_name")]
+    pub metric: Metric,
+    pub k_max: usize,
+    /// Reserve results kept beyond k (Δ): deletes promote them instead of invalidating.
+    pub delta: usize,
+    /// Pool budget in bytes (objects, representatives, aliases), over all shards.
+    /// Exactly one of `capacity_bytes` / `capacity_objects`; bytes is the default.
+    pub capacity_bytes: Option<usize>,
+    /// Pool budget in distinct neighbour objects (the paper's unit), over all shards.
+    pub capacity_objects: Option<usize>,
+    pub store_vectors: bool,
+    /// `{ kind = "hnsw", m = 4, ef_construction = 8, ef_search = 16 }` or
+    /// `{ kind = "brute_force" }`.
+    pub filter: FilterKind,
+    pub filter_candidates: usize,
+    pub max_aliases_per_rep: usize,
+    pub slow_path_batch: usize,
+    pub slow_path_max_steps: usize,
+    pub risk_threshold: f64,
+    pub insert_log_cap: usize,
+    pub delete_log_cap: usize,
+    /// `{ kind = "aker", alpha_l = 1.1, alpha_t = 0.25, tau_init_divisor = 4.0 }`,
+    /// `{ kind = "proximity", threshold = .. }` or `{ kind = "potluck", .. }`.
+    pub policy: PolicyConfig,
+    /// Messages queued to one shard's owner; hints past it are dropped and counted,
+    /// writes wait for room.
+    pub owner_queue_depth: usize,
+}
+
+impl Default for CacheSection {
+    fn default() -> Self {
+        let e = CacheConfig::default();
+        CacheSection {
+            metric: e.metric,
+            k_max: e.k_max,
+            delta: 10,
+            capacity_bytes: None,
+            capacity_objects: None,
+            store_vectors: e.store_vectors,
+            filter: e.filter,
+            filter_candidates: e.filter_candidates,
+            max_aliases_per_rep: e.max_aliases_per_rep,
+            slow_path_batch: e.slow_path_batch,
+            slow_path_max_steps: e.slow_path_max_steps,
+            risk_threshold: e.risk_threshold,
+            insert_log_cap: e.insert_log_cap,
+            delete_log_cap: e.delete_log_cap,
+            policy: PolicyConfig::default(),
+            owner_queue_depth: 4096,
+        }
+    }
+}
+
+/// The metric by its short name (`Metric::name` / `FromStr`), not the engine's serde
+/// spelling (`l2_sq`), so the config says what logs and HELLO say.
+mod metric_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use shards::Metric;
+
+    pub fn serialize<S: Serializer>(m: &Metric, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(m.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Metric, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Default pool budget when neither capacity key is set.
+pub const DEFAULT_CAPACITY_BYTES: usize = 256 << 20;
+
+impl CacheSection {
+    /// The engine configuration for a collection of dimension `dim`.
+    pub fn engine_config(&self, dim: usize) -> Result<CacheConfig, String> {
+        let capacity = match (self.capacity_bytes, self.capacity_objects) {
+            (Some(_), Some(_)) => {
+                return Err("cache: set capacity_bytes or capacity_objects, not both".into())
+            }
+            (Some(b), None) => Capacity::Bytes(b),
+            (None, Some(o)) => Capacity::Objects(o),
+            (None, None) => Capacity::Bytes(DEFAULT_CAPACITY_BYTES),
+        };
+        let cfg = CacheConfig {
+            dim,
+            metric: self.metric,
+            k_max: self.k_max,
+            delta: self.delta,
+            capacity,
+            store_vectors: self.store_vectors,
+            filter: self.filter,
+            filter_candidates: self.filter_candidates,
+            max_aliases_per_rep: self.max_aliases_per_rep,
+            slow_path_batch: self.slow_path_batch,
+            slow_path_max_steps: self.slow_path_max_steps,
+            risk_threshold: self.risk_threshold,
+            insert_log_cap: self.insert_log_cap,
+            delete_log_cap: self.delete_log_cap,
+        };
+        cfg.validate().map_err(|e| format!("cache: {e}"))?;
+        if self.owner_queue_depth == 0 {
+            return Err("cache: owner_queue_depth must be at least 1".into());
+        }
+        Ok(cfg)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShardingSection {
+    /// Cache shards; 0 = 2 x executors. Shard s is owned by executor s % executors.
+    pub shards: usize,
+    /// Coarse centroids (k-means on a sample of the collection), assigned to shards by
+    /// measured load.
+    pub centroids: usize,
+    /// Most rows the k-means sample takes (evenly strided over the collection).
+    pub sample_rows: usize,
+    /// Period of the load-based centroid reassignment and pool-share rebalance (0 = never).
+    pub rebalance_ms: u64,
+    pub seed: u64,
+}
+
+impl Default for ShardingSection {
+    fn default() -> Self {
+        ShardingSection {
+            shards: 0,
+            centroids: 64,
+            sample_rows: 20_000,
+            rebalance_ms: 1_000,
+            seed: 0x5eed,
+        }
+    }
+}
+
+impl ShardingSection {
+    pub fn shard_count(&self, executors: usize) -> usize {
+        if self.shards == 0 {
+            2 * executors.max(1)
+        } else {
+            self.shards
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// An in-process index over the collection in `data`, on backend threads.
+    Embedded,
+    /// No backend: a miss answers MISS with no neighbours and the client FILLs.
+    CacheAside,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IndexKind {
+    /// hnsw_rs graph (approximate); the default.
+    Hnsw,
+    /// Brute force (exact; small collections and tests).
+    Exact,
+}
+
+/// Where the collection (embedded) or the routing sample (cache-aside) comes from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DataSource {
+    /// Clustered synthetic vectors, ids 0..n.
+    Synthetic {
+        n: usize,
+        dim: usize,
+        clusters: usize,
+        seed: u64,
+    },
+    /// A `.npy` (float32/float16, 2-D) or `.fvecs` file; ids are row numbers. `limit`
+    /// keeps the first rows only (0 = all). Relative paths are from the config file.
+    File {
+        path: PathBuf,
+        #[serde(default)]
+        limit: usize,
+    },
+    /// No vectors (cache-aside only): the dimension alone; the router's centroids are
+    /// then random, which still routes a query and its near duplicates consistently.
+    None { dim: usize },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BackendSection {
+    pub kind: BackendKind,
+    pub data: DataSource,
+    pub index: IndexKind,
+    /// Backend threads (blocking calls stay off the executors).
+    pub threads: usize,
+    /// Backend requests queued at most; past it a request gets BUSY.
+    pub queue_depth: usize,
+    pub hnsw_m: usize,
+    pub hnsw_ef_construction: usize,
+    pub hnsw_ef_search: usize,
+}
+
+impl Default for BackendSection {
+    fn default() -> Self {
+        BackendSection {
+            kind: BackendKind::Embedded,
+            data: DataSource::Synthetic {
+                n: 20_000,
+                dim: 32,
+                clusters: 64,
+                seed: 7,
+            },
+            index: IndexKind::Hnsw,
+            threads: 2,
+            queue_depth: 1024,
+            hnsw_m: 16,
+            hnsw_ef_construction: 100,
+            hnsw_ef_search: 64,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminSection {
+    pub enabled: bool,
+    /// Loopback unless configured otherwise: the endpoint has no authentication.
+    pub listen: SocketAddr,
+    /// Scrapes served at once; more wait in the kernel's backlog.
+    pub max_connections: usize,
+}
+
+impl Default for AdminSection {
+    fn default() -> Self {
+        AdminSection {
+            enabled: true,
+            listen: SocketAddr::from(([127, 0, 0, 1], 7701)),
+            max_connections: 4,
+        }
+    }
+}
+
+impl Config {
+    pub fn from_toml(text: &str) -> Result<Config, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// Reads `path`; a relative data path is made relative to the file's folder.
+    pub fn load(path: &Path) -> Result<Config, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut cfg = Config::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        if let DataSource::File { path: p, .. } = &mut cfg.backend.data {
+            if p.is_relative() {
+                if let Some(dir) = path.parent() {
+                    *p = dir.join(&*p);
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+    }
+
+    /// Checks what can be checked before loading data.
+    pub fn validate(&self) -> Result<(), String> {
+        self.server.validate().map_err(|e| format!("server: {e}"))?;
+        // The dimension is not known yet; 1 stands in to check the rest.
+        self.cache.engine_config(1)?;
+        let b = &self.backend;
+        if b.threads == 0 || b.queue_depth == 0 {
+            return Err("backend: threads and queue_depth must be at least 1".into());
+        }
+        if b.hnsw_m == 0 || b.hnsw_ef_construction == 0 || b.hnsw_ef_search == 0 {
+            return Err(
+                "backend: hnsw_m, hnsw_ef_construction, hnsw_ef_search must be positive".into(),
+            );
+        }
+        match (&b.kind, &b.data) {
+            (BackendKind::Embedded, DataSource::None { .. }) => {
+                return Err("backend: an embedded backend needs data (synthetic or file)".into())
+            }
+            (
+                _,
+                DataSource::Synthetic {
+                    n, dim, clusters, ..
+                },
+            ) if *n == 0 || *dim == 0 || *clusters == 0 => {
+                return Err("backend.data: n, dim and clusters must be positive".into())
+            }
+            (_, DataSource::None { dim: 0 }) => {
+                return Err("backend.data: dim must be positive".into())
+            }
+            _ => {}
+        }
+        let s = &self.sharding;
+        if s.centroids == 0 || s.sample_rows == 0 {
+            return Err("sharding: centroids and sample_rows must be positive".into());
+        }
+        if s.shard_count(self.server.executors) > 4096 {
+            return Err("sharding: at most 4096 shards".into());
+        }
+        if self.admin.enabled && self.admin.max_connections == 0 {
+            return Err("admin: max_connections must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_the_default_and_unknown_keys_are_refused() {
+        assert_eq!(Config::from_toml("").unwrap(), Config::default());
+        Config::default().validate().unwrap();
+        assert!(Config::from_toml("[cache]\nno_such = 1").is_err());
+        assert!(Config::from_toml("[nope]").is_err());
+        assert!(Config::from_toml("[backend.data]\nkind = \"synthetic\"\nn = 1\ndim = 2\nclusters = 1\nseed = 0\nextra = 1").is_err());
+    }
+
+    #[test]
+    fn sections_parse_and_round_trip() {
+        let text = r#"
+            [server]
+            listen = "127.0.0.1:0"
+            executors = 3
+            cpus = [2, 3, 4]
+            [cache]
+            capacity_objects = 5000
+            delta = 4
+            filter = { kind = "brute_force" }
+            policy = { kind = "proximity", threshold = 0.5 }
+            [sharding]
+            shards = 0
+            [backend]
+            kind = "cache_aside"
+            data = { kind = "none", dim = 50 }
+            [admin]
+            enabled = false
+        "#;
+        let cfg = Config::from_toml(text).unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.server.executors, 3);
+        assert_eq!(cfg.server.cpus, vec![2, 3, 4]);
+        assert_eq!(cfg.sharding.shard_count(3), 6);
+        let e = cfg.cache.engine_config(50).unwrap();
+        assert_eq!(e.capacity, Capacity::Objects(5000));
+        assert_eq!(e.filter, FilterKind::BruteForce);
+        assert_eq!(cfg.backend.data, DataSource::None { dim: 50 });
+        assert_eq!(Config::from_toml(&cfg.to_toml()).unwrap(), cfg);
+    }
+
+    #[test]
+    fn contradictions_are_refused() {
+        let both = "[cache]\ncapacity_bytes = 1\ncapacity_objects = 1";
+        assert!(Config::from_toml(both).unwrap().validate().is_err());
+        let no_data = "[backend]\ndata = { kind = \"none\", dim = 4 }";
+        assert!(Config::from_toml(no_data).unwrap().validate().is_err());
+        let k0 = "[cache]\nk_max = 0";
+        assert!(Config::from_toml(k0).unwrap().validate().is_err());
+    }
+
+    #[test]
+    fn the_shipped_example_parses() {
+        let text = include_str!("../ops/akerd.toml");
+        let cfg = Config::from_toml(text).unwrap();
+        cfg.validate().unwrap();
+    }
+}

@@ -1,0 +1,379 @@
+//! `Service` over the engine: one `AkerService` per executor, all sharing [`Shared`]
+//! (router, every shard's handle, the backend queue). See the diagram in `mod.rs`.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use shards::exact_table::QueryKey;
+use shards::owner::OwnerMsg;
+use shards::{Admission, Candidate, Lookup, MissTicket};
+
+use super::backend::Job;
+use super::Shared;
+use crate::metrics::{ExecutorMetrics, Op};
+use crate::protocol::{
+    DeleteRequest, FillRequest, HitKind, InsertRequest, Neighbor, Rejection, Reply, Request,
+    SearchReply, SearchRequest, Status,
+};
+use crate::server::{LocalBoxFuture, RequestContext, Service, ServiceInfo, ServiceResult};
+
+/// Cache-aside: miss tickets kept per executor for the FILL that follows a miss.
+const PENDING_FILLS_MAX: usize = 4096;
+
+pub(crate) struct AkerService {
+    shared: Arc<Shared>,
+    metrics: Arc<ExecutorMetrics>,
+    /// Cache-aside only. A client FILLs on the connection it missed on (so on this
+    /// executor): the ticket of that miss carries the delete sequence number from before
+    /// the client asked its database, so a delete acknowledged in between is stripped at
+    /// admission. A FILL without one gets a fresh ticket (and only the deletes after it).
+    pending_fills: RefCell<PendingFills>,
+}
+
+#[derive(Default)]
+struct PendingFills {
+    map: HashMap<QueryKey, (usize, MissTicket)>,
+    order: VecDeque<QueryKey>,
+}
+
+impl PendingFills {
+    fn put(&mut self, shard: usize, ticket: MissTicket) {
+        let key = ticket.key;
+        if self.map.insert(key, (shard, ticket)).is_none() {
+            self.order.push_back(key);
+        }
+        while self.map.len() > PENDING_FILLS_MAX {
+            match self.order.pop_front() {
+                Some(old) => {
+                    self.map.remove(&old);
+                }
+                None => break,
+            }
+        }
+        // Keys FILLed already leave stale entries in `order`; keep it bounded too.
+        if self.order.len() > 2 * PENDING_FILLS_MAX {
+            let map = &self.map;
+            self.order.retain(|k| map.contains_key(k));
+        }
+    }
+
+    fn take(&mut self, key: &QueryKey) -> Option<(usize, MissTicket)> {
+        self.map.remove(key)
+    }
+}
+
+fn rejection(status: Status, msg: impl Into<String>) -> Rejection {
+    Rejection::new(status, msg)
+}
+
+fn unavailable() -> Rejection {
+    rejection(
+        Status::Unavailable,
+        "a shard owner or the backend has stopped",
+    )
+}
+
+fn check_collection(c: u32) -> Result<(), Rejection> {
+    if c == 0 {
+        Ok(())
+    } else {
+        Err(rejection(
+            Status::UnknownCollection,
+            format!("collection {c} is not served (only 0)"),
+        ))
+    }
+}
+
+fn wire_kind(k: shards::HitKind) -> HitKind {
+    match k {
+        shards::HitKind::Exact => HitKind::Exact,
+        shards::HitKind::Alias => HitKind::Alias,
+        shards::HitKind::Approximate => HitKind::Approximate,
+        shards::HitKind::Miss => HitKind::Miss,
+    }
+}
+
+fn miss_reply(answer: &[Candidate], k: usize) -> Reply {
+    Reply::Search(SearchReply {
+        hit: HitKind::Miss,
+        distances_to_query: true,
+        neighbors: answer
+            .iter()
+            .take(k)
+            .map(|c| Neighbor {
+                id: c.id,
+                distance: c.distance,
+            })
+            .collect(),
+    })
+}
+
+impl AkerService {
+    pub(crate) fn new(shared: Arc<Shared>, executor: usize) -> AkerService {
+        let metrics = shared.metrics[executor].clone();
+        AkerService {
+            shared,
+            metrics,
+            pending_fills: RefCell::new(PendingFills::default()),
+        }
+    }
+
+    async fn search(&self, s: SearchRequest, ctx: &RequestContext) -> ServiceResult {
+        check_collection(s.collection)?;
+        let sh = &*self.shared;
+        let k = s.k as usize;
+        if s.bypass_cache {
+            self.metrics.count(|c| c.searches_bypass += 1);
+            let answer = self.backend_search(s.vector.into(), k, ctx).await?;
+            return Ok(miss_reply(&answer, k));
+        }
+        let q = &s.vector[..];
+        let [s1, s2] = sh.router.route(q);
+        if s.refresh_entry {
+            self.metrics.count(|c| c.searches_refresh += 1);
+            let ticket = sh.shards[s1].reader.miss_ticket(q, k, true)?;
+            return self.resolve_miss(s1, ticket, ctx).await;
+        }
+        // The hit path: lock-free reads of (at most) two shards on this core, exact tables
+        // first, then filters, nearest shard first (ShardedCache::search's order).
+        let key = QueryKey::new(q, k);
+        sh.shards[s1].reader.counters().lookups.bump();
+        let pair = [s1, s2];
+        let probe = if s1 == s2 { &pair[..1] } else { &pair[..] };
+        let found = probe
+            .iter()
+            .find_map(|&s| sh.shards[s].reader.probe_exact(q, k, key).map(|l| (s, l)))
+            .or_else(|| {
+                probe
+                    .iter()
+                    .find_map(|&s| sh.shards[s].reader.probe_filter(q, k, key).map(|l| (s, l)))
+            });
+        match found {
+            Some((s, Lookup::Hit(hit))) => {
+                let h = &sh.shards[s];
+                // Owner work is optional here: dropped and counted when its queue is full.
+                if let Some(key) = hit.link {
+                    h.hint(OwnerMsg::LinkAlias { key, rep: hit.rep });
+                }
+                h.slow_path_credit();
+                Ok(Reply::Search(SearchReply {
+                    hit: wire_kind(hit.kind),
+                    distances_to_query: hit.exact_distances,
+                    // Same layout: the collect reuses the engine's allocation.
+                    neighbors: hit
+                        .results
+                        .into_iter()
+                        .map(|n| Neighbor {
+                            id: n.id,
+                            distance: n.distance,
+                        })
+                        .collect(),
+                }))
+            }
+            // A sampled verification (Potluck+): answered by the backend like a miss.
+            Some((s, Lookup::Miss(ticket))) => self.resolve_miss(s, ticket, ctx).await,
+            None => {
+                let r = &sh.shards[s1].reader;
+                r.counters().misses.bump();
+                let ticket = r.miss_ticket(q, k, false)?;
+                self.resolve_miss(s1, ticket, ctx).await
+            }
+        }
+    }
+
+    /// A miss: the ticket (taken before the backend call: its sequence numbers guard
+    /// admission against deletes in between), the backend's `k + Δ`, the reply, and the
+    /// admission handed to the shard's owner.
+    async fn resolve_miss(
+        &self,
+        shard: usize,
+        ticket: MissTicket,
+        ctx: &RequestContext,
+    ) -> ServiceResult {
+        let sh = &*self.shared;
+        if !sh.backend.is_embedded() {
+            // Cache-aside: the client searches its database and FILLs.
+            self.pending_fills.borrow_mut().put(shard, ticket);
+            return Ok(miss_reply(&[], 0));
+        }
+        let k = ticket.k;
+        let answer = self
+            .backend_search(ticket.query.clone(), k + sh.cache_cfg.delta, ctx)
+            .await?;
+        let reply = miss_reply(&answer, k);
+        sh.shards[shard].hint(OwnerMsg::Admit {
+            ticket,
+            answer,
+            ack: None,
+        });
+        Ok(reply)
+    }
+
+    async fn backend_search(
+        &self,
+        query: Arc<[f32]>,
+        n: usize,
+        ctx: &RequestContext,
+    ) -> Result<Vec<Candidate>, Rejection> {
+        if !self.shared.backend.is_embedded() {
+            return Ok(Vec::new());
+        }
+        let (tx, rx) = flume::bounded(1);
+        let job = Job::Search {
+            query,
+            n,
+            deadline: ctx.deadline,
+            reply: tx,
+        };
+        if let Err(e) = self.shared.backend.submit(job) {
+            self.metrics.count(|c| c.backend_busy += 1);
+            return Err(e);
+        }
+        let t = Instant::now();
+        let answer = rx.recv_async().await.map_err(|_| unavailable())?;
+        self.metrics.record_backend(t.elapsed());
+        answer.map_err(|e| {
+            self.metrics.count(|c| c.backend_errors += 1);
+            Rejection::from(e)
+        })
+    }
+
+    async fn insert(&self, i: InsertRequest) -> ServiceResult {
+        check_collection(i.collection)?;
+        let vector: Arc<[f32]> = i.vector.into();
+        let near = self.shared.router.route(&vector);
+        let (tx, rx) = flume::bounded(1);
+        self.submit(Job::Insert {
+            id: i.id,
+            vector,
+            near,
+            reply: tx,
+        })?;
+        let acks = rx.recv_async().await.map_err(|_| unavailable())??;
+        for a in acks {
+            a.recv_async().await.map_err(|_| unavailable())??;
+        }
+        Ok(Reply::Inserted)
+    }
+
+    async fn delete(&self, d: DeleteRequest) -> ServiceResult {
+        check_collection(d.collection)?;
+        let (tx, rx) = flume::bounded(1);
+        self.submit(Job::Delete {
+            id: d.id,
+            reply: tx,
+        })?;
+        let (existed, acks) = rx.recv_async().await.map_err(|_| unavailable())??;
+        let mut cached = false;
+        for a in acks {
+            cached |= a.recv_async().await.map_err(|_| unavailable())?.cached;
+        }
+        // Cache-aside has no store to ask: "existed" is whether the cache held the id.
+        Ok(Reply::Deleted {
+            existed: existed.unwrap_or(cached),
+        })
+    }
+
+    fn submit(&self, job: Job) -> Result<(), Rejection> {
+        self.shared.backend.submit(job).inspect_err(|e| {
+            if e.status == Status::Busy {
+                self.metrics.count(|c| c.backend_busy += 1);
+            }
+        })
+    }
+
+    async fn fill(&self, f: FillRequest) -> ServiceResult {
+        check_collection(f.collection)?;
+        let sh = &*self.shared;
+        if sh.backend.is_embedded() {
+            return Err(rejection(
+                Status::Unsupported,
+                "FILL needs a cache-aside backend",
+            ));
+        }
+        let k = f.k as usize;
+        let key = QueryKey::new(&f.query, k);
+        let pending = self.pending_fills.borrow_mut().take(&key);
+        let (shard, ticket) = match pending {
+            Some(p) => p,
+            None => {
+                let [s1, _] = sh.router.route(&f.query);
+                (s1, sh.shards[s1].reader.miss_ticket(&f.query, k, false)?)
+            }
+        };
+        let answer: Vec<Candidate> = f.candidates.into_iter().map(Candidate::from).collect();
+        let (tx, rx) = flume::bounded(1);
+        sh.shards[shard]
+            .sender()
+            .send_async(OwnerMsg::Admit {
+                ticket,
+                answer,
+                ack: Some(tx),
+            })
+            .await
+            .map_err(|_| unavailable())?;
+        let admission = rx.recv_async().await.map_err(|_| unavailable())?;
+        let admitted = matches!(admission, Admission::Admitted(_));
+        if admitted {
+            self.metrics.count(|c| c.fills_admitted += 1);
+        }
+        Ok(Reply::Filled { admitted })
+    }
+
+    async fn flush(&self) -> ServiceResult {
+        let mut acks = Vec::with_capacity(self.shared.shards.len());
+        for h in &self.shared.shards {
+            let (tx, rx) = flume::bounded(1);
+            h.sender()
+                .send_async(OwnerMsg::Flush { ack: tx })
+                .await
+                .map_err(|_| unavailable())?;
+            acks.push(rx);
+        }
+        for a in acks {
+            a.recv_async().await.map_err(|_| unavailable())?;
+        }
+        Ok(Reply::Flushed)
+    }
+}
+
+impl Service for AkerService {
+    fn info(&self) -> ServiceInfo {
+        self.shared.info
+    }
+
+    fn handle<'a>(
+        &'a self,
+        req: Request,
+        ctx: RequestContext,
+    ) -> LocalBoxFuture<'a, ServiceResult> {
+        Box::pin(async move {
+            let (op, result) = match req {
+                Request::Search(s) => (Op::Search, self.search(s, &ctx).await),
+                Request::Insert(i) => (Op::Insert, self.insert(i).await),
+                Request::Delete(d) => (Op::Delete, self.delete(d).await),
+                Request::Fill(f) => (Op::Fill, self.fill(f).await),
+                Request::Flush => (Op::Flush, self.flush().await),
+                Request::Stats => (
+                    Op::Stats,
+                    Ok(Reply::Stats(self.shared.snapshot().render_stats())),
+                ),
+                Request::Hello | Request::Ping(_) => {
+                    return Err(rejection(
+                        Status::Internal,
+                        "HELLO and PING are the connection layer's",
+                    ))
+                }
+            };
+            let kind = match &result {
+                Ok(Reply::Search(r)) => Some(r.hit.code()),
+                _ => None,
+            };
+            self.metrics
+                .record(op, kind, ctx.received.elapsed(), result.is_ok());
+            result
+        })
+    }
+}

@@ -1,0 +1,115 @@
+//! The `akerd` binary: a config file, serving, and a clean exit on SIGTERM.
+
+#[path = "akerd_common/mod.rs"]
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const AKERD: &str = env!("CARGO_BIN_EXE_akerd");
+
+fn temp_config(name: &str, text: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("akerd-test-{}-{name}.toml", std::process::id()));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn serves_from_a_config_file_and_exits_cleanly_on_sigterm() {
+    let cfg = temp_config(
+        "serve",
+        r#"
+        [server]
+        listen = "127.0.0.1:0"
+        executors = 2
+        shutdown_poll_ms = 10
+        [cache]
+        capacity_objects = 1000
+        [backend]
+        index = "exact"
+        data = { kind = "synthetic", n = 2000, dim = 8, clusters = 8, seed = 1 }
+        [admin]
+        listen = "127.0.0.1:0"
+        "#,
+    );
+    let mut child = Command::new(AKERD)
+        .arg("--config")
+        .arg(&cfg)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The log says where it listens (port 0 in the config).
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("akerd listening") {
+                let addr = line
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix("addr="))
+                    .map(str::to_string);
+                let _ = tx.send(addr);
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("akerd logs its address")
+        .expect("addr= in the line");
+    let mut c = common::client(addr.parse().unwrap());
+    let q = vec![0.5f32; 8];
+    assert_eq!(c.search(5, &q).unwrap().neighbors.len(), 5);
+    assert_eq!(c.server_info().unwrap().executors, 2);
+
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let end = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            panic!("akerd did not exit within 20 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let _ = std::fs::remove_file(cfg);
+}
+
+#[test]
+fn print_config_and_bad_configs() {
+    let out = Command::new(AKERD)
+        .args([
+            "--print-config",
+            "--executors",
+            "3",
+            "--admin-listen",
+            "off",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let cfg = aker::config::Config::from_toml(&text).unwrap();
+    assert_eq!(cfg.server.executors, 3);
+    assert!(!cfg.admin.enabled);
+
+    let bad = temp_config("bad", "[cache]\nno_such_key = 1\n");
+    let out = Command::new(AKERD)
+        .arg("--config")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no_such_key"));
+    let _ = std::fs::remove_file(bad);
+}

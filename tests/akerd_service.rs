@@ -1,0 +1,370 @@
+//! akerd's service end to end over loopback: the engine behind the connection layer on
+//! 2 executors (4 shards), driven through the blocking client.
+
+#[path = "akerd_common/mod.rs"]
+mod common;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use aker::config::{BackendKind, DataSource};
+use aker::protocol::{FillCandidate, HitKind, SearchRequest, Status};
+use common::*;
+use shards::Metric;
+
+#[test]
+fn hello_reports_the_topology() {
+    let d = start(&config());
+    let c = client(d.local_addr());
+    let h = c.server_info().copied().unwrap();
+    assert_eq!(
+        (h.dim, h.k_max, h.executors, h.shards),
+        (DIM as u32, 32, 2, 4)
+    );
+    assert_eq!(h.metric, Metric::L2Sq);
+    d.stop().unwrap();
+}
+
+#[test]
+fn miss_then_exact_then_approximate_then_alias() {
+    let ds = dataset();
+    let d = start(&config());
+    let mut c = client(d.local_addr());
+    let q = query_near(&ds, 100, 0.01);
+
+    let miss = c.search(K, &q).unwrap();
+    assert_eq!(miss.hit, HitKind::Miss);
+    assert_eq!(
+        ids(&miss),
+        exact_ids(&ds, &q, K as usize),
+        "the backend's exact top-k"
+    );
+    assert!(miss.distances_to_query);
+
+    let exact = search_until(&mut c, &q, HitKind::Exact);
+    assert_eq!(
+        ids(&exact),
+        ids(&miss),
+        "an exact hit returns the cached answer"
+    );
+
+    // A query well inside the entry's threshold (minD / 4; here 1% of minD away).
+    let min_d = miss.neighbors[0].distance;
+    let eps = (min_d.sqrt() * 0.1) / (DIM as f32).sqrt();
+    let near: Vec<f32> = q.iter().map(|x| x + eps).collect();
+    let approx = c.search(K, &near).unwrap();
+    assert_eq!(approx.hit, HitKind::Approximate);
+    assert_eq!(approx.neighbors.len(), K as usize);
+    assert!(
+        approx.distances_to_query,
+        "vectors are stored: re-ranked for the request"
+    );
+    assert!(approx
+        .neighbors
+        .windows(2)
+        .all(|w| w[0].distance <= w[1].distance));
+    let mut got = ids(&approx);
+    let mut want = exact_ids(&ds, &near, K as usize);
+    got.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(got, want, "so close a query has the same neighbours");
+
+    // The approximate hit linked an alias (owner side, asynchronously).
+    let alias = search_until(&mut c, &near, HitKind::Alias);
+    assert_eq!(ids(&alias), ids(&approx));
+    d.stop().unwrap();
+}
+
+#[test]
+fn an_insert_shows_up_through_the_fast_path() {
+    let ds = dataset();
+    let d = start(&config());
+    let mut c = client(d.local_addr());
+    let q = query_near(&ds, 200, 0.01);
+    let first = c.search(K, &q).unwrap();
+    search_until(&mut c, &q, HitKind::Exact);
+
+    // Closer to q than anything in the collection.
+    let v: Vec<f32> = q.iter().map(|x| x + 1e-4).collect();
+    c.insert(50_000, &v).unwrap();
+    // The reply came after every owner applied it: the very next lookup sees it.
+    let after = c.search(K, &q).unwrap();
+    assert_eq!(after.hit, HitKind::Exact);
+    assert_eq!(after.neighbors[0].id, 50_000, "{after:?}");
+    assert_eq!(&ids(&after)[1..], &ids(&first)[..K as usize - 1]);
+    // And the backend has it.
+    let bypass = c
+        .search_with(SearchRequest {
+            bypass_cache: true,
+            ..SearchRequest::new(1, v.clone())
+        })
+        .unwrap();
+    assert_eq!(
+        (bypass.hit, bypass.neighbors[0].id),
+        (HitKind::Miss, 50_000)
+    );
+    let stats = c.stats().unwrap();
+    assert!(stat(&stats, "fast_path_updates").unwrap() >= 1.0, "{stats}");
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_delete_is_gone_from_cache_and_backend_once_acknowledged() {
+    let ds = dataset();
+    let d = start(&config());
+    let mut c = client(d.local_addr());
+    let q = query_near(&ds, 300, 0.01);
+    let miss = c.search(K, &q).unwrap();
+    search_until(&mut c, &q, HitKind::Exact);
+    let victim = miss.neighbors[0].id;
+    assert!(c.delete(victim).unwrap(), "existed");
+    assert!(!c.delete(victim).unwrap(), "gone");
+    assert!(!c.delete(9_999_999).unwrap());
+    for _ in 0..20 {
+        let r = c.search(K, &q).unwrap();
+        assert!(!ids(&r).contains(&victim), "{r:?}");
+        // Δ = 3 reserves: the entry promoted one and stays an exact hit.
+        assert_eq!(r.hit, HitKind::Exact);
+        assert_eq!(r.neighbors.len(), K as usize);
+    }
+    let stats = c.stats().unwrap();
+    assert!(stat(&stats, "delete_repairs").unwrap() >= 1.0, "{stats}");
+    d.stop().unwrap();
+}
+
+#[test]
+fn bypass_refresh_and_flush() {
+    let ds = dataset();
+    let d = start(&config());
+    let mut c = client(d.local_addr());
+    let q = query_near(&ds, 400, 0.01);
+    let bypass = SearchRequest {
+        bypass_cache: true,
+        ..SearchRequest::new(K, q.clone())
+    };
+    for _ in 0..3 {
+        assert_eq!(c.search_with(bypass.clone()).unwrap().hit, HitKind::Miss);
+    }
+    let stats = c.stats().unwrap();
+    assert_eq!(stat(&stats, "lookups"), Some(0.0), "bypass reads no cache");
+    assert_eq!(stat(&stats, "searches_bypass"), Some(3.0));
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        c.search(K, &q).unwrap().hit,
+        HitKind::Miss,
+        "and fills none"
+    );
+
+    search_until(&mut c, &q, HitKind::Exact);
+    let refresh = SearchRequest {
+        refresh_entry: true,
+        ..SearchRequest::new(K, q.clone())
+    };
+    assert_eq!(c.search_with(refresh).unwrap().hit, HitKind::Miss);
+    search_until(&mut c, &q, HitKind::Exact);
+
+    c.flush().unwrap();
+    assert_eq!(c.search(K, &q).unwrap().hit, HitKind::Miss, "flushed");
+    d.stop().unwrap();
+}
+
+#[test]
+fn fill_in_cache_aside_mode() {
+    let mut cfg = config();
+    cfg.backend.kind = BackendKind::CacheAside;
+    cfg.backend.data = DataSource::None { dim: DIM };
+    let d = start(&cfg);
+    let mut c = client(d.local_addr());
+    let q: Vec<f32> = (0..DIM).map(|i| i as f32 * 0.1).collect();
+    let miss = c.search(K, &q).unwrap();
+    assert_eq!((miss.hit, miss.neighbors.len()), (HitKind::Miss, 0));
+
+    // The client asked its own database: k + Δ neighbours, ascending.
+    let cands: Vec<FillCandidate> = (0..K as u64 + 3)
+        .map(|i| FillCandidate {
+            id: 100 + i,
+            distance: 0.5 + i as f32,
+            vector: q.iter().map(|x| x + 0.1 + i as f32 * 0.1).collect(),
+        })
+        .collect();
+    assert!(c.fill(&q, K, cands.clone()).unwrap(), "admitted");
+    let hit = search_until(&mut c, &q, HitKind::Exact);
+    assert_eq!(ids(&hit), (100..100 + K as u64).collect::<Vec<_>>());
+    // Again: already cached, not admitted twice.
+    assert!(!c.fill(&q, K, cands.clone()).unwrap());
+    // Too few to serve k: declined.
+    let q2: Vec<f32> = q.iter().map(|x| x + 5.0).collect();
+    assert!(!c.fill(&q2, K, cands[..2].to_vec()).unwrap());
+    // DELETE in cache-aside: "existed" is whether the cache held it.
+    assert!(c.delete(100).unwrap());
+    assert!(!c.delete(100).unwrap());
+    let r = c.search(K, &q).unwrap();
+    assert!(!ids(&r).contains(&100));
+    let stats = c.stats().unwrap();
+    assert_eq!(stat(&stats, "fills_admitted"), Some(1.0), "{stats}");
+    d.stop().unwrap();
+
+    // FILL without a cache-aside backend.
+    let d = start(&config());
+    let mut c = client(d.local_addr());
+    let err = c.fill(&q, K, cands).unwrap_err();
+    assert_eq!(err.status(), Some(Status::Unsupported));
+    d.stop().unwrap();
+}
+
+#[test]
+fn stats_and_metrics_answer_with_the_counters() {
+    let ds = dataset();
+    let d = start(&config());
+    let mut c = client(d.local_addr());
+    for i in 0..20 {
+        let q = query_near(&ds, i * 7, 0.01);
+        c.search(K, &q).unwrap();
+        search_until(&mut c, &q, HitKind::Exact);
+    }
+    let stats = c.stats().unwrap();
+    for name in [
+        "executors",
+        "shards",
+        "lookups",
+        "hits_exact",
+        "hits_alias",
+        "hits_approximate",
+        "misses",
+        "admissions",
+        "evictions",
+        "invalidations",
+        "slow_path_steps",
+        "pool_objects",
+        "pool_bytes",
+        "shard_pool_objects_0",
+        "shard_pool_bytes_3",
+        "shard_queue_len_1",
+        "hints_dropped",
+        "latency_search_exact_count",
+        "latency_search_exact_p50_us",
+        "latency_search_miss_p99_us",
+        "latency_backend_search_p50_us",
+        "requests_search",
+        "server_requests",
+    ] {
+        assert!(stat(&stats, name).is_some(), "STATS lacks {name}:\n{stats}");
+    }
+    assert_eq!(stat(&stats, "shards"), Some(4.0));
+    assert!(stat(&stats, "misses").unwrap() >= 20.0);
+    assert!(stat(&stats, "hits_exact").unwrap() >= 20.0);
+    assert!(stat(&stats, "admissions").unwrap() >= 20.0);
+    assert!(stat(&stats, "pool_objects").unwrap() > 0.0);
+
+    let admin = d.admin_addr().expect("admin endpoint");
+    let get = |path: &str| {
+        let mut s = std::net::TcpStream::connect(admin).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let m = get("/metrics");
+    assert!(m.starts_with("HTTP/1.1 200 OK"), "{m}");
+    for needle in [
+        "# TYPE aker_hits_exact_total counter",
+        "aker_misses_total ",
+        "aker_shard_pool_objects{shard=\"0\"}",
+        "aker_latency_seconds{op=\"search\",kind=\"exact\",quantile=\"0.99\"}",
+        "aker_latency_seconds_count{op=\"search\",kind=\"miss\"}",
+        "aker_server_requests_total",
+        "aker_server_connections_current 1",
+    ] {
+        assert!(m.contains(needle), "/metrics lacks {needle}:\n{m}");
+    }
+    assert!(get("/nope").starts_with("HTTP/1.1 404"));
+    assert!(get("/healthz").ends_with("ok\n"));
+    d.stop().unwrap();
+}
+
+#[test]
+fn bad_input_gets_its_status_and_the_server_stays_up() {
+    let ds = dataset();
+    let d = start(&config());
+    let mut c = client(d.local_addr());
+    let q = query_near(&ds, 5, 0.01);
+    let status = |c: &mut aker::client::Client, req: SearchRequest| {
+        c.search_with(req).unwrap_err().status().unwrap()
+    };
+    assert_eq!(
+        status(&mut c, SearchRequest::new(K, vec![0.0; DIM + 1])),
+        Status::DimMismatch
+    );
+    let mut nan = q.clone();
+    nan[3] = f32::NAN;
+    assert_eq!(
+        status(&mut c, SearchRequest::new(K, nan.clone())),
+        Status::NonFinite
+    );
+    assert_eq!(
+        status(&mut c, SearchRequest::new(0, q.clone())),
+        Status::BadK
+    );
+    assert_eq!(
+        status(&mut c, SearchRequest::new(33, q.clone())),
+        Status::BadK
+    );
+    assert_eq!(
+        status(
+            &mut c,
+            SearchRequest {
+                collection: 7,
+                ..SearchRequest::new(K, q.clone())
+            }
+        ),
+        Status::UnknownCollection
+    );
+    assert_eq!(
+        c.insert(1, &[1.0; DIM + 2]).unwrap_err().status(),
+        Some(Status::DimMismatch)
+    );
+    assert_eq!(
+        c.insert(1, &nan).unwrap_err().status(),
+        Some(Status::NonFinite)
+    );
+    // Still serving, on the same connection and on a new one.
+    assert_eq!(c.search(K, &q).unwrap().neighbors.len(), K as usize);
+    let mut c2 = client(d.local_addr());
+    c2.ping().unwrap();
+    let stats = c2.stats().unwrap();
+    assert!(
+        stat(&stats, "server_invalid_requests").unwrap() >= 6.0,
+        "{stats}"
+    );
+    assert!(
+        stat(&stats, "errors_search").unwrap() >= 1.0,
+        "UNKNOWN_COLLECTION is the service's"
+    );
+    d.stop().unwrap();
+}
+
+#[test]
+fn the_demo_runs_small_and_sees_every_kind() {
+    let o = aker::demo::DemoOptions {
+        n: 3_000,
+        dim: 16,
+        clusters: 16,
+        groups: 100,
+        requests: 3_000,
+        ..Default::default()
+    };
+    let r = aker::demo::measure(&o).unwrap();
+    assert_eq!(r.errors, 0);
+    assert_eq!(r.total(), 3_000);
+    for (k, row) in r.kinds.iter().enumerate() {
+        assert!(
+            row.count > 0,
+            "no replies of kind {k}: {:?}",
+            r.kinds.iter().map(|k| k.count).collect::<Vec<_>>()
+        );
+    }
+    assert!(r.recall() > 0.8, "recall {}", r.recall());
+    // Misses come from the exact store.
+    assert!((r.kinds[0].recall_sum / r.kinds[0].count as f64) > 0.999);
+}
