@@ -34,7 +34,6 @@ pub struct Config {
 pub struct CacheSection {
     /// `l2sq` (squared L2), `cosine` (1 - cos) or `ip` (-dot); the engine's other
     /// spellings (`l2`, `dot`, `inner_product`, ...) are accepted too.
-    #[serde(with = "metric_name")]
     pub metric: Metric,
     pub k_max: usize,
     /// Reserve results kept beyond k (Δ): deletes promote them instead of invalidating.
@@ -84,22 +83,6 @@ impl Default for CacheSection {
             policy: PolicyConfig::default(),
             owner_queue_depth: 4096,
         }
-    }
-}
-
-/// The metric by its short name (`Metric::name` / `FromStr`), not the engine's serde
-/// spelling (`l2_sq`), so the config says what logs and HELLO say.
-mod metric_name {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use shards::Metric;
-
-    pub fn serialize<S: Serializer>(m: &Metric, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(m.name())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Metric, D::Error> {
-        let text = String::deserialize(d)?;
-        text.parse().map_err(serde::de::Error::custom)
     }
 }
 

@@ -356,6 +356,12 @@ impl Cache {
         validate_vector(&ticket.query, self.cfg.dim)?;
         validate_k(ticket.k, self.cfg.k_max)?;
         let k = ticket.k;
+        // A sampled verification (Potluck+) learns from the backend's own top-k, on
+        // whichever core the miss ran: the answer reaches the owner either way.
+        if let Some(cached) = &ticket.verify {
+            let fresh: Vec<u64> = answer.iter().take(k).map(|c| c.id).collect();
+            self.policy.on_verification(cached, &fresh);
+        }
         let Some(deleted) = self.deletes.deleted_since(ticket.delete_seq) else {
             self.read.counters.admissions_refused.bump();
             return Ok(Admission::Stale);

@@ -9,8 +9,10 @@
 use serde::{Deserialize, Serialize};
 use simsimd::SpatialSimilarity;
 
+/// In configs and files a metric is its short name (`l2sq`, `cosine`, `ip`); every
+/// spelling `FromStr` knows is accepted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(try_from = "String", into = "&'static str")]
 pub enum Metric {
     /// Squared Euclidean distance.
     L2Sq,
@@ -18,6 +20,19 @@ pub enum Metric {
     Cosine,
     /// `-dot(a, b)`.
     InnerProduct,
+}
+
+impl TryFrom<String> for Metric {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Metric> for &'static str {
+    fn from(m: Metric) -> &'static str {
+        m.name()
+    }
 }
 
 impl Metric {

@@ -14,6 +14,9 @@ use crate::counter::Counter;
 use crate::error::{Error, Result};
 use crate::metric::Metric;
 
+/// A rebalance needs at least this many requests per centroid since the last one.
+const MIN_REQUESTS_PER_CENTROID: u64 = 32;
+
 /// Most k-means iterations (each is one pass over the sample).
 const KMEANS_ITERATIONS_MAX: usize = 25;
 
@@ -24,8 +27,10 @@ pub struct Router {
     centroids: Vec<f32>,
     /// Centroid -> shard, re-assignable while readers route.
     assignment: Vec<AtomicU32>,
-    /// Requests routed to each centroid since the last rebalance.
+    /// Requests routed to each centroid (running totals).
     load: Vec<Counter>,
+    /// `load` as of the last rebalance: the difference is the recent load.
+    load_seen: Vec<AtomicU64>,
     shards: usize,
     rebalances: AtomicU64,
 }
@@ -116,6 +121,7 @@ impl Router {
                 .map(|j| AtomicU32::new((j % shards) as u32))
                 .collect(),
             load: (0..c).map(|_| Counter::default()).collect(),
+            load_seen: (0..c).map(|_| AtomicU64::new(0)).collect(),
             centroids,
             shards,
             rebalances: AtomicU64::new(0),
@@ -134,11 +140,9 @@ impl Router {
         self.rebalances.load(Ordering::Relaxed)
     }
 
-    /// The two nearest centroids' shards (the same one twice when they agree); counts
-    /// the request against the nearest centroid's load.
-    pub fn route(&self, q: &[f32]) -> [usize; 2] {
+    fn nearest_two(&self, q: &[f32]) -> (usize, Option<usize>) {
         debug_assert_eq!(q.len(), self.dim);
-        let (mut b1, mut b2) = ((f32::INFINITY, 0usize), (f32::INFINITY, 0usize));
+        let (mut b1, mut b2) = ((f32::INFINITY, 0usize), (f32::INFINITY, usize::MAX));
         for (j, c) in self.centroids.chunks_exact(self.dim).enumerate() {
             let d = self.metric.distance(q, c);
             if d < b1.0 {
@@ -148,37 +152,80 @@ impl Router {
                 b2 = (d, j);
             }
         }
-        self.load[b1.1].bump();
-        let s1 = self.assignment[b1.1].load(Ordering::Relaxed) as usize;
-        let s2 = if b2.0.is_finite() {
-            self.assignment[b2.1].load(Ordering::Relaxed) as usize
-        } else {
-            s1
-        };
+        (b1.1, (b2.1 != usize::MAX).then_some(b2.1))
+    }
+
+    fn shards_of(&self, j1: usize, j2: Option<usize>) -> [usize; 2] {
+        let s1 = self.assignment[j1].load(Ordering::Relaxed) as usize;
+        let s2 = j2.map_or(s1, |j| self.assignment[j].load(Ordering::Relaxed) as usize);
         [s1, s2]
     }
 
-    /// Re-assigns centroids to shards by the load measured since the last call:
-    /// heaviest centroid first, each to the least-loaded shard (LPT). Returns the
+    /// A search's two nearest centroids' shards (the same one twice when they agree);
+    /// counts the request against the nearest centroid's load.
+    pub fn route(&self, q: &[f32]) -> [usize; 2] {
+        let (j1, j2) = self.nearest_two(q);
+        self.load[j1].bump();
+        self.shards_of(j1, j2)
+    }
+
+    /// The same for a write: not counted as search load.
+    pub fn route_write(&self, v: &[f32]) -> [usize; 2] {
+        let (j1, j2) = self.nearest_two(v);
+        self.shards_of(j1, j2)
+    }
+
+    /// Re-assigns centroids to shards by the load measured since the last call
+    /// (heaviest centroid first, each to the least-loaded shard: LPT), but only when
+    /// that lowers the busiest shard's load by more than 15%: every move strands the
+    /// entries cached in the old shard, so small gains are not worth it. Returns the
     /// number of centroids that moved. Control plane: call it from one place.
     pub fn rebalance(&self) -> usize {
-        let loads: Vec<u64> = self.load.iter().map(|c| c.get()).collect();
-        let assignment = assign_by_load(&loads, self.shards);
+        let loads: Vec<u64> = self
+            .load
+            .iter()
+            .zip(&self.load_seen)
+            .map(|(l, seen)| {
+                let now = l.get();
+                now - seen.swap(now, Ordering::Relaxed).min(now)
+            })
+            .collect();
+        self.rebalances.fetch_add(1, Ordering::Relaxed);
+        // Too few requests to tell load from noise.
+        if loads.iter().sum::<u64>() < MIN_REQUESTS_PER_CENTROID * loads.len() as u64 {
+            return 0;
+        }
+        let current: Vec<usize> = self
+            .assignment
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed) as usize)
+            .collect();
+        let proposed = assign_by_load(&loads, self.shards);
+        let busiest = |assign: &[usize]| {
+            let mut per = vec![0u64; self.shards];
+            for (j, &s) in assign.iter().enumerate() {
+                per[s] += loads[j];
+            }
+            per.into_iter().max().unwrap_or(0)
+        };
+        if (busiest(&proposed) as f64) * 1.15 >= busiest(&current) as f64 {
+            return 0;
+        }
         let mut moved = 0;
-        for (a, &s) in self.assignment.iter().zip(&assignment) {
+        for (a, &s) in self.assignment.iter().zip(&proposed) {
             if a.swap(s as u32, Ordering::Relaxed) != s as u32 {
                 moved += 1;
             }
         }
-        self.rebalances.fetch_add(1, Ordering::Relaxed);
         moved
     }
 
-    /// Per-shard share of the routed load under the current assignment.
+    /// Per-shard search load since the last rebalance, under the current assignment.
     pub fn shard_loads(&self) -> Vec<u64> {
         let mut out = vec![0u64; self.shards];
-        for (a, l) in self.assignment.iter().zip(&self.load) {
-            out[a.load(Ordering::Relaxed) as usize] += l.get();
+        for ((a, l), seen) in self.assignment.iter().zip(&self.load).zip(&self.load_seen) {
+            out[a.load(Ordering::Relaxed) as usize] +=
+                l.get() - seen.load(Ordering::Relaxed).min(l.get());
         }
         out
     }
@@ -251,13 +298,25 @@ mod tests {
             .map(|c| r.route(&[c as f32 * 100.0, 0.0])[0])
             .collect();
         assert_eq!(shards.len(), 2, "4 centroids over 2 shards use both");
-        // all load on one cluster: rebalancing keeps the assignment valid
+        // skewed load: one cluster draws most requests; a rebalance that helps moves
+        // centroids, and the load counters restart
         for _ in 0..100 {
             r.route(&[300.0, 0.0]);
+            r.route(&[0.0, 0.0]);
         }
-        r.rebalance();
-        let loads = r.shard_loads();
-        assert_eq!(loads.iter().sum::<u64>(), 4 + 100 + 2);
+        r.route_write(&[100.0, 0.0]);
+        assert_eq!(r.shard_loads().iter().sum::<u64>(), 4 + 200 + 2);
+        let before = r.shard_loads();
+        let moved = r.rebalance();
+        assert_eq!(r.shard_loads().iter().sum::<u64>(), 0);
+        if before[0].abs_diff(before[1]) > 100 {
+            assert!(moved > 0, "{before:?}");
+        }
+        // a handful of requests moves nothing
+        for c in 0..4 {
+            r.route(&[c as f32 * 100.0, 0.0]);
+        }
+        assert_eq!(r.rebalance(), 0);
         assert!(Router::train(&[], 2, Metric::L2Sq, 4, 2, 1).is_err());
     }
 }

@@ -147,7 +147,7 @@ impl ShardedCache {
 
     pub fn insert(&mut self, id: u64, v: &[f32]) -> Result<()> {
         let v: Arc<[f32]> = Arc::from(v);
-        let near = self.router.route(&v);
+        let near = self.router.route_write(&v);
         for (s, shard) in self.shards.iter_mut().enumerate() {
             shard.insert_with(id, v.clone(), near.contains(&s))?;
         }

@@ -210,7 +210,7 @@ fn run_stress(filter: FilterKind) {
                     next_id += 1;
                     db.write().unwrap().insert(next_id, &v).unwrap();
                     let v: Arc<[f32]> = Arc::from(v);
-                    let near = router.route(&v);
+                    let near = router.route_write(&v);
                     let acks: Vec<_> = handles
                         .iter()
                         .enumerate()

@@ -243,7 +243,7 @@ impl AkerService {
     async fn insert(&self, i: InsertRequest) -> ServiceResult {
         check_collection(i.collection)?;
         let vector: Arc<[f32]> = i.vector.into();
-        let near = self.shared.router.route(&vector);
+        let near = self.shared.router.route_write(&vector);
         let (tx, rx) = flume::bounded(1);
         self.submit(Job::Insert {
             id: i.id,
@@ -299,7 +299,7 @@ impl AkerService {
         let (shard, ticket) = match pending {
             Some(p) => p,
             None => {
-                let [s1, _] = sh.router.route(&f.query);
+                let [s1, _] = sh.router.route_write(&f.query);
                 (s1, sh.shards[s1].reader.miss_ticket(&f.query, k, false)?)
             }
         };
