@@ -476,3 +476,22 @@ fn byte_budget_bounds_memory() {
     assert!(c.stats().evictions > 0);
     c.check_invariants().unwrap();
 }
+
+#[test]
+fn rerank_serves_the_best_k_of_the_reserve_to_a_near_query() {
+    let mut s = ExactStore::new(1, Metric::L2Sq);
+    for (id, x) in [(1u64, -1.0f32), (2, 1.1), (3, -1.2), (4, 9.0)] {
+        s.insert(id, &[x]).unwrap();
+    }
+    let near = [-0.45f32]; // d to RQ 0.0 is 0.2025 < τ = minD / 4 = 0.25
+    for (policy, want) in [
+        (PolicyConfig::default(), vec![1, 2]),
+        (PolicyConfig::aker_rerank(), vec![1, 3]),
+    ] {
+        let mut c = cache_with(1, 100, FilterKind::BruteForce, policy);
+        c.search(&s, &[0.0], 2).unwrap(); // NRL: 1 (1.0), 2 (1.21) | 3 (1.44)
+        let r = c.search(&s, &near, 2).unwrap();
+        assert_eq!(r.kind, HitKind::Approximate);
+        assert_eq!(ids(&r), want, "{}", c.policy().name());
+    }
+}

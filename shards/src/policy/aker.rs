@@ -1,5 +1,10 @@
 //! The paper's policy (§4.4, Eq. 1): per-entry `τ`, initialised to `minD / 4`, grown by
 //! `α_L` on equality hits (capped by `minD`), shrunk by `α_T` on approximate hits.
+//!
+//! With `rerank`, a near query gets the best `k` of the entry's `k + Δ` results for its
+//! own vector instead of the entry's own first `k`: the reserve that deletes need is
+//! also where a near query's true neighbours most often are (ALGORITHM.md: paper-Aker's
+//! approximate hits are individually poor).
 
 use super::HitPolicy;
 use crate::entry::RepView;
@@ -9,6 +14,7 @@ pub struct AkerPolicy {
     pub alpha_l: f32,
     pub alpha_t: f32,
     pub tau_init_divisor: f32,
+    pub rerank: bool,
 }
 
 impl Default for AkerPolicy {
@@ -17,13 +23,18 @@ impl Default for AkerPolicy {
             alpha_l: 1.1,
             alpha_t: 0.25,
             tau_init_divisor: 4.0,
+            rerank: false,
         }
     }
 }
 
 impl HitPolicy for AkerPolicy {
     fn name(&self) -> &'static str {
-        "aker"
+        if self.rerank {
+            "aker-rerank"
+        } else {
+            "aker"
+        }
     }
     fn initial_tau(&self, min_d: f32) -> f32 {
         min_d / self.tau_init_divisor
@@ -40,5 +51,8 @@ impl HitPolicy for AkerPolicy {
     }
     fn links_aliases(&self) -> bool {
         true
+    }
+    fn rerank(&self) -> bool {
+        self.rerank
     }
 }

@@ -55,6 +55,13 @@ pub enum PolicyConfig {
         alpha_t: f32,
         tau_init_divisor: f32,
     },
+    /// Aker's thresholds, and near queries get the best `k` of all `k + Δ` cached
+    /// results for their own vector (needs `store_vectors` and `Δ > 0`).
+    AkerRerank {
+        alpha_l: f32,
+        alpha_t: f32,
+        tau_init_divisor: f32,
+    },
     Proximity {
         threshold: f32,
     },
@@ -78,6 +85,20 @@ impl Default for PolicyConfig {
 }
 
 impl PolicyConfig {
+    /// The paper's policy with re-ranking over the reserve.
+    pub fn aker_rerank() -> Self {
+        PolicyConfig::AkerRerank {
+            alpha_l: 1.1,
+            alpha_t: 0.25,
+            tau_init_divisor: 4.0,
+        }
+    }
+
+    /// Whether hits under this policy need each result's vector.
+    pub fn needs_vectors(&self) -> bool {
+        matches!(self, PolicyConfig::AkerRerank { .. })
+    }
+
     pub fn build(&self) -> Box<dyn HitPolicy> {
         match *self {
             PolicyConfig::Aker {
@@ -88,6 +109,17 @@ impl PolicyConfig {
                 alpha_l,
                 alpha_t,
                 tau_init_divisor,
+                rerank: false,
+            }),
+            PolicyConfig::AkerRerank {
+                alpha_l,
+                alpha_t,
+                tau_init_divisor,
+            } => Box::new(AkerPolicy {
+                alpha_l,
+                alpha_t,
+                tau_init_divisor,
+                rerank: true,
             }),
             PolicyConfig::Proximity { threshold } => Box::new(ProximityPolicy::new(threshold)),
             PolicyConfig::Potluck {
