@@ -25,7 +25,10 @@ const DELTA: usize = 2;
 const DIMS: [usize; 2] = [128, 768];
 
 fn reps() -> usize {
-    std::env::var("AKER_BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000)
+    std::env::var("AKER_BENCH_REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000)
 }
 
 /// Query vectors shaped like real embeddings: 1,000 Gaussian clusters of varying
@@ -38,14 +41,19 @@ struct Clusters {
 
 impl Clusters {
     fn new(dim: usize, rng: &mut StdRng) -> Clusters {
-        let centres = (0..1000).map(|_| (0..dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect()).collect();
+        let centres = (0..1000)
+            .map(|_| (0..dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect())
+            .collect();
         let spreads = (0..1000).map(|_| rng.gen_range(0.01f32..0.1)).collect();
         Clusters { centres, spreads }
     }
     fn sample(&self, rng: &mut StdRng) -> Vec<f32> {
         let c = rng.gen_range(0..self.centres.len());
         let s = self.spreads[c];
-        self.centres[c].iter().map(|x| x + rng.gen_range(-s..s)).collect()
+        self.centres[c]
+            .iter()
+            .map(|x| x + rng.gen_range(-s..s))
+            .collect()
     }
 }
 
@@ -63,7 +71,12 @@ struct Fixture {
 
 fn answer(rng: &mut StdRng, base_id: u64) -> Vec<Candidate> {
     (0..K + DELTA)
-        .map(|i| Candidate::new(base_id + rng.gen_range(0..50_000u64) * 16 + i as u64, 1.0 + i as f32 * 0.1))
+        .map(|i| {
+            Candidate::new(
+                base_id + rng.gen_range(0..50_000u64) * 16 + i as u64,
+                1.0 + i as f32 * 0.1,
+            )
+        })
         .collect()
 }
 
@@ -84,11 +97,20 @@ impl Fixture {
         for i in 0..n {
             let q = clusters.sample(&mut rng);
             let ticket = cache.miss_ticket(&q, K, false).unwrap();
-            cache.admit(ticket, answer(&mut rng, i as u64 * 1_000_000)).unwrap();
+            cache
+                .admit(ticket, answer(&mut rng, i as u64 * 1_000_000))
+                .unwrap();
             queries.push(q);
         }
         assert_eq!(cache.len(), n);
-        Fixture { cache, clusters, queries, rng, dim, next_id: 1 << 40 }
+        Fixture {
+            cache,
+            clusters,
+            queries,
+            rng,
+            dim,
+            next_id: 1 << 40,
+        }
     }
 
     fn query(&mut self) -> &[f32] {
@@ -118,7 +140,9 @@ fn single_core(c: &mut Criterion) {
         let mut f = scaling(f);
         tails(&mut f);
         let mut g = c.benchmark_group(format!("engine/d{dim}/{n}reps"));
-        g.sample_size(30).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+        g.sample_size(30)
+            .measurement_time(Duration::from_secs(3))
+            .warm_up_time(Duration::from_secs(1));
         // Inputs are made before timing: setup closures cannot borrow the cache.
         let exact: Vec<Vec<f32>> = (0..4096).map(|_| f.query().to_vec()).collect();
         let near: Vec<Vec<f32>> = (0..4096).map(|_| f.near_query()).collect();
@@ -126,7 +150,10 @@ fn single_core(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("exact_hit", dim), |b| {
             b.iter(|| {
                 i = (i + 1) % exact.len();
-                assert!(matches!(cache.lookup(black_box(&exact[i]), K).unwrap(), Lookup::Hit(_)))
+                assert!(matches!(
+                    cache.lookup(black_box(&exact[i]), K).unwrap(),
+                    Lookup::Hit(_)
+                ))
             })
         });
         g.bench_function(BenchmarkId::new("approximate_hit", dim), |b| {
@@ -137,7 +164,9 @@ fn single_core(c: &mut Criterion) {
         });
         let (mut rng, mut next_id) = (StdRng::seed_from_u64(5), 1u64 << 40);
         // Disjoint borrows: the setup draws from the clusters while the routine admits.
-        let Fixture { cache, clusters, .. } = &mut f;
+        let Fixture {
+            cache, clusters, ..
+        } = &mut f;
         g.bench_function(BenchmarkId::new("miss_admission", dim), |b| {
             b.iter_batched(
                 || {
@@ -166,7 +195,9 @@ fn single_core(c: &mut Criterion) {
                 criterion::BatchSize::SmallInput,
             )
         });
-        g.bench_function(BenchmarkId::new("slow_path_step", dim), |b| b.iter(|| black_box(cache.slow_path_step())));
+        g.bench_function(BenchmarkId::new("slow_path_step", dim), |b| {
+            b.iter(|| black_box(cache.slow_path_step()))
+        });
         // Each timed delete removes an id a live entry holds (found untimed); deletes
         // invalidate entries, so the cache is refilled (untimed) when it runs low.
         g.bench_function(BenchmarkId::new("delete", dim), |b| {
@@ -179,7 +210,12 @@ fn single_core(c: &mut Criterion) {
                         let t = cache.miss_ticket(&q, K, false).unwrap();
                         cache.admit(t, answer(&mut rng, next_id)).unwrap();
                     }
-                    let victim = cache.representatives().nth(rng.gen_range(0..64)).expect("entries").nrl.ids[0];
+                    let victim = cache
+                        .representatives()
+                        .nth(rng.gen_range(0..64))
+                        .expect("entries")
+                        .nrl
+                        .ids[0];
                     let t = Instant::now();
                     black_box(cache.delete(victim));
                     total += t.elapsed();
@@ -241,7 +277,14 @@ fn tails(f: &mut Fixture) {
 /// Lookups per second with 1 and 2 reader threads, the owner admitting in the
 /// background (one admission every 200 µs).
 fn scaling(f: Fixture) -> Fixture {
-    let Fixture { cache, clusters, queries, rng, dim, next_id } = f;
+    let Fixture {
+        cache,
+        clusters,
+        queries,
+        rng,
+        dim,
+        next_id,
+    } = f;
     let reader = cache.reader();
     let queries = Arc::new(queries);
     let owner = Arc::new(Mutex::new(cache));
@@ -300,9 +343,20 @@ fn scaling(f: Fixture) -> Fixture {
             rates[1] / rates[0]
         );
     }
-    let cache = Arc::try_unwrap(owner).ok().expect("threads joined").into_inner().unwrap();
+    let cache = Arc::try_unwrap(owner)
+        .ok()
+        .expect("threads joined")
+        .into_inner()
+        .unwrap();
     let queries = Arc::try_unwrap(queries).expect("threads joined");
-    Fixture { cache, clusters, queries, rng, dim, next_id }
+    Fixture {
+        cache,
+        clusters,
+        queries,
+        rng,
+        dim,
+        next_id,
+    }
 }
 
 criterion_group!(benches, single_core);

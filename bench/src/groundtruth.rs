@@ -309,7 +309,8 @@ mod tests {
         let base = synthetic(1_000, 8, 4, 3);
         let queries = synthetic(20, 8, 4, 4).data;
 
-        let first = exact_top_n_cached(&base, &queries, Metric::L2Sq, 5, dir.path(), &|_| {}).unwrap();
+        let first =
+            exact_top_n_cached(&base, &queries, Metric::L2Sq, 5, dir.path(), &|_| {}).unwrap();
         assert!(!first.loaded);
         assert_eq!(fs::metadata(&first.path).unwrap().len(), 48 + 20 * 5 * 12);
 
@@ -317,17 +318,20 @@ mod tests {
         let mut bytes = fs::read(&first.path).unwrap();
         bytes[48 + 8..48 + 12].copy_from_slice(&(-1.0f32).to_le_bytes());
         fs::write(&first.path, &bytes).unwrap();
-        let second = exact_top_n_cached(&base, &queries, Metric::L2Sq, 5, dir.path(), &|_| {}).unwrap();
+        let second =
+            exact_top_n_cached(&base, &queries, Metric::L2Sq, 5, dir.path(), &|_| {}).unwrap();
         assert!(second.loaded);
         assert_eq!(second.path, first.path);
         assert_eq!(second.lists[0][0].distance, -1.0);
         assert_eq!(pairs(&second.lists[1]), pairs(&first.lists[1]));
 
         // Other inputs, other file.
-        let other = exact_top_n_cached(&base, &queries, Metric::Cosine, 5, dir.path(), &|_| {}).unwrap();
+        let other =
+            exact_top_n_cached(&base, &queries, Metric::Cosine, 5, dir.path(), &|_| {}).unwrap();
         assert!(!other.loaded);
         assert_ne!(other.path, first.path);
-        let deeper = exact_top_n_cached(&base, &queries, Metric::L2Sq, 6, dir.path(), &|_| {}).unwrap();
+        let deeper =
+            exact_top_n_cached(&base, &queries, Metric::L2Sq, 6, dir.path(), &|_| {}).unwrap();
         assert_ne!(deeper.path, first.path);
     }
 
@@ -336,18 +340,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let base = synthetic(500, 4, 3, 5);
         let queries = synthetic(9, 4, 3, 6).data;
-        let first = exact_top_n_cached(&base, &queries, Metric::L2Sq, 4, dir.path(), &|_| {}).unwrap();
+        let first =
+            exact_top_n_cached(&base, &queries, Metric::L2Sq, 4, dir.path(), &|_| {}).unwrap();
         let bytes = fs::read(&first.path).unwrap();
 
         fs::write(&first.path, &bytes[..bytes.len() - 5]).unwrap();
-        let again = exact_top_n_cached(&base, &queries, Metric::L2Sq, 4, dir.path(), &|_| {}).unwrap();
+        let again =
+            exact_top_n_cached(&base, &queries, Metric::L2Sq, 4, dir.path(), &|_| {}).unwrap();
         assert!(!again.loaded);
         assert_eq!(fs::read(&first.path).unwrap(), bytes);
 
         let mut wrong_key = bytes.clone();
         wrong_key[20] ^= 1;
         fs::write(&first.path, &wrong_key).unwrap();
-        let again = exact_top_n_cached(&base, &queries, Metric::L2Sq, 4, dir.path(), &|_| {}).unwrap();
+        let again =
+            exact_top_n_cached(&base, &queries, Metric::L2Sq, 4, dir.path(), &|_| {}).unwrap();
         assert!(!again.loaded);
         assert_eq!(again.lists.len(), 9);
         assert_eq!(pairs(&again.lists[3]), pairs(&first.lists[3]));

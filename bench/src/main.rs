@@ -1,1 +1,778 @@
-fn main() {}
+//! The experiment runner.
+//!
+//! - `bench recall`: reproduces the paper's §5.2 (Figures 10 and 11) on GloVe, a
+//!   synthetic set and any `.npy`/`.fvecs` file: recall@10 against exact neighbours and
+//!   hit ratios for paper-Aker (HNSW and brute-force filters), Proximity+, Potluck+ and
+//!   no cache, at pools of 1% and 5% of the collection, over simZipf streams. Writes
+//!   `report.md`, `results.csv` and PNG figures to `--out`.
+//! - `bench trace`: writes one simZipf stream with exact ground truth as a trace file
+//!   (`TRACE.md`) for the load generator.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bench::experiment::{self, Policy, Rule, RunSpec};
+use bench::plot::{self, Figure};
+use bench::precomputed::PrecomputedBackend;
+use bench::prepare::{Prepared, Seeds, Source, SYNTHETIC, SYNTHETIC_QUICK};
+use bench::report::{self, DatasetSummary, Header, HnswStream, HnswSummary, Row, SkewSummary};
+use bench::trace::Trace;
+use bench::workload::{self, Workload};
+use clap::{Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use shards::store::HnswStore;
+use shards::{Backend, FilterKind, Metric};
+
+type Fallible<T> = Result<T, Box<dyn std::error::Error>>;
+
+#[derive(Parser)]
+#[command(name = "bench", about = "Aker experiment runner (paper §5.2)")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Recall and hit ratios per data set x skew x pool x policy (Figures 10 and 11).
+    Recall(RecallArgs),
+    /// Write a simZipf trace with exact ground truth for the load generator.
+    Trace(TraceArgs),
+}
+
+/// Options shared by both commands.
+#[derive(clap::Args)]
+struct Common {
+    /// Distance: l2sq (squared L2), cosine (1 - cos) or ip (-dot).
+    #[arg(long, default_value = "l2sq")]
+    metric: Metric,
+    /// Results per request.
+    #[arg(long, default_value_t = 10)]
+    k: usize,
+    /// Base seed; every random choice derives from it (printed).
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Where GloVe lives (`ops/get-glove.sh` puts it there).
+    #[arg(long, default_value_os_t = default_data_dir())]
+    data_dir: PathBuf,
+    /// Where exact ground truth is cached between runs.
+    #[arg(long, default_value_os_t = default_data_dir().join("cache"))]
+    cache_dir: PathBuf,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendChoice {
+    Exact,
+    Hnsw,
+    Both,
+}
+
+#[derive(clap::Args)]
+struct RecallArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Data sets, comma-separated: glove, synthetic, synthetic:N:DIM:CLUSTERS, or a
+    /// .npy/.fvecs path [default: glove,synthetic; with --quick a small synthetic set].
+    #[arg(long, value_delimiter = ',')]
+    dataset: Option<Vec<Source>>,
+    /// Zipfian exponents of the streams.
+    #[arg(long, value_delimiter = ',', default_value = "0.30,0.60,0.99")]
+    skews: Vec<f64>,
+    /// Pool sizes as shares of the collection ("1%" or "0.01").
+    #[arg(long, value_delimiter = ',', default_value = "1%,5%")]
+    pools: Vec<PoolShare>,
+    /// Policies on the exact backend: aker, prx, pl10, pl25 (plNN), none; "-bf" suffix =
+    /// brute-force filter.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "aker,aker-bf,prx,prx-bf,pl10,pl25,none"
+    )]
+    policies: Vec<Policy>,
+    /// Policies on the HNSW backend.
+    #[arg(long, value_delimiter = ',', default_value = "aker,none")]
+    hnsw_policies: Vec<Policy>,
+    /// Requests per stream [default: 100000; with --quick 10000].
+    #[arg(long)]
+    requests: Option<usize>,
+    #[arg(long, value_enum, default_value = "both")]
+    backend: BackendChoice,
+    /// Reserve results per entry (Δ).
+    #[arg(long, default_value_t = 0)]
+    delta: usize,
+    /// Nearest representatives a lookup checks against their thresholds: 1 is the
+    /// paper's rule (the closest candidate); the engine's default is 2.
+    #[arg(long, default_value_t = 1)]
+    filter_candidates: usize,
+    /// Output folder for report.md, results.csv and the figures.
+    #[arg(long, default_value_os_t = default_out_dir())]
+    out: PathBuf,
+    /// Runs in parallel (each run is single-threaded) [default: all cores].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// HNSW backend graph degree.
+    #[arg(long, default_value_t = 16)]
+    hnsw_m: usize,
+    #[arg(long, default_value_t = 128)]
+    hnsw_ef_construction: usize,
+    /// Recall@k the HNSW backend's ef is tuned to reach without a cache.
+    #[arg(long, default_value_t = 0.9)]
+    target_recall: f64,
+    /// Requests per stream the ef sweep measures on.
+    #[arg(long, default_value_t = 500)]
+    ef_samples: usize,
+    /// Potluck+'s threshold factor after a verified match.
+    #[arg(long, default_value_t = experiment::POTLUCK_GROW)]
+    potluck_grow: f32,
+    /// Potluck+'s threshold factor after a verified mismatch.
+    #[arg(long, default_value_t = experiment::POTLUCK_SHRINK)]
+    potluck_shrink: f32,
+    /// Small smoke configuration: a 20,000 x 16 synthetic set and 10,000 requests.
+    #[arg(long)]
+    quick: bool,
+}
+
+#[derive(clap::Args)]
+struct TraceArgs {
+    #[command(flatten)]
+    common: Common,
+    /// glove, synthetic, synthetic:N:DIM:CLUSTERS, or a .npy/.fvecs path.
+    #[arg(long, default_value = "glove")]
+    dataset: Source,
+    /// Zipfian exponent.
+    #[arg(long, default_value_t = 0.99)]
+    skew: f64,
+    #[arg(long, default_value_t = workload::DEFAULT_REQUESTS)]
+    requests: usize,
+    /// The trace file to write.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// A pool size as a share of the collection.
+#[derive(Clone, Copy, Debug)]
+struct PoolShare(f64);
+
+impl FromStr for PoolShare {
+    type Err = String;
+    fn from_str(s: &str) -> Result<PoolShare, String> {
+        let s = s.trim();
+        let share = match s.strip_suffix('%') {
+            Some(p) => p.parse::<f64>().map(|p| p / 100.0),
+            None => s.parse::<f64>(),
+        }
+        .map_err(|e| format!("pool '{s}': {e}"))?;
+        if share > 0.0 && share <= 1.0 {
+            Ok(PoolShare(share))
+        } else {
+            Err(format!("pool '{s}' is not a share in (0, 100%]"))
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("bench sits inside the workspace")
+        .to_path_buf()
+}
+
+fn default_data_dir() -> PathBuf {
+    workspace_root().join("data")
+}
+
+fn default_out_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("results")
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Recall(a) => recall(a),
+        Cmd::Trace(a) => trace(a),
+    };
+    if let Err(e) = result {
+        eprintln!("bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn bar(len: u64, what: &str) -> ProgressBar {
+    let b = ProgressBar::new(len);
+    b.set_style(
+        ProgressStyle::with_template(
+            "{msg:>28} [{bar:40}] {human_pos}/{human_len} {elapsed_precise} eta {eta}",
+        )
+        .expect("static template")
+        .progress_chars("=> "),
+    );
+    b.set_message(what.to_string());
+    b
+}
+
+fn spinner(what: &str) -> ProgressBar {
+    let s = ProgressBar::new_spinner();
+    s.set_message(what.to_string());
+    s.enable_steady_tick(Duration::from_millis(200));
+    s
+}
+
+/// Loads `source` and finds every group member's exact top `depth`, with progress.
+fn prepare(
+    source: &Source,
+    c: &Common,
+    depth: usize,
+    seeds: Seeds,
+) -> Fallible<(Prepared, f64, f64)> {
+    let t = Instant::now();
+    let all = source.load(&c.data_dir, seeds.synthetic)?;
+    let load_s = t.elapsed().as_secs_f64();
+    println!(
+        "[{source}] {} vectors x {}-d loaded in {load_s:.1} s",
+        all.n, all.dim
+    );
+    let t = Instant::now();
+    let members = bench::prepare::HELD_OUT * workload::GROUP_SIZE;
+    let b = bar(members as u64, &format!("{source}: exact top-{depth}"));
+    let prep = Prepared::new(
+        source.to_string(),
+        &all,
+        c.metric,
+        depth,
+        seeds,
+        &c.cache_dir,
+        &|n| b.inc(n as u64),
+    )?;
+    b.finish_and_clear();
+    let gt_s = t.elapsed().as_secs_f64();
+    println!(
+        "[{source}] ground truth for {} members: {} {} in {gt_s:.1} s",
+        prep.members(),
+        if prep.truth_loaded {
+            "loaded from"
+        } else {
+            "computed, cached at"
+        },
+        prep.truth_path.display()
+    );
+    Ok((prep, load_s, gt_s))
+}
+
+/// One stream of a data set with what its runs need.
+struct Stream {
+    skew: f64,
+    workload: Workload,
+    truth: Vec<Vec<u64>>,
+    threshold: f32,
+}
+
+/// One configuration to run.
+#[derive(Clone, Copy)]
+struct Job {
+    stream: usize,
+    pool: Option<(f64, usize)>,
+    policy: Policy,
+}
+
+/// The jobs of `policies` over every stream and pool (no-cache once per stream), the
+/// slowest first so that the last ones to finish are short.
+fn jobs(streams: usize, pools: &[(f64, usize)], policies: &[Policy]) -> Vec<Job> {
+    let mut out = Vec::new();
+    for stream in 0..streams {
+        for &policy in policies {
+            if policy.rule == Rule::NoCache {
+                out.push(Job {
+                    stream,
+                    pool: None,
+                    policy,
+                });
+            } else {
+                out.extend(pools.iter().map(|&p| Job {
+                    stream,
+                    pool: Some(p),
+                    policy,
+                }));
+            }
+        }
+    }
+    out.sort_by_key(|j| {
+        std::cmp::Reverse((j.policy.brute_force_filter, j.pool.map_or(0, |(_, n)| n)))
+    });
+    out
+}
+
+/// Runs `jobs` on `threads` workers, stream `i`'s against `backends[i]`; rows in job
+/// order.
+#[allow(clippy::too_many_arguments)]
+fn run_jobs(
+    jobs: &[Job],
+    streams: &[Stream],
+    backends: &[&(dyn Backend + Sync)],
+    backend_name: &str,
+    dataset: &str,
+    args: &RecallArgs,
+    seeds: Seeds,
+    threads: usize,
+) -> Fallible<Vec<Row>> {
+    let total: u64 = jobs
+        .iter()
+        .map(|j| streams[j.stream].workload.requests.len() as u64)
+        .sum();
+    let b = bar(total, &format!("{dataset}/{backend_name}: runs"));
+    let next = AtomicUsize::new(0);
+    let done: Mutex<Vec<(usize, Row)>> = Mutex::new(Vec::new());
+    let failed: Mutex<Option<String>> = Mutex::new(None);
+    std::thread::scope(|s| {
+        for _ in 0..threads.min(jobs.len()).max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= jobs.len() || failed.lock().expect("poisoned").is_some() {
+                    break;
+                }
+                let job = jobs[i];
+                let st = &streams[job.stream];
+                let spec = RunSpec {
+                    policy: job.policy,
+                    pool_objects: job.pool.map_or(1, |(_, n)| n),
+                    k: args.common.k,
+                    delta: args.delta,
+                    global_threshold: st.threshold,
+                    potluck_grow: args.potluck_grow,
+                    potluck_shrink: args.potluck_shrink,
+                    potluck_seed: seeds.potluck,
+                    filter_candidates: args.filter_candidates,
+                };
+                let backend = backends[job.stream];
+                match experiment::run(&spec, &st.workload, &st.truth, backend, &|n| b.inc(n)) {
+                    Ok(result) => {
+                        let row = Row {
+                            dataset: dataset.to_string(),
+                            backend: backend_name.to_string(),
+                            skew: st.skew,
+                            pool: job.pool,
+                            policy: job.policy,
+                            threshold: matches!(
+                                job.policy.rule,
+                                Rule::Proximity | Rule::Potluck { .. }
+                            )
+                            .then_some(st.threshold),
+                            result,
+                        };
+                        // Printed whether or not the bar is drawn (it is not off a terminal).
+                        b.suspend(|| {
+                            println!(
+                                "  {dataset}/{backend_name} skew {:.2} pool {:>3} {:<8} recall {:.3} hits {:5.1}% ({:.1} s)",
+                                row.skew,
+                                row.pool_label(),
+                                row.policy.to_string(),
+                                row.result.recall(),
+                                100.0 * row.result.ratio(row.result.hits()),
+                                row.result.seconds
+                            )
+                        });
+                        done.lock().expect("poisoned").push((i, row));
+                    }
+                    Err(e) => {
+                        *failed.lock().expect("poisoned") =
+                            Some(format!("{dataset}/{backend_name} {}: {e}", job.policy));
+                    }
+                }
+            });
+        }
+    });
+    b.finish_and_clear();
+    if let Some(e) = failed.into_inner().expect("poisoned") {
+        return Err(e.into());
+    }
+    let mut rows = done.into_inner().expect("poisoned");
+    rows.sort_by_key(|(i, _)| *i);
+    Ok(rows.into_iter().map(|(_, r)| r).collect())
+}
+
+/// ef values the HNSW backend's sweep tries, smallest first.
+const EF_LADDER: [usize; 22] = [
+    10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 160, 192, 256, 384, 512, 768, 1024,
+];
+
+/// HNSW filter parameters checked for finding the nearest entry: the engine's default
+/// (the paper's m 4, efc 8, efs 16), and a well-connected graph for contrast.
+fn filter_check_params() -> Vec<(usize, usize, usize)> {
+    let mut out = Vec::new();
+    if let FilterKind::Hnsw {
+        m,
+        ef_construction,
+        ef_search,
+    } = FilterKind::default()
+    {
+        out.push((m, ef_construction, ef_search));
+    }
+    out.push((16, 100, 16));
+    out
+}
+
+/// Representatives (and as many look-ups) in the filter check.
+const FILTER_CHECK_ENTRIES: usize = 5_000;
+
+/// Memoised HNSW answers searched again to check that searches repeat.
+const DETERMINISM_CHECK: usize = 200;
+
+/// Pairs sampled for Proximity+'s threshold, and the percentile taken.
+const THRESHOLD_PAIRS: usize = 2_000_000;
+const THRESHOLD_PERCENTILE: f64 = 0.01;
+
+fn recall(mut args: RecallArgs) -> Fallible<()> {
+    let started = Instant::now();
+    let command = std::iter::once("cargo run -p bench --release --".to_string())
+        .chain(std::env::args().skip(1))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let sources = args.dataset.take().unwrap_or_else(|| {
+        if args.quick {
+            vec![SYNTHETIC_QUICK]
+        } else {
+            vec![Source::Glove, SYNTHETIC]
+        }
+    });
+    let requests = args.requests.unwrap_or(if args.quick {
+        10_000
+    } else {
+        workload::DEFAULT_REQUESTS
+    });
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let seeds = Seeds::from_base(args.common.seed);
+    let k = args.common.k;
+    let metric = args.common.metric;
+    println!("seeds: {seeds}");
+    println!(
+        "k = {k}, Δ = {}, {requests} requests, skews {:?}, {threads} threads",
+        args.delta, args.skews
+    );
+    std::fs::create_dir_all(&args.out)?;
+
+    let mut rows: Vec<Row> = Vec::new();
+    let mut summaries = Vec::new();
+    for source in &sources {
+        let (prep, load_s, gt_s) = prepare(source, &args.common, k + args.delta, seeds)?;
+        let name = prep.name.clone();
+        let mut phases = vec![
+            ("load".to_string(), load_s),
+            ("ground truth".to_string(), gt_s),
+        ];
+
+        let t = Instant::now();
+        let streams: Vec<Stream> = args
+            .skews
+            .iter()
+            .map(|&skew| {
+                let workload = workload::sim_zipf(&prep.groups, requests, skew, seeds.stream);
+                let truth = prep.truth_ids(&workload, k);
+                let threshold = experiment::inter_query_percentile(
+                    &workload,
+                    metric,
+                    THRESHOLD_PAIRS,
+                    THRESHOLD_PERCENTILE,
+                    seeds.threshold,
+                );
+                println!(
+                    "[{name}] skew {skew:.2}: {} distinct vectors, Proximity+ threshold {threshold}",
+                    workload.n_vectors()
+                );
+                Stream {
+                    skew,
+                    workload,
+                    truth,
+                    threshold,
+                }
+            })
+            .collect();
+        phases.push(("streams + thresholds".into(), t.elapsed().as_secs_f64()));
+        let pools: Vec<(f64, usize)> = args
+            .pools
+            .iter()
+            .map(|p| {
+                (
+                    p.0,
+                    ((p.0 * prep.base.n as f64).round() as usize).max(k + args.delta),
+                )
+            })
+            .collect();
+
+        if args.backend != BackendChoice::Hnsw {
+            let t = Instant::now();
+            let exact = PrecomputedBackend::new(
+                prep.base.dim,
+                metric,
+                prep.base.n,
+                &prep.groups.members,
+                prep.member_truth.clone(),
+            );
+            let js = jobs(streams.len(), &pools, &args.policies);
+            let backends = vec![&exact as &(dyn Backend + Sync); streams.len()];
+            rows.extend(run_jobs(
+                &js, &streams, &backends, "exact", &name, &args, seeds, threads,
+            )?);
+            phases.push(("exact-backend runs".into(), t.elapsed().as_secs_f64()));
+        }
+
+        let mut hnsw = None;
+        if args.backend != BackendChoice::Exact {
+            let t = Instant::now();
+            let sp = spinner(&format!(
+                "{name}: building HNSW (m {}, efc {})",
+                args.hnsw_m, args.hnsw_ef_construction
+            ));
+            let mut store = HnswStore::build(
+                prep.base.dim,
+                metric,
+                &prep.base.data,
+                args.hnsw_m,
+                args.hnsw_ef_construction,
+                EF_LADDER[0],
+            )?;
+            sp.finish_and_clear();
+            let build_s = t.elapsed().as_secs_f64();
+            println!("[{name}] HNSW built in {build_s:.1} s");
+            phases.push(("HNSW build".into(), build_s));
+
+            // Per stream, as the paper tunes "for each workload": ef from requests
+            // sampled from the stream (so hot groups weigh as in the stream), then every
+            // distinct vector searched once and the runs served from those answers (a
+            // static index answers a repeated question identically; checked below).
+            let t = Instant::now();
+            let mut tuned = Vec::new();
+            let mut memos = Vec::new();
+            for (i, st) in streams.iter().enumerate() {
+                let picks =
+                    request_samples(&st.workload, args.ef_samples, seeds.ef_sample + i as u64);
+                let samples: Vec<(&[f32], &[u64])> = picks
+                    .iter()
+                    .map(|&r| (st.workload.vector(r), st.truth[r as usize].as_slice()))
+                    .collect();
+                let sweep =
+                    experiment::tune_ef(&mut store, &samples, k, args.target_recall, &EF_LADDER)?;
+                let chosen = *sweep.last().expect("the ladder is not empty");
+                let n = st.workload.n_vectors();
+                let b = bar(n as u64, &format!("{name} {:.2}: HNSW answers", st.skew));
+                let memo = PrecomputedBackend::memoise(
+                    &store,
+                    &st.workload.vectors,
+                    k + args.delta,
+                    threads,
+                    &|n| b.inc(n as u64),
+                )?;
+                b.finish_and_clear();
+                let checked = n.min(DETERMINISM_CHECK);
+                let disagreements = memo.disagreements(
+                    &store,
+                    &st.workload.vectors[..checked * prep.base.dim],
+                    k + args.delta,
+                )?;
+                println!(
+                    "[{name}] skew {:.2}: ef {} (recall@{k} {:.3} on {} sampled requests); {n} vectors searched, {disagreements} of {checked} differ when searched again",
+                    st.skew,
+                    chosen.ef,
+                    chosen.recall,
+                    samples.len()
+                );
+                tuned.push(HnswStream {
+                    skew: st.skew,
+                    sweep,
+                    memoised: n,
+                    checked,
+                    disagreements,
+                });
+                memos.push(memo);
+            }
+            phases.push(("ef sweeps + HNSW answers".into(), t.elapsed().as_secs_f64()));
+
+            let t = Instant::now();
+            let backends: Vec<&(dyn Backend + Sync)> =
+                memos.iter().map(|m| m as &(dyn Backend + Sync)).collect();
+            let js = jobs(streams.len(), &pools, &args.hnsw_policies);
+            rows.extend(run_jobs(
+                &js, &streams, &backends, "hnsw", &name, &args, seeds, threads,
+            )?);
+            phases.push(("HNSW-backend runs".into(), t.elapsed().as_secs_f64()));
+            hnsw = Some(HnswSummary {
+                m: args.hnsw_m,
+                ef_construction: args.hnsw_ef_construction,
+                build_seconds: build_s,
+                samples: args.ef_samples,
+                target: args.target_recall,
+                streams: tuned,
+            });
+        }
+
+        // Why the HNSW filter finds fewer approximate hits than the brute-force one: the
+        // paper's parameters, and a well-connected graph for contrast.
+        let t = Instant::now();
+        let filter_checks: Vec<(usize, usize, usize, usize, f64)> = filter_check_params()
+            .into_iter()
+            .map(|(m, efc, efs)| {
+                let (n, share) = experiment::filter_nearest_share(
+                    &streams[0].workload,
+                    metric,
+                    m,
+                    efc,
+                    efs,
+                    FILTER_CHECK_ENTRIES,
+                );
+                println!(
+                    "[{name}] HNSW filter m {m} efc {efc} efs {efs}: nearest entry first for {:.1}% of {n} look-ups",
+                    100.0 * share
+                );
+                (m, efc, efs, n, share)
+            })
+            .collect();
+        phases.push(("filter check".into(), t.elapsed().as_secs_f64()));
+
+        summaries.push(DatasetSummary {
+            name: name.clone(),
+            description: source.describe(),
+            collection: prep.base.n,
+            dim: prep.base.dim,
+            metric,
+            members: prep.members(),
+            truth: format!(
+                "exact top-{} by brute force, {} ({})",
+                prep.depth,
+                if prep.truth_loaded {
+                    "loaded from the cache"
+                } else {
+                    "computed"
+                },
+                prep.truth_path.display()
+            ),
+            skews: streams
+                .iter()
+                .map(|s| SkewSummary {
+                    skew: s.skew,
+                    distinct: s.workload.n_vectors(),
+                    threshold: s.threshold,
+                })
+                .collect(),
+            hnsw,
+            filter_checks,
+            phases,
+        });
+        write_outputs(
+            &args, &command, seeds, requests, threads, started, &summaries, &rows,
+        )?;
+    }
+    println!(
+        "report: {} ({:.0} s in all)",
+        args.out.join("report.md").display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `n` request positions of `w` drawn uniformly with replacement: the vectors they
+/// name weigh as much as they do in the stream.
+fn request_samples(w: &Workload, n: usize, seed: u64) -> Vec<u32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| w.requests[rng.gen_range(0..w.requests.len())])
+        .collect()
+}
+
+/// Writes report.md, results.csv and the figures for everything measured so far (after
+/// each data set, so a long run leaves its finished part behind).
+#[allow(clippy::too_many_arguments)]
+fn write_outputs(
+    args: &RecallArgs,
+    command: &str,
+    seeds: Seeds,
+    requests: usize,
+    threads: usize,
+    started: Instant,
+    summaries: &[DatasetSummary],
+    rows: &[Row],
+) -> Fallible<()> {
+    let backends: Vec<String> = match args.backend {
+        BackendChoice::Exact => vec!["exact".into()],
+        BackendChoice::Hnsw => vec!["hnsw".into()],
+        BackendChoice::Both => vec!["exact".into(), "hnsw".into()],
+    };
+    let header = Header {
+        command: command.to_string(),
+        seeds: seeds.to_string(),
+        k: args.common.k,
+        delta: args.delta,
+        filter_candidates: args.filter_candidates,
+        potluck: (args.potluck_grow, args.potluck_shrink),
+        requests,
+        pools: args.pools.iter().map(|p| p.0).collect(),
+        backends: backends.clone(),
+        threads,
+        total_seconds: started.elapsed().as_secs_f64(),
+    };
+    std::fs::write(
+        args.out.join("report.md"),
+        report::markdown(&header, summaries, rows),
+    )?;
+    std::fs::write(args.out.join("results.csv"), report::csv(rows))?;
+    for d in summaries {
+        for backend in &backends {
+            let policies: Vec<String> = if backend == "exact" {
+                &args.policies
+            } else {
+                &args.hnsw_policies
+            }
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+            if !rows
+                .iter()
+                .any(|r| r.dataset == d.name && &r.backend == backend)
+            {
+                continue;
+            }
+            let fig = Figure {
+                rows,
+                dataset: &d.name,
+                backend,
+                skews: &args.skews,
+                pools: &header.pools,
+                policies: &policies,
+            };
+            plot::recall_figure(
+                &fig,
+                &args.out.join(format!("recall-{}-{backend}.png", d.name)),
+            )?;
+            plot::hits_figure(
+                &fig,
+                &args.out.join(format!("hits-{}-{backend}.png", d.name)),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn trace(args: TraceArgs) -> Fallible<()> {
+    let c = &args.common;
+    let seeds = Seeds::from_base(c.seed);
+    println!("seeds: {seeds}");
+    let (prep, _, _) = prepare(&args.dataset, c, c.k, seeds)?;
+    let w = workload::sim_zipf(&prep.groups, args.requests, args.skew, seeds.stream);
+    let mut t = Trace::from_workload(&w, c.metric, u32::try_from(c.k)?);
+    t.set_ground_truth(&prep.truth_lists(&w));
+    t.save(&args.out)?;
+    println!(
+        "wrote {}: {} searches over {} distinct vectors ({}, skew {:.2}, k {}), exact ground truth",
+        args.out.display(),
+        t.ops.len(),
+        t.n_vectors(),
+        prep.name,
+        args.skew,
+        c.k
+    );
+    Ok(())
+}

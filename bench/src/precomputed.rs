@@ -1,13 +1,20 @@
-//! The "exact" backend of the experiment runner: it answers from exact neighbour lists
-//! computed beforehand (brute force, `groundtruth`) for every vector a workload can
-//! send, so a full report costs table look-ups instead of 100,000 scans per run. A
-//! vector it was not prepared for is an error, never a silently wrong answer.
+//! Backends that answer from lists computed beforehand for every vector a workload can
+//! send, so a full report costs table look-ups instead of 100,000 searches per run.
+//!
+//! - The "exact" backend: exact neighbour lists (brute force, `groundtruth`).
+//! - A memoised backend ([`PrecomputedBackend::memoise`]): the answers of a real one
+//!   (the HNSW store) to each distinct vector, searched once. Equivalent to asking it
+//!   every time because the collection is static and an HNSW search is deterministic
+//!   for a built graph ([`PrecomputedBackend::disagreements`] checks that).
+//!
+//! A vector it was not prepared for is an error, never a silently wrong answer.
 
 use std::collections::HashMap;
 
 use shards::{Backend, Candidate, Error, Metric, Result};
 
 pub struct PrecomputedBackend {
+    name: &'static str,
     dim: usize,
     metric: Metric,
     /// Collection size the lists were computed over (what `len` reports).
@@ -39,12 +46,71 @@ impl PrecomputedBackend {
             index.entry(bits(row)).or_insert(i as u32);
         }
         PrecomputedBackend {
+            name: "exact-precomputed",
             dim,
             metric,
             collection,
             index,
             lists,
         }
+    }
+
+    /// `backend`'s top `n` for each row of `vectors`, searched on `threads` threads
+    /// (`progress` gets the rows done), kept as a backend of the same name. Candidate
+    /// vectors are dropped: the runs keep ids only.
+    pub fn memoise<B: Backend + Sync>(
+        backend: &B,
+        vectors: &[f32],
+        n: usize,
+        threads: usize,
+        progress: &(dyn Fn(usize) + Sync),
+    ) -> Result<PrecomputedBackend> {
+        let dim = backend.dim();
+        let rows = vectors.len() / dim;
+        let per_thread = rows.div_ceil(threads.max(1)).max(1);
+        let parts: Vec<Result<Vec<Vec<Candidate>>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = vectors
+                .chunks(per_thread * dim)
+                .map(|chunk| {
+                    s.spawn(move || {
+                        let mut out = Vec::with_capacity(chunk.len() / dim);
+                        for q in chunk.chunks_exact(dim) {
+                            let mut list = backend.search(q, n)?;
+                            list.iter_mut().for_each(|c| c.vector = None);
+                            out.push(list);
+                            progress(1);
+                        }
+                        Ok(out)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("memoising worker panicked"))
+                .collect()
+        });
+        let mut lists = Vec::with_capacity(rows);
+        for part in parts {
+            lists.extend(part?);
+        }
+        let mut memo =
+            PrecomputedBackend::new(dim, backend.metric(), backend.len(), vectors, lists);
+        memo.name = backend.name();
+        Ok(memo)
+    }
+
+    /// How many of `vectors` `backend` now answers differently (ids, top `n`) from the
+    /// memoised lists: 0 unless its searches are not repeatable.
+    pub fn disagreements(&self, backend: &dyn Backend, vectors: &[f32], n: usize) -> Result<usize> {
+        let mut differ = 0;
+        for q in vectors.chunks_exact(self.dim) {
+            let fresh = backend.search(q, n)?;
+            let memo = self.search(q, n)?;
+            if !fresh.iter().map(|c| c.id).eq(memo.iter().map(|c| c.id)) {
+                differ += 1;
+            }
+        }
+        Ok(differ)
     }
 
     /// The prepared list for `q`, if there is one.
@@ -98,7 +164,7 @@ impl Backend for PrecomputedBackend {
     }
 
     fn name(&self) -> &'static str {
-        "exact-precomputed"
+        self.name
     }
 }
 
@@ -127,8 +193,41 @@ mod tests {
         // The duplicate row keeps the first row's answer.
         assert_eq!(ids(b.search(&[0.0, 1.0], 3).unwrap()), vec![5, 6, 7]);
         assert!(b.search(&[0.0, 1.5], 1).is_err());
-        assert!(b.search(&[-0.0, 1.0], 1).is_err(), "bit patterns, not values");
+        assert!(
+            b.search(&[-0.0, 1.0], 1).is_err(),
+            "bit patterns, not values"
+        );
         assert!(b.search(&[0.0, 1.0], 4).is_err(), "deeper than prepared");
         assert_eq!(b.len(), 100);
+    }
+
+    #[test]
+    fn memoised_answers_equal_the_backend_s() {
+        let dim = 4;
+        let rows: Vec<f32> = (0..500 * dim)
+            .map(|i| ((i * 7919) % 1000) as f32 / 100.0)
+            .collect();
+        let store = shards::store::ExactStore::from_rows(dim, Metric::L2Sq, &rows).unwrap();
+        let queries = &rows[..60 * dim];
+        let memo = PrecomputedBackend::memoise(&store, queries, 5, 3, &|_| {}).unwrap();
+        assert_eq!(memo.name(), store.name());
+        assert_eq!(memo.len(), 500);
+        for q in queries.chunks_exact(dim) {
+            let want: Vec<(u64, f32)> = store
+                .search(q, 5)
+                .unwrap()
+                .into_iter()
+                .map(|c| (c.id, c.distance))
+                .collect();
+            let got = memo.search(q, 5).unwrap();
+            assert!(got.iter().all(|c| c.vector.is_none()));
+            assert_eq!(
+                got.into_iter()
+                    .map(|c| (c.id, c.distance))
+                    .collect::<Vec<_>>(),
+                want
+            );
+        }
+        assert_eq!(memo.disagreements(&store, queries, 5).unwrap(), 0);
     }
 }

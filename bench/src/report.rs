@@ -1,0 +1,506 @@
+//! The recall report: one row per run, written as Markdown tables (per data set, backend
+//! and pool, like the panels of the paper's Figures 10 and 11) and as CSV, plus the
+//! faithfulness check against ALGORITHM.md's reference figures.
+
+use std::fmt::Write as _;
+
+use shards::Metric;
+
+use crate::experiment::{EfPoint, Policy, Rule, RunResult};
+
+/// One run of the report.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub dataset: String,
+    /// `exact` (precomputed exact answers) or `hnsw`.
+    pub backend: String,
+    pub skew: f64,
+    /// Pool as a fraction of the collection and in objects; `None` for no cache.
+    pub pool: Option<(f64, usize)>,
+    pub policy: Policy,
+    /// The global threshold Proximity+ uses and Potluck+ starts from.
+    pub threshold: Option<f32>,
+    pub result: RunResult,
+}
+
+impl Row {
+    pub fn pool_label(&self) -> String {
+        match self.pool {
+            Some((f, _)) => pct_label(f),
+            None => "-".into(),
+        }
+    }
+}
+
+/// `0.01` -> `1%`.
+pub fn pct_label(fraction: f64) -> String {
+    let p = fraction * 100.0;
+    if (p - p.round()).abs() < 1e-9 {
+        format!("{}%", p.round())
+    } else {
+        format!("{p}%")
+    }
+}
+
+fn pct(x: f64) -> String {
+    if x.is_nan() {
+        "-".into()
+    } else {
+        format!("{:.1}", 100.0 * x)
+    }
+}
+
+fn num3(x: f64) -> String {
+    if x.is_nan() {
+        "-".into()
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+/// The Markdown table of every row of one data set, backend and pool (no-cache rows,
+/// which have no pool, go into every pool's table), ordered by skew then policy.
+pub fn table(rows: &[Row], dataset: &str, backend: &str, pool: f64) -> String {
+    let mut sel: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.dataset == dataset && r.backend == backend)
+        .filter(|r| r.pool.is_none_or(|(f, _)| f == pool))
+        .collect();
+    sel.sort_by(|a, b| a.skew.total_cmp(&b.skew));
+    let mut s = String::new();
+    s.push_str(
+        "| skew | policy | recall@10 | hit % | exact % | alias % | approx % | approx-hit recall \
+         | approx-hit < 0.8 % | backend calls | entries | aliases | objects | s |\n",
+    );
+    s.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for r in sel {
+        let x = &r.result;
+        let _ = writeln!(
+            s,
+            "| {:.2} | {} | {:.3} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
+            r.skew,
+            r.policy,
+            x.recall(),
+            pct(x.ratio(x.hits())),
+            pct(x.ratio(x.exact.count)),
+            pct(x.ratio(x.alias.count)),
+            pct(x.ratio(x.approximate.count)),
+            num3(x.approximate.mean_recall()),
+            pct(x.approximate.share_below_08()),
+            x.backend_calls(),
+            x.representatives,
+            x.aliases,
+            x.objects,
+            x.seconds,
+        );
+    }
+    s
+}
+
+pub const CSV_HEADER: &str = "dataset,backend,skew,pool_pct,pool_objects,policy,filter,requests,\
+recall,hit_ratio,exact_ratio,alias_ratio,approx_ratio,miss_ratio,approx_hit_recall,\
+approx_hit_below_0.8,alias_hit_recall,backend_calls,verifications,entries,aliases,objects,\
+evictions,global_threshold,seconds";
+
+/// All rows as CSV (ratios as fractions; empty cells where a value does not apply).
+pub fn csv(rows: &[Row]) -> String {
+    let opt = |x: f64| {
+        if x.is_nan() {
+            String::new()
+        } else {
+            format!("{x:.6}")
+        }
+    };
+    let mut s = String::from(CSV_HEADER);
+    s.push('\n');
+    for r in rows {
+        let x = &r.result;
+        let (pool_pct, pool_objects) = match r.pool {
+            Some((f, n)) => (format!("{}", f * 100.0), n.to_string()),
+            None => (String::new(), String::new()),
+        };
+        let filter = match (r.policy.rule, r.policy.brute_force_filter) {
+            (Rule::NoCache, _) => "",
+            (_, true) => "brute_force",
+            (_, false) => "hnsw",
+        };
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{},{},{},{:.3}",
+            r.dataset,
+            r.backend,
+            r.skew,
+            pool_pct,
+            pool_objects,
+            r.policy,
+            filter,
+            x.requests,
+            x.recall(),
+            x.ratio(x.hits()),
+            x.ratio(x.exact.count),
+            x.ratio(x.alias.count),
+            x.ratio(x.approximate.count),
+            x.ratio(x.miss.count),
+            opt(x.approximate.mean_recall()),
+            opt(x.approximate.share_below_08()),
+            opt(x.alias.mean_recall()),
+            x.backend_calls(),
+            x.verifications,
+            x.representatives,
+            x.aliases,
+            x.objects,
+            x.evictions,
+            r.threshold.map_or(String::new(), |t| t.to_string()),
+            x.seconds,
+        );
+    }
+    s
+}
+
+/// ALGORITHM.md's reference figures for paper-Aker on GloVe (brute-force filter, exact
+/// backend, Δ = 0, k = 10, 100,000 requests): (pool, skew, recall, hit ratio).
+pub const GLOVE_REFERENCE: [(f64, f64, f64, f64); 6] = [
+    (0.01, 0.30, 0.956, 0.145),
+    (0.01, 0.60, 0.951, 0.178),
+    (0.01, 0.99, 0.944, 0.355),
+    (0.05, 0.30, 0.929, 0.409),
+    (0.05, 0.60, 0.932, 0.475),
+    (0.05, 0.99, 0.932, 0.694),
+];
+
+/// Points by which a faithful implementation may differ from the reference.
+pub const TOLERANCE_POINTS: f64 = 2.0;
+
+/// The faithfulness table: paper-Aker with the brute-force filter on the exact backend
+/// against [`GLOVE_REFERENCE`], for the rows of `dataset` that match a reference cell;
+/// empty when none does. Also shows the HNSW filter beside it, so the difference the
+/// filter makes is in view.
+pub fn faithfulness(rows: &[Row], dataset: &str) -> String {
+    let find = |pool: f64, skew: f64, bf: bool| {
+        rows.iter().find(|r| {
+            r.dataset == dataset
+                && r.backend == "exact"
+                && r.policy.rule == Rule::Aker
+                && r.policy.brute_force_filter == bf
+                && r.pool.is_some_and(|(f, _)| (f - pool).abs() < 1e-9)
+                && (r.skew - skew).abs() < 1e-9
+        })
+    };
+    let mut s = String::new();
+    for &(pool, skew, ref_recall, ref_hits) in &GLOVE_REFERENCE {
+        let Some(bf) = find(pool, skew, true) else {
+            continue;
+        };
+        if s.is_empty() {
+            s.push_str(
+                "| pool | skew | reference recall | aker-bf recall | Δ pts | reference hit % \
+                 | aker-bf hit % | Δ pts | within ±2 | aker (HNSW filter) recall / hit % |\n",
+            );
+            s.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|:-:|---:|\n");
+        }
+        let x = &bf.result;
+        let d_recall = 100.0 * (x.recall() - ref_recall);
+        let d_hits = 100.0 * (x.ratio(x.hits()) - ref_hits);
+        let ok = d_recall.abs() <= TOLERANCE_POINTS && d_hits.abs() <= TOLERANCE_POINTS;
+        let hnsw = find(pool, skew, false).map_or("-".into(), |h| {
+            format!(
+                "{:.3} / {}",
+                h.result.recall(),
+                pct(h.result.ratio(h.result.hits()))
+            )
+        });
+        let _ = writeln!(
+            s,
+            "| {} | {:.2} | {:.3} | {:.3} | {:+.1} | {:.1} | {} | {:+.1} | {} | {} |",
+            pct_label(pool),
+            skew,
+            ref_recall,
+            x.recall(),
+            d_recall,
+            100.0 * ref_hits,
+            pct(x.ratio(x.hits())),
+            d_hits,
+            if ok { "yes" } else { "**no**" },
+            hnsw,
+        );
+    }
+    s
+}
+
+/// Per skew: the stream's distinct vectors and the global threshold it calibrated.
+#[derive(Clone, Debug)]
+pub struct SkewSummary {
+    pub skew: f64,
+    pub distinct: usize,
+    pub threshold: f32,
+}
+
+/// How the HNSW backend was tuned for one stream and what its answers cost.
+#[derive(Clone, Debug)]
+pub struct HnswStream {
+    pub skew: f64,
+    /// The ef sweep on requests sampled from the stream; the last point is the ef used.
+    pub sweep: Vec<EfPoint>,
+    /// Distinct vectors searched once, their answers reused by every run.
+    pub memoised: usize,
+    /// Of those, how many were searched again, and how many came back different.
+    pub checked: usize,
+    pub disagreements: usize,
+}
+
+/// How the HNSW backend was built and tuned.
+#[derive(Clone, Debug)]
+pub struct HnswSummary {
+    pub m: usize,
+    pub ef_construction: usize,
+    pub build_seconds: f64,
+    /// Requests sampled per stream for its ef sweep.
+    pub samples: usize,
+    pub target: f64,
+    pub streams: Vec<HnswStream>,
+}
+
+/// What the report says about one data set besides its rows.
+#[derive(Clone, Debug)]
+pub struct DatasetSummary {
+    pub name: String,
+    pub description: String,
+    pub collection: usize,
+    pub dim: usize,
+    pub metric: Metric,
+    pub members: usize,
+    pub truth: String,
+    pub skews: Vec<SkewSummary>,
+    pub hnsw: Option<HnswSummary>,
+    /// HNSW query filters checked against a scan: (m, ef_construction, ef_search,
+    /// representatives, share of look-ups whose first answer was the nearest).
+    pub filter_checks: Vec<(usize, usize, usize, usize, f64)>,
+    /// (phase, seconds) in order.
+    pub phases: Vec<(String, f64)>,
+}
+
+/// The run as a whole.
+#[derive(Clone, Debug)]
+pub struct Header {
+    pub command: String,
+    pub seeds: String,
+    pub k: usize,
+    pub delta: usize,
+    pub filter_candidates: usize,
+    /// Potluck+'s (grow, shrink).
+    pub potluck: (f32, f32),
+    pub requests: usize,
+    pub pools: Vec<f64>,
+    pub backends: Vec<String>,
+    pub threads: usize,
+    pub total_seconds: f64,
+}
+
+/// The whole report as Markdown.
+pub fn markdown(h: &Header, sets: &[DatasetSummary], rows: &[Row]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Recall report (paper §5.2, Figures 10 and 11)\n");
+    let _ = writeln!(s, "Regenerate with:\n\n```\n{}\n```\n", h.command);
+    let _ = writeln!(
+        s,
+        "k = {}, Δ = {}, {} requests per stream, simZipf groups of 50 with λ ~ U(0, 0.5) and \
+         partners drawn from the 1,000 held-out bases, YCSB scrambled Zipfian over groups. \
+         Pools (objects, ids only): {}. Filter candidates checked per lookup: {}. Potluck+ factors: grow ×{}, shrink ×{}. Paper-Aker: \
+         α_L = 1.1, α_T = 0.25, τ₀ = minD / 4. Seeds: {}. {} worker threads; total wall \
+         time {:.0} s.\n",
+        h.k,
+        h.delta,
+        h.requests,
+        h.pools.iter().map(|&p| pct_label(p)).collect::<Vec<_>>().join(", "),
+        h.filter_candidates,
+        h.potluck.0,
+        h.potluck.1,
+        h.seeds,
+        h.threads,
+        h.total_seconds,
+    );
+    s.push_str(
+        "Columns: recall@10 against exact neighbours over all requests; hit % split into \
+         exact (equality), alias and approximate (filter) hits; the mean recall of \
+         approximate hits and the share of them below 0.8; backend calls (misses, Potluck+ \
+         verifications included); entries (representatives), aliases and objects at the \
+         end; the run's wall time. Policies: `aker` = paper-Aker with the HNSW filter \
+         (m 4, efc 8, efs 16), `-bf` = the brute-force filter, `prx` = Proximity+, `plNN` = \
+         Potluck+ with p = NN %, `none` = no cache.\n\n",
+    );
+    for d in sets {
+        let _ = writeln!(s, "## {}\n", d.name);
+        let _ = writeln!(
+            s,
+            "{}; collection {} x {}-d ({}), {} group members; ground truth: {}.\n",
+            d.description,
+            d.collection,
+            d.dim,
+            d.metric.name(),
+            d.members,
+            d.truth
+        );
+        s.push_str("| skew | distinct request vectors | global threshold (1st pct of inter-query distances) |\n|---:|---:|---:|\n");
+        for k in &d.skews {
+            let _ = writeln!(s, "| {:.2} | {} | {} |", k.skew, k.distinct, k.threshold);
+        }
+        s.push('\n');
+        if let Some(hn) = &d.hnsw {
+            let _ = writeln!(
+                s,
+                "HNSW backend: m = {}, ef_construction = {}, built in {:.0} s. As in the paper \
+                 (\"for each workload ... 0.9 recall at k = 10 without approximate caches\"), \
+                 ef_search is tuned per stream: the smallest ef whose recall@10 over {} \
+                 requests sampled from the stream reaches {}. Each distinct vector of a stream \
+                 is searched once and its answer reused by every run of that stream.\n",
+                hn.m, hn.ef_construction, hn.build_seconds, hn.samples, hn.target
+            );
+            s.push_str(
+                "| skew | ef | sampled recall@10 | sweep | vectors searched | searched again: differ |\n\
+                 |---:|---:|---:|---|---:|---:|\n",
+            );
+            for st in &hn.streams {
+                let last = st.sweep.last().copied().unwrap_or(EfPoint {
+                    ef: 0,
+                    recall: f64::NAN,
+                });
+                let flag = if last.recall < hn.target {
+                    " (target not reached)"
+                } else {
+                    ""
+                };
+                let _ = writeln!(
+                    s,
+                    "| {:.2} | {}{flag} | {:.3} | {} | {} | {} of {} |",
+                    st.skew,
+                    last.ef,
+                    last.recall,
+                    st.sweep
+                        .iter()
+                        .map(|p| format!("{}: {:.3}", p.ef, p.recall))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    st.memoised,
+                    st.disagreements,
+                    st.checked
+                );
+            }
+            s.push('\n');
+        }
+        for &(m, efc, efs, n, share) in &d.filter_checks {
+            let _ = writeln!(
+                s,
+                "Query filter check: an HNSW filter with m {m}, efc {efc}, efs {efs} over {n} \
+                 request vectors of the first stream returns the nearest of them first for \
+                 **{:.1}%** of {n} other request vectors (the brute-force filter: 100%).\n",
+                100.0 * share
+            );
+        }
+        let _ = writeln!(
+            s,
+            "Phases: {}.\n",
+            d.phases
+                .iter()
+                .map(|(p, t)| format!("{p} {t:.1} s"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let faith = faithfulness(rows, &d.name);
+        if d.name == "glove" && !faith.is_empty() {
+            let _ = writeln!(
+                s,
+                "### Faithfulness: paper-Aker against ALGORITHM.md's reference figures\n\n{faith}"
+            );
+        }
+        for backend in &h.backends {
+            for &pool in &h.pools {
+                if !rows.iter().any(|r| {
+                    r.dataset == d.name
+                        && &r.backend == backend
+                        && r.pool.is_some_and(|(f, _)| f == pool)
+                }) {
+                    continue;
+                }
+                let objects = rows
+                    .iter()
+                    .find_map(|r| r.pool.filter(|(f, _)| *f == pool && r.dataset == d.name))
+                    .map_or(0, |(_, n)| n);
+                let _ = writeln!(
+                    s,
+                    "### {}, {} backend, pool {} ({} objects)\n\n{}",
+                    d.name,
+                    backend,
+                    pct_label(pool),
+                    objects,
+                    table(rows, &d.name, backend, pool)
+                );
+            }
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::experiment::KindTally;
+
+    fn row(policy: &str, pool: Option<(f64, usize)>, skew: f64, hits: u64, recall: f64) -> Row {
+        let n = 1000;
+        Row {
+            dataset: "glove".into(),
+            backend: "exact".into(),
+            skew,
+            pool,
+            policy: policy.parse().unwrap(),
+            threshold: None,
+            result: RunResult {
+                requests: n,
+                exact: KindTally {
+                    count: hits,
+                    recall_sum: recall * n as f64,
+                    below_08: 0,
+                },
+                miss: KindTally {
+                    count: n - hits,
+                    recall_sum: 0.0,
+                    below_08: 0,
+                },
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn tables_select_their_pool_and_keep_no_cache_rows() {
+        let rows = vec![
+            row("aker-bf", Some((0.01, 10)), 0.3, 150, 0.956),
+            row("aker-bf", Some((0.05, 50)), 0.3, 500, 0.9),
+            row("none", None, 0.3, 0, 1.0),
+        ];
+        let t = table(&rows, "glove", "exact", 0.01);
+        assert_eq!(t.lines().count(), 4, "{t}");
+        assert!(t.contains("| 0.30 | aker-bf | 0.956 | 15.0 |"), "{t}");
+        assert!(t.contains("| none |"));
+        let c = csv(&rows);
+        assert_eq!(c.lines().count(), 4);
+        assert!(c
+            .lines()
+            .nth(3)
+            .unwrap()
+            .starts_with("glove,exact,0.3,,,none,,1000,"));
+    }
+
+    #[test]
+    fn faithfulness_flags_cells_off_by_more_than_two_points() {
+        let rows = vec![
+            row("aker-bf", Some((0.01, 10)), 0.3, 150, 0.956),
+            row("aker-bf", Some((0.05, 50)), 0.99, 600, 0.932),
+        ];
+        let f = faithfulness(&rows, "glove");
+        assert_eq!(f.lines().count(), 4, "{f}");
+        assert!(f.lines().nth(2).unwrap().contains("| yes |"), "{f}");
+        assert!(f.lines().nth(3).unwrap().contains("**no**"), "{f}");
+        assert!(faithfulness(&rows, "other").is_empty());
+    }
+}
