@@ -152,6 +152,10 @@ struct TraceArgs {
     /// The trace file to write.
     #[arg(long)]
     out: PathBuf,
+    /// Also write the collection the ground truth refers to (ids = row numbers) as
+    /// .fvecs, for a server to load (the held-out bases are not in it).
+    #[arg(long)]
+    base_out: Option<PathBuf>,
 }
 
 /// A pool size as a share of the collection.
@@ -765,6 +769,10 @@ fn trace(args: TraceArgs) -> Fallible<()> {
     let mut t = Trace::from_workload(&w, c.metric, u32::try_from(c.k)?);
     t.set_ground_truth(&prep.truth_lists(&w));
     t.save(&args.out)?;
+    if let Some(path) = &args.base_out {
+        bench::data::write_fvecs(path, &prep.base)?;
+        println!("wrote {}: the collection, {} x {}", path.display(), prep.base.n, prep.base.dim);
+    }
     println!(
         "wrote {}: {} searches over {} distinct vectors ({}, skew {:.2}, k {}), exact ground truth",
         args.out.display(),
