@@ -38,7 +38,7 @@ threads = 2
 hnsw_m = 16
 hnsw_ef_construction = 64
 hnsw_ef_search = 128
-data = { kind = "file", path = "$out/glove-base.fvecs" }
+data = { kind = "file", path = "$PWD/$out/glove-base.fvecs" }
 [admin]
 enabled = false
 TOML
@@ -47,6 +47,7 @@ TOML
 akerd=$!
 trap 'kill $akerd 2>/dev/null || true' EXIT
 for _ in $(seq 1 600); do
+  kill -0 $akerd 2>/dev/null || { cat "$out/akerd.log"; exit 1; }
   ./target/release/aker-loadgen -t 127.0.0.1:7710 --closed -c 1 -d 1 -D 1s -w 0s --mix search=100 \
       --vectors 1 -q >/dev/null 2>&1 && break
   sleep 1
