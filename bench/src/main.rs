@@ -771,7 +771,12 @@ fn trace(args: TraceArgs) -> Fallible<()> {
     t.save(&args.out)?;
     if let Some(path) = &args.base_out {
         bench::data::write_fvecs(path, &prep.base)?;
-        println!("wrote {}: the collection, {} x {}", path.display(), prep.base.n, prep.base.dim);
+        println!(
+            "wrote {}: the collection, {} x {}",
+            path.display(),
+            prep.base.n,
+            prep.base.dim
+        );
     }
     println!(
         "wrote {}: {} searches over {} distinct vectors ({}, skew {:.2}, k {}), exact ground truth",
