@@ -100,6 +100,7 @@ struct RecallArgs {
     /// Requests per stream [default: 100000; with --quick 10000].
     #[arg(long)]
     requests: Option<usize>,
+    /// Backends: exact (precomputed exact answers), hnsw (hnsw_rs, ef tuned per stream).
     #[arg(long, value_enum, default_value = "both")]
     backend: BackendChoice,
     /// Reserve results per entry (Δ).
@@ -118,6 +119,7 @@ struct RecallArgs {
     /// HNSW backend graph degree.
     #[arg(long, default_value_t = 16)]
     hnsw_m: usize,
+    /// HNSW backend build breadth.
     #[arg(long, default_value_t = 128)]
     hnsw_ef_construction: usize,
     /// Recall@k the HNSW backend's ef is tuned to reach without a cache.
@@ -147,6 +149,7 @@ struct TraceArgs {
     /// Zipfian exponent.
     #[arg(long, default_value_t = 0.99)]
     skew: f64,
+    /// Requests in the stream.
     #[arg(long, default_value_t = workload::DEFAULT_REQUESTS)]
     requests: usize,
     /// The trace file to write.

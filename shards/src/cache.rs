@@ -294,10 +294,6 @@ impl Cache {
                 distance: c.distance,
             })
             .collect();
-        if let Some(cached) = &ticket.verify {
-            let fresh: Vec<u64> = results.iter().map(|n| n.id).collect();
-            self.policy.on_verification(cached, &fresh);
-        }
         let admission = self.admit(ticket, answer)?;
         Ok(SearchOutcome {
             kind: HitKind::Miss,
