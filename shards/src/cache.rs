@@ -260,22 +260,29 @@ impl Cache {
     /// Lookup, then whatever it asks of the owner, then the backend on a miss: the
     /// single-threaded composite the experiment runner and tests use.
     pub fn search(&mut self, backend: &dyn Backend, q: &[f32], k: usize) -> Result<SearchOutcome> {
-        let outcome = match self.lookup(q, k)? {
+        let lookup = self.lookup(q, k)?;
+        let outcome = self.complete(backend, lookup)?;
+        self.run_slow_path();
+        Ok(outcome)
+    }
+
+    /// Finishes a lookup on the owner: a hit links its alias, a miss calls the backend
+    /// and admits the answer.
+    pub fn complete(&mut self, backend: &dyn Backend, lookup: Lookup) -> Result<SearchOutcome> {
+        match lookup {
             Lookup::Hit(hit) => {
                 if let Some(key) = hit.link {
                     self.link_alias(key, hit.rep);
                 }
-                SearchOutcome {
+                Ok(SearchOutcome {
                     kind: hit.kind,
                     results: hit.results,
                     exact_distances: hit.exact_distances,
                     admission: None,
-                }
+                })
             }
-            Lookup::Miss(ticket) => self.resolve_miss(backend, ticket)?,
-        };
-        self.run_slow_path();
-        Ok(outcome)
+            Lookup::Miss(ticket) => self.resolve_miss(backend, ticket),
+        }
     }
 
     /// Calls the backend for a ticket and admits its answer.

@@ -121,20 +121,7 @@ impl ShardedCache {
             }
         };
         let shard = &mut self.shards[s];
-        let out = match lookup {
-            Lookup::Hit(hit) => {
-                if let Some(key) = hit.link {
-                    shard.link_alias(key, hit.rep);
-                }
-                SearchOutcome {
-                    kind: hit.kind,
-                    results: hit.results,
-                    exact_distances: hit.exact_distances,
-                    admission: None,
-                }
-            }
-            Lookup::Miss(ticket) => shard.resolve_miss(backend, ticket)?,
-        };
+        let out = shard.complete(backend, lookup)?;
         shard.run_slow_path();
         self.since_rebalance += 1;
         if self.since_rebalance >= self.every {
