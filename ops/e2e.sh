@@ -3,7 +3,15 @@
 # with the paper's policy, replaying simZipf traces through the cache and with the
 # cache bypassed, all in one run so the ratios compare like with like.
 #
-#   bash ops/e2e.sh [DURATION_S]      # results in target/e2e/
+#   bash ops/e2e.sh [DURATION_S]      # results in target/e2e/, summary in target/e2e/summary.md
+#
+# For each executor count (EXECUTORS_LIST, default "2 1") it starts akerd, then runs
+# closed-loop (maximum throughput):
+#   exact-only  two vectors, so every request after the first two is an exact hit: o
+#   bypass-S    the skew-S trace with BYPASS_CACHE: o + b
+#   cache-S     the same trace through the cache (flushed first): hit ratio h
+# and, on the first executor count, open-loop runs at 50/70/90% of cache-S's maximum
+# for the latency-throughput curve. ops/e2e_summary.py turns the JSON into the tables.
 #
 # Needs data/glove-6b-50d.npy (bash ops/get-glove.sh). Loopback only; every run is
 # bounded by --duration and stops by itself.
@@ -11,20 +19,30 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dur=${1:-20}
 out=target/e2e
+port=7710
 mkdir -p "$out"
 [ -f data/glove-6b-50d.npy ] || bash ops/get-glove.sh
-cargo build --release -q -p bench -p loadgen --bin akerd --bin aker-loadgen --bin bench 2>/dev/null \
-  || cargo build --release -q -p bench -p loadgen -p aker
+cargo build --release -q -p bench -p loadgen -p aker
 
 for skew in 0.99 0.30; do
   [ -f "$out/glove-$skew.trace" ] || ./target/release/bench trace --dataset glove --skew "$skew" \
       --out "$out/glove-$skew.trace" --base-out "$out/glove-base.fvecs"
 done
 
-cat > "$out/akerd.toml" <<TOML
+if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then
+  echo "something already listens on 127.0.0.1:$port (a leftover akerd?); stop it first" >&2
+  exit 1
+fi
+
+lg() { ./target/release/aker-loadgen -t 127.0.0.1:$port -c 8 -d 8 -w 3s -D "${dur}s" -q "$@"; }
+akerd=
+trap '[ -n "$akerd" ] && kill $akerd 2>/dev/null || true' EXIT
+first=1
+for ex in ${EXECUTORS_LIST:-2 1}; do
+  cat > "$out/akerd-$ex.toml" <<TOML
 [server]
-listen = "127.0.0.1:7710"
-executors = ${EXECUTORS:-2}
+listen = "127.0.0.1:$port"
+executors = $ex
 max_inflight = 128
 [cache]
 metric = "l2sq"
@@ -42,23 +60,31 @@ data = { kind = "file", path = "$PWD/$out/glove-base.fvecs" }
 [admin]
 enabled = false
 TOML
+  ./target/release/akerd --config "$out/akerd-$ex.toml" > "$out/akerd-$ex.log" 2>&1 &
+  akerd=$!
+  ready=0
+  for _ in $(seq 1 900); do
+    kill -0 $akerd 2>/dev/null || { tail -20 "$out/akerd-$ex.log"; exit 1; }
+    if grep -q "akerd: ready" "$out/akerd-$ex.log"; then ready=1; break; fi
+    sleep 1
+  done
+  [ $ready = 1 ] || { echo "akerd did not become ready" >&2; exit 1; }
 
-./target/release/akerd --config "$out/akerd.toml" > "$out/akerd.log" 2>&1 &
-akerd=$!
-trap 'kill $akerd 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do
-  kill -0 $akerd 2>/dev/null || { cat "$out/akerd.log"; exit 1; }
-  ./target/release/aker-loadgen -t 127.0.0.1:7710 --closed -c 1 -d 1 -D 1s -w 0s --mix search=100 \
-      --vectors 1 -q >/dev/null 2>&1 && break
-  sleep 1
+  lg --closed --mix search=100 --vectors 2 --json "$out/ex$ex-exact-only.json" | tee "$out/ex$ex-exact-only.txt"
+  for skew in 0.99 0.30; do
+    t="$out/glove-$skew.trace"
+    lg --closed --trace "$t" --loop --bypass --json "$out/ex$ex-bypass-$skew.json" | tee "$out/ex$ex-bypass-$skew.txt"
+    lg --closed --trace "$t" --loop --flush --json "$out/ex$ex-cache-$skew.json" | tee "$out/ex$ex-cache-$skew.txt"
+    if [ $first = 1 ]; then
+      max=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['run']['throughput'])" "$out/ex$ex-cache-$skew.json")
+      for pct in 50 70 90; do
+        rate=$(python3 -c "print(round($max * $pct / 100))")
+        lg --rate "$rate" --trace "$t" --loop --flush --json "$out/ex$ex-open$pct-$skew.json" \
+          | tee "$out/ex$ex-open$pct-$skew.txt"
+      done
+    fi
+  done
+  kill $akerd; wait $akerd 2>/dev/null || true; akerd=
+  first=0
 done
-
-lg() { ./target/release/aker-loadgen -t 127.0.0.1:7710 -c 8 -d 8 -w 3s -D "${dur}s" "$@"; }
-# o: the cost every request pays (one vector, so all exact hits after the first)
-lg --closed --mix search=100 --vectors 1 --json "$out/exact-only.json" | tee "$out/exact-only.txt"
-for skew in 0.99 0.30; do
-  t="$out/glove-$skew.trace"
-  lg --closed --trace "$t" --loop --bypass --json "$out/bypass-$skew.json" | tee "$out/bypass-$skew.txt"
-  lg --closed --trace "$t" --loop --flush --json "$out/cache-$skew.json" | tee "$out/cache-$skew.txt"
-done
-echo "results in $out"
+python3 ops/e2e_summary.py "$out" | tee "$out/summary.md"

@@ -212,6 +212,10 @@ pub struct BackendSection {
     pub threads: usize,
     /// Backend requests queued at most; past it a request gets BUSY.
     pub queue_depth: usize,
+    /// Nice value of the backend threads (0..=19; 0 leaves them alone). Misses' index
+    /// searches are CPU-bound for a millisecond; at a lower priority they yield the core
+    /// the moment an executor wakes to serve a hit, instead of holding it for a time slice.
+    pub nice: i32,
     pub hnsw_m: usize,
     pub hnsw_ef_construction: usize,
     pub hnsw_ef_search: usize,
@@ -230,6 +234,7 @@ impl Default for BackendSection {
             index: IndexKind::Hnsw,
             threads: 2,
             queue_depth: 1024,
+            nice: 10,
             hnsw_m: 16,
             hnsw_ef_construction: 100,
             hnsw_ef_search: 64,
@@ -288,6 +293,9 @@ impl Config {
         let b = &self.backend;
         if b.threads == 0 || b.queue_depth == 0 {
             return Err("backend: threads and queue_depth must be at least 1".into());
+        }
+        if !(0..=19).contains(&b.nice) {
+            return Err("backend: nice must be in 0..=19".into());
         }
         if b.hnsw_m == 0 || b.hnsw_ef_construction == 0 || b.hnsw_ef_search == 0 {
             return Err(

@@ -6,7 +6,12 @@
 //! an HdrHistogram, and the read scaling of exact and approximate hits with 1 and 2
 //! reader threads while the owner admits in the background.
 //!
-//! `cargo bench -p bench --bench engine` (AKER_BENCH_REPS overrides 100,000).
+//! Last, the query filter alone: the engine's graph against hnsw_rs with the same
+//! parameters, on the same vectors in the same run (why the filter is not hnsw_rs).
+//!
+//! `cargo bench -p bench --bench engine` (AKER_BENCH_REPS overrides 100,000;
+//! AKER_BENCH_FILTER=hnsw_rs runs the whole cache on the hnsw_rs filter instead;
+//! AKER_BENCH_GROUPS=filter (or engine) runs one part only).
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +28,21 @@ use shards::{Cache, CacheConfig, Candidate, Capacity, FilterKind, Lookup, Metric
 const K: usize = 10;
 const DELTA: usize = 2;
 const DIMS: [usize; 2] = [128, 768];
+
+/// The cache's filter: the default graph, or hnsw_rs with the same parameters.
+fn filter_kind() -> FilterKind {
+    match std::env::var("AKER_BENCH_FILTER").as_deref() {
+        Ok("hnsw_rs") => {
+            let (m, ef_construction, ef_search) = FilterKind::PAPER;
+            FilterKind::HnswRs {
+                m,
+                ef_construction,
+                ef_search,
+            }
+        }
+        _ => FilterKind::default(),
+    }
+}
 
 fn reps() -> usize {
     std::env::var("AKER_BENCH_REPS")
@@ -87,7 +107,7 @@ impl Fixture {
             k_max: 100,
             store_vectors: false,
             capacity: Capacity::Objects(n * (K + DELTA)),
-            filter: FilterKind::default(),
+            filter: filter_kind(),
             ..CacheConfig::new(dim, Metric::L2Sq)
         };
         let mut cache = Cache::new(cfg, PolicyConfig::default().build()).unwrap();
@@ -131,8 +151,17 @@ impl Fixture {
     }
 }
 
+/// Whether the part `name` runs (AKER_BENCH_GROUPS, comma-separated; default all).
+fn group_enabled(name: &str) -> bool {
+    std::env::var("AKER_BENCH_GROUPS").map_or(true, |g| g.split(',').any(|x| x.trim() == name))
+}
+
 fn single_core(c: &mut Criterion) {
+    if !group_enabled("engine") {
+        return;
+    }
     let n = reps();
+    println!("cache filter: {}", filter_kind());
     for dim in DIMS {
         let f = Fixture::new(dim, n);
         // Read-mostly measurements first, while every fixture query is still cached
@@ -144,7 +173,18 @@ fn single_core(c: &mut Criterion) {
             .measurement_time(Duration::from_secs(3))
             .warm_up_time(Duration::from_secs(1));
         // Inputs are made before timing: setup closures cannot borrow the cache.
-        let exact: Vec<Vec<f32>> = (0..4096).map(|_| f.query().to_vec()).collect();
+        // Still cached after the tails' admissions and deletes (checked untimed).
+        let mut exact: Vec<Vec<f32>> = Vec::with_capacity(4096);
+        for _ in 0..64 * 4096 {
+            if exact.len() == 4096 {
+                break;
+            }
+            let q = f.query().to_vec();
+            if matches!(f.cache.lookup(&q, K), Ok(Lookup::Hit(_))) {
+                exact.push(q);
+            }
+        }
+        assert!(!exact.is_empty(), "no cached query left");
         let near: Vec<Vec<f32>> = (0..4096).map(|_| f.near_query()).collect();
         let (cache, mut i) = (&mut f.cache, 0usize);
         g.bench_function(BenchmarkId::new("exact_hit", dim), |b| {
@@ -238,6 +278,8 @@ fn pct(h: &Histogram<u64>) -> String {
 
 /// Per-operation latency distribution over 200,000 (lookups) / 20,000 (writes) ops.
 fn tails(f: &mut Fixture) {
+    // Small fixtures (AKER_BENCH_REPS) must not run out of entries to delete from.
+    let deletes = 20_000.min(f.cache.len() / 4);
     let mut h = |name: &str, n: usize, op: &mut dyn FnMut(&mut Fixture)| {
         let mut hist = Histogram::<u64>::new(3).unwrap();
         for _ in 0..n {
@@ -268,7 +310,7 @@ fn tails(f: &mut Fixture) {
         let v: Arc<[f32]> = Arc::from(f.near_query());
         black_box(f.cache.insert_logged(f.next_id, v, true).unwrap());
     });
-    h("delete", 20_000, &mut |f| {
+    h("delete", deletes, &mut |f| {
         let victim = f.cache.representatives().next().expect("entries").nrl.ids[0];
         black_box(f.cache.delete(victim));
     });
@@ -359,7 +401,76 @@ fn scaling(f: Fixture) -> Fixture {
     }
 }
 
-criterion_group!(benches, single_core);
+/// The filter index alone (20,000 points, clustered): search for the nearest live
+/// entry and insert, graph versus hnsw_rs at the paper's parameters, plus how often
+/// each puts the true nearest first.
+fn filter_only(c: &mut Criterion) {
+    if !group_enabled("filter") {
+        return;
+    }
+    let n = 20_000;
+    let (m, ef_construction, ef_search) = FilterKind::PAPER;
+    let kinds = [
+        ("graph", FilterKind::default()),
+        (
+            "hnsw_rs",
+            FilterKind::HnswRs {
+                m,
+                ef_construction,
+                ef_search,
+            },
+        ),
+    ];
+    for dim in DIMS {
+        let mut rng = StdRng::seed_from_u64(11);
+        let clusters = Clusters::new(dim, &mut rng);
+        let points: Vec<Vec<f32>> = (0..n).map(|_| clusters.sample(&mut rng)).collect();
+        let probes: Vec<Vec<f32>> = (0..1000).map(|_| clusters.sample(&mut rng)).collect();
+        let truth: Vec<u64> = probes
+            .iter()
+            .map(|q| {
+                (0..n)
+                    .min_by(|&a, &b| {
+                        Metric::L2Sq
+                            .distance(q, &points[a])
+                            .total_cmp(&Metric::L2Sq.distance(q, &points[b]))
+                    })
+                    .unwrap() as u64
+            })
+            .collect();
+        let mut g = c.benchmark_group(format!("filter/d{dim}/{n}points"));
+        g.sample_size(30)
+            .measurement_time(Duration::from_secs(3))
+            .warm_up_time(Duration::from_secs(1));
+        for (name, kind) in kinds {
+            let index = shards::filter::new_index(kind, Metric::L2Sq, dim, n);
+            let t = Instant::now();
+            for (i, p) in points.iter().enumerate() {
+                index.insert(i as u64, p);
+            }
+            let build_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+            let found = probes
+                .iter()
+                .zip(&truth)
+                .filter(|(q, t)| index.search(q, 1, &|_| true).first().map(|x| x.0) == Some(**t))
+                .count();
+            println!(
+                "filter d{dim:<4} {name:<8} insert {build_us:>8.1} µs/point (mean)  nearest first {:.1}%",
+                found as f64 / probes.len() as f64 * 100.0
+            );
+            let mut i = 0usize;
+            g.bench_function(BenchmarkId::new(format!("{name}_search"), dim), |b| {
+                b.iter(|| {
+                    i = (i + 1) % probes.len();
+                    black_box(index.search(black_box(&probes[i]), 2, &|r| r % 7 != 0))
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, single_core, filter_only);
 
 fn main() {
     benches();

@@ -12,7 +12,6 @@ use std::time::Instant;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shards::entry::RepView;
-use shards::filter::{FilterIndex, HnswIndex};
 use shards::store::HnswStore;
 use shards::{
     Backend, Cache, CacheConfig, Capacity, FilterKind, HitKind, HitPolicy, Metric, PolicyConfig,
@@ -428,13 +427,12 @@ pub fn tune_ef(
 pub fn filter_nearest_share(
     workload: &Workload,
     metric: Metric,
-    m: usize,
-    ef_construction: usize,
-    ef_search: usize,
+    kind: FilterKind,
     n: usize,
 ) -> (usize, f64) {
     let n = n.min(workload.n_vectors() / 2);
-    let index = HnswIndex::new(metric, m, ef_construction, ef_search, n);
+    let dim = workload.vector(0).len();
+    let index = shards::filter::new_index(kind, metric, dim, n);
     for i in 0..n {
         index.insert(i as u64, workload.vector(i as u32));
     }

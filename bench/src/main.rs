@@ -406,20 +406,24 @@ const EF_LADDER: [usize; 22] = [
     10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 160, 192, 256, 384, 512, 768, 1024,
 ];
 
-/// HNSW filter parameters checked for finding the nearest entry: the engine's default
-/// (the paper's m 4, efc 8, efs 16), and a well-connected graph for contrast.
-fn filter_check_params() -> Vec<(usize, usize, usize)> {
-    let mut out = Vec::new();
-    if let FilterKind::Hnsw {
-        m,
-        ef_construction,
-        ef_search,
-    } = FilterKind::default()
-    {
-        out.push((m, ef_construction, ef_search));
-    }
-    out.push((16, 100, 16));
-    out
+/// Query filters checked for finding the nearest entry: the engine's default (its own
+/// graph with the paper's m 4, efc 8, efs 16), hnsw_rs with the same parameters (the
+/// authors' artifact), and a well-connected graph for contrast.
+fn filter_check_params() -> Vec<FilterKind> {
+    let (m, ef_construction, ef_search) = FilterKind::PAPER;
+    vec![
+        FilterKind::default(),
+        FilterKind::HnswRs {
+            m,
+            ef_construction,
+            ef_search,
+        },
+        FilterKind::Hnsw {
+            m: 16,
+            ef_construction: 100,
+            ef_search: 16,
+        },
+    ]
 }
 
 /// Representatives (and as many look-ups) in the filter check.
@@ -620,22 +624,20 @@ fn recall(mut args: RecallArgs) -> Fallible<()> {
         // Why the HNSW filter finds fewer approximate hits than the brute-force one: the
         // paper's parameters, and a well-connected graph for contrast.
         let t = Instant::now();
-        let filter_checks: Vec<(usize, usize, usize, usize, f64)> = filter_check_params()
+        let filter_checks: Vec<(FilterKind, usize, f64)> = filter_check_params()
             .into_iter()
-            .map(|(m, efc, efs)| {
+            .map(|kind| {
                 let (n, share) = experiment::filter_nearest_share(
                     &streams[0].workload,
                     metric,
-                    m,
-                    efc,
-                    efs,
+                    kind,
                     FILTER_CHECK_ENTRIES,
                 );
                 println!(
-                    "[{name}] HNSW filter m {m} efc {efc} efs {efs}: nearest entry first for {:.1}% of {n} look-ups",
+                    "[{name}] filter {kind}: nearest entry first for {:.1}% of {n} look-ups",
                     100.0 * share
                 );
-                (m, efc, efs, n, share)
+                (kind, n, share)
             })
             .collect();
         phases.push(("filter check".into(), t.elapsed().as_secs_f64()));

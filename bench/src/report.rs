@@ -272,9 +272,9 @@ pub struct DatasetSummary {
     pub truth: String,
     pub skews: Vec<SkewSummary>,
     pub hnsw: Option<HnswSummary>,
-    /// HNSW query filters checked against a scan: (m, ef_construction, ef_search,
-    /// representatives, share of look-ups whose first answer was the nearest).
-    pub filter_checks: Vec<(usize, usize, usize, usize, f64)>,
+    /// Query filters checked against a scan: (filter, representatives, share of
+    /// look-ups whose first answer was the nearest).
+    pub filter_checks: Vec<(shards::FilterKind, usize, f64)>,
     /// (phase, seconds) in order.
     pub phases: Vec<(String, f64)>,
 }
@@ -387,10 +387,10 @@ pub fn markdown(h: &Header, sets: &[DatasetSummary], rows: &[Row]) -> String {
             }
             s.push('\n');
         }
-        for &(m, efc, efs, n, share) in &d.filter_checks {
+        for &(kind, n, share) in &d.filter_checks {
             let _ = writeln!(
                 s,
-                "Query filter check: an HNSW filter with m {m}, efc {efc}, efs {efs} over {n} \
+                "Query filter check: the {kind} filter over {n} \
                  request vectors of the first stream returns the nearest of them first for \
                  **{:.1}%** of {n} other request vectors (the brute-force filter: 100%).\n",
                 100.0 * share

@@ -179,7 +179,7 @@ impl Cache {
     pub fn new(cfg: CacheConfig, policy: Box<dyn HitPolicy>) -> Result<Self> {
         cfg.validate()?;
         let policy: Arc<dyn HitPolicy> = Arc::from(policy);
-        let filter = DualFilter::new(cfg.filter, cfg.metric);
+        let filter = DualFilter::new(cfg.filter, cfg.metric, cfg.dim);
         let read = Arc::new(CacheReader {
             cfg: cfg.clone(),
             policy: policy.clone(),

@@ -20,14 +20,64 @@ pub enum Capacity {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum FilterKind {
-    /// hnsw_rs over the SIMD kernel (§4.7: m = 4, ef_construction = 8, ef_search = 16).
+    /// The engine's own lock-free HNSW graph (`filter/graph.rs`), the default.
     Hnsw {
+        m: usize,
+        ef_construction: usize,
+        ef_search: usize,
+    },
+    /// hnsw_rs over the SIMD kernel, as the authors' artifact does: kept to measure
+    /// the graph against (`bench/benches/engine.rs`).
+    HnswRs {
         m: usize,
         ef_construction: usize,
         ef_search: usize,
     },
     /// Exact scan: for tests and faithfulness runs.
     BruteForce,
+}
+
+impl FilterKind {
+    /// The paper's filter parameters (§4.7: m = 4, ef_construction = 8, ef_search = 16).
+    pub const PAPER: (usize, usize, usize) = (4, 8, 16);
+
+    /// (m, ef_construction, ef_search) of a graph filter.
+    pub fn graph_params(self) -> Option<(usize, usize, usize)> {
+        match self {
+            FilterKind::Hnsw {
+                m,
+                ef_construction,
+                ef_search,
+            }
+            | FilterKind::HnswRs {
+                m,
+                ef_construction,
+                ef_search,
+            } => Some((m, ef_construction, ef_search)),
+            FilterKind::BruteForce => None,
+        }
+    }
+}
+
+impl std::fmt::Display for FilterKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            FilterKind::Hnsw {
+                m,
+                ef_construction,
+                ef_search,
+            } => write!(
+                f,
+                "graph HNSW m {m}, efc {ef_construction}, efs {ef_search}"
+            ),
+            FilterKind::HnswRs {
+                m,
+                ef_construction,
+                ef_search,
+            } => write!(f, "hnsw_rs m {m}, efc {ef_construction}, efs {ef_search}"),
+            FilterKind::BruteForce => write!(f, "brute force"),
+        }
+    }
 }
 
 impl Default for FilterKind {
@@ -126,14 +176,9 @@ impl CacheConfig {
         if self.insert_log_cap == 0 || self.delete_log_cap == 0 {
             return bad("log caps must be positive");
         }
-        if let FilterKind::Hnsw {
-            m,
-            ef_construction,
-            ef_search,
-        } = self.filter
-        {
-            if m == 0 || m > 256 || ef_construction == 0 || ef_search == 0 {
-                return bad("hnsw filter: m in 1..=256, ef_construction and ef_search positive");
+        if let Some((m, ef_construction, ef_search)) = self.filter.graph_params() {
+            if !(2..=256).contains(&m) || ef_construction == 0 || ef_search == 0 {
+                return bad("hnsw filter: m in 2..=256, ef_construction and ef_search positive");
             }
         }
         Ok(())

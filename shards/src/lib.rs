@@ -29,6 +29,7 @@ pub mod error;
 pub mod exact_table;
 pub mod filter;
 pub mod insert_log;
+mod kernels;
 pub mod metric;
 pub mod owner;
 pub mod policy;

@@ -1,6 +1,8 @@
-//! Distance kernels. Every distance on the hit path goes through simsimd; the scalar
-//! versions are the reference the SIMD ones are tested against (and the fallback when
-//! simsimd declines, which it only does on a length mismatch).
+//! Distances. Squared L2 and inner product run our four-accumulator kernels
+//! (`kernels.rs`: simsimd's f32 ones are latency-bound) where the CPU has AVX2 + FMA or
+//! AVX-512, cosine and every other CPU run simsimd; the scalar versions are the
+//! reference both are tested against (and the fallback when simsimd declines, which it
+//! only does on a length mismatch).
 //!
 //! Units (ALGORITHM.md, "Units and terms"): squared L2 (no square root anywhere),
 //! cosine as `1 - cos`, inner product as `-dot`. Smaller is always closer, and every
@@ -44,6 +46,14 @@ impl Metric {
             b.len(),
             "distance over vectors of different dimension"
         );
+        let ours = match self {
+            Metric::L2Sq => crate::kernels::l2sq(a, b),
+            Metric::InnerProduct => crate::kernels::dot(a, b).map(|d| -d),
+            Metric::Cosine => None,
+        };
+        if let Some(d) = ours {
+            return d;
+        }
         let simd = match self {
             Metric::L2Sq => <f32 as SpatialSimilarity>::l2sq(a, b),
             Metric::Cosine => <f32 as SpatialSimilarity>::cos(a, b),

@@ -75,6 +75,7 @@ impl BackendPool {
         store: Option<Store>,
         threads: usize,
         depth: usize,
+        nice: i32,
         shards: Vec<ShardHandle>,
         stop: Arc<AtomicBool>,
     ) -> std::io::Result<(BackendPool, Vec<JoinHandle<()>>)> {
@@ -91,7 +92,10 @@ impl BackendPool {
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("aker-backend-{i}"))
-                    .spawn(move || w.run(rx))?,
+                    .spawn(move || {
+                        lower_priority(nice);
+                        w.run(rx)
+                    })?,
             );
         }
         Ok((BackendPool { tx, embedded }, handles))
@@ -113,6 +117,22 @@ impl BackendPool {
                 Rejection::new(Status::Unavailable, "backend stopped")
             }
         })
+    }
+}
+
+/// Sets this thread's nice value (Linux: nice is per thread). Lowering one's own
+/// priority needs no privilege; a failure is logged and the thread runs as it is.
+fn lower_priority(nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    // SAFETY: plain syscalls on this thread's own id.
+    let rc = unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, nice)
+    };
+    if rc != 0 {
+        tracing::warn!(nice, error = %std::io::Error::last_os_error(), "backend thread: setpriority failed");
     }
 }
 

@@ -257,6 +257,7 @@ impl Daemon {
             store,
             cfg.backend.threads,
             cfg.backend.queue_depth,
+            cfg.backend.nice,
             handles.clone(),
             backend_stop.clone(),
         )?;

@@ -16,9 +16,11 @@
 //! publishes through an [`EpochCell`].
 
 mod brute;
+mod graph;
 mod hnsw;
 
 pub use brute::BruteForceIndex;
+pub use graph::GraphIndex;
 pub use hnsw::{HnswIndex, SimdDistance};
 
 use std::collections::HashMap;
@@ -44,10 +46,21 @@ pub trait FilterIndex: Send + Sync {
     }
 }
 
-fn new_index(kind: FilterKind, metric: Metric, capacity_hint: usize) -> Arc<dyn FilterIndex> {
+/// One empty generation of the given kind (also used by the benchmarks' filter checks).
+pub fn new_index(
+    kind: FilterKind,
+    metric: Metric,
+    dim: usize,
+    capacity_hint: usize,
+) -> Arc<dyn FilterIndex> {
     match kind {
         FilterKind::BruteForce => Arc::new(BruteForceIndex::new(metric)),
         FilterKind::Hnsw {
+            m,
+            ef_construction,
+            ef_search,
+        } => Arc::new(GraphIndex::new(metric, dim, m, ef_construction, ef_search)),
+        FilterKind::HnswRs {
             m,
             ef_construction,
             ef_search,
@@ -113,6 +126,7 @@ impl Members {
 pub struct DualFilter {
     kind: FilterKind,
     metric: Metric,
+    dim: usize,
     published: Arc<EpochCell<FilterSet>>,
     active: Arc<dyn FilterIndex>,
     standby: Arc<dyn FilterIndex>,
@@ -123,9 +137,9 @@ pub struct DualFilter {
 }
 
 impl DualFilter {
-    pub fn new(kind: FilterKind, metric: Metric) -> Self {
-        let active = new_index(kind, metric, 1024);
-        let standby = new_index(kind, metric, 16);
+    pub fn new(kind: FilterKind, metric: Metric, dim: usize) -> Self {
+        let active = new_index(kind, metric, dim, 1024);
+        let standby = new_index(kind, metric, dim, 16);
         let published = Arc::new(EpochCell::new(FilterSet {
             active: active.clone(),
             standby: standby.clone(),
@@ -133,6 +147,7 @@ impl DualFilter {
         DualFilter {
             kind,
             metric,
+            dim,
             published,
             active,
             standby,
@@ -185,6 +200,7 @@ impl DualFilter {
         let fresh = new_index(
             self.kind,
             self.metric,
+            self.dim,
             self.active_members.live.len().max(1024),
         );
         let sealed = std::mem::replace(&mut self.active, fresh);
@@ -251,8 +267,8 @@ impl DualFilter {
     }
     /// Drops both generations (FLUSH).
     pub fn clear(&mut self) {
-        self.active = new_index(self.kind, self.metric, 1024);
-        self.standby = new_index(self.kind, self.metric, 16);
+        self.active = new_index(self.kind, self.metric, self.dim, 1024);
+        self.standby = new_index(self.kind, self.metric, self.dim, 16);
         self.active_members = Members::new();
         self.standby_members = Members::new();
         self.published.store(FilterSet {
@@ -271,7 +287,7 @@ mod tests {
     }
 
     fn rotation_keeps_survivors(kind: FilterKind) {
-        let mut f = DualFilter::new(kind, Metric::L2Sq);
+        let mut f = DualFilter::new(kind, Metric::L2Sq, 2);
         for r in 0..10 {
             f.insert(r, v(r as f32));
         }
@@ -312,13 +328,23 @@ mod tests {
     }
 
     #[test]
-    fn rotation_keeps_survivors_hnsw() {
+    fn rotation_keeps_survivors_graph() {
         rotation_keeps_survivors(FilterKind::default());
     }
 
     #[test]
+    fn rotation_keeps_survivors_hnsw_rs() {
+        let (m, ef_construction, ef_search) = FilterKind::PAPER;
+        rotation_keeps_survivors(FilterKind::HnswRs {
+            m,
+            ef_construction,
+            ef_search,
+        });
+    }
+
+    #[test]
     fn search_merges_generations_nearest_first() {
-        let mut f = DualFilter::new(FilterKind::BruteForce, Metric::L2Sq);
+        let mut f = DualFilter::new(FilterKind::BruteForce, Metric::L2Sq, 2);
         for r in 0..4 {
             f.insert(r, v(r as f32 * 10.0));
         }

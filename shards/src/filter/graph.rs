@@ -1,0 +1,691 @@
+//! The query filter's own HNSW graph: flat, append-only arrays of atomics, one writer
+//! (the shard's owner) and any number of lock-free readers.
+//!
+//! Why not hnsw_rs here (it stays as the embedded store's index): on the lookup path
+//! hnsw_rs allocates per search, clones an `Arc` per visited point and takes a `RwLock`
+//! per neighbour list; at 100k representatives that was most of an approximate hit's
+//! time (`bench/benches/engine.rs` measures both kinds of filter in one run).
+//!
+//! ```text
+//!   node i ──► meta[i]    = [rep id, level << 32 | first upper item]
+//!              vector[i]  = dim f32 (as bits)
+//!              layer0[i]  = [count, m0 neighbour ids]
+//!              upper[first upper item + l - 1] = [count, m ids]   for layers 1..=level
+//!   entry   = level << 32 | node of the top layer (EMPTY before the first insert)
+//!   len     = nodes published
+//! ```
+//!
+//! Every array is a [`SegVec`]: chunks of doubling size that are never moved or freed
+//! before the graph is dropped, so a reader's reference stays valid while the owner
+//! appends. Publication order: a node's vector, meta and own links are stored before any
+//! link to it (Release), and readers load links with Acquire, so a reader that reaches a
+//! node sees it complete. Neighbour lists are rewritten in place when pruned; a reader
+//! may see a mix of the old and new list, every entry of which is a complete node — the
+//! search stays correct, at worst a little less exact for that one lookup.
+
+use std::cell::RefCell;
+use std::cmp::{Ordering as CmpOrdering, Reverse};
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+use super::FilterIndex;
+use crate::entry::RepId;
+use crate::metric::Metric;
+
+/// log2 of the first chunk's item count.
+const FIRST_CHUNK_LOG2: u32 = 6;
+/// Chunks of 64, 128, … items: 27 of them cover every u32 index.
+const MAX_CHUNKS: usize = 27;
+/// Node ids are u32; this bounds a generation (rotation keeps them far smaller).
+const MAX_NODES: u32 = 1 << 30;
+/// Levels above this are clamped (the expected top level at m = 4 and 10^9 nodes is 15).
+const MAX_LEVEL: u32 = 16;
+const EMPTY: u64 = u64::MAX;
+
+/// Append-only array of `stride`-wide items of atomics, in chunks that never move.
+struct SegVec<T> {
+    stride: usize,
+    chunks: [AtomicPtr<T>; MAX_CHUNKS],
+}
+
+fn locate(i: u32) -> (usize, usize) {
+    let x = i as u64 + (1u64 << FIRST_CHUNK_LOG2);
+    let k = 63 - x.leading_zeros() - FIRST_CHUNK_LOG2;
+    (k as usize, (x - ((1u64 << FIRST_CHUNK_LOG2) << k)) as usize)
+}
+
+fn chunk_items(k: usize) -> usize {
+    1usize << (FIRST_CHUNK_LOG2 as usize + k)
+}
+
+impl<T: Default> SegVec<T> {
+    fn new(stride: usize) -> Self {
+        assert!(stride > 0);
+        SegVec {
+            stride,
+            chunks: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
+        }
+    }
+
+    /// Owner only: makes item `i` addressable (allocates its chunk if needed).
+    fn reserve(&self, i: u32) {
+        let (k, _) = locate(i);
+        if self.chunks[k].load(Ordering::Acquire).is_null() {
+            let items: Box<[T]> = (0..chunk_items(k) * self.stride)
+                .map(|_| T::default())
+                .collect();
+            let ptr = Box::into_raw(items) as *mut T;
+            // Release: a reader that sees the pointer sees the initialised atomics.
+            self.chunks[k].store(ptr, Ordering::Release);
+        }
+    }
+
+    /// Item `i`, which must have been reserved (readers only ask for ids they reached
+    /// through published links, which the owner reserved first).
+    fn item(&self, i: u32) -> &[T] {
+        let (k, off) = locate(i);
+        let ptr = self.chunks[k].load(Ordering::Acquire);
+        assert!(!ptr.is_null(), "graph item {i} read before it was reserved");
+        // SAFETY: the chunk holds chunk_items(k) * stride initialised elements, is never
+        // freed before `self` is dropped, and off < chunk_items(k).
+        unsafe { std::slice::from_raw_parts(ptr.add(off * self.stride), self.stride) }
+    }
+}
+
+impl<T> Drop for SegVec<T> {
+    fn drop(&mut self) {
+        for (k, c) in self.chunks.iter().enumerate() {
+            let ptr = c.load(Ordering::Acquire);
+            if !ptr.is_null() {
+                let len = chunk_items(k) * self.stride;
+                // SAFETY: allocated in `reserve` as a boxed slice of exactly this length;
+                // `&mut self` means no reader is left.
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len)) });
+            }
+        }
+    }
+}
+
+/// A candidate during search: distance, then node id, so heaps order deterministically.
+#[derive(Clone, Copy, PartialEq)]
+struct Cand {
+    dist: f32,
+    node: u32,
+}
+
+impl Eq for Cand {}
+impl PartialOrd for Cand {
+    fn partial_cmp(&self, o: &Self) -> Option<CmpOrdering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Cand {
+    fn cmp(&self, o: &Self) -> CmpOrdering {
+        self.dist.total_cmp(&o.dist).then(self.node.cmp(&o.node))
+    }
+}
+
+/// Bytes of each neighbour's vector prefetched before its distance is computed.
+const PREFETCH_BYTES: usize = 4096;
+
+/// Asks the CPU to start loading `v` into cache: a node's unvisited neighbours are
+/// prefetched together so their loads overlap (at d = 768 a vector is 48 cache lines,
+/// and waiting for each in turn was most of a search).
+#[inline]
+fn prefetch(v: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let bytes = std::mem::size_of_val(v).min(PREFETCH_BYTES);
+        let p = v.as_ptr().cast::<i8>();
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: a prefetch never faults, and off < the slice's size anyway.
+            unsafe { _mm_prefetch(p.add(off), _MM_HINT_T0) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = v;
+}
+
+/// Per-thread search buffers, reused so a lookup allocates only its answer.
+struct Scratch {
+    /// visited[i] == stamp  <=>  node i was seen in the current search.
+    visited: Vec<u32>,
+    stamp: u32,
+    frontier: BinaryHeap<Reverse<Cand>>,
+    best: BinaryHeap<Cand>,
+    /// Unvisited neighbours of the node being expanded.
+    batch: Vec<u32>,
+}
+
+impl Scratch {
+    /// Starts a search over `n` nodes.
+    fn begin(&mut self, n: usize) {
+        if self.visited.len() < n {
+            self.visited.resize(n, 0);
+        }
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            self.visited.iter_mut().for_each(|v| *v = 0);
+            self.stamp = 1;
+        }
+        self.frontier.clear();
+        self.best.clear();
+    }
+
+    /// True the first time `node` is seen in this search.
+    fn visit(&mut self, node: u32) -> bool {
+        let slot = &mut self.visited[node as usize];
+        let fresh = *slot != self.stamp;
+        *slot = self.stamp;
+        fresh
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = const { RefCell::new(Scratch {
+        visited: Vec::new(),
+        stamp: 0,
+        frontier: BinaryHeap::new(),
+        best: BinaryHeap::new(),
+        batch: Vec::new(),
+    }) };
+}
+
+/// Runs `f` with this thread's scratch, or a fresh one if the thread's is in use (a
+/// search never nests, but an accept predicate is user code: stay safe).
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => f(&mut s),
+        Err(_) => f(&mut Scratch {
+            visited: Vec::new(),
+            stamp: 0,
+            frontier: BinaryHeap::new(),
+            best: BinaryHeap::new(),
+            batch: Vec::new(),
+        }),
+    })
+}
+
+/// One generation of the query filter (see the module docs).
+pub struct GraphIndex {
+    metric: Metric,
+    dim: usize,
+    /// Max neighbours on layers >= 1, and on layer 0.
+    m: usize,
+    m0: usize,
+    ef_construction: usize,
+    ef_search: usize,
+    level_mult: f64,
+    meta: SegVec<AtomicU64>,
+    vectors: SegVec<AtomicU32>,
+    layer0: SegVec<AtomicU32>,
+    upper: SegVec<AtomicU32>,
+    /// Owner-only: upper items handed out.
+    upper_len: AtomicU32,
+    len: AtomicU32,
+    entry: AtomicU64,
+    /// Owner-only: level draws (xorshift64*, seeded per generation).
+    rng: AtomicU64,
+}
+
+impl GraphIndex {
+    pub fn new(
+        metric: Metric,
+        dim: usize,
+        m: usize,
+        ef_construction: usize,
+        ef_search: usize,
+    ) -> Self {
+        assert!(dim > 0 && m >= 2, "graph index: dim > 0, m >= 2");
+        GraphIndex {
+            metric,
+            dim,
+            m,
+            m0: 2 * m,
+            ef_construction: ef_construction.max(m),
+            ef_search: ef_search.max(1),
+            level_mult: 1.0 / (m as f64).ln(),
+            meta: SegVec::new(2),
+            vectors: SegVec::new(dim),
+            layer0: SegVec::new(1 + 2 * m),
+            upper: SegVec::new(1 + m),
+            upper_len: AtomicU32::new(0),
+            len: AtomicU32::new(0),
+            entry: AtomicU64::new(EMPTY),
+            rng: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
+        }
+    }
+
+    fn vector(&self, node: u32) -> &[f32] {
+        let item = self.vectors.item(node);
+        // SAFETY: AtomicU32 and f32 have the same size and alignment; a node's vector is
+        // written once, before the node is reachable, and never again, so no store races
+        // with this plain read.
+        unsafe { std::slice::from_raw_parts(item.as_ptr() as *const f32, item.len()) }
+    }
+
+    fn rep(&self, node: u32) -> RepId {
+        self.meta.item(node)[0].load(Ordering::Relaxed)
+    }
+
+    fn level_of(&self, node: u32) -> u32 {
+        (self.meta.item(node)[1].load(Ordering::Relaxed) >> 32) as u32
+    }
+
+    /// Node's neighbour list on `layer`: [count, ids...].
+    fn links(&self, node: u32, layer: u32) -> &[AtomicU32] {
+        if layer == 0 {
+            self.layer0.item(node)
+        } else {
+            let first = self.meta.item(node)[1].load(Ordering::Relaxed) as u32;
+            self.upper.item(first + layer - 1)
+        }
+    }
+
+    fn dist(&self, q: &[f32], node: u32) -> f32 {
+        self.metric.distance(q, self.vector(node))
+    }
+
+    /// Neighbours of `node` on `layer` that lie below `limit` (readers ignore nodes
+    /// published after their search began).
+    fn for_each_neighbour(&self, node: u32, layer: u32, limit: u32, mut f: impl FnMut(u32)) {
+        let list = self.links(node, layer);
+        let count = (list[0].load(Ordering::Acquire) as usize).min(list.len() - 1);
+        for slot in &list[1..1 + count] {
+            let nb = slot.load(Ordering::Acquire);
+            if nb < limit {
+                f(nb);
+            }
+        }
+    }
+
+    /// Greedy walk on one upper layer: the closest node reachable from `start`.
+    fn greedy(&self, q: &[f32], start: Cand, layer: u32, limit: u32) -> Cand {
+        let mut cur = start;
+        // Each step strictly lowers the distance, so the walk ends; the bound is a guard.
+        for _ in 0..limit.max(1) {
+            let mut next = cur;
+            self.for_each_neighbour(cur.node, layer, limit, |nb| {
+                let c = Cand {
+                    dist: self.dist(q, nb),
+                    node: nb,
+                };
+                if c < next {
+                    next = c;
+                }
+            });
+            if next == cur {
+                break;
+            }
+            cur = next;
+        }
+        cur
+    }
+
+    /// Beam search of width `ef` on `layer` from `entries`; leaves the best in
+    /// `s.best` (a max-heap).
+    fn search_layer(
+        &self,
+        s: &mut Scratch,
+        q: &[f32],
+        entries: &[Cand],
+        ef: usize,
+        layer: u32,
+        limit: u32,
+    ) {
+        s.begin(limit as usize);
+        for &e in entries {
+            if s.visit(e.node) {
+                s.frontier.push(Reverse(e));
+                s.best.push(e);
+            }
+        }
+        while s.best.len() > ef {
+            s.best.pop();
+        }
+        // Every node enters the frontier at most once (visited), so this ends.
+        while let Some(Reverse(c)) = s.frontier.pop() {
+            let worst = s.best.peek().map_or(f32::INFINITY, |w| w.dist);
+            if c.dist > worst && s.best.len() >= ef {
+                break;
+            }
+            let list = self.links(c.node, layer);
+            let count = (list[0].load(Ordering::Acquire) as usize).min(list.len() - 1);
+            let mut batch = std::mem::take(&mut s.batch);
+            batch.clear();
+            for slot in &list[1..1 + count] {
+                let nb = slot.load(Ordering::Acquire);
+                if nb < limit && s.visit(nb) {
+                    prefetch(self.vector(nb));
+                    batch.push(nb);
+                }
+            }
+            for &nb in &batch {
+                let d = self.dist(q, nb);
+                let worst = s.best.peek().map_or(f32::INFINITY, |w| w.dist);
+                if s.best.len() < ef || d < worst {
+                    let cand = Cand { dist: d, node: nb };
+                    s.frontier.push(Reverse(cand));
+                    s.best.push(cand);
+                    if s.best.len() > ef {
+                        s.best.pop();
+                    }
+                }
+            }
+            s.batch = batch;
+        }
+    }
+
+    /// The `ef` nodes nearest `q` found by the full descent, ascending.
+    fn knn(&self, s: &mut Scratch, q: &[f32], ef: usize) -> Vec<Cand> {
+        let entry = self.entry.load(Ordering::Acquire);
+        if entry == EMPTY {
+            return Vec::new();
+        }
+        // Acquire on `entry` then `len`: the entry node is below `limit`.
+        let limit = self.len.load(Ordering::Acquire);
+        let (top, ep) = ((entry >> 32) as u32, entry as u32);
+        let mut cur = Cand {
+            dist: self.dist(q, ep),
+            node: ep,
+        };
+        for layer in (1..=top).rev() {
+            cur = self.greedy(q, cur, layer, limit);
+        }
+        self.search_layer(s, q, &[cur], ef, 0, limit);
+        // drain() keeps the heap's buffer for the next search on this thread.
+        let mut out: Vec<Cand> = s.best.drain().collect();
+        out.sort_unstable();
+        out.truncate(ef);
+        out
+    }
+
+    fn draw_level(&self) -> u32 {
+        let mut x = self.rng.load(Ordering::Relaxed);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.store(x, Ordering::Relaxed);
+        let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        // Uniform in (0, 1]: never ln(0).
+        let u = ((r >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        ((-u.ln() * self.level_mult) as u32).min(MAX_LEVEL)
+    }
+
+    /// HNSW's neighbour heuristic: keep a candidate only if it is closer to the base than
+    /// to every neighbour already kept (spreads links across directions), `max` at most.
+    fn select(&self, sorted: &[Cand], max: usize, out: &mut Vec<u32>) {
+        out.clear();
+        for c in sorted {
+            if out.len() >= max {
+                break;
+            }
+            let v = self.vector(c.node);
+            if out
+                .iter()
+                .all(|&kept| self.metric.distance(v, self.vector(kept)) > c.dist)
+            {
+                out.push(c.node);
+            }
+        }
+    }
+
+    fn write_links(list: &[AtomicU32], ids: &[u32]) {
+        debug_assert!(ids.len() < list.len());
+        for (slot, &id) in list[1..].iter().zip(ids) {
+            slot.store(id, Ordering::Release);
+        }
+        list[0].store(ids.len() as u32, Ordering::Release);
+    }
+
+    /// Adds `new` to `node`'s list on `layer`, pruning by the heuristic when full.
+    fn link_back(
+        &self,
+        node: u32,
+        new: u32,
+        layer: u32,
+        scratch: &mut Vec<Cand>,
+        kept: &mut Vec<u32>,
+    ) {
+        let list = self.links(node, layer);
+        let max = list.len() - 1;
+        let count = list[0].load(Ordering::Relaxed) as usize;
+        if count < max {
+            list[1 + count].store(new, Ordering::Release);
+            list[0].store(count as u32 + 1, Ordering::Release);
+            return;
+        }
+        let base = self.vector(node);
+        scratch.clear();
+        scratch.extend(list[1..1 + count].iter().map(|s| {
+            let nb = s.load(Ordering::Relaxed);
+            Cand {
+                dist: self.metric.distance(base, self.vector(nb)),
+                node: nb,
+            }
+        }));
+        scratch.push(Cand {
+            dist: self.metric.distance(base, self.vector(new)),
+            node: new,
+        });
+        scratch.sort_unstable();
+        self.select(scratch, max, kept);
+        Self::write_links(list, kept);
+    }
+}
+
+impl FilterIndex for GraphIndex {
+    /// Owner only (one writer per generation).
+    fn insert(&self, rep: RepId, v: &[f32]) {
+        assert_eq!(
+            v.len(),
+            self.dim,
+            "graph index: vector of the wrong dimension"
+        );
+        let node = self.len.load(Ordering::Relaxed);
+        assert!(node < MAX_NODES, "graph index full");
+        let level = self.draw_level();
+
+        self.meta.reserve(node);
+        self.vectors.reserve(node);
+        self.layer0.reserve(node);
+        let first_upper = self.upper_len.load(Ordering::Relaxed);
+        for l in 0..level {
+            self.upper.reserve(first_upper + l);
+        }
+        self.upper_len.store(first_upper + level, Ordering::Relaxed);
+        for (slot, x) in self.vectors.item(node).iter().zip(v) {
+            slot.store(x.to_bits(), Ordering::Relaxed);
+        }
+        let meta = self.meta.item(node);
+        meta[0].store(rep, Ordering::Relaxed);
+        meta[1].store(
+            ((level as u64) << 32) | first_upper as u64,
+            Ordering::Relaxed,
+        );
+
+        let entry = self.entry.load(Ordering::Relaxed);
+        if entry == EMPTY {
+            self.len.store(node + 1, Ordering::Release);
+            self.entry
+                .store(((level as u64) << 32) | node as u64, Ordering::Release);
+            return;
+        }
+        let (top, ep) = ((entry >> 32) as u32, entry as u32);
+        // The owner sees every node it wrote, the new one included.
+        let limit = node + 1;
+        let mut cur = Cand {
+            dist: self.dist(v, ep),
+            node: ep,
+        };
+        for layer in (level + 1..=top).rev() {
+            cur = self.greedy(v, cur, layer, node);
+        }
+        let mut entries = vec![cur];
+        let mut kept = Vec::with_capacity(self.m0);
+        let mut kept_back = Vec::with_capacity(self.m0);
+        let mut prune = Vec::with_capacity(self.m0 + 1);
+        with_scratch(|s| {
+            for layer in (0..=level.min(top)).rev() {
+                // `node` is not linked yet, so the search cannot reach it.
+                self.search_layer(s, v, &entries, self.ef_construction, layer, limit);
+                let mut found: Vec<Cand> = s.best.drain().collect();
+                found.sort_unstable();
+                let max = if layer == 0 { self.m0 } else { self.m };
+                self.select(&found, self.m, &mut kept);
+                debug_assert!(kept.len() <= max && !kept.contains(&node));
+                Self::write_links(self.links(node, layer), &kept);
+                for &nb in &kept {
+                    self.link_back(nb, node, layer, &mut prune, &mut kept_back);
+                }
+                entries = found;
+            }
+        });
+        self.len.store(node + 1, Ordering::Release);
+        if level > top {
+            self.entry
+                .store(((level as u64) << 32) | node as u64, Ordering::Release);
+        }
+        debug_assert!(self.level_of(node) == level);
+    }
+
+    fn search(&self, q: &[f32], n: usize, accept: &dyn Fn(RepId) -> bool) -> Vec<(RepId, f32)> {
+        if n == 0 || q.len() != self.dim {
+            return Vec::new();
+        }
+        // Post-filter: tombstones are at most half of a generation (rotation), so the
+        // nearest `ef` nearly always hold `n` live ones; when not, widen (bounded).
+        let mut ef = self.ef_search.max(n);
+        for _ in 0..3 {
+            let found = with_scratch(|s| self.knn(s, q, ef));
+            let exhausted = found.len() < ef;
+            let out: Vec<(RepId, f32)> = found
+                .iter()
+                .map(|c| (self.rep(c.node), c.dist))
+                .filter(|(r, _)| accept(*r))
+                .take(n)
+                .collect();
+            if out.len() >= n || exhausted {
+                return out;
+            }
+            ef *= 4;
+        }
+        Vec::new()
+    }
+
+    fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32) / (1u64 << 24) as f32 - 0.5
+    }
+
+    #[test]
+    fn locate_covers_ids_without_gaps() {
+        assert_eq!(locate(0), (0, 0));
+        assert_eq!(locate(63), (0, 63));
+        assert_eq!(locate(64), (1, 0));
+        assert_eq!(locate(191), (1, 127));
+        assert_eq!(locate(192), (2, 0));
+        let (k, off) = locate(u32::MAX);
+        assert!(k < MAX_CHUNKS && off < chunk_items(k));
+    }
+
+    #[test]
+    fn finds_the_true_nearest_almost_always() {
+        let dim = 16;
+        let mut seed = 7;
+        let g = GraphIndex::new(Metric::L2Sq, dim, 8, 64, 32);
+        let pts: Vec<Vec<f32>> = (0..3000)
+            .map(|_| (0..dim).map(|_| lcg(&mut seed)).collect())
+            .collect();
+        for (i, p) in pts.iter().enumerate() {
+            g.insert(i as RepId, p);
+        }
+        assert_eq!(g.len(), 3000);
+        let mut hits = 0;
+        for _ in 0..200 {
+            let q: Vec<f32> = (0..dim).map(|_| lcg(&mut seed)).collect();
+            let truth = pts
+                .iter()
+                .enumerate()
+                .min_by(|a, b| {
+                    Metric::L2Sq
+                        .distance(&q, a.1)
+                        .total_cmp(&Metric::L2Sq.distance(&q, b.1))
+                })
+                .unwrap()
+                .0 as RepId;
+            let got = g.search(&q, 1, &|_| true);
+            assert_eq!(got.len(), 1);
+            hits += (got[0].0 == truth) as usize;
+        }
+        assert!(hits >= 190, "recall@1 {hits}/200");
+    }
+
+    #[test]
+    fn every_point_finds_itself_and_the_predicate_holds() {
+        let g = GraphIndex::new(Metric::L2Sq, 2, 4, 16, 16);
+        for r in 0..500u64 {
+            g.insert(r, &[(r % 25) as f32, (r / 25) as f32]);
+        }
+        for r in 0..500u64 {
+            let q = [(r % 25) as f32, (r / 25) as f32];
+            assert_eq!(g.search(&q, 1, &|_| true)[0], (r, 0.0));
+            let got = g.search(&q, 3, &|x| x % 2 == 1);
+            assert_eq!(got.len(), 3);
+            assert!(got.iter().all(|(x, _)| x % 2 == 1));
+            assert!(got.windows(2).all(|w| w[0].1 <= w[1].1));
+        }
+        // Nothing accepted: empty, not a hang.
+        assert!(g.search(&[1.0, 1.0], 2, &|_| false).is_empty());
+    }
+
+    #[test]
+    fn readers_search_while_the_owner_inserts() {
+        let g = std::sync::Arc::new(GraphIndex::new(Metric::L2Sq, 8, 4, 16, 16));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let readers: Vec<_> = (0..2)
+            .map(|t| {
+                let (g, stop) = (g.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut seed = t;
+                    let mut searches = 0u64;
+                    // Bounded: stops when told, or after 10^6 searches.
+                    while !stop.load(Ordering::Relaxed) && searches < 1_000_000 {
+                        let q: Vec<f32> = (0..8).map(|_| lcg(&mut seed)).collect();
+                        let n = g.len();
+                        let got = g.search(&q, 2, &|_| true);
+                        assert!(got.len() <= 2);
+                        // len >= 2 means the entry point was set (after node 0).
+                        assert!(n <= 1 || !got.is_empty());
+                        assert!(got.iter().all(|(r, _)| (*r as usize) < 20_000));
+                        searches += 1;
+                    }
+                })
+            })
+            .collect();
+        let mut seed = 99;
+        for r in 0..20_000u64 {
+            let v: Vec<f32> = (0..8).map(|_| lcg(&mut seed)).collect();
+            g.insert(r, &v);
+        }
+        stop.store(true, Ordering::Relaxed);
+        for r in readers {
+            r.join().unwrap();
+        }
+        assert_eq!(g.len(), 20_000);
+    }
+}
