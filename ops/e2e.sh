@@ -5,13 +5,15 @@
 #
 #   bash ops/e2e.sh [DURATION_S]      # results in target/e2e/, summary in target/e2e/summary.md
 #
-# For each executor count (EXECUTORS_LIST, default "2 1") it starts akerd, then runs
-# closed-loop (maximum throughput):
+# For each configuration EXECUTORS:NICE in CONFIGS (default "2:10 1:10 2:0": executor
+# count, nice value of the backend threads) it starts akerd, then runs closed-loop
+# (maximum throughput):
 #   exact-only  two vectors, so every request after the first two is an exact hit: o
 #   bypass-S    the skew-S trace with BYPASS_CACHE: o + b
 #   cache-S     the same trace through the cache (flushed first): hit ratio h
-# and, on the first executor count, open-loop runs at 50/70/90% of cache-S's maximum
-# for the latency-throughput curve. ops/e2e_summary.py turns the JSON into the tables.
+# and open-loop runs at 50/70/90% of cache-S's maximum for the latency-throughput curve
+# (the first configuration; later ones with 2 executors: 70% only, to compare).
+# ops/e2e_summary.py turns the JSON into the tables.
 #
 # Needs data/glove-6b-50d.npy (bash ops/get-glove.sh). Loopback only; every run is
 # bounded by --duration and stops by itself.
@@ -38,8 +40,9 @@ lg() { ./target/release/aker-loadgen -t 127.0.0.1:$port -c 8 -d 8 -w 3s -D "${du
 akerd=
 trap '[ -n "$akerd" ] && kill $akerd 2>/dev/null || true' EXIT
 first=1
-for ex in ${EXECUTORS_LIST:-2 1}; do
-  cat > "$out/akerd-$ex.toml" <<TOML
+for conf in ${CONFIGS:-2:10 1:10 2:0}; do
+  ex=${conf%%:*}; nice=${conf##*:}; p="$out/ex$ex-nice$nice"
+  cat > "$p.toml" <<TOML
 [server]
 listen = "127.0.0.1:$port"
 executors = $ex
@@ -53,6 +56,7 @@ policy = { kind = "aker", alpha_l = 1.1, alpha_t = 0.25, tau_init_divisor = 4.0 
 kind = "embedded"
 index = "hnsw"
 threads = 2
+nice = $nice
 hnsw_m = 16
 hnsw_ef_construction = 64
 hnsw_ef_search = 128
@@ -60,29 +64,27 @@ data = { kind = "file", path = "$PWD/$out/glove-base.fvecs" }
 [admin]
 enabled = false
 TOML
-  ./target/release/akerd --config "$out/akerd-$ex.toml" > "$out/akerd-$ex.log" 2>&1 &
+  ./target/release/akerd --config "$p.toml" > "$p.log" 2>&1 &
   akerd=$!
   ready=0
   for _ in $(seq 1 900); do
-    kill -0 $akerd 2>/dev/null || { tail -20 "$out/akerd-$ex.log"; exit 1; }
-    if grep -q "akerd: ready" "$out/akerd-$ex.log"; then ready=1; break; fi
+    kill -0 $akerd 2>/dev/null || { tail -20 "$p.log"; exit 1; }
+    if grep -q "akerd: ready" "$p.log"; then ready=1; break; fi
     sleep 1
   done
   [ $ready = 1 ] || { echo "akerd did not become ready" >&2; exit 1; }
 
-  lg --closed --mix search=100 --vectors 2 --json "$out/ex$ex-exact-only.json" | tee "$out/ex$ex-exact-only.txt"
+  lg --closed --mix search=100 --vectors 2 --json "$p-exact-only.json" | tee "$p-exact-only.txt"
   for skew in 0.99 0.30; do
     t="$out/glove-$skew.trace"
-    lg --closed --trace "$t" --loop --bypass --json "$out/ex$ex-bypass-$skew.json" | tee "$out/ex$ex-bypass-$skew.txt"
-    lg --closed --trace "$t" --loop --flush --json "$out/ex$ex-cache-$skew.json" | tee "$out/ex$ex-cache-$skew.txt"
-    if [ $first = 1 ]; then
-      max=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['run']['throughput'])" "$out/ex$ex-cache-$skew.json")
-      for pct in 50 70 90; do
-        rate=$(python3 -c "print(round($max * $pct / 100))")
-        lg --rate "$rate" --trace "$t" --loop --flush --json "$out/ex$ex-open$pct-$skew.json" \
-          | tee "$out/ex$ex-open$pct-$skew.txt"
-      done
-    fi
+    lg --closed --trace "$t" --loop --bypass --json "$p-bypass-$skew.json" | tee "$p-bypass-$skew.txt"
+    lg --closed --trace "$t" --loop --flush --json "$p-cache-$skew.json" | tee "$p-cache-$skew.txt"
+    if [ $first = 1 ]; then loads="50 70 90"; elif [ "$ex" = 2 ]; then loads=70; else loads=; fi
+    max=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['run']['throughput'])" "$p-cache-$skew.json")
+    for pct in $loads; do
+      rate=$(python3 -c "print(round($max * $pct / 100))")
+      lg --rate "$rate" --trace "$t" --loop --flush --json "$p-open$pct-$skew.json" | tee "$p-open$pct-$skew.txt"
+    done
   done
   kill $akerd; wait $akerd 2>/dev/null || true; akerd=
   first=0
