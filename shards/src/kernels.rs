@@ -5,6 +5,7 @@
 //! 56 ns per distance on this machine's AVX-512 cores, and distances are most of a
 //! filter search. Four accumulators let the FMAs overlap. simsimd still serves cosine
 //! (its f64 normalisation is worth keeping) and every CPU without AVX2 + FMA.
+//! `dot_i8` serves the query filter's int8 codes (`filter/graph.rs`).
 //! `tests` below hold these to the scalar reference.
 
 /// Which kernel this CPU runs, found once.
@@ -65,6 +66,26 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> Option<f32> {
         Level::Avx2 => Some(unsafe { x86::dot_avx2(a.as_ptr(), b.as_ptr(), n) }),
         _ => None,
     }
+}
+
+/// `Σ q_i · c_i` over f32 `q` and int8 codes `c` (the query filter's quantized
+/// vectors); scalar where no kernel of ours runs.
+#[inline]
+pub(crate) fn dot_i8(q: &[f32], c: &[i8]) -> f32 {
+    debug_assert_eq!(q.len(), c.len());
+    let n = q.len().min(c.len());
+    match level() {
+        // SAFETY: as in `l2sq`; `c` holds n bytes.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512 => unsafe { x86::dot_i8_avx512(q.as_ptr(), c.as_ptr(), n) },
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::dot_i8_avx2(q.as_ptr(), c.as_ptr(), n) },
+        _ => dot_i8_scalar(q, c),
+    }
+}
+
+pub(crate) fn dot_i8_scalar(q: &[f32], c: &[i8]) -> f32 {
+    q.iter().zip(c).map(|(x, &y)| x * y as f32).sum()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -156,6 +177,60 @@ mod x86 {
         |x: f32, y: f32| x * y
     );
 
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn dot_i8_avx512(q: *const f32, c: *const i8, n: usize) -> f32 {
+        let mut acc = [_mm512_setzero_ps(); 2];
+        let mut i = 0;
+        let codes = |i: usize| {
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                c.add(i).cast::<__m128i>(),
+            )))
+        };
+        while i + 32 <= n {
+            acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(i)), codes(i), acc[0]);
+            acc[1] = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(i + 16)), codes(i + 16), acc[1]);
+            i += 32;
+        }
+        while i + 16 <= n {
+            acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(i)), codes(i), acc[0]);
+            i += 16;
+        }
+        let mut total = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+        while i < n {
+            total += *q.add(i) * *c.add(i) as f32;
+            i += 1;
+        }
+        total
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot_i8_avx2(q: *const f32, c: *const i8, n: usize) -> f32 {
+        let mut acc = [_mm256_setzero_ps(); 2];
+        let mut i = 0;
+        let codes = |i: usize| {
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                c.add(i).cast::<__m128i>(),
+            )))
+        };
+        while i + 16 <= n {
+            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(i)), codes(i), acc[0]);
+            acc[1] = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(i + 8)), codes(i + 8), acc[1]);
+            i += 16;
+        }
+        while i + 8 <= n {
+            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(i)), codes(i), acc[0]);
+            i += 8;
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(acc[0], acc[1]));
+        let mut total: f32 = lanes.iter().sum();
+        while i < n {
+            total += *q.add(i) * *c.add(i) as f32;
+            i += 1;
+        }
+        total
+    }
+
     #[cfg(test)]
     pub(super) fn avx2_available() -> bool {
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
@@ -189,9 +264,13 @@ mod tests {
             let b: Vec<f32> = (0..n).map(|_| next()).collect();
             let l2 = Metric::L2Sq.distance_scalar(&a, &b);
             let dot = -Metric::InnerProduct.distance_scalar(&a, &b);
-            // SAFETY: features checked; both slices hold n floats.
+            let codes: Vec<i8> = b.iter().map(|x| (x * 127.0) as i8).collect();
+            let dot8 = super::dot_i8_scalar(&a, &codes);
+            // SAFETY: features checked; the slices hold n floats (codes: n bytes).
             unsafe {
                 if x86::avx512_available() {
+                    let got = x86::dot_i8_avx512(a.as_ptr(), codes.as_ptr(), n);
+                    assert!(close(got, dot8), "n {n}");
                     assert!(
                         close(x86::l2sq_avx512(a.as_ptr(), b.as_ptr(), n), l2),
                         "n {n}"
@@ -202,6 +281,8 @@ mod tests {
                     );
                 }
                 if x86::avx2_available() {
+                    let got = x86::dot_i8_avx2(a.as_ptr(), codes.as_ptr(), n);
+                    assert!(close(got, dot8), "n {n}");
                     assert!(
                         close(x86::l2sq_avx2(a.as_ptr(), b.as_ptr(), n), l2),
                         "n {n}"

@@ -6,9 +6,17 @@
 //! per neighbour list; at 100k representatives that was most of an approximate hit's
 //! time (`bench/benches/engine.rs` measures both kinds of filter in one run).
 //!
+//! Vectors are kept as int8 codes with one scale per vector (`v ≈ scale · code`): a
+//! search is bound by memory traffic, and at d = 768 a code is 768 bytes against 3 KB of
+//! f32. Distances from the f32 query to a code are therefore approximate (error about
+//! `d · scale² / 12` in squared L2); callers recompute exact distances for the few
+//! candidates returned, so only which candidates come back can differ, and only among
+//! near ties.
+//!
 //! ```text
-//!   node i ──► meta[i]    = [rep id, level << 32 | first upper item]
-//!              vector[i]  = dim f32 (as bits)
+//!   node i ──► meta[i]    = [rep id, level << 32 | first upper item,
+//!                            |scale·code|² << 32 | scale]   (f32 bits)
+//!              code[i]    = dim int8 (packed in u32 words)
 //!              layer0[i]  = [count, m0 neighbour ids]
 //!              upper[first upper item + l - 1] = [count, m ids]   for layers 1..=level
 //!   entry   = level << 32 | node of the top layer (EMPTY before the first insert)
@@ -132,7 +140,7 @@ const PREFETCH_BYTES: usize = 4096;
 /// prefetched together so their loads overlap (at d = 768 a vector is 48 cache lines,
 /// and waiting for each in turn was most of a search).
 #[inline]
-fn prefetch(v: &[f32]) {
+fn prefetch(v: &[i8]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
@@ -209,6 +217,22 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
     })
 }
 
+/// A vector searched for, with its squared norm (every metric's formula over codes
+/// needs it).
+struct Probe<'a> {
+    v: &'a [f32],
+    norm: f32,
+}
+
+impl<'a> Probe<'a> {
+    fn new(v: &'a [f32]) -> Self {
+        Probe {
+            v,
+            norm: v.iter().map(|x| x * x).sum(),
+        }
+    }
+}
+
 /// One generation of the query filter (see the module docs).
 pub struct GraphIndex {
     metric: Metric,
@@ -220,7 +244,7 @@ pub struct GraphIndex {
     ef_search: usize,
     level_mult: f64,
     meta: SegVec<AtomicU64>,
-    vectors: SegVec<AtomicU32>,
+    codes: SegVec<AtomicU32>,
     layer0: SegVec<AtomicU32>,
     upper: SegVec<AtomicU32>,
     /// Owner-only: upper items handed out.
@@ -248,8 +272,8 @@ impl GraphIndex {
             ef_construction: ef_construction.max(m),
             ef_search: ef_search.max(1),
             level_mult: 1.0 / (m as f64).ln(),
-            meta: SegVec::new(2),
-            vectors: SegVec::new(dim),
+            meta: SegVec::new(3),
+            codes: SegVec::new(dim.div_ceil(4)),
             layer0: SegVec::new(1 + 2 * m),
             upper: SegVec::new(1 + m),
             upper_len: AtomicU32::new(0),
@@ -259,12 +283,24 @@ impl GraphIndex {
         }
     }
 
-    fn vector(&self, node: u32) -> &[f32] {
-        let item = self.vectors.item(node);
-        // SAFETY: AtomicU32 and f32 have the same size and alignment; a node's vector is
-        // written once, before the node is reachable, and never again, so no store races
-        // with this plain read.
-        unsafe { std::slice::from_raw_parts(item.as_ptr() as *const f32, item.len()) }
+    fn code(&self, node: u32) -> &[i8] {
+        let item = self.codes.item(node);
+        // SAFETY: the item holds ceil(dim / 4) u32 words, so at least dim bytes; a node's
+        // code is written once, before the node is reachable, and never again, so no store
+        // races with this plain read.
+        unsafe { std::slice::from_raw_parts(item.as_ptr() as *const i8, self.dim) }
+    }
+
+    /// (scale, squared norm of the dequantized vector).
+    fn scale_norm(&self, node: u32) -> (f32, f32) {
+        let x = self.meta.item(node)[2].load(Ordering::Relaxed);
+        (f32::from_bits(x as u32), f32::from_bits((x >> 32) as u32))
+    }
+
+    fn dequantize(&self, node: u32, out: &mut Vec<f32>) {
+        let (scale, _) = self.scale_norm(node);
+        out.clear();
+        out.extend(self.code(node).iter().map(|&c| c as f32 * scale));
     }
 
     fn rep(&self, node: u32) -> RepId {
@@ -285,8 +321,22 @@ impl GraphIndex {
         }
     }
 
-    fn dist(&self, q: &[f32], node: u32) -> f32 {
-        self.metric.distance(q, self.vector(node))
+    /// Approximate distance from a probe to a node's code (see the module docs).
+    fn dist(&self, q: &Probe, node: u32) -> f32 {
+        let (scale, norm) = self.scale_norm(node);
+        let dot = scale * crate::kernels::dot_i8(q.v, self.code(node));
+        match self.metric {
+            Metric::L2Sq => (q.norm + norm - 2.0 * dot).max(0.0),
+            Metric::InnerProduct => -dot,
+            Metric::Cosine => {
+                let denom = (q.norm * norm).sqrt();
+                if denom > 0.0 {
+                    1.0 - dot / denom
+                } else {
+                    1.0
+                }
+            }
+        }
     }
 
     /// Neighbours of `node` on `layer` that lie below `limit` (readers ignore nodes
@@ -303,7 +353,7 @@ impl GraphIndex {
     }
 
     /// Greedy walk on one upper layer: the closest node reachable from `start`.
-    fn greedy(&self, q: &[f32], start: Cand, layer: u32, limit: u32) -> Cand {
+    fn greedy(&self, q: &Probe, start: Cand, layer: u32, limit: u32) -> Cand {
         let mut cur = start;
         // Each step strictly lowers the distance, so the walk ends; the bound is a guard.
         for _ in 0..limit.max(1) {
@@ -330,7 +380,7 @@ impl GraphIndex {
     fn search_layer(
         &self,
         s: &mut Scratch,
-        q: &[f32],
+        q: &Probe,
         entries: &[Cand],
         ef: usize,
         layer: u32,
@@ -359,7 +409,7 @@ impl GraphIndex {
             for slot in &list[1..1 + count] {
                 let nb = slot.load(Ordering::Acquire);
                 if nb < limit && s.visit(nb) {
-                    prefetch(self.vector(nb));
+                    prefetch(self.code(nb));
                     batch.push(nb);
                 }
             }
@@ -380,7 +430,7 @@ impl GraphIndex {
     }
 
     /// The `ef` nodes nearest `q` found by the full descent, ascending.
-    fn knn(&self, s: &mut Scratch, q: &[f32], ef: usize) -> Vec<Cand> {
+    fn knn(&self, s: &mut Scratch, q: &Probe, ef: usize) -> Vec<Cand> {
         let entry = self.entry.load(Ordering::Acquire);
         if entry == EMPTY {
             return Vec::new();
@@ -417,17 +467,16 @@ impl GraphIndex {
 
     /// HNSW's neighbour heuristic: keep a candidate only if it is closer to the base than
     /// to every neighbour already kept (spreads links across directions), `max` at most.
-    fn select(&self, sorted: &[Cand], max: usize, out: &mut Vec<u32>) {
+    /// `buf` holds a dequantized candidate (owner-side scratch).
+    fn select(&self, sorted: &[Cand], max: usize, out: &mut Vec<u32>, buf: &mut Vec<f32>) {
         out.clear();
         for c in sorted {
             if out.len() >= max {
                 break;
             }
-            let v = self.vector(c.node);
-            if out
-                .iter()
-                .all(|&kept| self.metric.distance(v, self.vector(kept)) > c.dist)
-            {
+            self.dequantize(c.node, buf);
+            let probe = Probe::new(buf);
+            if out.iter().all(|&kept| self.dist(&probe, kept) > c.dist) {
                 out.push(c.node);
             }
         }
@@ -449,6 +498,7 @@ impl GraphIndex {
         layer: u32,
         scratch: &mut Vec<Cand>,
         kept: &mut Vec<u32>,
+        bufs: &mut [Vec<f32>; 2],
     ) {
         let list = self.links(node, layer);
         let max = list.len() - 1;
@@ -458,21 +508,23 @@ impl GraphIndex {
             list[0].store(count as u32 + 1, Ordering::Release);
             return;
         }
-        let base = self.vector(node);
+        let [base_buf, buf] = bufs;
+        self.dequantize(node, base_buf);
+        let base = Probe::new(base_buf);
         scratch.clear();
         scratch.extend(list[1..1 + count].iter().map(|s| {
             let nb = s.load(Ordering::Relaxed);
             Cand {
-                dist: self.metric.distance(base, self.vector(nb)),
+                dist: self.dist(&base, nb),
                 node: nb,
             }
         }));
         scratch.push(Cand {
-            dist: self.metric.distance(base, self.vector(new)),
+            dist: self.dist(&base, new),
             node: new,
         });
         scratch.sort_unstable();
-        self.select(scratch, max, kept);
+        self.select(scratch, max, kept, buf);
         Self::write_links(list, kept);
     }
 }
@@ -490,20 +542,41 @@ impl FilterIndex for GraphIndex {
         let level = self.draw_level();
 
         self.meta.reserve(node);
-        self.vectors.reserve(node);
+        self.codes.reserve(node);
         self.layer0.reserve(node);
         let first_upper = self.upper_len.load(Ordering::Relaxed);
         for l in 0..level {
             self.upper.reserve(first_upper + l);
         }
         self.upper_len.store(first_upper + level, Ordering::Relaxed);
-        for (slot, x) in self.vectors.item(node).iter().zip(v) {
-            slot.store(x.to_bits(), Ordering::Relaxed);
+        // Symmetric int8 codes: scale = max |x| / 127 (0 for the zero vector). A
+        // non-finite component was refused by the engine before it got here.
+        let max_abs = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let scale = if max_abs > 0.0 { max_abs / 127.0 } else { 0.0 };
+        let mut codes = vec![0i8; self.dim.div_ceil(4) * 4];
+        let mut norm = 0f32;
+        for (c, x) in codes.iter_mut().zip(v) {
+            *c = if scale > 0.0 {
+                (x / scale).round().clamp(-127.0, 127.0) as i8
+            } else {
+                0
+            };
+            let y = *c as f32 * scale;
+            norm += y * y;
+        }
+        for (slot, word) in self.codes.item(node).iter().zip(codes.chunks_exact(4)) {
+            let bytes = [word[0] as u8, word[1] as u8, word[2] as u8, word[3] as u8];
+            // Native byte order: `code()` reads these words back as bytes in place.
+            slot.store(u32::from_ne_bytes(bytes), Ordering::Relaxed);
         }
         let meta = self.meta.item(node);
         meta[0].store(rep, Ordering::Relaxed);
         meta[1].store(
             ((level as u64) << 32) | first_upper as u64,
+            Ordering::Relaxed,
+        );
+        meta[2].store(
+            ((norm.to_bits() as u64) << 32) | scale.to_bits() as u64,
             Ordering::Relaxed,
         );
 
@@ -517,6 +590,7 @@ impl FilterIndex for GraphIndex {
         let (top, ep) = ((entry >> 32) as u32, entry as u32);
         // The owner sees every node it wrote, the new one included.
         let limit = node + 1;
+        let v = &Probe::new(v);
         let mut cur = Cand {
             dist: self.dist(v, ep),
             node: ep,
@@ -528,6 +602,7 @@ impl FilterIndex for GraphIndex {
         let mut kept = Vec::with_capacity(self.m0);
         let mut kept_back = Vec::with_capacity(self.m0);
         let mut prune = Vec::with_capacity(self.m0 + 1);
+        let mut bufs = [Vec::with_capacity(self.dim), Vec::with_capacity(self.dim)];
         with_scratch(|s| {
             for layer in (0..=level.min(top)).rev() {
                 // `node` is not linked yet, so the search cannot reach it.
@@ -535,11 +610,11 @@ impl FilterIndex for GraphIndex {
                 let mut found: Vec<Cand> = s.best.drain().collect();
                 found.sort_unstable();
                 let max = if layer == 0 { self.m0 } else { self.m };
-                self.select(&found, self.m, &mut kept);
+                self.select(&found, self.m, &mut kept, &mut bufs[0]);
                 debug_assert!(kept.len() <= max && !kept.contains(&node));
                 Self::write_links(self.links(node, layer), &kept);
                 for &nb in &kept {
-                    self.link_back(nb, node, layer, &mut prune, &mut kept_back);
+                    self.link_back(nb, node, layer, &mut prune, &mut kept_back, &mut bufs);
                 }
                 entries = found;
             }
@@ -560,7 +635,7 @@ impl FilterIndex for GraphIndex {
         // nearest `ef` nearly always hold `n` live ones; when not, widen (bounded).
         let mut ef = self.ef_search.max(n);
         for _ in 0..3 {
-            let found = with_scratch(|s| self.knn(s, q, ef));
+            let found = with_scratch(|s| self.knn(s, &Probe::new(q), ef));
             let exhausted = found.len() < ef;
             let out: Vec<(RepId, f32)> = found
                 .iter()
@@ -643,7 +718,10 @@ mod tests {
         }
         for r in 0..500u64 {
             let q = [(r % 25) as f32, (r / 25) as f32];
-            assert_eq!(g.search(&q, 1, &|_| true)[0], (r, 0.0));
+            // Codes are approximate: the point itself first, at (nearly) zero.
+            let got = g.search(&q, 1, &|_| true)[0];
+            assert_eq!(got.0, r);
+            assert!(got.1 < 0.5, "{got:?}");
             let got = g.search(&q, 3, &|x| x % 2 == 1);
             assert_eq!(got.len(), 3);
             assert!(got.iter().all(|(x, _)| x % 2 == 1));

@@ -36,8 +36,8 @@ use crate::metric::Metric;
 /// business: searches take a predicate and return only accepted ids.
 pub trait FilterIndex: Send + Sync {
     fn insert(&self, rep: RepId, v: &[f32]);
-    /// Up to `n` accepted reps near `q`. The distances may be any increasing map of the
-    /// true ones: callers recompute them.
+    /// Up to `n` accepted reps near `q`, nearest first. The distances may be approximate
+    /// (the graph's are over int8 codes): callers recompute exact ones.
     fn search(&self, q: &[f32], n: usize, accept: &dyn Fn(RepId) -> bool) -> Vec<(RepId, f32)>;
     /// Points inserted, tombstoned ones included.
     fn len(&self) -> usize;
