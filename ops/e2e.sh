@@ -5,9 +5,9 @@
 #
 #   bash ops/e2e.sh [DURATION_S]      # results in target/e2e/, summary in target/e2e/summary.md
 #
-# For each configuration EXECUTORS:NICE in CONFIGS (default "2:10 1:10 2:0": executor
-# count, nice value of the backend threads) it starts akerd, then runs closed-loop
-# (maximum throughput):
+# For each configuration EXECUTORS:NICE in CONFIGS (default "2:10 1:10 2:0 2:idle":
+# executor count, nice value of the backend threads or `idle` for SCHED_IDLE) it starts
+# akerd, then runs closed-loop (maximum throughput):
 #   exact-only  two vectors, so every request after the first two is an exact hit: o
 #   bypass-S    the skew-S trace with BYPASS_CACHE: o + b
 #   cache-S     the same trace through the cache (flushed first): hit ratio h
@@ -40,8 +40,9 @@ lg() { ./target/release/aker-loadgen -t 127.0.0.1:$port -c 8 -d 8 -w 3s -D "${du
 akerd=
 trap '[ -n "$akerd" ] && kill $akerd 2>/dev/null || true' EXIT
 first=1
-for conf in ${CONFIGS:-2:10 1:10 2:0}; do
+for conf in ${CONFIGS:-2:10 1:10 2:0 2:idle}; do
   ex=${conf%%:*}; nice=${conf##*:}; p="$out/ex$ex-nice$nice"
+  idle=false; if [ "$nice" = idle ]; then idle=true; nice=0; p="$out/ex$ex-niceidle"; fi
   cat > "$p.toml" <<TOML
 [server]
 listen = "127.0.0.1:$port"
@@ -57,6 +58,7 @@ kind = "embedded"
 index = "hnsw"
 threads = 2
 nice = $nice
+idle = $idle
 hnsw_m = 16
 hnsw_ef_construction = 64
 hnsw_ef_search = 128

@@ -216,6 +216,10 @@ pub struct BackendSection {
     /// searches are CPU-bound for a millisecond; at a lower priority they yield the core
     /// the moment an executor wakes to serve a hit, instead of holding it for a time slice.
     pub nice: i32,
+    /// SCHED_IDLE for the backend threads: they run only on otherwise idle CPU time, so
+    /// hits and the network never wait for them; under a hit load that saturates the
+    /// cores, misses wait instead (bounded by their deadlines). Off by default.
+    pub idle: bool,
     pub hnsw_m: usize,
     pub hnsw_ef_construction: usize,
     pub hnsw_ef_search: usize,
@@ -235,6 +239,7 @@ impl Default for BackendSection {
             threads: 2,
             queue_depth: 1024,
             nice: 10,
+            idle: false,
             hnsw_m: 16,
             hnsw_ef_construction: 100,
             hnsw_ef_search: 64,

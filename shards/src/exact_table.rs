@@ -15,7 +15,10 @@ impl QueryKey {
     pub fn new(q: &[f32], k: usize) -> Self {
         // Hash the vector's bytes in place; only a vector holding -0.0 is copied, with
         // -0.0 made 0.0, so two vectors that compare equal share a key.
-        if q.iter().any(|x| x.to_bits() == NEGATIVE_ZERO) {
+        // A fold, not `any`: without the early exit it vectorises.
+        if q.iter()
+            .fold(false, |seen, x| seen | (x.to_bits() == NEGATIVE_ZERO))
+        {
             let fixed: Vec<f32> = q.iter().map(|&x| if x == 0.0 { 0.0 } else { x }).collect();
             return QueryKey::new(&fixed, k);
         }

@@ -76,6 +76,7 @@ impl BackendPool {
         threads: usize,
         depth: usize,
         nice: i32,
+        idle: bool,
         shards: Vec<ShardHandle>,
         stop: Arc<AtomicBool>,
     ) -> std::io::Result<(BackendPool, Vec<JoinHandle<()>>)> {
@@ -93,7 +94,7 @@ impl BackendPool {
                 std::thread::Builder::new()
                     .name(format!("aker-backend-{i}"))
                     .spawn(move || {
-                        lower_priority(nice);
+                        lower_priority(nice, idle);
                         w.run(rx)
                     })?,
             );
@@ -120,9 +121,18 @@ impl BackendPool {
     }
 }
 
-/// Sets this thread's nice value (Linux: nice is per thread). Lowering one's own
-/// priority needs no privilege; a failure is logged and the thread runs as it is.
-fn lower_priority(nice: i32) {
+/// Sets this thread's nice value (Linux: nice is per thread), or SCHED_IDLE. Lowering
+/// one's own priority needs no privilege; a failure is logged and the thread runs as
+/// it is.
+fn lower_priority(nice: i32, idle: bool) {
+    if idle {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: pid 0 is the calling thread; `param` outlives the call.
+        if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "backend thread: SCHED_IDLE failed");
+        }
+        return;
+    }
     if nice == 0 {
         return;
     }

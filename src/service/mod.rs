@@ -258,6 +258,7 @@ impl Daemon {
             cfg.backend.threads,
             cfg.backend.queue_depth,
             cfg.backend.nice,
+            cfg.backend.idle,
             handles.clone(),
             backend_stop.clone(),
         )?;
