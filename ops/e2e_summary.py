@@ -33,11 +33,13 @@ def hits(run):
 
 
 print("# End-to-end benchmark (ops/e2e.sh)\n")
-# Configurations in the order the script ran them: "ex2-nice10", "ex1-nice10", ...
+# Configurations: 2 executors before 1, then backend nice 10, 0, idle.
 confs = []
-for n in sorted(os.listdir(out), key=lambda n: os.path.getmtime(os.path.join(out, n))):
+for n in os.listdir(out):
     if n.startswith("ex") and n.endswith("-exact-only.json"):
         confs.append(n[: -len("-exact-only.json")])
+NICE_ORDER = {"nice10": 0, "nice0": 1, "niceidle": 2}
+confs.sort(key=lambda c: (-int(c.split("-")[0][2:]), NICE_ORDER.get(c.split("-")[1], 9), c))
 skews = ["0.99", "0.30"]
 
 

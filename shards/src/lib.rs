@@ -3,13 +3,14 @@
 //!
 //! | mechanism (ALGORITHM.md)                         | where                       |
 //! |--------------------------------------------------|-----------------------------|
-//! | distances (squared L2, 1 - cos, -dot; simsimd)   | [`metric`]                  |
+//! | distances (squared L2, 1 - cos, -dot)            | [`metric`], `kernels`       |
 //! | exact table, 128-bit keys, representative/alias  | [`exact_table`], [`entry`]  |
 //! | lookup (lock-free read side)                     | [`read`]                    |
 //! | admission, FIFO eviction, deletes (owner)        | [`cache`]                   |
 //! | epoch-published values (seize)                   | [`epoch`]                   |
 //! | neighbour objects with reference counts          | [`pool`]                    |
 //! | dual query filter, rotation keeps survivors      | [`filter`]                  |
+//! | the filter's lock-free HNSW graph (int8 codes)   | [`filter::GraphIndex`]      |
 //! | insert log, delete log (in-flight misses)        | [`insert_log`]              |
 //! | fast path, slow path, risk                       | [`refresh`]                 |
 //! | hit policies: Aker, Proximity+, Potluck+         | [`policy`]                  |
