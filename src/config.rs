@@ -393,13 +393,15 @@ mod tests {
         assert!(Config::from_toml(k0).unwrap().validate().is_err());
         let nice = "[backend]\nnice = 20";
         assert!(Config::from_toml(nice).unwrap().validate().is_err());
-        let m1 = "[cache]\nfilter = { kind = \"hnsw\", m = 1, ef_construction = 8, ef_search = 16 }";
+        let m1 =
+            "[cache]\nfilter = { kind = \"hnsw\", m = 1, ef_construction = 8, ef_search = 16 }";
         assert!(Config::from_toml(m1).unwrap().validate().is_err());
     }
 
     #[test]
     fn both_graph_filters_parse() {
-        let text = "[cache]\nfilter = { kind = \"hnsw_rs\", m = 4, ef_construction = 8, ef_search = 16 }";
+        let text =
+            "[cache]\nfilter = { kind = \"hnsw_rs\", m = 4, ef_construction = 8, ef_search = 16 }";
         let cfg = Config::from_toml(text).unwrap();
         cfg.validate().unwrap();
         assert_eq!(
