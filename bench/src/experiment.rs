@@ -541,9 +541,22 @@ mod tests {
             requests: vec![0],
             members: (0..400).collect(),
         };
-        let (n, share) = filter_nearest_share(&w, Metric::L2Sq, 16, 100, 64, 1_000);
-        assert_eq!(n, 200);
-        assert!(share > 0.95, "{share}");
+        for kind in [
+            FilterKind::Hnsw {
+                m: 16,
+                ef_construction: 100,
+                ef_search: 64,
+            },
+            FilterKind::HnswRs {
+                m: 16,
+                ef_construction: 100,
+                ef_search: 64,
+            },
+        ] {
+            let (n, share) = filter_nearest_share(&w, Metric::L2Sq, kind, 1_000);
+            assert_eq!(n, 200);
+            assert!(share > 0.95, "{kind}: {share}");
+        }
     }
 
     #[test]
