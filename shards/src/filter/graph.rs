@@ -49,6 +49,8 @@ const MAX_NODES: u32 = 1 << 30;
 /// Levels above this are clamped (the expected top level at m = 4 and 10^9 nodes is 15).
 const MAX_LEVEL: u32 = 16;
 const EMPTY: u64 = u64::MAX;
+/// Layer-0 expansions a bounded search makes before the bound may stop it.
+const BOUNDED_MIN_EXPANSIONS: usize = 4;
 
 /// Append-only array of `stride`-wide items of atomics, in chunks that never move.
 struct SegVec<T> {
@@ -385,6 +387,7 @@ impl GraphIndex {
         ef: usize,
         layer: u32,
         limit: u32,
+        bound: f32,
     ) {
         s.begin(limit as usize);
         for &e in entries {
@@ -397,11 +400,19 @@ impl GraphIndex {
             s.best.pop();
         }
         // Every node enters the frontier at most once (visited), so this ends.
+        let mut expanded = 0usize;
         while let Some(Reverse(c)) = s.frontier.pop() {
             let worst = s.best.peek().map_or(f32::INFINITY, |w| w.dist);
             if c.dist > worst && s.best.len() >= ef {
                 break;
             }
+            // Past the caller's bound nothing found can be used: stop once the nearest
+            // unexpanded node lies beyond it, after a few expansions (the walk from the
+            // descent's end to a node within the bound may pass farther nodes).
+            if expanded >= BOUNDED_MIN_EXPANSIONS && c.dist > bound {
+                break;
+            }
+            expanded += 1;
             let list = self.links(c.node, layer);
             let count = (list[0].load(Ordering::Acquire) as usize).min(list.len() - 1);
             let mut batch = std::mem::take(&mut s.batch);
@@ -430,7 +441,7 @@ impl GraphIndex {
     }
 
     /// The `ef` nodes nearest `q` found by the full descent, ascending.
-    fn knn(&self, s: &mut Scratch, q: &Probe, ef: usize) -> Vec<Cand> {
+    fn knn(&self, s: &mut Scratch, q: &Probe, ef: usize, bound: f32) -> Vec<Cand> {
         let entry = self.entry.load(Ordering::Acquire);
         if entry == EMPTY {
             return Vec::new();
@@ -445,7 +456,7 @@ impl GraphIndex {
         for layer in (1..=top).rev() {
             cur = self.greedy(q, cur, layer, limit);
         }
-        self.search_layer(s, q, &[cur], ef, 0, limit);
+        self.search_layer(s, q, &[cur], ef, 0, limit, bound);
         // drain() keeps the heap's buffer for the next search on this thread.
         let mut out: Vec<Cand> = s.best.drain().collect();
         out.sort_unstable();
@@ -606,7 +617,15 @@ impl FilterIndex for GraphIndex {
         with_scratch(|s| {
             for layer in (0..=level.min(top)).rev() {
                 // `node` is not linked yet, so the search cannot reach it.
-                self.search_layer(s, v, &entries, self.ef_construction, layer, limit);
+                self.search_layer(
+                    s,
+                    v,
+                    &entries,
+                    self.ef_construction,
+                    layer,
+                    limit,
+                    f32::INFINITY,
+                );
                 let mut found: Vec<Cand> = s.best.drain().collect();
                 found.sort_unstable();
                 let max = if layer == 0 { self.m0 } else { self.m };
@@ -628,14 +647,35 @@ impl FilterIndex for GraphIndex {
     }
 
     fn search(&self, q: &[f32], n: usize, accept: &dyn Fn(RepId) -> bool) -> Vec<(RepId, f32)> {
+        self.search_bounded(q, n, accept, f32::INFINITY)
+    }
+
+    fn search_bounded(
+        &self,
+        q: &[f32],
+        n: usize,
+        accept: &dyn Fn(RepId) -> bool,
+        bound: f32,
+    ) -> Vec<(RepId, f32)> {
         if n == 0 || q.len() != self.dim {
             return Vec::new();
+        }
+        if bound < f32::INFINITY {
+            // One pass: what lies past the bound is not wanted, so never widen.
+            let found = with_scratch(|s| self.knn(s, &Probe::new(q), self.ef_search.max(n), bound));
+            return found
+                .iter()
+                .filter(|c| c.dist <= bound)
+                .map(|c| (self.rep(c.node), c.dist))
+                .filter(|(r, _)| accept(*r))
+                .take(n)
+                .collect();
         }
         // Post-filter: tombstones are at most half of a generation (rotation), so the
         // nearest `ef` nearly always hold `n` live ones; when not, widen (bounded).
         let mut ef = self.ef_search.max(n);
         for _ in 0..3 {
-            let found = with_scratch(|s| self.knn(s, &Probe::new(q), ef));
+            let found = with_scratch(|s| self.knn(s, &Probe::new(q), ef, f32::INFINITY));
             let exhausted = found.len() < ef;
             let out: Vec<(RepId, f32)> = found
                 .iter()
@@ -729,6 +769,18 @@ mod tests {
         }
         // Nothing accepted: empty, not a hang.
         assert!(g.search(&[1.0, 1.0], 2, &|_| false).is_empty());
+        // A bound keeps only what lies within it (the point itself, not its neighbours
+        // at distance 1), and an infinite bound is the plain search.
+        for r in (0..500u64).step_by(37) {
+            let q = [(r % 25) as f32 + 0.1, (r / 25) as f32];
+            let got = g.search_bounded(&q, 3, &|_| true, 0.5);
+            assert_eq!(got.len(), 1, "{got:?}");
+            assert_eq!(got[0].0, r);
+            assert_eq!(
+                g.search_bounded(&q, 3, &|_| true, f32::INFINITY),
+                g.search(&q, 3, &|_| true)
+            );
+        }
     }
 
     #[test]

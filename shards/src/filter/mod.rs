@@ -39,6 +39,18 @@ pub trait FilterIndex: Send + Sync {
     /// Up to `n` accepted reps near `q`, nearest first. The distances may be approximate
     /// (the graph's are over int8 codes): callers recompute exact ones.
     fn search(&self, q: &[f32], n: usize, accept: &dyn Fn(RepId) -> bool) -> Vec<(RepId, f32)>;
+    /// As `search`, but candidates whose (index-own) distance exceeds `bound` may be left
+    /// out, and the search may stop early because of it. The default ignores the bound.
+    fn search_bounded(
+        &self,
+        q: &[f32],
+        n: usize,
+        accept: &dyn Fn(RepId) -> bool,
+        bound: f32,
+    ) -> Vec<(RepId, f32)> {
+        let _ = bound;
+        self.search(q, n, accept)
+    }
     /// Points inserted, tombstoned ones included.
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
@@ -90,9 +102,19 @@ impl FilterSet {
         accept: &dyn Fn(RepId) -> bool,
         out: &mut Vec<RepId>,
     ) {
+        // The standby generation only matters where it holds something nearer than the
+        // active one's n-th candidate: searched with that bound, a query whose match is
+        // in the active generation costs the standby little more than the descent.
+        // (Distances here are the index's own; the slack covers the graph's int8 codes.)
+        let mut bound = f32::INFINITY;
         for gen in [&self.active, &self.standby] {
             if !gen.is_empty() {
-                out.extend(gen.search(q, n, accept).into_iter().map(|(r, _)| r));
+                let found = gen.search_bounded(q, n, accept, bound);
+                if found.len() >= n {
+                    let d = found[n - 1].1;
+                    bound = d + 0.25 * d.abs() + 1e-6;
+                }
+                out.extend(found.into_iter().map(|(r, _)| r));
             }
         }
     }
