@@ -175,34 +175,14 @@ fn single_core(c: &mut Criterion) {
             .measurement_time(Duration::from_secs(3))
             .warm_up_time(Duration::from_secs(1));
         // Inputs are made before timing: setup closures cannot borrow the cache.
-        // Still cached after the tails' admissions and deletes (checked untimed).
-        let mut exact: Vec<Vec<f32>> = Vec::with_capacity(4096);
-        for _ in 0..64 * 4096 {
-            if exact.len() == 4096 {
-                break;
-            }
-            let q = f.query().to_vec();
-            // Exact only: approximate hits are sometimes sampled for verification.
-            if matches!(f.cache.lookup(&q, K), Ok(Lookup::Hit(ref h)) if h.kind == HitKind::Exact) {
-                exact.push(q);
-            }
-        }
-        assert!(!exact.is_empty(), "no cached query left");
+        // Still cached after the tails' admissions and deletes (checked untimed); exact
+        // only: approximate hits are sometimes sampled for verification.
+        let (exact, _) = inputs_hitting(&mut f, HitKind::Exact, |f| f.query().to_vec());
         let near: Vec<Vec<f32>> = (0..4096).map(|_| f.near_query()).collect();
         // Approximate hits are measured on lookups that are answered approximately
         // (near copies of still-cached queries, checked untimed); a near copy of an
         // evicted query is a miss and would be measured as one.
-        let mut approx: Vec<Vec<f32>> = Vec::with_capacity(4096);
-        let mut tried = 0usize;
-        while approx.len() < 4096 && tried < 64 * 4096 {
-            tried += 1;
-            let q = f.near_query();
-            if matches!(f.cache.lookup(&q, K), Ok(Lookup::Hit(ref h)) if h.kind == HitKind::Approximate)
-            {
-                approx.push(q);
-            }
-        }
-        assert!(!approx.is_empty(), "no approximate hit left");
+        let (approx, tried) = inputs_hitting(&mut f, HitKind::Approximate, Fixture::near_query);
         println!(
             "d{dim}: {} of {tried} near copies of fixture queries are approximate hits",
             approx.len()
@@ -286,6 +266,26 @@ fn single_core(c: &mut Criterion) {
         });
         g.finish();
     }
+}
+
+/// Up to 4,096 request vectors drawn by `draw` whose lookup is a hit of `kind` (tried at
+/// most 64 times as often), and how many were drawn.
+fn inputs_hitting(
+    f: &mut Fixture,
+    kind: HitKind,
+    draw: impl Fn(&mut Fixture) -> Vec<f32>,
+) -> (Vec<Vec<f32>>, usize) {
+    let mut out = Vec::with_capacity(4096);
+    let mut tried = 0usize;
+    while out.len() < 4096 && tried < 64 * 4096 {
+        tried += 1;
+        let q = draw(f);
+        if matches!(f.cache.lookup(&q, K), Ok(Lookup::Hit(ref h)) if h.kind == kind) {
+            out.push(q);
+        }
+    }
+    assert!(!out.is_empty(), "no {kind:?} hit left");
+    (out, tried)
 }
 
 fn pct(h: &Histogram<u64>) -> String {

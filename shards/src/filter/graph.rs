@@ -205,7 +205,7 @@ thread_local! {
 }
 
 /// Runs `f` with this thread's scratch, or a fresh one if the thread's is in use (a
-/// search never nests, but an accept predicate is user code: stay safe).
+/// search never nests today; this keeps a future nesting from panicking).
 fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
     SCRATCH.with(|cell| match cell.try_borrow_mut() {
         Ok(mut s) => f(&mut s),
@@ -485,6 +485,11 @@ impl GraphIndex {
             if out.len() >= max {
                 break;
             }
+            if out.is_empty() {
+                // The nearest candidate is always kept: nothing to compare it with.
+                out.push(c.node);
+                continue;
+            }
             self.dequantize(c.node, buf);
             let probe = Probe::new(buf);
             if out.iter().all(|&kept| self.dist(&probe, kept) > c.dist) {
@@ -660,9 +665,10 @@ impl FilterIndex for GraphIndex {
         if n == 0 || q.len() != self.dim {
             return Vec::new();
         }
+        let probe = Probe::new(q);
         if bound < f32::INFINITY {
             // One pass: what lies past the bound is not wanted, so never widen.
-            let found = with_scratch(|s| self.knn(s, &Probe::new(q), self.ef_search.max(n), bound));
+            let found = with_scratch(|s| self.knn(s, &probe, self.ef_search.max(n), bound));
             return found
                 .iter()
                 .filter(|c| c.dist <= bound)
@@ -671,24 +677,12 @@ impl FilterIndex for GraphIndex {
                 .take(n)
                 .collect();
         }
-        // Post-filter: tombstones are at most half of a generation (rotation), so the
-        // nearest `ef` nearly always hold `n` live ones; when not, widen (bounded).
-        let mut ef = self.ef_search.max(n);
-        for _ in 0..3 {
-            let found = with_scratch(|s| self.knn(s, &Probe::new(q), ef, f32::INFINITY));
-            let exhausted = found.len() < ef;
-            let out: Vec<(RepId, f32)> = found
+        super::post_filtered(n, self.ef_search, 2, accept, |ef| {
+            with_scratch(|s| self.knn(s, &probe, ef, f32::INFINITY))
                 .iter()
                 .map(|c| (self.rep(c.node), c.dist))
-                .filter(|(r, _)| accept(*r))
-                .take(n)
-                .collect();
-            if out.len() >= n || exhausted {
-                return out;
-            }
-            ef *= 4;
-        }
-        Vec::new()
+                .collect()
+        })
     }
 
     fn len(&self) -> usize {

@@ -58,6 +58,34 @@ pub trait FilterIndex: Send + Sync {
     }
 }
 
+/// Post-filtering shared by the graph filters: search `ef` nearest, keep the accepted
+/// ones, and widen `ef` (×4, `widenings` times) while fewer than `n` survive and the
+/// index had more to give. Tombstones are at most half of a generation (rotation), so
+/// the first round nearly always suffices. Empty when even the widest round falls short.
+pub(crate) fn post_filtered(
+    n: usize,
+    first_ef: usize,
+    widenings: usize,
+    accept: &dyn Fn(RepId) -> bool,
+    mut search: impl FnMut(usize) -> Vec<(RepId, f32)>,
+) -> Vec<(RepId, f32)> {
+    let mut ef = first_ef.max(n);
+    for _ in 0..=widenings {
+        let found = search(ef);
+        let exhausted = found.len() < ef;
+        let out: Vec<(RepId, f32)> = found
+            .into_iter()
+            .filter(|(r, _)| accept(*r))
+            .take(n)
+            .collect();
+        if out.len() >= n || exhausted {
+            return out;
+        }
+        ef *= 4;
+    }
+    Vec::new()
+}
+
 /// One empty generation of the given kind (also used by the benchmarks' filter checks).
 pub fn new_index(
     kind: FilterKind,
