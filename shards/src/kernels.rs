@@ -5,7 +5,7 @@
 //! 56 ns per distance on this machine's AVX-512 cores, and distances are most of a
 //! filter search. Four accumulators let the FMAs overlap. simsimd still serves cosine
 //! (its f64 normalisation is worth keeping) and every CPU without AVX2 + FMA.
-//! `dot_i8` serves the query filter's int8 codes (`filter/graph.rs`).
+//! `dot_i8i8` serves the query filter's int8 codes (`filter/graph.rs`).
 //! `tests` below hold these to the scalar reference.
 
 /// Which kernel this CPU runs, found once.
@@ -23,7 +23,10 @@ pub(crate) fn level() -> Level {
         use std::sync::OnceLock;
         static LEVEL: OnceLock<Level> = OnceLock::new();
         *LEVEL.get_or_init(|| {
-            if std::arch::is_x86_feature_detected!("avx512f") {
+            // bw for the int8 kernel (every avx512f CPU but Knights Landing has it).
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+            {
                 Level::Avx512
             } else if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
@@ -68,24 +71,59 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> Option<f32> {
     }
 }
 
-/// `Σ q_i · c_i` over f32 `q` and int8 codes `c` (the query filter's quantized
-/// vectors); scalar where no kernel of ours runs.
+/// `Σ a_i · b_i` over two int8 codes (the query filter's quantized vectors, query and
+/// node alike): products widened to i16 pairs and summed in i32, exact. |sum| stays
+/// below 2^31 for any length up to 2^17 (each term is at most 127² = 16,129).
 #[inline]
-pub(crate) fn dot_i8(q: &[f32], c: &[i8]) -> f32 {
-    debug_assert_eq!(q.len(), c.len());
-    let n = q.len().min(c.len());
+pub(crate) fn dot_i8i8(a: &[i8], b: &[i8]) -> i32 {
+    debug_assert_eq!(a.len(), b.len());
+    let n = a.len().min(b.len());
     match level() {
-        // SAFETY: as in `l2sq`; `c` holds n bytes.
+        // SAFETY: as in `l2sq`; both hold n bytes.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx512 => unsafe { x86::dot_i8_avx512(q.as_ptr(), c.as_ptr(), n) },
+        Level::Avx512 => unsafe { x86::dot_i8i8_avx512(a.as_ptr(), b.as_ptr(), n) },
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::dot_i8_avx2(q.as_ptr(), c.as_ptr(), n) },
-        _ => dot_i8_scalar(q, c),
+        Level::Avx2 => unsafe { x86::dot_i8i8_avx2(a.as_ptr(), b.as_ptr(), n) },
+        _ => dot_i8i8_scalar(&a[..n], &b[..n]),
     }
 }
 
-pub(crate) fn dot_i8_scalar(q: &[f32], c: &[i8]) -> f32 {
-    q.iter().zip(c).map(|(x, &y)| x * y as f32).sum()
+/// Symmetric int8 quantization: writes `round(v_i / scale)` into `out` and returns
+/// `scale = max |v_i| / 127` (0 for the zero vector, whose code is all zeros). Rounding
+/// is to nearest, ties to even, on every path. `v` must be finite.
+pub(crate) fn quantize_i8(v: &[f32], out: &mut [i8]) -> f32 {
+    assert_eq!(v.len(), out.len());
+    match level() {
+        // SAFETY: as in `l2sq`; both hold v.len() elements.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512 => unsafe { x86::quantize_i8_avx512(v, out) },
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::quantize_i8_avx2(v, out) },
+        _ => quantize_i8_scalar(v, out),
+    }
+}
+
+fn scale_of(max_abs: f32) -> (f32, f32) {
+    if max_abs > 0.0 {
+        (max_abs / 127.0, 127.0 / max_abs)
+    } else {
+        (0.0, 0.0)
+    }
+}
+
+pub(crate) fn quantize_i8_scalar(v: &[f32], out: &mut [i8]) -> f32 {
+    let max_abs = v
+        .iter()
+        .fold(0f32, |m, &x| if x.abs() > m { x.abs() } else { m });
+    let (scale, inv) = scale_of(max_abs);
+    for (c, &x) in out.iter_mut().zip(v) {
+        *c = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+    }
+    scale
+}
+
+pub(crate) fn dot_i8i8_scalar(a: &[i8], b: &[i8]) -> i32 {
+    a.iter().zip(b).map(|(&x, &y)| x as i32 * y as i32).sum()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -177,58 +215,130 @@ mod x86 {
         |x: f32, y: f32| x * y
     );
 
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn dot_i8_avx512(q: *const f32, c: *const i8, n: usize) -> f32 {
-        let mut acc = [_mm512_setzero_ps(); 2];
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn dot_i8i8_avx512(a: *const i8, b: *const i8, n: usize) -> i32 {
+        // 32 bytes sign-extended to 32 i16; madd multiplies and adds pairs into 16 i32.
+        let wide = |p: *const i8| _mm512_cvtepi8_epi16(_mm256_loadu_si256(p.cast::<__m256i>()));
+        let mut acc = [_mm512_setzero_si512(); 2];
         let mut i = 0;
-        let codes = |i: usize| {
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                c.add(i).cast::<__m128i>(),
-            )))
-        };
+        while i + 64 <= n {
+            acc[0] = _mm512_add_epi32(acc[0], _mm512_madd_epi16(wide(a.add(i)), wide(b.add(i))));
+            acc[1] = _mm512_add_epi32(
+                acc[1],
+                _mm512_madd_epi16(wide(a.add(i + 32)), wide(b.add(i + 32))),
+            );
+            i += 64;
+        }
         while i + 32 <= n {
-            acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(i)), codes(i), acc[0]);
-            acc[1] = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(i + 16)), codes(i + 16), acc[1]);
+            acc[0] = _mm512_add_epi32(acc[0], _mm512_madd_epi16(wide(a.add(i)), wide(b.add(i))));
             i += 32;
         }
-        while i + 16 <= n {
-            acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(i)), codes(i), acc[0]);
-            i += 16;
-        }
-        let mut total = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+        let mut total = _mm512_reduce_add_epi32(_mm512_add_epi32(acc[0], acc[1]));
         while i < n {
-            total += *q.add(i) * *c.add(i) as f32;
+            total += *a.add(i) as i32 * *b.add(i) as i32;
             i += 1;
         }
         total
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot_i8_avx2(q: *const f32, c: *const i8, n: usize) -> f32 {
-        let mut acc = [_mm256_setzero_ps(); 2];
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dot_i8i8_avx2(a: *const i8, b: *const i8, n: usize) -> i32 {
+        let wide = |p: *const i8| _mm256_cvtepi8_epi16(_mm_loadu_si128(p.cast::<__m128i>()));
+        let mut acc = [_mm256_setzero_si256(); 2];
         let mut i = 0;
-        let codes = |i: usize| {
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                c.add(i).cast::<__m128i>(),
-            )))
-        };
+        while i + 32 <= n {
+            acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(wide(a.add(i)), wide(b.add(i))));
+            acc[1] = _mm256_add_epi32(
+                acc[1],
+                _mm256_madd_epi16(wide(a.add(i + 16)), wide(b.add(i + 16))),
+            );
+            i += 32;
+        }
         while i + 16 <= n {
-            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(i)), codes(i), acc[0]);
-            acc[1] = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(i + 8)), codes(i + 8), acc[1]);
+            acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(wide(a.add(i)), wide(b.add(i))));
             i += 16;
         }
-        while i + 8 <= n {
-            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(i)), codes(i), acc[0]);
-            i += 8;
-        }
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(acc[0], acc[1]));
-        let mut total: f32 = lanes.iter().sum();
+        let mut lanes = [0i32; 8];
+        _mm256_storeu_si256(
+            lanes.as_mut_ptr().cast::<__m256i>(),
+            _mm256_add_epi32(acc[0], acc[1]),
+        );
+        let mut total: i32 = lanes.iter().sum();
         while i < n {
-            total += *q.add(i) * *c.add(i) as f32;
+            total += *a.add(i) as i32 * *b.add(i) as i32;
             i += 1;
         }
         total
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn quantize_i8_avx512(v: &[f32], out: &mut [i8]) -> f32 {
+        let (n, p) = (v.len(), v.as_ptr());
+        let mut m = _mm512_setzero_ps();
+        let mut i = 0;
+        while i + 16 <= n {
+            m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(p.add(i))));
+            i += 16;
+        }
+        let mut max_abs = _mm512_reduce_max_ps(m);
+        for &x in &v[i..] {
+            max_abs = if x.abs() > max_abs { x.abs() } else { max_abs };
+        }
+        let (scale, inv) = super::scale_of(max_abs);
+        let vinv = _mm512_set1_ps(inv);
+        let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+        let mut i = 0;
+        while i + 16 <= n {
+            let x = _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), vinv);
+            // cvtps rounds to nearest even (the default MXCSR mode); the clamp keeps
+            // float slop from reaching 128.
+            let q = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(x, lo), hi));
+            _mm_storeu_si128(out.as_mut_ptr().add(i).cast(), _mm512_cvtsepi32_epi8(q));
+            i += 16;
+        }
+        for (c, &x) in out[i..].iter_mut().zip(&v[i..]) {
+            *c = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+        }
+        scale
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn quantize_i8_avx2(v: &[f32], out: &mut [i8]) -> f32 {
+        let (n, p) = (v.len(), v.as_ptr());
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= n {
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(i))));
+            i += 8;
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        let mut max_abs = 0f32;
+        for &x in lanes.iter().chain(&v[i..]) {
+            max_abs = if x.abs() > max_abs { x.abs() } else { max_abs };
+        }
+        let (scale, inv) = super::scale_of(max_abs);
+        let vinv = _mm256_set1_ps(inv);
+        let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+        let conv = |j: usize| {
+            let x = _mm256_mul_ps(_mm256_loadu_ps(p.add(j)), vinv);
+            _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(x, lo), hi))
+        };
+        // packs interleave 128-bit lanes; the permute puts the 32 bytes back in order.
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let mut i = 0;
+        while i + 32 <= n {
+            let ab = _mm256_packs_epi32(conv(i), conv(i + 8));
+            let cd = _mm256_packs_epi32(conv(i + 16), conv(i + 24));
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), order);
+            _mm256_storeu_si256(out.as_mut_ptr().add(i).cast(), bytes);
+            i += 32;
+        }
+        for (c, &x) in out[i..].iter_mut().zip(&v[i..]) {
+            *c = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+        }
+        scale
     }
 
     #[cfg(test)]
@@ -238,6 +348,7 @@ mod x86 {
     #[cfg(test)]
     pub(super) fn avx512_available() -> bool {
         std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
     }
 }
 
@@ -264,13 +375,23 @@ mod tests {
             let b: Vec<f32> = (0..n).map(|_| next()).collect();
             let l2 = Metric::L2Sq.distance_scalar(&a, &b);
             let dot = -Metric::InnerProduct.distance_scalar(&a, &b);
+            let codes_a: Vec<i8> = a.iter().map(|x| (x * 127.0) as i8).collect();
             let codes: Vec<i8> = b.iter().map(|x| (x * 127.0) as i8).collect();
-            let dot8 = super::dot_i8_scalar(&a, &codes);
+            let dot8 = super::dot_i8i8_scalar(&codes_a, &codes);
+            let mut q_ref = vec![0i8; n];
+            let scale_ref = super::quantize_i8_scalar(&a, &mut q_ref);
+            // Extremes too: the i16 pair sums must not saturate.
+            let (lo, hi) = (vec![-127i8; n], vec![127i8; n]);
+            let extreme = -(127 * 127 * n as i32);
             // SAFETY: features checked; the slices hold n floats (codes: n bytes).
             unsafe {
                 if x86::avx512_available() {
-                    let got = x86::dot_i8_avx512(a.as_ptr(), codes.as_ptr(), n);
-                    assert!(close(got, dot8), "n {n}");
+                    let got = x86::dot_i8i8_avx512(codes_a.as_ptr(), codes.as_ptr(), n);
+                    assert_eq!(got, dot8, "n {n}");
+                    assert_eq!(x86::dot_i8i8_avx512(lo.as_ptr(), hi.as_ptr(), n), extreme);
+                    let mut q = vec![0i8; n];
+                    assert_eq!(x86::quantize_i8_avx512(&a, &mut q), scale_ref, "n {n}");
+                    assert_eq!(q, q_ref, "n {n}");
                     assert!(
                         close(x86::l2sq_avx512(a.as_ptr(), b.as_ptr(), n), l2),
                         "n {n}"
@@ -281,8 +402,12 @@ mod tests {
                     );
                 }
                 if x86::avx2_available() {
-                    let got = x86::dot_i8_avx2(a.as_ptr(), codes.as_ptr(), n);
-                    assert!(close(got, dot8), "n {n}");
+                    let got = x86::dot_i8i8_avx2(codes_a.as_ptr(), codes.as_ptr(), n);
+                    assert_eq!(got, dot8, "n {n}");
+                    assert_eq!(x86::dot_i8i8_avx2(lo.as_ptr(), hi.as_ptr(), n), extreme);
+                    let mut q = vec![0i8; n];
+                    assert_eq!(x86::quantize_i8_avx2(&a, &mut q), scale_ref, "n {n}");
+                    assert_eq!(q, q_ref, "n {n}");
                     assert!(
                         close(x86::l2sq_avx2(a.as_ptr(), b.as_ptr(), n), l2),
                         "n {n}"

@@ -14,9 +14,10 @@
 //! near ties.
 //!
 //! ```text
-//!   node i ──► meta[i]    = [rep id, level << 32 | first upper item,
-//!                            |scale·code|² << 32 | scale]   (f32 bits)
-//!              code[i]    = dim int8 (packed in u32 words)
+//!   node i ──► row[i]     = [scale, |scale·code|² (f32 bits), rep id (2 words), level,
+//!                            first upper item], then dim int8 packed in u32 words:
+//!                            everything a search reads of a node but its links, in
+//!                            one row prefetched whole before its distance
 //!              layer0[i]  = [count, m0 neighbour ids]
 //!              upper[first upper item + l - 1] = [count, m ids]   for layers 1..=level
 //!   entry   = level << 32 | node of the top layer (EMPTY before the first insert)
@@ -25,7 +26,7 @@
 //!
 //! Every array is a [`SegVec`]: chunks of doubling size that are never moved or freed
 //! before the graph is dropped, so a reader's reference stays valid while the owner
-//! appends. Publication order: a node's vector, meta and own links are stored before any
+//! appends. Publication order: a node's row and own links are stored before any
 //! link to it (Release), and readers load links with Acquire, so a reader that reaches a
 //! node sees it complete. Neighbour lists are rewritten in place when pruned; a reader
 //! may see a mix of the old and new list, every entry of which is a complete node — the
@@ -49,6 +50,16 @@ const MAX_NODES: u32 = 1 << 30;
 /// Levels above this are clamped (the expected top level at m = 4 and 10^9 nodes is 15).
 const MAX_LEVEL: u32 = 16;
 const EMPTY: u64 = u64::MAX;
+/// Words before a code in its row (module docs), so one prefetch brings everything a
+/// distance and the result read: scale, squared norm, rep id (low, high), level, first
+/// upper item.
+const CODE_HEADER_WORDS: usize = 6;
+/// Upper-layer lists are at most `m` long; `m` is capped so a greedy step's batch fits
+/// on the stack.
+const MAX_UPPER_LINKS: usize = 256;
+const ROW_REP_LO: usize = 2;
+const ROW_LEVEL: usize = 4;
+const ROW_FIRST_UPPER: usize = 5;
 /// Layer-0 expansions a bounded search makes before the bound may stop it.
 const BOUNDED_MIN_EXPANSIONS: usize = 4;
 
@@ -68,7 +79,18 @@ fn chunk_items(k: usize) -> usize {
     1usize << (FIRST_CHUNK_LOG2 as usize + k)
 }
 
-impl<T: Default> SegVec<T> {
+/// Types whose all-zero bytes are a valid value (the atomics the graph is made of), so a
+/// chunk can come zeroed from the allocator or the kernel.
+///
+/// # Safety
+/// Implement only for types for which every zero byte pattern is a valid value.
+unsafe trait ZeroValid {}
+// SAFETY: an atomic integer of zero bytes is the integer 0.
+unsafe impl ZeroValid for AtomicU32 {}
+// SAFETY: as above.
+unsafe impl ZeroValid for AtomicU64 {}
+
+impl<T: ZeroValid> SegVec<T> {
     fn new(stride: usize) -> Self {
         assert!(stride > 0);
         SegVec {
@@ -77,14 +99,15 @@ impl<T: Default> SegVec<T> {
         }
     }
 
+    fn chunk_bytes(&self, k: usize) -> usize {
+        chunk_items(k) * self.stride * std::mem::size_of::<T>()
+    }
+
     /// Owner only: makes item `i` addressable (allocates its chunk if needed).
     fn reserve(&self, i: u32) {
         let (k, _) = locate(i);
         if self.chunks[k].load(Ordering::Acquire).is_null() {
-            let items: Box<[T]> = (0..chunk_items(k) * self.stride)
-                .map(|_| T::default())
-                .collect();
-            let ptr = Box::into_raw(items) as *mut T;
+            let ptr = chunk_memory::alloc_zeroed(self.chunk_bytes(k)).cast::<T>();
             // Release: a reader that sees the pointer sees the initialised atomics.
             self.chunks[k].store(ptr, Ordering::Release);
         }
@@ -107,11 +130,104 @@ impl<T> Drop for SegVec<T> {
         for (k, c) in self.chunks.iter().enumerate() {
             let ptr = c.load(Ordering::Acquire);
             if !ptr.is_null() {
-                let len = chunk_items(k) * self.stride;
-                // SAFETY: allocated in `reserve` as a boxed slice of exactly this length;
-                // `&mut self` means no reader is left.
-                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len)) });
+                let bytes = chunk_items(k) * self.stride * std::mem::size_of::<T>();
+                // SAFETY: allocated in `reserve` by chunk_memory with this size; atomics
+                // need no drop; `&mut self` means no reader is left.
+                unsafe { chunk_memory::free(ptr.cast::<u8>(), bytes) };
             }
+        }
+    }
+}
+
+/// Memory for graph chunks. A search touches a few hundred random rows of a graph of
+/// ~100 MB (d = 768, 100k nodes): with 4 KB pages nearly every row costs a TLB miss and
+/// a page walk besides its cache misses, so chunks of 2 MB and more are asked to be
+/// backed by transparent huge pages (Linux `madvise`; where THP is off this is a no-op).
+/// Smaller chunks come from the allocator, cache-line aligned.
+mod chunk_memory {
+    use std::alloc::{alloc_zeroed as heap_alloc_zeroed, dealloc, handle_alloc_error, Layout};
+
+    const HUGE_PAGE_BYTES: usize = 2 << 20;
+    const CACHE_LINE_BYTES: usize = 64;
+
+    fn small_layout(bytes: usize) -> Layout {
+        Layout::from_size_align(bytes.max(1), CACHE_LINE_BYTES).expect("chunk layout")
+    }
+
+    /// `bytes` zeroed bytes, cache-line aligned (huge-page aligned when that large).
+    pub(super) fn alloc_zeroed(bytes: usize) -> *mut u8 {
+        #[cfg(target_os = "linux")]
+        if bytes >= HUGE_PAGE_BYTES {
+            return huge::alloc_zeroed(bytes);
+        }
+        let layout = small_layout(bytes);
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { heap_alloc_zeroed(layout) };
+        if ptr.is_null() {
+            handle_alloc_error(layout);
+        }
+        ptr
+    }
+
+    /// # Safety
+    /// `ptr` came from `alloc_zeroed(bytes)` with the same `bytes`, and is not used after.
+    pub(super) unsafe fn free(ptr: *mut u8, bytes: usize) {
+        #[cfg(target_os = "linux")]
+        if bytes >= HUGE_PAGE_BYTES {
+            // SAFETY: forwarded contract.
+            return unsafe { huge::free(ptr, bytes) };
+        }
+        // SAFETY: forwarded contract: same layout as the allocation.
+        unsafe { dealloc(ptr, small_layout(bytes)) }
+    }
+
+    #[cfg(target_os = "linux")]
+    mod huge {
+        use super::HUGE_PAGE_BYTES;
+
+        /// An anonymous mapping (zeroed by the kernel), trimmed to a 2 MB-aligned start
+        /// so whole huge pages fit, advised MADV_HUGEPAGE before any page is touched.
+        pub(super) fn alloc_zeroed(bytes: usize) -> *mut u8 {
+            let span = bytes + HUGE_PAGE_BYTES;
+            // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+            let raw = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    span,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if raw == libc::MAP_FAILED {
+                std::alloc::handle_alloc_error(
+                    std::alloc::Layout::from_size_align(bytes, HUGE_PAGE_BYTES).expect("layout"),
+                );
+            }
+            let start = raw as usize;
+            let aligned = start.next_multiple_of(HUGE_PAGE_BYTES);
+            let end = aligned + bytes.next_multiple_of(4096);
+            // SAFETY: both ranges lie inside the mapping just made and outside the part
+            // kept; page-aligned (mmap returns page-aligned memory, `end` is rounded).
+            unsafe {
+                if aligned > start {
+                    libc::munmap(raw, aligned - start);
+                }
+                if start + span > end {
+                    libc::munmap(end as *mut libc::c_void, start + span - end);
+                }
+                // Advice only: failure (THP disabled) leaves ordinary pages.
+                libc::madvise(aligned as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
+            }
+            aligned as *mut u8
+        }
+
+        /// # Safety
+        /// As `chunk_memory::free`.
+        pub(super) unsafe fn free(ptr: *mut u8, bytes: usize) {
+            // SAFETY: the mapping made by alloc_zeroed for `bytes`.
+            unsafe { libc::munmap(ptr.cast(), bytes) };
         }
     }
 }
@@ -142,7 +258,7 @@ const PREFETCH_BYTES: usize = 4096;
 /// prefetched together so their loads overlap (at d = 768 a vector is 48 cache lines,
 /// and waiting for each in turn was most of a search).
 #[inline]
-fn prefetch(v: &[i8]) {
+fn prefetch<T>(v: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
@@ -219,18 +335,41 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
     })
 }
 
-/// A vector searched for, with its squared norm (every metric's formula over codes
-/// needs it).
+/// A vector as the graph compares it: int8 code, scale and the squared norm of the
+/// dequantized vector. A searched vector is quantized once like a node's (so a near
+/// duplicate of a node lands on nearly its code), and a node's own row is a probe as it
+/// stands (neighbour selection compares codes without dequantizing).
 struct Probe<'a> {
-    v: &'a [f32],
+    code: &'a [i8],
+    scale: f32,
     norm: f32,
 }
 
-impl<'a> Probe<'a> {
-    fn new(v: &'a [f32]) -> Self {
+/// A quantized vector owned by its probe (searched vectors, inserted ones).
+struct Quantized {
+    code: Vec<i8>,
+    scale: f32,
+    norm: f32,
+}
+
+impl Quantized {
+    /// Symmetric int8 code (`kernels::quantize_i8`).
+    fn new(v: &[f32]) -> Self {
+        let mut code = vec![0i8; v.len()];
+        let scale = crate::kernels::quantize_i8(v, &mut code);
+        let sq = crate::kernels::dot_i8i8(&code, &code);
+        Quantized {
+            code,
+            scale,
+            norm: sq as f32 * scale * scale,
+        }
+    }
+
+    fn probe(&self) -> Probe<'_> {
         Probe {
-            v,
-            norm: v.iter().map(|x| x * x).sum(),
+            code: &self.code,
+            scale: self.scale,
+            norm: self.norm,
         }
     }
 }
@@ -245,7 +384,6 @@ pub struct GraphIndex {
     ef_construction: usize,
     ef_search: usize,
     level_mult: f64,
-    meta: SegVec<AtomicU64>,
     codes: SegVec<AtomicU32>,
     layer0: SegVec<AtomicU32>,
     upper: SegVec<AtomicU32>,
@@ -265,7 +403,10 @@ impl GraphIndex {
         ef_construction: usize,
         ef_search: usize,
     ) -> Self {
-        assert!(dim > 0 && m >= 2, "graph index: dim > 0, m >= 2");
+        assert!(
+            dim > 0 && (2..=MAX_UPPER_LINKS).contains(&m),
+            "graph index: dim > 0, 2 <= m <= {MAX_UPPER_LINKS}"
+        );
         GraphIndex {
             metric,
             dim,
@@ -274,8 +415,7 @@ impl GraphIndex {
             ef_construction: ef_construction.max(m),
             ef_search: ef_search.max(1),
             level_mult: 1.0 / (m as f64).ln(),
-            meta: SegVec::new(3),
-            codes: SegVec::new(dim.div_ceil(4)),
+            codes: SegVec::new(CODE_HEADER_WORDS + dim.div_ceil(4)),
             layer0: SegVec::new(1 + 2 * m),
             upper: SegVec::new(1 + m),
             upper_len: AtomicU32::new(0),
@@ -285,32 +425,46 @@ impl GraphIndex {
         }
     }
 
-    fn code(&self, node: u32) -> &[i8] {
-        let item = self.codes.item(node);
-        // SAFETY: the item holds ceil(dim / 4) u32 words, so at least dim bytes; a node's
+    /// A node's code row: [scale, squared norm, code words...] (see the module docs).
+    fn row(&self, node: u32) -> &[AtomicU32] {
+        self.codes.item(node)
+    }
+
+    fn row_code(row: &[AtomicU32], dim: usize) -> &[i8] {
+        let words = &row[CODE_HEADER_WORDS..];
+        // SAFETY: the row holds ceil(dim / 4) code words, so at least dim bytes; a node's
         // code is written once, before the node is reachable, and never again, so no store
         // races with this plain read.
-        unsafe { std::slice::from_raw_parts(item.as_ptr() as *const i8, self.dim) }
+        unsafe { std::slice::from_raw_parts(words.as_ptr() as *const i8, dim) }
     }
 
     /// (scale, squared norm of the dequantized vector).
-    fn scale_norm(&self, node: u32) -> (f32, f32) {
-        let x = self.meta.item(node)[2].load(Ordering::Relaxed);
-        (f32::from_bits(x as u32), f32::from_bits((x >> 32) as u32))
+    fn row_scale_norm(row: &[AtomicU32]) -> (f32, f32) {
+        (
+            f32::from_bits(row[0].load(Ordering::Relaxed)),
+            f32::from_bits(row[1].load(Ordering::Relaxed)),
+        )
     }
 
-    fn dequantize(&self, node: u32, out: &mut Vec<f32>) {
-        let (scale, _) = self.scale_norm(node);
-        out.clear();
-        out.extend(self.code(node).iter().map(|&c| c as f32 * scale));
+    /// A node's own row as a probe (owner side: neighbour selection).
+    fn node_probe(&self, node: u32) -> Probe<'_> {
+        let row = self.row(node);
+        let (scale, norm) = Self::row_scale_norm(row);
+        Probe {
+            code: Self::row_code(row, self.dim),
+            scale,
+            norm,
+        }
     }
 
     fn rep(&self, node: u32) -> RepId {
-        self.meta.item(node)[0].load(Ordering::Relaxed)
+        let row = self.row(node);
+        let lo = row[ROW_REP_LO].load(Ordering::Relaxed) as u64;
+        lo | (row[ROW_REP_LO + 1].load(Ordering::Relaxed) as u64) << 32
     }
 
     fn level_of(&self, node: u32) -> u32 {
-        (self.meta.item(node)[1].load(Ordering::Relaxed) >> 32) as u32
+        self.row(node)[ROW_LEVEL].load(Ordering::Relaxed)
     }
 
     /// Node's neighbour list on `layer`: [count, ids...].
@@ -318,15 +472,18 @@ impl GraphIndex {
         if layer == 0 {
             self.layer0.item(node)
         } else {
-            let first = self.meta.item(node)[1].load(Ordering::Relaxed) as u32;
+            let first = self.row(node)[ROW_FIRST_UPPER].load(Ordering::Relaxed);
             self.upper.item(first + layer - 1)
         }
     }
 
     /// Approximate distance from a probe to a node's code (see the module docs).
     fn dist(&self, q: &Probe, node: u32) -> f32 {
-        let (scale, norm) = self.scale_norm(node);
-        let dot = scale * crate::kernels::dot_i8(q.v, self.code(node));
+        let row = self.row(node);
+        let (scale, norm) = Self::row_scale_norm(row);
+        let dot = q.scale
+            * scale
+            * crate::kernels::dot_i8i8(q.code, Self::row_code(row, self.dim)) as f32;
         match self.metric {
             Metric::L2Sq => (q.norm + norm - 2.0 * dot).max(0.0),
             Metric::InnerProduct => -dot,
@@ -358,9 +515,19 @@ impl GraphIndex {
     fn greedy(&self, q: &Probe, start: Cand, layer: u32, limit: u32) -> Cand {
         let mut cur = start;
         // Each step strictly lowers the distance, so the walk ends; the bound is a guard.
+        let mut batch = [0u32; MAX_UPPER_LINKS];
         for _ in 0..limit.max(1) {
             let mut next = cur;
+            // Prefetch all neighbours first so their loads overlap, as in search_layer.
+            let mut n = 0;
             self.for_each_neighbour(cur.node, layer, limit, |nb| {
+                if n < batch.len() {
+                    prefetch(self.row(nb));
+                    batch[n] = nb;
+                    n += 1;
+                }
+            });
+            for &nb in &batch[..n] {
                 let c = Cand {
                     dist: self.dist(q, nb),
                     node: nb,
@@ -368,7 +535,7 @@ impl GraphIndex {
                 if c < next {
                     next = c;
                 }
-            });
+            }
             if next == cur {
                 break;
             }
@@ -420,7 +587,7 @@ impl GraphIndex {
             for slot in &list[1..1 + count] {
                 let nb = slot.load(Ordering::Acquire);
                 if nb < limit && s.visit(nb) {
-                    prefetch(self.code(nb));
+                    prefetch(self.row(nb));
                     batch.push(nb);
                 }
             }
@@ -428,6 +595,8 @@ impl GraphIndex {
                 let d = self.dist(q, nb);
                 let worst = s.best.peek().map_or(f32::INFINITY, |w| w.dist);
                 if s.best.len() < ef || d < worst {
+                    // It may be expanded next: start loading its links (a miss otherwise).
+                    prefetch(self.links(nb, layer));
                     let cand = Cand { dist: d, node: nb };
                     s.frontier.push(Reverse(cand));
                     s.best.push(cand);
@@ -478,8 +647,8 @@ impl GraphIndex {
 
     /// HNSW's neighbour heuristic: keep a candidate only if it is closer to the base than
     /// to every neighbour already kept (spreads links across directions), `max` at most.
-    /// `buf` holds a dequantized candidate (owner-side scratch).
-    fn select(&self, sorted: &[Cand], max: usize, out: &mut Vec<u32>, buf: &mut Vec<f32>) {
+    /// Distances between nodes are between their codes (no dequantizing).
+    fn select(&self, sorted: &[Cand], max: usize, out: &mut Vec<u32>) {
         out.clear();
         for c in sorted {
             if out.len() >= max {
@@ -490,8 +659,7 @@ impl GraphIndex {
                 out.push(c.node);
                 continue;
             }
-            self.dequantize(c.node, buf);
-            let probe = Probe::new(buf);
+            let probe = self.node_probe(c.node);
             if out.iter().all(|&kept| self.dist(&probe, kept) > c.dist) {
                 out.push(c.node);
             }
@@ -514,7 +682,6 @@ impl GraphIndex {
         layer: u32,
         scratch: &mut Vec<Cand>,
         kept: &mut Vec<u32>,
-        bufs: &mut [Vec<f32>; 2],
     ) {
         let list = self.links(node, layer);
         let max = list.len() - 1;
@@ -524,9 +691,7 @@ impl GraphIndex {
             list[0].store(count as u32 + 1, Ordering::Release);
             return;
         }
-        let [base_buf, buf] = bufs;
-        self.dequantize(node, base_buf);
-        let base = Probe::new(base_buf);
+        let base = self.node_probe(node);
         scratch.clear();
         scratch.extend(list[1..1 + count].iter().map(|s| {
             let nb = s.load(Ordering::Relaxed);
@@ -540,7 +705,7 @@ impl GraphIndex {
             node: new,
         });
         scratch.sort_unstable();
-        self.select(scratch, max, kept, buf);
+        self.select(scratch, max, kept);
         Self::write_links(list, kept);
     }
 }
@@ -557,7 +722,6 @@ impl FilterIndex for GraphIndex {
         assert!(node < MAX_NODES, "graph index full");
         let level = self.draw_level();
 
-        self.meta.reserve(node);
         self.codes.reserve(node);
         self.layer0.reserve(node);
         let first_upper = self.upper_len.load(Ordering::Relaxed);
@@ -565,36 +729,25 @@ impl FilterIndex for GraphIndex {
             self.upper.reserve(first_upper + l);
         }
         self.upper_len.store(first_upper + level, Ordering::Relaxed);
-        // Symmetric int8 codes: scale = max |x| / 127 (0 for the zero vector). A
-        // non-finite component was refused by the engine before it got here.
-        let max_abs = v.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let scale = if max_abs > 0.0 { max_abs / 127.0 } else { 0.0 };
-        let mut codes = vec![0i8; self.dim.div_ceil(4) * 4];
-        let mut norm = 0f32;
-        for (c, x) in codes.iter_mut().zip(v) {
-            *c = if scale > 0.0 {
-                (x / scale).round().clamp(-127.0, 127.0) as i8
-            } else {
-                0
-            };
-            let y = *c as f32 * scale;
-            norm += y * y;
-        }
-        for (slot, word) in self.codes.item(node).iter().zip(codes.chunks_exact(4)) {
-            let bytes = [word[0] as u8, word[1] as u8, word[2] as u8, word[3] as u8];
-            // Native byte order: `code()` reads these words back as bytes in place.
+        let quantized = Quantized::new(v);
+        let row = self.row(node);
+        row[0].store(quantized.scale.to_bits(), Ordering::Relaxed);
+        row[1].store(quantized.norm.to_bits(), Ordering::Relaxed);
+        for (slot, word) in row[CODE_HEADER_WORDS..]
+            .iter()
+            .zip(quantized.code.chunks(4))
+        {
+            let mut bytes = [0u8; 4];
+            for (b, &c) in bytes.iter_mut().zip(word) {
+                *b = c as u8;
+            }
+            // Native byte order: `row_code()` reads these words back as bytes in place.
             slot.store(u32::from_ne_bytes(bytes), Ordering::Relaxed);
         }
-        let meta = self.meta.item(node);
-        meta[0].store(rep, Ordering::Relaxed);
-        meta[1].store(
-            ((level as u64) << 32) | first_upper as u64,
-            Ordering::Relaxed,
-        );
-        meta[2].store(
-            ((norm.to_bits() as u64) << 32) | scale.to_bits() as u64,
-            Ordering::Relaxed,
-        );
+        row[ROW_REP_LO].store(rep as u32, Ordering::Relaxed);
+        row[ROW_REP_LO + 1].store((rep >> 32) as u32, Ordering::Relaxed);
+        row[ROW_LEVEL].store(level, Ordering::Relaxed);
+        row[ROW_FIRST_UPPER].store(first_upper, Ordering::Relaxed);
 
         let entry = self.entry.load(Ordering::Relaxed);
         if entry == EMPTY {
@@ -606,7 +759,7 @@ impl FilterIndex for GraphIndex {
         let (top, ep) = ((entry >> 32) as u32, entry as u32);
         // The owner sees every node it wrote, the new one included.
         let limit = node + 1;
-        let v = &Probe::new(v);
+        let v = &quantized.probe();
         let mut cur = Cand {
             dist: self.dist(v, ep),
             node: ep,
@@ -618,7 +771,6 @@ impl FilterIndex for GraphIndex {
         let mut kept = Vec::with_capacity(self.m0);
         let mut kept_back = Vec::with_capacity(self.m0);
         let mut prune = Vec::with_capacity(self.m0 + 1);
-        let mut bufs = [Vec::with_capacity(self.dim), Vec::with_capacity(self.dim)];
         with_scratch(|s| {
             for layer in (0..=level.min(top)).rev() {
                 // `node` is not linked yet, so the search cannot reach it.
@@ -634,11 +786,11 @@ impl FilterIndex for GraphIndex {
                 let mut found: Vec<Cand> = s.best.drain().collect();
                 found.sort_unstable();
                 let max = if layer == 0 { self.m0 } else { self.m };
-                self.select(&found, self.m, &mut kept, &mut bufs[0]);
+                self.select(&found, self.m, &mut kept);
                 debug_assert!(kept.len() <= max && !kept.contains(&node));
                 Self::write_links(self.links(node, layer), &kept);
                 for &nb in &kept {
-                    self.link_back(nb, node, layer, &mut prune, &mut kept_back, &mut bufs);
+                    self.link_back(nb, node, layer, &mut prune, &mut kept_back);
                 }
                 entries = found;
             }
@@ -665,7 +817,8 @@ impl FilterIndex for GraphIndex {
         if n == 0 || q.len() != self.dim {
             return Vec::new();
         }
-        let probe = Probe::new(q);
+        let quantized = Quantized::new(q);
+        let probe = quantized.probe();
         if bound < f32::INFINITY {
             // One pass: what lies past the bound is not wanted, so never widen.
             let found = with_scratch(|s| self.knn(s, &probe, self.ef_search.max(n), bound));
