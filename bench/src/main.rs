@@ -8,6 +8,10 @@
 //! - `bench trace`: writes one simZipf stream with exact ground truth as a trace file
 //!   (`TRACE.md`) for the load generator.
 
+// Why not glibc's malloc: see the workspace Cargo.toml (mimalloc).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};

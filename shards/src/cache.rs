@@ -12,7 +12,7 @@
 //! readers need: the exact table, one immutable view per representative, the filter
 //! set, and the log sequence numbers.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -23,6 +23,7 @@ use crate::entry::{AtomicF32, NeighborList, RepId, RepView, Representative};
 use crate::error::{validate_k, validate_vector, Result};
 use crate::exact_table::{QueryKey, Slot};
 use crate::filter::{DualFilter, FilterStats};
+use crate::hash::{HashSet, SharedMap};
 use crate::insert_log::{DeleteLog, InsertLog};
 use crate::policy::HitPolicy;
 use crate::pool::{NeighborPool, OBJECT_OVERHEAD_BYTES};
@@ -140,6 +141,7 @@ impl CacheStats {
         self.filter.tombstones += o.filter.tombstones;
         self.filter.rotations += o.filter.rotations;
         self.filter.reinserted_on_rotation += o.filter.reinserted_on_rotation;
+        self.filter.draining += o.filter.draining;
     }
 }
 
@@ -183,8 +185,8 @@ impl Cache {
         let read = Arc::new(CacheReader {
             cfg: cfg.clone(),
             policy: policy.clone(),
-            table: papaya::HashMap::new(),
-            reps: papaya::HashMap::new(),
+            table: SharedMap::default(),
+            reps: SharedMap::default(),
             filter: filter.published(),
             insert_seq: AtomicU64::new(0),
             delete_seq: AtomicU64::new(0),
@@ -375,7 +377,7 @@ impl Cache {
             .filter(|c| c.vector.as_ref().is_none_or(|v| v.len() == self.cfg.dim))
             .collect();
         sort_candidates(&mut answer);
-        let mut seen = HashSet::with_capacity(answer.len());
+        let mut seen = HashSet::with_capacity_and_hasher(answer.len(), Default::default());
         answer.retain(|c| seen.insert(c.id));
         answer.truncate(self.answer_len(k));
         if answer.len() < k {
@@ -609,6 +611,13 @@ impl Cache {
         }
         self.publish_seqs();
         out
+    }
+
+    /// Upkeep for idle owner time: re-inserts up to `max` survivors of a dropped filter
+    /// generation (each filter write also moves one). Returns how many moved; 0 when
+    /// nothing is pending.
+    pub fn maintain(&mut self, max: usize) -> usize {
+        self.filter.migrate(max)
     }
 
     /// FLUSH: drops every entry (the logs' sequence numbers carry on).

@@ -19,6 +19,7 @@
 //! | global pool budget, shares follow admissions     | [`budget`]                  |
 //! | owner messages (bounded channel, hints dropped)  | [`owner`]                   |
 //! | many shards behind one call (runner, tests)      | [`sharded`]                 |
+//! | the maps' hasher (foldhash)                      | [`hash`]                    |
 pub mod backend;
 pub mod budget;
 pub mod cache;
@@ -29,6 +30,7 @@ pub mod epoch;
 pub mod error;
 pub mod exact_table;
 pub mod filter;
+pub mod hash;
 pub mod insert_log;
 mod kernels;
 pub mod metric;

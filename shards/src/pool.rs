@@ -5,10 +5,10 @@
 //! that list's length), so a delete reaches exactly the entries it affects without a
 //! scan (ALGORITHM.md: "every entry that listed it promotes its next reserve result").
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::entry::RepId;
+use crate::hash::HashMap;
 
 /// Bytes charged per object beyond its vector and payload (map slot, holder list).
 pub const OBJECT_OVERHEAD_BYTES: usize = 64;

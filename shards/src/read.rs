@@ -25,6 +25,7 @@ use crate::epoch::EpochCell;
 use crate::error::{validate_k, validate_vector, Result};
 use crate::exact_table::{QueryKey, Slot};
 use crate::filter::FilterSet;
+use crate::hash::SharedMap;
 use crate::policy::HitPolicy;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -120,8 +121,8 @@ pub struct Counters {
 pub struct CacheReader {
     pub(crate) cfg: CacheConfig,
     pub(crate) policy: Arc<dyn HitPolicy>,
-    pub(crate) table: papaya::HashMap<QueryKey, Slot>,
-    pub(crate) reps: papaya::HashMap<RepId, RepView>,
+    pub(crate) table: SharedMap<QueryKey, Slot>,
+    pub(crate) reps: SharedMap<RepId, RepView>,
     pub(crate) filter: Arc<EpochCell<FilterSet>>,
     /// Last insert-log / delete sequence numbers, published by the owner after it
     /// applied them (the backend had applied them before that).

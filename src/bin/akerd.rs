@@ -9,6 +9,10 @@
 //! Shutdown: the first SIGTERM or SIGINT stops accepting, lets in-flight requests answer
 //! (`server.shutdown_grace_ms`) and exits 0; a second one exits at once.
 
+// Why not glibc's malloc: see the workspace Cargo.toml (mimalloc).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

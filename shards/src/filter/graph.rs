@@ -139,28 +139,20 @@ impl<T> Drop for SegVec<T> {
     }
 }
 
-/// Memory for graph chunks. A search touches a few hundred random rows of a graph of
-/// ~100 MB (d = 768, 100k nodes): with 4 KB pages nearly every row costs a TLB miss and
-/// a page walk besides its cache misses, so chunks of 2 MB and more are asked to be
-/// backed by transparent huge pages (Linux `madvise`; where THP is off this is a no-op).
-/// Smaller chunks come from the allocator, cache-line aligned.
+/// Memory for graph chunks: zeroed (a zero atomic is a valid value) and cache-line
+/// aligned, so a row starts on a line as often as its stride allows. (Transparent huge
+/// pages were tried for the large chunks: no measurable change in search time here.)
 mod chunk_memory {
     use std::alloc::{alloc_zeroed as heap_alloc_zeroed, dealloc, handle_alloc_error, Layout};
 
-    const HUGE_PAGE_BYTES: usize = 2 << 20;
     const CACHE_LINE_BYTES: usize = 64;
 
-    fn small_layout(bytes: usize) -> Layout {
+    fn layout(bytes: usize) -> Layout {
         Layout::from_size_align(bytes.max(1), CACHE_LINE_BYTES).expect("chunk layout")
     }
 
-    /// `bytes` zeroed bytes, cache-line aligned (huge-page aligned when that large).
     pub(super) fn alloc_zeroed(bytes: usize) -> *mut u8 {
-        #[cfg(target_os = "linux")]
-        if bytes >= HUGE_PAGE_BYTES {
-            return huge::alloc_zeroed(bytes);
-        }
-        let layout = small_layout(bytes);
+        let layout = layout(bytes);
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { heap_alloc_zeroed(layout) };
         if ptr.is_null() {
@@ -172,63 +164,8 @@ mod chunk_memory {
     /// # Safety
     /// `ptr` came from `alloc_zeroed(bytes)` with the same `bytes`, and is not used after.
     pub(super) unsafe fn free(ptr: *mut u8, bytes: usize) {
-        #[cfg(target_os = "linux")]
-        if bytes >= HUGE_PAGE_BYTES {
-            // SAFETY: forwarded contract.
-            return unsafe { huge::free(ptr, bytes) };
-        }
         // SAFETY: forwarded contract: same layout as the allocation.
-        unsafe { dealloc(ptr, small_layout(bytes)) }
-    }
-
-    #[cfg(target_os = "linux")]
-    mod huge {
-        use super::HUGE_PAGE_BYTES;
-
-        /// An anonymous mapping (zeroed by the kernel), trimmed to a 2 MB-aligned start
-        /// so whole huge pages fit, advised MADV_HUGEPAGE before any page is touched.
-        pub(super) fn alloc_zeroed(bytes: usize) -> *mut u8 {
-            let span = bytes + HUGE_PAGE_BYTES;
-            // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
-            let raw = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    span,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if raw == libc::MAP_FAILED {
-                std::alloc::handle_alloc_error(
-                    std::alloc::Layout::from_size_align(bytes, HUGE_PAGE_BYTES).expect("layout"),
-                );
-            }
-            let start = raw as usize;
-            let aligned = start.next_multiple_of(HUGE_PAGE_BYTES);
-            let end = aligned + bytes.next_multiple_of(4096);
-            // SAFETY: both ranges lie inside the mapping just made and outside the part
-            // kept; page-aligned (mmap returns page-aligned memory, `end` is rounded).
-            unsafe {
-                if aligned > start {
-                    libc::munmap(raw, aligned - start);
-                }
-                if start + span > end {
-                    libc::munmap(end as *mut libc::c_void, start + span - end);
-                }
-                // Advice only: failure (THP disabled) leaves ordinary pages.
-                libc::madvise(aligned as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
-            }
-            aligned as *mut u8
-        }
-
-        /// # Safety
-        /// As `chunk_memory::free`.
-        pub(super) unsafe fn free(ptr: *mut u8, bytes: usize) {
-            // SAFETY: the mapping made by alloc_zeroed for `bytes`.
-            unsafe { libc::munmap(ptr.cast(), bytes) };
-        }
+        unsafe { dealloc(ptr, layout(bytes)) }
     }
 }
 
