@@ -41,6 +41,31 @@ pub(crate) fn level() -> Level {
     Level::None
 }
 
+/// Bytes of a slice `prefetch` asks for at most.
+const PREFETCH_BYTES: usize = 4096;
+
+/// Asks the CPU to start loading `v` (its first 4 KB) into cache, so that several
+/// vectors' loads overlap instead of each waiting in turn: the query filter prefetches a
+/// node's unvisited neighbours' rows together (at d = 768 a row is 13 cache lines, and
+/// waiting for each in turn was most of a search).
+#[inline]
+pub(crate) fn prefetch<T>(v: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let bytes = std::mem::size_of_val(v).min(PREFETCH_BYTES);
+        let p = v.as_ptr().cast::<i8>();
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: a prefetch never faults, and off < the slice's size anyway.
+            unsafe { _mm_prefetch(p.add(off), _MM_HINT_T0) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = v;
+}
+
 /// Squared L2, or `None` where no kernel of ours runs.
 #[inline]
 pub(crate) fn l2sq(a: &[f32], b: &[f32]) -> Option<f32> {

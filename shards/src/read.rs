@@ -4,7 +4,7 @@
 //!  lookup(q, k)  (&self: no lock of ours, never waits for the owner)
 //!    ├─ exact table ── representative ─► Exact hit      τ ← min(τ·α_L, minD)   (CAS)
 //!    │               └ alias ──────────► Alias hit      τ unchanged
-//!    ├─ filter set (both generations): nearest candidates, exact d(q, RQ),
+//!    ├─ filter set (every generation): nearest candidates, exact d(q, RQ),
 //!    │  first with d < τ ──────────────► Approximate    τ ← τ·α_T (CAS); the alias
 //!    │                                                  link is handed back for the owner
 //!    └─ otherwise ─────────────────────► Miss ticket (insert / delete sequence numbers)

@@ -8,8 +8,11 @@
 //!
 //! Vectors are kept as int8 codes with one scale per vector (`v ≈ scale · code`): a
 //! search is bound by memory traffic, and at d = 768 a code is 768 bytes against 3 KB of
-//! f32. Distances from the f32 query to a code are therefore approximate (error about
-//! `d · scale² / 12` in squared L2); callers recompute exact distances for the few
+//! f32. The searched vector is quantized the same way, once, and distances are between
+//! the two codes, in integer arithmetic (`kernels::dot_i8i8`): approximate (error about
+//! `d · scale² / 6` in squared L2 for two independent roundings; a near duplicate of a
+//! node rounds to nearly its code), and the owner's neighbour selection compares stored
+//! codes without dequantizing them. Callers recompute exact distances for the few
 //! candidates returned, so only which candidates come back can differ, and only among
 //! near ties.
 //!
@@ -39,6 +42,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use super::FilterIndex;
 use crate::entry::RepId;
+use crate::kernels::prefetch;
 use crate::metric::Metric;
 
 /// log2 of the first chunk's item count.
@@ -186,30 +190,6 @@ impl Ord for Cand {
     fn cmp(&self, o: &Self) -> CmpOrdering {
         self.dist.total_cmp(&o.dist).then(self.node.cmp(&o.node))
     }
-}
-
-/// Bytes of each neighbour's vector prefetched before its distance is computed.
-const PREFETCH_BYTES: usize = 4096;
-
-/// Asks the CPU to start loading `v` into cache: a node's unvisited neighbours are
-/// prefetched together so their loads overlap (at d = 768 a vector is 48 cache lines,
-/// and waiting for each in turn was most of a search).
-#[inline]
-fn prefetch<T>(v: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let bytes = std::mem::size_of_val(v).min(PREFETCH_BYTES);
-        let p = v.as_ptr().cast::<i8>();
-        let mut off = 0;
-        while off < bytes {
-            // SAFETY: a prefetch never faults, and off < the slice's size anyway.
-            unsafe { _mm_prefetch(p.add(off), _MM_HINT_T0) };
-            off += 64;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = v;
 }
 
 /// Per-thread search buffers, reused so a lookup allocates only its answer.

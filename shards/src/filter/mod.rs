@@ -361,7 +361,7 @@ impl DualFilter {
         self.publish();
     }
 
-    /// Up to `n` accepted reps nearest to `q` over both generations, with exact
+    /// Up to `n` accepted reps nearest to `q` over every generation, with exact
     /// distances, ascending by (distance, rep). The owner's search (fast path, tests).
     pub fn search(&self, q: &[f32], n: usize, accept: &dyn Fn(RepId) -> bool) -> Vec<(RepId, f32)> {
         let mut ids = Vec::new();
@@ -396,7 +396,7 @@ impl DualFilter {
             draining: self.draining(),
         }
     }
-    /// Drops both generations (FLUSH).
+    /// Drops every generation (FLUSH).
     pub fn clear(&mut self) {
         self.active = new_index(self.kind, self.metric, self.dim, 1024);
         self.standby = new_index(self.kind, self.metric, self.dim, 16);
