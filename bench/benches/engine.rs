@@ -60,6 +60,7 @@ fn reps() -> usize {
 /// Query vectors shaped like real embeddings: 1,000 Gaussian clusters of varying
 /// spread (uniform random vectors in 128+ dimensions are a known worst case for any
 /// graph index, and no workload looks like them).
+#[derive(Clone)]
 struct Clusters {
     centres: Vec<Vec<f32>>,
     spreads: Vec<f32>,
@@ -139,11 +140,6 @@ impl Fixture {
         }
     }
 
-    fn query(&mut self) -> &[f32] {
-        let i = self.rng.gen_range(0..self.queries.len());
-        &self.queries[i]
-    }
-
     /// A near copy of a fixture query: per component +1e-6, squared distance ~d·1e-12,
     /// within `τ` of its representative for the first dozen approximate hits on it
     /// (each quarters `τ`: α_T = 0.25), if the filter finds it.
@@ -182,7 +178,12 @@ fn single_core(c: &mut Criterion) {
         // Inputs are made before timing: setup closures cannot borrow the cache.
         // Still cached after the tails' admissions and deletes (checked untimed); exact
         // only: approximate hits are sometimes sampled for verification.
-        let (exact, _) = inputs_hitting(&mut f, HitKind::Exact, |f| f.query().to_vec());
+        // Drawn from the live representatives' own queries: after the scaling and tail
+        // runs' admissions the first fixture queries are long evicted.
+        let live: Vec<Arc<[f32]>> = f.cache.representatives().map(|r| r.query.clone()).collect();
+        let (exact, _) = inputs_hitting(&mut f, HitKind::Exact, |f| {
+            live[f.rng.gen_range(0..live.len())].to_vec()
+        });
         let near: Vec<Vec<f32>> = (0..4096).map(|_| f.near_query()).collect();
         // Exact hits first: the approximate-hit inputs are made by admitting fresh
         // queries, whose evictions would take exact inputs away.
@@ -391,6 +392,9 @@ fn tails(f: &mut Fixture) {
         assert!(hit > 0, "none of {tried} fresh queries' near copies hit");
         hits.extend(more);
     }
+    // Exact hits: the live representatives' own queries (the scaling runs' admissions
+    // evicted the first fixture queries).
+    let live: Vec<Arc<[f32]>> = f.cache.representatives().map(|r| r.query.clone()).collect();
     let mut h = |name: &str, n: usize, op: &mut dyn FnMut(&mut Fixture)| {
         let mut hist = Histogram::<u64>::new(3).unwrap();
         for _ in 0..n {
@@ -401,7 +405,7 @@ fn tails(f: &mut Fixture) {
         println!("tail d{:<4} {name:<17} {}", f.dim, pct(&hist));
     };
     h("exact_hit", 200_000, &mut |f| {
-        let q = f.query().to_vec();
+        let q = live[f.rng.gen_range(0..live.len())].to_vec();
         black_box(f.cache.lookup(&q, K).unwrap());
     });
     let mut next = hits.iter();
@@ -479,13 +483,13 @@ fn scaling(f: Fixture) -> Fixture {
                 }
                 let stop = Arc::new(AtomicBool::new(false));
                 let bg = {
-                    let (owner, stop) = (owner.clone(), stop.clone());
+                    let (owner, stop, clusters) = (owner.clone(), stop.clone(), clusters.clone());
                     thread::spawn(move || {
                         let mut rng = StdRng::seed_from_u64(9);
                         let mut c = owner.lock().unwrap();
                         while !stop.load(Ordering::Relaxed) {
-                            let q: Vec<f32> =
-                                (0..dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+                            // Traffic like the rest: new queries from the same clusters.
+                            let q = clusters.sample(&mut rng);
                             let t = c.miss_ticket(&q, K, false).unwrap();
                             let base = rng.gen_range(0..1u64 << 40);
                             let a = answer(&mut rng, base);

@@ -5,7 +5,9 @@
 //!   admit ──► active (F_A) ── inserts only
 //!   evict ──► whichever generation holds the entry: tombstone (readers skip it: the
 //!             entry is gone from the published representatives)
-//!   tombstones > live ──► rotate:  new active = empty
+//!   standby has no live entry and active more tombstones than live,
+//!   or tombstones > 3 x live overall ──► rotate:
+//!                                  new active = empty
 //!                                  standby   = old active (sealed)
 //!                                  draining  = old standby, while it has live entries
 //!   each filter write (insert, tombstone) and idle owner time ──► migrate: re-insert
@@ -15,10 +17,16 @@
 //!   lookup ──► search every generation of the published FilterSet, nearest first
 //! ```
 //!
+//! ALGORITHM.md's rule is "when tombstones outnumber live entries"; counted over both
+//! generations it fires again right after a rotation (the sealed generation keeps its
+//! tombstones), so every rotation came in pairs and the second dropped a generation
+//! still half alive: at 100,000 entries, 100,000 survivors to re-insert at once. Counted
+//! per generation (`DualFilter::rotation_due`), FIFO eviction makes rotations free.
+//!
 //! Migration is incremental because re-inserting every survivor at once stalled the
-//! owner: 0.45 s for 50,000 survivors at d = 768 inside one delete. A rotation that finds
-//! the previous draining unfinished completes it first (rare: it needs as many new
-//! tombstones as there are live entries).
+//! owner: 0.45 s for 50,000 survivors at d = 768 inside one delete. Survivors are searched
+//! in the draining generation without a bound until they move. A rotation that finds the
+//! previous draining unfinished completes it first.
 //!
 //! [`DualFilter`] is the owner's bookkeeping; readers see only the [`FilterSet`] it
 //! publishes through an [`EpochCell`].
@@ -150,15 +158,19 @@ impl FilterSet {
             Some(&self.standby),
             self.draining.as_ref(),
         ];
-        for gen in gens.into_iter().flatten() {
-            if !gen.is_empty() {
-                let found = gen.search_bounded(q, n, accept, bound);
-                if found.len() >= n {
-                    let d = found[n - 1].1;
-                    bound = d + 0.25 * d.abs() + 1e-6;
-                }
-                out.extend(found.into_iter().map(|(r, _)| r));
+        for (i, gen) in gens.into_iter().enumerate() {
+            let Some(gen) = gen.filter(|g| !g.is_empty()) else {
+                continue;
+            };
+            // The draining generation is searched whole: its survivors are live entries
+            // whose only place is there until they migrate.
+            let limit = if i == 2 { f32::INFINITY } else { bound };
+            let found = gen.search_bounded(q, n, accept, limit);
+            if found.len() >= n {
+                let d = found[n - 1].1;
+                bound = bound.min(d + 0.25 * d.abs() + 1e-6);
             }
+            out.extend(found.into_iter().map(|(r, _)| r));
         }
     }
 }
@@ -179,6 +191,8 @@ pub struct FilterStats {
 /// per write empties a draining generation before the next rotation can come due in
 /// every pattern but a pathological one (which then finishes it at once).
 const MIGRATIONS_PER_WRITE: usize = 1;
+/// The rotation rule's valve (`DualFilter::rotation_due`).
+const TOMBSTONES_PER_LIVE_MAX: usize = 3;
 
 struct Members {
     /// Live members with their vectors (kept to re-insert survivors at rotation).
@@ -325,14 +339,22 @@ impl DualFilter {
             return false;
         };
         members.tombstones += 1;
-        // Each rotation drops the standby's tombstones, so two rounds always suffice.
-        for _ in 0..2 {
-            if self.tombstones() > self.live() {
-                self.rotate();
-            }
+        if self.rotation_due() {
+            self.rotate();
         }
         self.migrate(MIGRATIONS_PER_WRITE);
         true
+    }
+
+    /// The rotation rule (module docs), per generation: once the standby holds no live
+    /// entry, seal the active one when more than half of it is tombstones. FIFO eviction
+    /// empties the standby first, so a rotation then drops it with nothing to re-insert.
+    /// The valve bounds search waste when entries outlive FIFO (invalidations without
+    /// evictions): more than 3 tombstones per live entry rotates regardless.
+    fn rotation_due(&self) -> bool {
+        let (a, s) = (&self.active_members, &self.standby_members);
+        (s.live.is_empty() && a.tombstones > a.live.len())
+            || self.tombstones() > TOMBSTONES_PER_LIVE_MAX * self.live()
     }
 
     fn rotate(&mut self) {
@@ -471,61 +493,102 @@ mod tests {
         });
     }
 
-    /// Survivors of a dropped generation stay searchable while they drain, one per
-    /// filter write, and a rotation that finds the draining unfinished completes it.
+    /// The rotation rule per generation: a FIFO-like pattern rotates only when the
+    /// standby is empty (nothing to re-insert); when entries outlive FIFO, the valve
+    /// rotates and the survivors stay searchable while they drain, one per filter
+    /// write; a rotation that finds the draining unfinished completes it.
     #[test]
-    fn draining_migrates_survivors_incrementally() {
+    fn rotation_rule_and_incremental_draining() {
         for kind in [FilterKind::default(), FilterKind::BruteForce] {
             let mut f = DualFilter::new(kind, Metric::L2Sq, 2);
             for r in 0..40 {
                 f.insert(r, v(r as f32));
             }
-            // 21 tombstones > 19 live: rotates until the generation holding the
-            // tombstones is dropped; its 19 survivors (21..40) must drain, not vanish.
+            // 21 of 40 dead, standby empty: seal the active once (no second rotation
+            // while the sealed generation still holds live entries).
             for r in 0..21 {
                 f.remove(r);
             }
-            assert!(f.stats().rotations >= 1);
-            let left = f.draining();
-            assert!(left > 0 && left < 19, "one moved per write: {left}");
-            let survivors_found = |f: &DualFilter| {
-                (21..40u64).all(|r| {
-                    f.contains(r)
-                        && f.search(&v(r as f32), 1, &|_| true).first().map(|x| x.0) == Some(r)
+            assert_eq!(f.stats().rotations, 1);
+            assert_eq!(f.draining(), 0);
+            // FIFO: the standby's entries go first; the next rotation waits for its last.
+            for r in 100..130 {
+                f.insert(r, v(r as f32));
+            }
+            for r in 21..39 {
+                f.remove(r);
+            }
+            assert_eq!(f.stats().rotations, 1, "the standby still holds entry 39");
+            f.remove(39);
+            for r in 100..116 {
+                f.remove(r); // the active is now more than half dead
+            }
+            let s = f.stats();
+            assert_eq!(s.rotations, 2, "{s:?}");
+            assert_eq!(
+                (s.reinserted_on_rotation, f.draining()),
+                (0, 0),
+                "free rotation"
+            );
+
+            // Entries that outlive FIFO: the valve (tombstones > 3 x live) drops a
+            // standby with survivors, which drain.
+            let mut g = DualFilter::new(kind, Metric::L2Sq, 2);
+            for r in 0..40 {
+                g.insert(r, v(r as f32));
+            }
+            for r in 0..21 {
+                g.remove(r); // rotation 1: 21..40 sealed in the standby
+            }
+            for r in 100..110 {
+                g.insert(r, v(r as f32));
+            }
+            for r in 100..110 {
+                g.remove(r);
+            }
+            // Standby entries die until tombstones exceed 3 x live (at 27: 38 > 3 x 12).
+            let mut next = 21;
+            while g.stats().rotations < 2 {
+                assert!(next < 40, "the valve never fired");
+                g.remove(next);
+                next += 1;
+            }
+            assert_eq!(next, 28);
+            let left = g.draining();
+            assert_eq!(left, 12 - 1, "28..40 survive; the rotating write moved one");
+            let survivors_found = |g: &DualFilter| {
+                (28..40u64).all(|r| {
+                    g.contains(r)
+                        && g.search(&v(r as f32), 1, &|_| true).first().map(|x| x.0) == Some(r)
                 })
             };
-            assert!(survivors_found(&f), "a survivor was lost while draining");
+            assert!(survivors_found(&g), "a survivor was lost while draining");
             // One migration per write: `left` writes empty it.
-            for r in 100..100 + left as u64 {
-                f.insert(r, v(r as f32));
+            for r in 200..200 + left as u64 {
+                g.insert(r, v(r as f32));
             }
-            assert_eq!(f.draining(), 0);
-            assert_eq!(f.live(), 19 + left);
-            assert!(survivors_found(&f), "a survivor was lost by migrating");
-            assert_eq!(f.stats().reinserted_on_rotation, 19);
+            assert_eq!(g.draining(), 0);
+            assert_eq!(g.stats().reinserted_on_rotation, 12);
+            assert!(survivors_found(&g), "a survivor was lost by migrating");
 
-            // Drain again, then rotate at once: the rotation completes the draining.
-            for r in 100..100 + left as u64 {
-                f.remove(r);
+            // An unfinished draining is completed by the next rotation.
+            let mut h = DualFilter::new(kind, Metric::L2Sq, 2);
+            for r in 0..40 {
+                h.insert(r, v(r as f32));
             }
-            for r in 300..340 {
-                f.insert(r, v(r as f32));
+            let mut next = 0;
+            while h.stats().rotations < 2 {
+                assert!(next < 40, "the valve never fired");
+                h.remove(next); // rotation at 20, the valve at 30
+                next += 1;
             }
-            for r in 300..325 {
-                f.remove(r);
+            assert!(h.draining() > 0);
+            let live = h.live();
+            h.rotate();
+            assert_eq!((h.draining(), h.live()), (0, live));
+            for r in next..40 {
+                assert_eq!(h.search(&v(r as f32), 1, &|_| true)[0].0, r);
             }
-            let before = f.live();
-            assert!(
-                f.draining() > 0,
-                "the second rotation left survivors draining"
-            );
-            f.rotate();
-            assert_eq!(f.live(), before);
-            assert!(
-                f.draining() <= 15,
-                "only the newly dropped generation drains"
-            );
-            assert!(survivors_found(&f));
         }
     }
 
