@@ -1,0 +1,150 @@
+//! One engine operation in a loop, for `perf`: the harness behind the README's "found
+//! with perf on a loop of one operation" (criterion's runs are too short and mixed for a
+//! profile). Builds the engine bench's kind of fixture (clustered vectors, fabricated
+//! answers, the default graph filter), then repeats OP.
+//!
+//! ```text
+//! cargo build --release -p bench --example engine_loop
+//! OP=approximate DIM=768 perf record -D 8000 target/release/examples/engine_loop
+//! ```
+//! OP: exact | approximate | insert | admit | delete; DIM (768), REPS (100000),
+//! ITERS (200000). `approximate` times near copies of random cached queries (misses
+//! included: it reports the share that hit); `delete` refills the cache untimed and
+//! prints the mean of the timed deletes alone.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use shards::{Cache, CacheConfig, Candidate, Capacity, HitKind, Lookup, Metric, PolicyConfig};
+
+// As akerd: see the workspace Cargo.toml (mimalloc).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const K: usize = 10;
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+struct Clusters {
+    centres: Vec<Vec<f32>>,
+    spreads: Vec<f32>,
+}
+
+impl Clusters {
+    fn sample(&self, rng: &mut StdRng) -> Vec<f32> {
+        let c = rng.gen_range(0..self.centres.len());
+        let s = self.spreads[c];
+        self.centres[c]
+            .iter()
+            .map(|x| x + rng.gen_range(-s..s))
+            .collect()
+    }
+}
+
+fn answer(rng: &mut StdRng, base: u64) -> Vec<Candidate> {
+    (0..K + 2)
+        .map(|i| {
+            Candidate::new(
+                base + rng.gen_range(0..50_000u64) * 16 + i as u64,
+                1.0 + i as f32 * 0.1,
+            )
+        })
+        .collect()
+}
+
+fn main() {
+    let (dim, n, iters) = (env("DIM", 768), env("REPS", 100_000), env("ITERS", 200_000));
+    let op = std::env::var("OP").unwrap_or_else(|_| "approximate".into());
+    let cfg = CacheConfig {
+        delta: 2,
+        k_max: 100,
+        store_vectors: false,
+        capacity: Capacity::Objects(n * (K + 2)),
+        ..CacheConfig::new(dim, Metric::L2Sq)
+    };
+    let mut cache = Cache::new(cfg, PolicyConfig::default().build()).expect("config");
+    let mut rng = StdRng::seed_from_u64(dim as u64);
+    let clusters = Clusters {
+        centres: (0..1000)
+            .map(|_| (0..dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect())
+            .collect(),
+        spreads: (0..1000).map(|_| rng.gen_range(0.01f32..0.1)).collect(),
+    };
+    let mut next_id = 0u64;
+    let mut admit = |cache: &mut Cache, rng: &mut StdRng| -> Vec<f32> {
+        let q = clusters.sample(rng);
+        next_id += 1_000_000;
+        let t = cache.miss_ticket(&q, K, false).expect("valid");
+        cache.admit(t, answer(rng, next_id)).expect("valid");
+        q
+    };
+    let t = Instant::now();
+    let queries: Vec<Vec<f32>> = (0..n).map(|_| admit(&mut cache, &mut rng)).collect();
+    eprintln!(
+        "fixture: {n} reps at d {dim}, {:.1} µs per admission",
+        t.elapsed().as_secs_f64() * 1e6 / n as f64
+    );
+    let near = |q: &[f32]| -> Vec<f32> { q.iter().map(|x| x + 1e-6).collect() };
+    let (mut hits, mut timed) = (0usize, Duration::ZERO);
+    let mut inserted = 1u64 << 60;
+    let t = Instant::now();
+    for i in 0..iters {
+        match op.as_str() {
+            "exact" => {
+                black_box(cache.lookup(&queries[i % n], K).expect("valid"));
+            }
+            "approximate" => {
+                let q = near(&queries[rng.gen_range(0..n)]);
+                let got = cache.lookup(&q, K).expect("valid");
+                hits +=
+                    matches!(got, Lookup::Hit(ref h) if h.kind == HitKind::Approximate) as usize;
+            }
+            "insert" => {
+                inserted += 1;
+                let v: Arc<[f32]> = Arc::from(near(&queries[i % n]));
+                black_box(cache.insert_logged(inserted, v, true).expect("valid"));
+            }
+            "admit" => {
+                black_box(admit(&mut cache, &mut rng));
+            }
+            "delete" => {
+                while cache.len() < n / 2 {
+                    admit(&mut cache, &mut rng);
+                }
+                let victim = cache
+                    .representatives()
+                    .nth(rng.gen_range(0..64))
+                    .expect("entries")
+                    .nrl
+                    .ids[0];
+                let t = Instant::now();
+                black_box(cache.delete(victim));
+                timed += t.elapsed();
+            }
+            other => panic!("OP {other}: exact | approximate | insert | admit | delete"),
+        }
+    }
+    let per_op_us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    eprintln!("{op}: {per_op_us:.2} µs per op over {iters}");
+    if op == "approximate" {
+        eprintln!(
+            "  approximate hits: {:.1}%",
+            hits as f64 / iters as f64 * 100.0
+        );
+    }
+    if op == "delete" {
+        eprintln!(
+            "  timed deletes alone: {:.2} µs each; filter {:?}",
+            timed.as_secs_f64() * 1e6 / iters as f64,
+            cache.stats().filter
+        );
+    }
+}
