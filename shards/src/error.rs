@@ -30,10 +30,10 @@ impl From<std::io::Error> for Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Checks a vector at the boundary: dimension and finiteness.
 /// All exponent bits set: infinity or NaN.
 const EXPONENT: u32 = 0x7f80_0000;
 
+/// Checks a vector at the boundary: dimension and finiteness.
 pub fn validate_vector(v: &[f32], dim: usize) -> Result<()> {
     if v.len() != dim {
         return Err(Error::DimensionMismatch {

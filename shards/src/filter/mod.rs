@@ -209,6 +209,15 @@ impl Members {
     }
 }
 
+/// A dropped generation whose live entries are still to migrate.
+struct Draining {
+    index: Arc<dyn FilterIndex>,
+    members: Members,
+    /// The order of migration, popped from the end; entries removed meanwhile are
+    /// skipped. (Taking the map's first key each time rescans the emptied buckets.)
+    queue: Vec<RepId>,
+}
+
 /// The owner's side of the filter.
 pub struct DualFilter {
     kind: FilterKind,
@@ -220,7 +229,7 @@ pub struct DualFilter {
     active_members: Members,
     standby_members: Members,
     /// The dropped standby's index and its live entries not yet migrated.
-    draining: Option<(Arc<dyn FilterIndex>, Members)>,
+    draining: Option<Draining>,
     rotations: u64,
     reinserted: u64,
 }
@@ -271,7 +280,7 @@ impl DualFilter {
             || self
                 .draining
                 .as_ref()
-                .is_some_and(|(_, m)| m.live.contains_key(&rep))
+                .is_some_and(|d| d.members.live.contains_key(&rep))
     }
 
     /// The live entry's vector, wherever it is.
@@ -280,34 +289,40 @@ impl DualFilter {
             .live
             .get(&rep)
             .or_else(|| self.standby_members.live.get(&rep))
-            .or_else(|| self.draining.as_ref().and_then(|(_, m)| m.live.get(&rep)))
+            .or_else(|| {
+                self.draining
+                    .as_ref()
+                    .and_then(|d| d.members.live.get(&rep))
+            })
     }
 
     /// Live entries of the draining generation still to migrate.
     pub fn draining(&self) -> usize {
-        self.draining.as_ref().map_or(0, |(_, m)| m.live.len())
+        self.draining.as_ref().map_or(0, |d| d.members.live.len())
     }
 
     /// Re-inserts up to `max` live entries of the draining generation into the active
     /// one; drops the draining generation once it holds none. Returns how many moved.
     pub fn migrate(&mut self, max: usize) -> usize {
-        let Some((_, members)) = &mut self.draining else {
+        let Some(d) = &mut self.draining else {
             return 0;
         };
         let mut moved = 0;
+        // Any order will do: each survivor is searched in the draining generation until
+        // it is in the active one.
         while moved < max {
-            // Any order will do: each survivor is searched in the draining generation
-            // until it is in the active one.
-            let Some(&rep) = members.live.keys().next() else {
+            let Some(rep) = d.queue.pop() else {
                 break;
             };
-            let v = members.live.remove(&rep).expect("key just seen");
+            let Some(v) = d.members.live.remove(&rep) else {
+                continue; // removed while it waited
+            };
             self.active.insert(rep, &v);
             self.active_members.live.insert(rep, v);
             moved += 1;
         }
         self.reinserted += moved as u64;
-        if members.live.is_empty() {
+        if d.members.live.is_empty() {
             self.draining = None;
             self.publish();
         }
@@ -318,7 +333,7 @@ impl DualFilter {
         self.published.store(FilterSet {
             active: self.active.clone(),
             standby: self.standby.clone(),
-            draining: self.draining.as_ref().map(|(g, _)| g.clone()),
+            draining: self.draining.as_ref().map(|d| d.index.clone()),
         });
     }
 
@@ -328,7 +343,7 @@ impl DualFilter {
             &mut self.standby_members
         } else if self.active_members.live.remove(&rep).is_some() {
             &mut self.active_members
-        } else if let Some((_, m)) = &mut self.draining {
+        } else if let Some(Draining { members: m, .. }) = &mut self.draining {
             // Its tombstones do not count: the whole generation is on its way out.
             if m.live.remove(&rep).is_none() {
                 return false;
@@ -377,7 +392,15 @@ impl DualFilter {
         // The artifact loses these; a live representative must stay findable: they are
         // searched where they are until migrated.
         if !dropped.live.is_empty() {
-            self.draining = Some((dropped_index, dropped));
+            let mut queue: Vec<RepId> = dropped.live.keys().copied().collect();
+            // Newest last, so it migrates first: FIFO may evict the oldest before their
+            // turn, and then they need no re-insert at all.
+            queue.sort_unstable();
+            self.draining = Some(Draining {
+                index: dropped_index,
+                members: dropped,
+                queue,
+            });
         }
         self.rotations += 1;
         self.publish();
