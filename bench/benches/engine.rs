@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use bench::engine_fixture::{self, Clusters};
 use criterion::{criterion_group, BenchmarkId, Criterion};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
@@ -57,36 +58,8 @@ fn reps() -> usize {
         .unwrap_or(100_000)
 }
 
-/// Query vectors shaped like real embeddings: 1,000 Gaussian clusters of varying
-/// spread (uniform random vectors in 128+ dimensions are a known worst case for any
-/// graph index, and no workload looks like them).
-#[derive(Clone)]
-struct Clusters {
-    centres: Vec<Vec<f32>>,
-    spreads: Vec<f32>,
-}
-
-impl Clusters {
-    fn new(dim: usize, rng: &mut StdRng) -> Clusters {
-        let centres = (0..1000)
-            .map(|_| (0..dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect())
-            .collect();
-        let spreads = (0..1000).map(|_| rng.gen_range(0.01f32..0.1)).collect();
-        Clusters { centres, spreads }
-    }
-    fn sample(&self, rng: &mut StdRng) -> Vec<f32> {
-        let c = rng.gen_range(0..self.centres.len());
-        let s = self.spreads[c];
-        self.centres[c]
-            .iter()
-            .map(|x| x + rng.gen_range(-s..s))
-            .collect()
-    }
-}
-
-/// A cache holding `n` representatives with fabricated answers: each entry's results
-/// are ids from a shared space (so objects are shared, as in real traffic) with
-/// distances 1.0 .. 2.0, so `τ = minD / 4 = 0.25`.
+/// A cache holding `n` representatives with fabricated answers
+/// (`engine_fixture::answer`: `τ = minD / 4 = 0.25`).
 struct Fixture {
     cache: Cache,
     clusters: Clusters,
@@ -97,14 +70,7 @@ struct Fixture {
 }
 
 fn answer(rng: &mut StdRng, base_id: u64) -> Vec<Candidate> {
-    (0..K + DELTA)
-        .map(|i| {
-            Candidate::new(
-                base_id + rng.gen_range(0..50_000u64) * 16 + i as u64,
-                1.0 + i as f32 * 0.1,
-            )
-        })
-        .collect()
+    engine_fixture::answer(rng, base_id, K + DELTA)
 }
 
 impl Fixture {

@@ -16,9 +16,10 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bench::engine_fixture::{answer, Clusters};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use shards::{Cache, CacheConfig, Candidate, Capacity, HitKind, Lookup, Metric, PolicyConfig};
+use shards::{Cache, CacheConfig, Capacity, HitKind, Lookup, Metric, PolicyConfig};
 
 // As akerd: see the workspace Cargo.toml (mimalloc).
 #[global_allocator]
@@ -33,33 +34,6 @@ fn env(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-struct Clusters {
-    centres: Vec<Vec<f32>>,
-    spreads: Vec<f32>,
-}
-
-impl Clusters {
-    fn sample(&self, rng: &mut StdRng) -> Vec<f32> {
-        let c = rng.gen_range(0..self.centres.len());
-        let s = self.spreads[c];
-        self.centres[c]
-            .iter()
-            .map(|x| x + rng.gen_range(-s..s))
-            .collect()
-    }
-}
-
-fn answer(rng: &mut StdRng, base: u64) -> Vec<Candidate> {
-    (0..K + 2)
-        .map(|i| {
-            Candidate::new(
-                base + rng.gen_range(0..50_000u64) * 16 + i as u64,
-                1.0 + i as f32 * 0.1,
-            )
-        })
-        .collect()
-}
-
 fn main() {
     let (dim, n, iters) = (env("DIM", 768), env("REPS", 100_000), env("ITERS", 200_000));
     let op = std::env::var("OP").unwrap_or_else(|_| "approximate".into());
@@ -72,18 +46,13 @@ fn main() {
     };
     let mut cache = Cache::new(cfg, PolicyConfig::default().build()).expect("config");
     let mut rng = StdRng::seed_from_u64(dim as u64);
-    let clusters = Clusters {
-        centres: (0..1000)
-            .map(|_| (0..dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect())
-            .collect(),
-        spreads: (0..1000).map(|_| rng.gen_range(0.01f32..0.1)).collect(),
-    };
+    let clusters = Clusters::new(dim, &mut rng);
     let mut next_id = 0u64;
     let mut admit = |cache: &mut Cache, rng: &mut StdRng| -> Vec<f32> {
         let q = clusters.sample(rng);
         next_id += 1_000_000;
         let t = cache.miss_ticket(&q, K, false).expect("valid");
-        cache.admit(t, answer(rng, next_id)).expect("valid");
+        cache.admit(t, answer(rng, next_id, K + 2)).expect("valid");
         q
     };
     let t = Instant::now();

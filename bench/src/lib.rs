@@ -5,6 +5,7 @@
 
 mod binio;
 pub mod data;
+pub mod engine_fixture;
 pub mod experiment;
 pub mod groundtruth;
 pub mod plot;

@@ -1,0 +1,48 @@
+//! The engine benchmarks' synthetic inputs, shared by the criterion bench
+//! (`benches/engine.rs`) and the profiling loop (`examples/engine_loop.rs`).
+
+use rand::rngs::StdRng;
+use rand::Rng;
+use shards::Candidate;
+
+/// Query vectors shaped like real embeddings: 1,000 clusters of varying spread (uniform
+/// random vectors in 128+ dimensions are a known worst case for any graph index, and no
+/// workload looks like them).
+#[derive(Clone)]
+pub struct Clusters {
+    centres: Vec<Vec<f32>>,
+    spreads: Vec<f32>,
+}
+
+impl Clusters {
+    pub fn new(dim: usize, rng: &mut StdRng) -> Clusters {
+        let centres = (0..1000)
+            .map(|_| (0..dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect())
+            .collect();
+        let spreads = (0..1000).map(|_| rng.gen_range(0.01f32..0.1)).collect();
+        Clusters { centres, spreads }
+    }
+
+    pub fn sample(&self, rng: &mut StdRng) -> Vec<f32> {
+        let c = rng.gen_range(0..self.centres.len());
+        let s = self.spreads[c];
+        self.centres[c]
+            .iter()
+            .map(|x| x + rng.gen_range(-s..s))
+            .collect()
+    }
+}
+
+/// A fabricated backend answer of `len` results: ids drawn from `base_id`'s own range
+/// (give each query a base 1,000,000 apart), distances 1.0, 1.1, … so an entry's
+/// `τ = minD / 4 = 0.25`.
+pub fn answer(rng: &mut StdRng, base_id: u64, len: usize) -> Vec<Candidate> {
+    (0..len)
+        .map(|i| {
+            Candidate::new(
+                base_id + rng.gen_range(0..50_000u64) * 16 + i as u64,
+                1.0 + i as f32 * 0.1,
+            )
+        })
+        .collect()
+}
