@@ -29,7 +29,7 @@ struct MapService {
 }
 
 impl MapService {
-    fn new() -> Rc<dyn Service> {
+    fn shared() -> Rc<dyn Service> {
         Rc::new(MapService {
             vectors: RefCell::new(HashMap::new()),
         })
@@ -144,7 +144,7 @@ fn start(tweak: impl FnOnce(&mut ServerConfig)) -> TestServer {
     };
     tweak(&mut cfg);
     let server = Server::new(cfg).unwrap();
-    TestServer(Some(server.start(|_| MapService::new()).unwrap()))
+    TestServer(Some(server.start(|_| MapService::shared()).unwrap()))
 }
 
 fn opts() -> ClientOptions {

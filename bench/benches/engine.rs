@@ -11,7 +11,8 @@
 //!
 //! `cargo bench -p bench --bench engine` (AKER_BENCH_REPS overrides 100,000;
 //! AKER_BENCH_FILTER=hnsw_rs runs the whole cache on the hnsw_rs filter instead;
-//! AKER_BENCH_GROUPS=filter (or engine) runs one part only).
+//! AKER_BENCH_GROUPS=filter (or engine) runs one part only; AKER_BENCH_DIMS=768 one
+//! dimension).
 
 // Why not glibc's malloc: see the workspace Cargo.toml (mimalloc).
 #[global_allocator]
@@ -35,6 +36,19 @@ use shards::{
 const K: usize = 10;
 const DELTA: usize = 2;
 const DIMS: [usize; 2] = [128, 768];
+
+/// The dimensions to run: `DIMS`, or AKER_BENCH_DIMS (comma-separated).
+fn dims() -> Vec<usize> {
+    std::env::var("AKER_BENCH_DIMS").map_or(DIMS.to_vec(), |d| {
+        d.split(',')
+            .map(|x| {
+                x.trim()
+                    .parse()
+                    .expect("AKER_BENCH_DIMS: comma-separated numbers")
+            })
+            .collect()
+    })
+}
 
 /// The cache's filter: the default graph, or hnsw_rs with the same parameters.
 fn filter_kind() -> FilterKind {
@@ -131,12 +145,13 @@ fn single_core(c: &mut Criterion) {
     }
     let n = reps();
     println!("cache filter: {}", filter_kind());
-    for dim in DIMS {
+    for dim in dims() {
         let f = Fixture::new(dim, n);
         // Read-mostly measurements first, while every fixture query is still cached
         // (the criterion groups below admit, evict and invalidate).
         let mut f = scaling(f);
         tails(&mut f);
+        two_generations(&mut f);
         let mut g = c.benchmark_group(format!("engine/d{dim}/{n}reps"));
         g.sample_size(30)
             .measurement_time(Duration::from_secs(3))
@@ -198,8 +213,10 @@ fn single_core(c: &mut Criterion) {
         });
         println!(
             "d{dim}: near copies of {} of {} freshly admitted queries were approximate hits; \
-             {timed_not_approximate} timed lookups were not",
-            checked.0, checked.1
+             {timed_not_approximate} timed lookups were not; filter after: {:?}",
+            checked.0,
+            checked.1,
+            f.cache.stats().filter
         );
         let (mut rng, mut next_id) = (StdRng::seed_from_u64(5), 1u64 << 40);
         // Disjoint borrows: the setup draws from the clusters while the routine admits.
@@ -263,7 +280,42 @@ fn single_core(c: &mut Criterion) {
             })
         });
         g.finish();
+        println!("d{dim}: filter at the end: {:?}", f.cache.stats().filter);
     }
+}
+
+/// Brings the fixture to the costlier of the filter's two FIFO states, in which the
+/// criterion groups then run: two generations searched, right after a rotation plus a
+/// quarter of the cache's admissions (the standby still holding three quarters of the
+/// entries; it empties over the next three quarters, and until the next rotation one
+/// generation is searched).
+fn two_generations(f: &mut Fixture) {
+    let n = reps();
+    let rotations = f.cache.stats().filter.rotations;
+    let mut admitted = 0usize;
+    let admit = |f: &mut Fixture| {
+        let q = f.fresh_query();
+        let base = f.next_id;
+        f.next_id += 1_000_000;
+        let t = f.cache.miss_ticket(&q, K, false).unwrap();
+        f.cache.admit(t, answer(&mut f.rng, base)).unwrap();
+    };
+    // FIFO rotates at least every two caches' worth of admissions.
+    while f.cache.stats().filter.rotations == rotations && admitted < 3 * n {
+        for _ in 0..256 {
+            admit(f);
+        }
+        admitted += 256;
+    }
+    for _ in 0..n / 4 {
+        admit(f);
+    }
+    println!(
+        "d{}: {admitted} admissions to a rotation, {} more; filter: {:?}",
+        f.dim,
+        n / 4,
+        f.cache.stats().filter
+    );
 }
 
 /// Up to 4,096 request vectors drawn by `draw` whose lookup is a hit of `kind` (tried at
@@ -426,13 +478,14 @@ fn scaling(f: Fixture) -> Fixture {
             for threads in [1usize, 2] {
                 // Approximate lookups replay pre-checked hits (`fresh_approximate_hits`, 4
                 // copies per entry), each input 4 times: an entry is hit at most 1 + 4 × 4 = 17
-                // times, within the ~20 τ allows. Built right before each run, one pool per
-                // thread, so the FIFO has not evicted them yet.
-                let mut pools: Vec<Arc<Vec<Vec<f32>>>> = vec![];
-                for _ in 0..threads * approximate as usize {
-                    let mut c = owner.lock().unwrap();
-                    let mut pool = vec![];
-                    while pool.len() < SCALING_POOL {
+                // times, within the ~20 τ allows. Built right before each run, so the FIFO
+                // has not evicted them yet: two pools, batch by batch in turn, for either
+                // reader count (one reader replays the first), so both runs replay entries
+                // of the same ages (later admissions make older entries harder to find).
+                let mut pools: Vec<Vec<Vec<f32>>> = vec![vec![]; 2 * approximate as usize];
+                let mut c = owner.lock().unwrap();
+                while pools.iter().any(|p| p.len() < SCALING_POOL) {
+                    for pool in pools.iter_mut().filter(|p| p.len() < SCALING_POOL) {
                         let (more, (tried, hit)) = fresh_approximate_hits(
                             &mut c,
                             &clusters,
@@ -444,9 +497,15 @@ fn scaling(f: Fixture) -> Fixture {
                         assert!(hit > 0, "none of {tried} fresh queries' near copies hit");
                         pool.extend(more);
                     }
-                    pool.truncate(SCALING_POOL);
-                    pools.push(Arc::new(pool));
                 }
+                drop(c);
+                let pools: Vec<Arc<Vec<Vec<f32>>>> = pools
+                    .into_iter()
+                    .map(|mut p| {
+                        p.truncate(SCALING_POOL);
+                        Arc::new(p)
+                    })
+                    .collect();
                 let stop = Arc::new(AtomicBool::new(false));
                 let bg = {
                     let (owner, stop, clusters) = (owner.clone(), stop.clone(), clusters.clone());
@@ -554,7 +613,7 @@ fn filter_only(c: &mut Criterion) {
             },
         ),
     ];
-    for dim in DIMS {
+    for dim in dims() {
         let mut rng = StdRng::seed_from_u64(11);
         let clusters = Clusters::new(dim, &mut rng);
         let points: Vec<Vec<f32>> = (0..n).map(|_| clusters.sample(&mut rng)).collect();

@@ -8,7 +8,8 @@
 //! OP=approximate DIM=768 perf record -D 8000 target/release/examples/engine_loop
 //! ```
 //! OP: exact | approximate | insert | admit | delete; DIM (768), REPS (100000),
-//! ITERS (200000). `approximate` times near copies of random cached queries (misses
+//! ITERS (200000), CHURN (0: admissions past REPS before the loop, for the steady state
+//! of a full cache). `approximate` times near copies of random cached queries (misses
 //! included: it reports the share that hit); `delete` refills the cache untimed and
 //! prints the mean of the timed deletes alone.
 
@@ -57,6 +58,17 @@ fn main() {
     };
     let t = Instant::now();
     let queries: Vec<Vec<f32>> = (0..n).map(|_| admit(&mut cache, &mut rng)).collect();
+    // CHURN more admissions evict the oldest and rotate the filter (the steady state of a
+    // full cache: two generations); the looped queries are then the newest n.
+    let churn = env("CHURN", 0);
+    let mut queries = queries;
+    for i in 0..churn {
+        queries[i % n] = admit(&mut cache, &mut rng);
+    }
+    eprintln!(
+        "filter after {churn} more admissions: {:?}",
+        cache.stats().filter
+    );
     eprintln!(
         "fixture: {n} reps at d {dim}, {:.1} µs per admission",
         t.elapsed().as_secs_f64() * 1e6 / n as f64

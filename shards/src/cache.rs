@@ -141,6 +141,8 @@ impl CacheStats {
         self.filter.tombstones += o.filter.tombstones;
         self.filter.rotations += o.filter.rotations;
         self.filter.reinserted_on_rotation += o.filter.reinserted_on_rotation;
+        self.filter.standby_live += o.filter.standby_live;
+        self.filter.standby_moved += o.filter.standby_moved;
         self.filter.draining += o.filter.draining;
     }
 }
@@ -614,10 +616,11 @@ impl Cache {
     }
 
     /// Upkeep for idle owner time: re-inserts up to `max` survivors of a dropped filter
-    /// generation (each filter write also moves one). Returns how many moved; 0 when
-    /// nothing is pending.
+    /// generation (each filter write also moves one), then entries of the standby
+    /// generation, so that lookups search one generation again sooner
+    /// (`DualFilter::maintain`). Returns how many moved; 0 when nothing is pending.
     pub fn maintain(&mut self, max: usize) -> usize {
-        self.filter.migrate(max)
+        self.filter.maintain(max)
     }
 
     /// FLUSH: drops every entry (the logs' sequence numbers carry on).

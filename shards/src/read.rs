@@ -196,13 +196,24 @@ impl CacheReader {
         let same_k = |r: RepId| reps.get(&r).is_some_and(|e| e.k == k);
         let n = self.cfg.filter_candidates;
         let mut ids = Vec::with_capacity(2 * n);
+        // Exact distances computed while the filter asks whether an active-generation
+        // candidate serves (`FilterSet::candidates`), kept for the merge below.
+        let mut exact: Vec<(RepId, f32)> = Vec::with_capacity(n);
+        let mut serves = |r: RepId| {
+            let view = reps.get(&r)?;
+            let d = self.cfg.metric.distance(q, &view.query);
+            exact.push((r, d));
+            (d < self.policy.threshold(view)).then_some(d)
+        };
         self.filter
-            .read(|set| set.candidates(q, n, &same_k, &mut ids));
+            .read(|set| set.candidates(q, n, &same_k, &mut serves, &mut ids));
         let mut cands: Vec<(f32, RepId, &RepView)> = Vec::with_capacity(ids.len());
         for r in ids {
             if let Some(view) = reps.get(&r) {
                 if cands.iter().all(|c| c.1 != r) {
-                    cands.push((self.cfg.metric.distance(q, &view.query), r, view));
+                    let d = exact.iter().find(|e| e.0 == r).map(|e| e.1);
+                    let d = d.unwrap_or_else(|| self.cfg.metric.distance(q, &view.query));
+                    cands.push((d, r, view));
                 }
             }
         }

@@ -192,6 +192,17 @@ impl Ord for Cand {
     }
 }
 
+/// One beam search's shape: its width, layer, the nodes it may see (ids below `limit`:
+/// those published when the search began) and the caller's distance bound (past it
+/// nothing found is wanted, so the search may stop early).
+#[derive(Clone, Copy)]
+struct LayerSearch {
+    ef: usize,
+    layer: u32,
+    limit: u32,
+    bound: f32,
+}
+
 /// Per-thread search buffers, reused so a lookup allocates only its answer.
 struct Scratch {
     /// visited[i] == stamp  <=>  node i was seen in the current search.
@@ -461,18 +472,15 @@ impl GraphIndex {
         cur
     }
 
-    /// Beam search of width `ef` on `layer` from `entries`; leaves the best in
+    /// Beam search of `how.ef` on `how.layer` from `entries`; leaves the best in
     /// `s.best` (a max-heap).
-    fn search_layer(
-        &self,
-        s: &mut Scratch,
-        q: &Probe,
-        entries: &[Cand],
-        ef: usize,
-        layer: u32,
-        limit: u32,
-        bound: f32,
-    ) {
+    fn search_layer(&self, s: &mut Scratch, q: &Probe, entries: &[Cand], how: LayerSearch) {
+        let LayerSearch {
+            ef,
+            layer,
+            limit,
+            bound,
+        } = how;
         s.begin(limit as usize);
         for &e in entries {
             if s.visit(e.node) {
@@ -542,7 +550,13 @@ impl GraphIndex {
         for layer in (1..=top).rev() {
             cur = self.greedy(q, cur, layer, limit);
         }
-        self.search_layer(s, q, &[cur], ef, 0, limit, bound);
+        let how = LayerSearch {
+            ef,
+            layer: 0,
+            limit,
+            bound,
+        };
+        self.search_layer(s, q, &[cur], how);
         // drain() keeps the heap's buffer for the next search on this thread.
         let mut out: Vec<Cand> = s.best.drain().collect();
         out.sort_unstable();
@@ -691,15 +705,13 @@ impl FilterIndex for GraphIndex {
         with_scratch(|s| {
             for layer in (0..=level.min(top)).rev() {
                 // `node` is not linked yet, so the search cannot reach it.
-                self.search_layer(
-                    s,
-                    v,
-                    &entries,
-                    self.ef_construction,
+                let how = LayerSearch {
+                    ef: self.ef_construction,
                     layer,
                     limit,
-                    f32::INFINITY,
-                );
+                    bound: f32::INFINITY,
+                };
+                self.search_layer(s, v, &entries, how);
                 let mut found: Vec<Cand> = s.best.drain().collect();
                 found.sort_unstable();
                 let max = if layer == 0 { self.m0 } else { self.m };
