@@ -368,3 +368,64 @@ fn the_demo_runs_small_and_sees_every_kind() {
     // Misses come from the exact store.
     assert!((r.kinds[0].recall_sum / r.kinds[0].count as f64) > 0.999);
 }
+
+/// The filter's standby generation is emptied in the owners' idle time (the STATS
+/// gauges say so), and every query still cached stays findable through the filter.
+#[test]
+fn idle_time_empties_the_standby_filter_generation() {
+    let ds = dataset();
+    let mut cfg = config();
+    cfg.cache.filter = shards::FilterKind::default(); // the graph, as deployed
+    let d = start(&cfg);
+    let mut c = client(d.local_addr());
+    let sum = |stats: &str, family: &str| -> f64 {
+        (0..4)
+            .map(|s| stat(stats, &format!("{family}_{s}")).expect(family))
+            .sum()
+    };
+    // Distinct misses until the shards have rotated their filters a few times (the
+    // busiest shards do; traffic per shard is uneven).
+    let mut sent = 0;
+    loop {
+        let s = c.stats().unwrap();
+        if sum(&s, "shard_filter_rotations") >= 4.0 {
+            break;
+        }
+        assert!(
+            sent < 3000,
+            "fewer than 4 rotations after {sent} misses:\n{s}"
+        );
+        for _ in 0..100 {
+            c.search(K, &query_near(&ds, sent, 0.01)).unwrap();
+            sent += 1;
+        }
+    }
+    // Idle now: the standbys empty (bounded wait).
+    let mut polls = 0;
+    let stats = loop {
+        let s = c.stats().unwrap();
+        if sum(&s, "shard_filter_standby_live") == 0.0 {
+            break s;
+        }
+        polls += 1;
+        assert!(polls < 250, "standby never emptied:\n{s}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(sum(&stats, "shard_filter_standby_moved") > 0.0, "{stats}");
+    // The queries still cached are found by the filter: a near copy is an approximate
+    // hit (an exact hit only says the exact table has it). The graph search is
+    // approximate, so a rare one may be missed; entries lost by moving would be many.
+    let (mut cached, mut found) = (0, 0);
+    for i in sent.saturating_sub(200)..sent {
+        let q = query_near(&ds, i, 0.01);
+        if c.search(K, &q).unwrap().hit != HitKind::Exact {
+            continue;
+        }
+        cached += 1;
+        let near = query_near(&ds, i, 0.0101);
+        found += (c.search(K, &near).unwrap().hit == HitKind::Approximate) as usize;
+    }
+    assert!(cached >= 20, "only {cached} of the last 200 queries cached");
+    assert!(found * 10 >= cached * 9, "{found} of {cached} cached queries found");
+    d.stop().unwrap();
+}

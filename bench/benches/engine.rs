@@ -151,8 +151,19 @@ fn single_core(c: &mut Criterion) {
         // (the criterion groups below admit, evict and invalidate).
         let mut f = scaling(f);
         tails(&mut f);
+        // The filter's two FIFO states (`shards::filter` module docs), costlier first.
         two_generations(&mut f);
-        let mut g = c.benchmark_group(format!("engine/d{dim}/{n}reps"));
+        timed(c, &mut f, "two_gen", two_generations);
+        timed(c, &mut f, "one_gen", one_generation);
+    }
+}
+
+/// The criterion measurements in one filter state (`label`), into which `prepare` brings
+/// the fixture before each group that admits (admissions move FIFO's state along).
+fn timed(c: &mut Criterion, f: &mut Fixture, label: &str, prepare: fn(&mut Fixture)) {
+    let (n, dim) = (reps(), f.dim);
+    {
+        let mut g = c.benchmark_group(format!("engine/d{dim}/{n}reps/{label}"));
         g.sample_size(30)
             .measurement_time(Duration::from_secs(3))
             .warm_up_time(Duration::from_secs(1));
@@ -162,7 +173,7 @@ fn single_core(c: &mut Criterion) {
         // Drawn from the live representatives' own queries: after the scaling and tail
         // runs' admissions the first fixture queries are long evicted.
         let live: Vec<Arc<[f32]>> = f.cache.representatives().map(|r| r.query.clone()).collect();
-        let (exact, _) = inputs_hitting(&mut f, HitKind::Exact, |f| {
+        let (exact, _) = inputs_hitting(f, HitKind::Exact, |f| {
             live[f.rng.gen_range(0..live.len())].to_vec()
         });
         let near: Vec<Vec<f32>> = (0..4096).map(|_| f.near_query()).collect();
@@ -179,6 +190,7 @@ fn single_core(c: &mut Criterion) {
                 ))
             })
         });
+        prepare(f);
         // Approximate hits are measured on lookups that are answered approximately, each
         // input timed once (`fresh_approximate_hits`).
         let mut timed_not_approximate = 0usize;
@@ -219,10 +231,11 @@ fn single_core(c: &mut Criterion) {
             f.cache.stats().filter
         );
         let (mut rng, mut next_id) = (StdRng::seed_from_u64(5), 1u64 << 40);
+        prepare(f);
         // Disjoint borrows: the setup draws from the clusters while the routine admits.
         let Fixture {
             cache, clusters, ..
-        } = &mut f;
+        } = &mut *f;
         g.bench_function(BenchmarkId::new("miss_admission", dim), |b| {
             b.iter_batched(
                 || {
@@ -238,6 +251,14 @@ fn single_core(c: &mut Criterion) {
                 criterion::BatchSize::SmallInput,
             )
         });
+        prepare(f);
+        println!(
+            "d{dim} {label}: filter before the inserts: {:?}",
+            f.cache.stats().filter
+        );
+        let Fixture {
+            cache, clusters, ..
+        } = &mut *f;
         // The insert itself (log append, fast path); the slow-path steps that the
         // risk then asks for are measured on their own below.
         g.bench_function(BenchmarkId::new("insert_fast_path", dim), |b| {
@@ -280,17 +301,42 @@ fn single_core(c: &mut Criterion) {
             })
         });
         g.finish();
-        println!("d{dim}: filter at the end: {:?}", f.cache.stats().filter);
+        println!(
+            "d{dim} {label}: filter at the end: {:?}",
+            f.cache.stats().filter
+        );
     }
 }
 
-/// Brings the fixture to the costlier of the filter's two FIFO states, in which the
-/// criterion groups then run: two generations searched, right after a rotation plus a
-/// quarter of the cache's admissions (the standby still holding three quarters of the
-/// entries; it empties over the next three quarters, and until the next rotation one
-/// generation is searched).
+/// Full again (the delete measurements invalidate entries), and the idle time of a
+/// server's owner has emptied the standby: one generation searched.
+fn one_generation(f: &mut Fixture) {
+    let n = reps();
+    while f.cache.len() < n {
+        let q = f.fresh_query();
+        let base = f.next_id;
+        f.next_id += 1_000_000;
+        let t = f.cache.miss_ticket(&q, K, false).unwrap();
+        f.cache.admit(t, answer(&mut f.rng, base)).unwrap();
+    }
+    let moved = f.cache.maintain(usize::MAX);
+    println!(
+        "d{}: idle time moved {moved} entries out of the standby; filter: {:?}",
+        f.dim,
+        f.cache.stats().filter
+    );
+}
+
+/// Brings the fixture to the costlier of the filter's two FIFO states: two generations
+/// searched, right after a rotation plus a quarter of the cache's admissions (the
+/// standby still holding three quarters of the entries; it empties over the next three
+/// quarters, and until the next rotation one generation is searched). Nothing to do
+/// while the standby still holds half of the entries.
 fn two_generations(f: &mut Fixture) {
     let n = reps();
+    if f.cache.stats().filter.standby_live >= n / 2 {
+        return;
+    }
     let rotations = f.cache.stats().filter.rotations;
     let mut admitted = 0usize;
     let admit = |f: &mut Fixture| {
@@ -473,15 +519,23 @@ fn scaling(f: Fixture) -> Fixture {
     let owner = Arc::new(Mutex::new(cache));
     for approximate in [false, true] {
         let mut ratios = vec![];
-        for round in 1..=SCALING_ROUNDS {
-            let (mut rates, mut hit_shares) = (vec![], vec![]);
+        let (mut round, mut attempts) = (0, 0);
+        while round < SCALING_ROUNDS {
+            attempts += 1;
+            assert!(
+                attempts <= 3 * SCALING_ROUNDS,
+                "the filter rotated in every round"
+            );
+            let (mut rates, mut hit_shares, mut owners) = (vec![], vec![], vec![]);
+            let mut rotations_before = 0;
             for threads in [1usize, 2] {
                 // Approximate lookups replay pre-checked hits (`fresh_approximate_hits`, 4
                 // copies per entry), each input 4 times: an entry is hit at most 1 + 4 × 4 = 17
                 // times, within the ~20 τ allows. Built right before each run, so the FIFO
                 // has not evicted them yet: two pools, batch by batch in turn, for either
-                // reader count (one reader replays the first), so both runs replay entries
-                // of the same ages (later admissions make older entries harder to find).
+                // reader count (one reader replays both, interleaved), so both runs replay
+                // entries of the same ages (later admissions make older entries harder to
+                // find in this fixture's graph).
                 let mut pools: Vec<Vec<Vec<f32>>> = vec![vec![]; 2 * approximate as usize];
                 let mut c = owner.lock().unwrap();
                 while pools.iter().any(|p| p.len() < SCALING_POOL) {
@@ -498,7 +552,14 @@ fn scaling(f: Fixture) -> Fixture {
                         pool.extend(more);
                     }
                 }
+                if threads == 1 {
+                    rotations_before = c.stats().filter.rotations;
+                }
                 drop(c);
+                if threads == 1 && approximate {
+                    let both = (0..SCALING_POOL).map(|j| pools[j % 2][j / 2].clone());
+                    pools = vec![both.collect()];
+                }
                 let pools: Vec<Arc<Vec<Vec<f32>>>> = pools
                     .into_iter()
                     .map(|mut p| {
@@ -512,15 +573,24 @@ fn scaling(f: Fixture) -> Fixture {
                     thread::spawn(move || {
                         let mut rng = StdRng::seed_from_u64(9);
                         let mut c = owner.lock().unwrap();
+                        let (mut admitted, mut busy, mut longest) =
+                            (0usize, Duration::ZERO, Duration::ZERO);
+                        let started = Instant::now();
                         while !stop.load(Ordering::Relaxed) {
                             // Traffic like the rest: new queries from the same clusters.
                             let q = clusters.sample(&mut rng);
+                            let t0 = Instant::now();
                             let t = c.miss_ticket(&q, K, false).unwrap();
                             let base = rng.gen_range(0..1u64 << 40);
                             let a = answer(&mut rng, base);
                             c.admit(t, a).unwrap();
+                            let took = t0.elapsed();
+                            (admitted, busy, longest) =
+                                (admitted + 1, busy + took, longest.max(took));
                             thread::sleep(Duration::from_micros(200));
                         }
+                        let share = busy.as_secs_f64() / started.elapsed().as_secs_f64();
+                        (admitted, share, longest, c.stats().filter)
                     })
                 };
                 let per_thread = if approximate {
@@ -555,10 +625,19 @@ fn scaling(f: Fixture) -> Fixture {
                 let rate = (threads * per_thread) as f64 / t.elapsed().as_secs_f64();
                 hit_shares.push(hits as f64 / (threads * per_thread) as f64 * 100.0);
                 stop.store(true, Ordering::Relaxed);
-                bg.join().unwrap();
+                owners.push(bg.join().unwrap());
                 rates.push(rate);
             }
             let kind = if approximate { "approximate" } else { "exact" };
+            // A rotation in between compares two filter states (one generation searched
+            // against two): not a scaling figure.
+            if owners[1].3.rotations != rotations_before {
+                println!(
+                    "scaling d{dim:<4} {kind:<12} attempt {attempts}: the filter rotated, redone"
+                );
+                continue;
+            }
+            round += 1;
             println!(
                 "scaling d{dim:<4} {kind:<12} round {round}: 1 reader {:>10.0}/s  2 readers \
              {:>10.0}/s  ratio {:.2}x  (hits {:.1}% / {:.1}%)",
@@ -568,6 +647,17 @@ fn scaling(f: Fixture) -> Fixture {
                 hit_shares[0],
                 hit_shares[1]
             );
+            for (readers, (admitted, share, longest, filter)) in [1, 2].iter().zip(&owners) {
+                println!(
+                    "    owner with {readers} reader(s): {admitted} admissions, busy {:.0}%, \
+                     longest {:.1} ms; filter rotations {}, standby live {}, draining {}",
+                    share * 100.0,
+                    longest.as_secs_f64() * 1e3,
+                    filter.rotations,
+                    filter.standby_live,
+                    filter.draining
+                );
+            }
             ratios.push(rates[1] / rates[0]);
         }
         ratios.sort_by(f64::total_cmp);

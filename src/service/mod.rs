@@ -545,7 +545,7 @@ impl Shared {
         );
 
         type Per = (&'static str, &'static str, fn(&ShardGauges) -> f64);
-        let per_shard: [Per; 9] = [
+        let per_shard: [Per; 11] = [
             ("shard_pool_objects", "Neighbour objects per shard.", |x| {
                 ShardGauges::get(&x.objects) as f64
             }),
@@ -576,6 +576,17 @@ impl Shared {
                 "shard_filter_rotations",
                 "Filter generation rotations per shard.",
                 |x| ShardGauges::get(&x.filter_rotations) as f64,
+            ),
+            (
+                "shard_filter_standby_live",
+                "Live entries of the standby filter generation per shard (above 0, \
+                 lookups search two generations).",
+                |x| ShardGauges::get(&x.filter_standby_live) as f64,
+            ),
+            (
+                "shard_filter_standby_moved",
+                "Standby filter entries moved into the active generation in idle time.",
+                |x| ShardGauges::get(&x.filter_standby_moved) as f64,
             ),
         ];
         for (family, help, f) in per_shard {

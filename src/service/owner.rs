@@ -30,6 +30,8 @@ pub struct ShardGauges {
     pub filter_live: AtomicU64,
     pub filter_tombstones: AtomicU64,
     pub filter_rotations: AtomicU64,
+    pub filter_standby_live: AtomicU64,
+    pub filter_standby_moved: AtomicU64,
     pub messages: AtomicU64,
 }
 
@@ -48,6 +50,8 @@ impl ShardGauges {
             set(&self.filter_live, f.live as u64);
             set(&self.filter_tombstones, f.tombstones as u64);
             set(&self.filter_rotations, f.rotations);
+            set(&self.filter_standby_live, f.standby_live as u64);
+            set(&self.filter_standby_moved, f.standby_moved);
         }
     }
 
@@ -66,9 +70,19 @@ pub(crate) async fn run(mut cache: Cache, rx: flume::Receiver<OwnerMsg>, gauges:
     gauges.publish(&cache, true);
     let mut until_full = FULL_STATS_EVERY;
     loop {
-        // Idle: the filter's survivor migration in short steps, messages first.
-        while rx.is_empty() && cache.maintain(IDLE_MIGRATIONS) > 0 {
+        // Idle: the filter's migrations (survivors of a dropped generation, then the
+        // standby's entries: `shards::filter`) in short steps, messages first.
+        let mut moved = 0;
+        while rx.is_empty() {
+            let m = cache.maintain(IDLE_MIGRATIONS);
+            if m == 0 {
+                break;
+            }
+            moved += m;
             glommio::yield_if_needed().await;
+        }
+        if moved > 0 {
+            gauges.publish(&cache, true);
         }
         let Ok(msg) = rx.recv_async().await else {
             break;
