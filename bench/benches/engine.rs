@@ -557,7 +557,9 @@ fn scaling(f: Fixture) -> Fixture {
                 }
                 drop(c);
                 if threads == 1 && approximate {
-                    let both = (0..SCALING_POOL).map(|j| pools[j % 2][j / 2].clone());
+                    // Even inputs of the first, odd of the second: both over their whole
+                    // length (their first halves alone are their oldest batches).
+                    let both = (0..SCALING_POOL).map(|j| pools[j % 2][j].clone());
                     pools = vec![both.collect()];
                 }
                 let pools: Vec<Arc<Vec<Vec<f32>>>> = pools
