@@ -426,6 +426,9 @@ fn idle_time_empties_the_standby_filter_generation() {
         found += (c.search(K, &near).unwrap().hit == HitKind::Approximate) as usize;
     }
     assert!(cached >= 20, "only {cached} of the last 200 queries cached");
-    assert!(found * 10 >= cached * 9, "{found} of {cached} cached queries found");
+    assert!(
+        found * 10 >= cached * 9,
+        "{found} of {cached} cached queries found"
+    );
     d.stop().unwrap();
 }

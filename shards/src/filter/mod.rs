@@ -264,8 +264,10 @@ pub struct DualFilter {
     /// The dropped standby's index and its live entries not yet migrated.
     draining: Option<Draining>,
     /// The standby's entries in the order idle time moves them (`maintain`), popped
-    /// from the end (newest); entries evicted meanwhile are skipped.
-    standby_queue: Vec<RepId>,
+    /// from the end (newest); entries evicted meanwhile are skipped. Built by the first
+    /// idle step after a rotation, not by the rotation (sorting a cache's worth of ids
+    /// would stall the write that rotated).
+    standby_queue: Option<Vec<RepId>>,
     standby_moved: u64,
     rotations: u64,
     reinserted: u64,
@@ -290,7 +292,7 @@ impl DualFilter {
             active_members: Members::new(),
             standby_members: Members::new(),
             draining: None,
-            standby_queue: Vec::new(),
+            standby_queue: None,
             standby_moved: 0,
             rotations: 0,
             reinserted: 0,
@@ -419,7 +421,7 @@ impl DualFilter {
     fn drop_dead_standby(&mut self) {
         self.standby = new_index(self.kind, self.metric, self.dim, 16);
         self.standby_members = Members::new();
-        self.standby_queue = Vec::new();
+        self.standby_queue = None;
         self.publish();
     }
 
@@ -431,8 +433,17 @@ impl DualFilter {
         if self.draining.is_some() {
             return moved;
         }
+        if self.standby_members.live.is_empty() {
+            return moved;
+        }
+        let queue = self.standby_queue.get_or_insert_with(|| {
+            let mut q: Vec<RepId> = self.standby_members.live.keys().copied().collect();
+            // Newest last, so it moves first: FIFO evicts the oldest anyway.
+            q.sort_unstable();
+            q
+        });
         while moved < max {
-            let Some(rep) = self.standby_queue.pop() else {
+            let Some(rep) = queue.pop() else {
                 break;
             };
             let Some(v) = self.standby_members.live.remove(&rep) else {
@@ -468,9 +479,7 @@ impl DualFilter {
             &mut self.standby_members,
             std::mem::replace(&mut self.active_members, Members::new()),
         );
-        self.standby_queue = self.standby_members.live.keys().copied().collect();
-        // Newest last, so it moves first: FIFO evicts the oldest anyway.
-        self.standby_queue.sort_unstable();
+        self.standby_queue = None;
         // The artifact loses these; a live representative must stay findable: they are
         // searched where they are until migrated.
         if !dropped.live.is_empty() {
@@ -536,7 +545,7 @@ impl DualFilter {
         self.standby = new_index(self.kind, self.metric, self.dim, 16);
         self.active_members = Members::new();
         self.standby_members = Members::new();
-        self.standby_queue = Vec::new();
+        self.standby_queue = None;
         self.draining = None;
         self.publish();
     }
