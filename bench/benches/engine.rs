@@ -132,6 +132,15 @@ impl Fixture {
     fn fresh_query(&mut self) -> Vec<f32> {
         self.clusters.sample(&mut self.rng)
     }
+
+    /// Admits a query never seen (with a FIFO eviction once full).
+    fn admit_fresh(&mut self) {
+        let q = self.fresh_query();
+        let base = self.next_id;
+        self.next_id += 1_000_000;
+        let t = self.cache.miss_ticket(&q, K, false).unwrap();
+        self.cache.admit(t, answer(&mut self.rng, base)).unwrap();
+    }
 }
 
 /// Whether the part `name` runs (AKER_BENCH_GROUPS, comma-separated; default all).
@@ -162,162 +171,155 @@ fn single_core(c: &mut Criterion) {
 /// the fixture before each group that admits (admissions move FIFO's state along).
 fn timed(c: &mut Criterion, f: &mut Fixture, label: &str, prepare: fn(&mut Fixture)) {
     let (n, dim) = (reps(), f.dim);
-    {
-        let mut g = c.benchmark_group(format!("engine/d{dim}/{n}reps/{label}"));
-        g.sample_size(30)
-            .measurement_time(Duration::from_secs(3))
-            .warm_up_time(Duration::from_secs(1));
-        // Inputs are made before timing: setup closures cannot borrow the cache.
-        // Still cached after the tails' admissions and deletes (checked untimed); exact
-        // only: approximate hits are sometimes sampled for verification.
-        // Drawn from the live representatives' own queries: after the scaling and tail
-        // runs' admissions the first fixture queries are long evicted.
-        let live: Vec<Arc<[f32]>> = f.cache.representatives().map(|r| r.query.clone()).collect();
-        let (exact, _) = inputs_hitting(f, HitKind::Exact, |f| {
-            live[f.rng.gen_range(0..live.len())].to_vec()
-        });
-        let near: Vec<Vec<f32>> = (0..4096).map(|_| f.near_query()).collect();
-        // Exact hits first: the approximate-hit inputs are made by admitting fresh
-        // queries, whose evictions would take exact inputs away.
-        let mut i = 0usize;
-        let cache = &mut f.cache;
-        g.bench_function(BenchmarkId::new("exact_hit", dim), |b| {
-            b.iter(|| {
-                i = (i + 1) % exact.len();
-                assert!(matches!(
-                    cache.lookup(black_box(&exact[i]), K).unwrap(),
-                    Lookup::Hit(ref h) if h.kind == HitKind::Exact
-                ))
-            })
-        });
-        prepare(f);
-        // Approximate hits are measured on lookups that are answered approximately, each
-        // input timed once (`fresh_approximate_hits`).
-        let mut timed_not_approximate = 0usize;
-        let mut checked = (0usize, 0usize);
-        g.bench_function(BenchmarkId::new("approximate_hit", dim), |b| {
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                let mut left = iters;
-                while left > 0 {
-                    let (batch, (tried, hit)) = fresh_approximate_hits(
-                        &mut f.cache,
-                        &f.clusters,
-                        &mut f.rng,
-                        &mut f.next_id,
-                        1024,
-                        8,
-                    );
-                    checked.0 += hit;
-                    checked.1 += tried;
-                    for q in batch.iter().take(left.min(usize::MAX as u64) as usize) {
-                        let t = Instant::now();
-                        let got = black_box(f.cache.lookup(black_box(q), K).unwrap());
-                        total += t.elapsed();
-                        if !matches!(got, Lookup::Hit(ref h) if h.kind == HitKind::Approximate) {
-                            timed_not_approximate += 1;
-                        }
+    let mut g = c.benchmark_group(format!("engine/d{dim}/{n}reps/{label}"));
+    g.sample_size(30)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    // Inputs are made before timing: setup closures cannot borrow the cache.
+    // Still cached after the tails' admissions and deletes (checked untimed); exact
+    // only: approximate hits are sometimes sampled for verification.
+    // Drawn from the live representatives' own queries: after the scaling and tail
+    // runs' admissions the first fixture queries are long evicted.
+    let live: Vec<Arc<[f32]>> = f.cache.representatives().map(|r| r.query.clone()).collect();
+    let (exact, _) = inputs_hitting(f, HitKind::Exact, |f| {
+        live[f.rng.gen_range(0..live.len())].to_vec()
+    });
+    let near: Vec<Vec<f32>> = (0..4096).map(|_| f.near_query()).collect();
+    // Exact hits first: the approximate-hit inputs are made by admitting fresh
+    // queries, whose evictions would take exact inputs away.
+    let mut i = 0usize;
+    let cache = &mut f.cache;
+    g.bench_function(BenchmarkId::new("exact_hit", dim), |b| {
+        b.iter(|| {
+            i = (i + 1) % exact.len();
+            assert!(matches!(
+                cache.lookup(black_box(&exact[i]), K).unwrap(),
+                Lookup::Hit(ref h) if h.kind == HitKind::Exact
+            ))
+        })
+    });
+    prepare(f);
+    // Approximate hits are measured on lookups that are answered approximately, each
+    // input timed once (`fresh_approximate_hits`).
+    let mut timed_not_approximate = 0usize;
+    let mut checked = (0usize, 0usize);
+    g.bench_function(BenchmarkId::new("approximate_hit", dim), |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                let (batch, (tried, hit)) = fresh_approximate_hits(
+                    &mut f.cache,
+                    &f.clusters,
+                    &mut f.rng,
+                    &mut f.next_id,
+                    1024,
+                    8,
+                );
+                checked.0 += hit;
+                checked.1 += tried;
+                for q in batch.iter().take(left.min(usize::MAX as u64) as usize) {
+                    let t = Instant::now();
+                    let got = black_box(f.cache.lookup(black_box(q), K).unwrap());
+                    total += t.elapsed();
+                    if !matches!(got, Lookup::Hit(ref h) if h.kind == HitKind::Approximate) {
+                        timed_not_approximate += 1;
                     }
-                    left -= left.min(batch.len() as u64);
                 }
-                total
-            })
-        });
-        println!(
-            "d{dim}: near copies of {} of {} freshly admitted queries were approximate hits; \
+                left -= left.min(batch.len() as u64);
+            }
+            total
+        })
+    });
+    println!(
+        "d{dim}: near copies of {} of {} freshly admitted queries were approximate hits; \
              {timed_not_approximate} timed lookups were not; filter after: {:?}",
-            checked.0,
-            checked.1,
-            f.cache.stats().filter
-        );
-        let (mut rng, mut next_id) = (StdRng::seed_from_u64(5), 1u64 << 40);
-        prepare(f);
-        // Disjoint borrows: the setup draws from the clusters while the routine admits.
-        let Fixture {
-            cache, clusters, ..
-        } = &mut *f;
-        g.bench_function(BenchmarkId::new("miss_admission", dim), |b| {
-            b.iter_batched(
-                || {
-                    // a query never seen: a real admission (with a FIFO eviction)
+        checked.0,
+        checked.1,
+        f.cache.stats().filter
+    );
+    let (mut rng, mut next_id) = (StdRng::seed_from_u64(5), 1u64 << 40);
+    prepare(f);
+    // Disjoint borrows: the setup draws from the clusters while the routine admits.
+    let Fixture {
+        cache, clusters, ..
+    } = &mut *f;
+    g.bench_function(BenchmarkId::new("miss_admission", dim), |b| {
+        b.iter_batched(
+            || {
+                // a query never seen: a real admission (with a FIFO eviction)
+                let q = clusters.sample(&mut rng);
+                next_id += 1_000_000;
+                (q, answer(&mut rng, next_id))
+            },
+            |(q, a)| {
+                let t = cache.miss_ticket(&q, K, false).unwrap();
+                black_box(cache.admit(t, a).unwrap())
+            },
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    prepare(f);
+    println!(
+        "d{dim} {label}: filter before the inserts: {:?}",
+        f.cache.stats().filter
+    );
+    let Fixture {
+        cache, clusters, ..
+    } = &mut *f;
+    // The insert itself (log append, fast path); the slow-path steps that the
+    // risk then asks for are measured on their own below.
+    g.bench_function(BenchmarkId::new("insert_fast_path", dim), |b| {
+        b.iter_batched(
+            || {
+                i = (i + 1) % near.len();
+                next_id += 1;
+                (next_id, Arc::<[f32]>::from(near[i].as_slice()))
+            },
+            |(id, v)| black_box(cache.insert_logged(id, v, true).unwrap()),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    g.bench_function(BenchmarkId::new("slow_path_step", dim), |b| {
+        b.iter(|| black_box(cache.slow_path_step()))
+    });
+    // Each timed delete removes an id a live entry holds (found untimed); deletes
+    // invalidate entries, so the cache is refilled (untimed) when it runs low.
+    g.bench_function(BenchmarkId::new("delete", dim), |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                while cache.len() < n / 2 {
                     let q = clusters.sample(&mut rng);
                     next_id += 1_000_000;
-                    (q, answer(&mut rng, next_id))
-                },
-                |(q, a)| {
                     let t = cache.miss_ticket(&q, K, false).unwrap();
-                    black_box(cache.admit(t, a).unwrap())
-                },
-                criterion::BatchSize::SmallInput,
-            )
-        });
-        prepare(f);
-        println!(
-            "d{dim} {label}: filter before the inserts: {:?}",
-            f.cache.stats().filter
-        );
-        let Fixture {
-            cache, clusters, ..
-        } = &mut *f;
-        // The insert itself (log append, fast path); the slow-path steps that the
-        // risk then asks for are measured on their own below.
-        g.bench_function(BenchmarkId::new("insert_fast_path", dim), |b| {
-            b.iter_batched(
-                || {
-                    i = (i + 1) % near.len();
-                    next_id += 1;
-                    (next_id, Arc::<[f32]>::from(near[i].as_slice()))
-                },
-                |(id, v)| black_box(cache.insert_logged(id, v, true).unwrap()),
-                criterion::BatchSize::SmallInput,
-            )
-        });
-        g.bench_function(BenchmarkId::new("slow_path_step", dim), |b| {
-            b.iter(|| black_box(cache.slow_path_step()))
-        });
-        // Each timed delete removes an id a live entry holds (found untimed); deletes
-        // invalidate entries, so the cache is refilled (untimed) when it runs low.
-        g.bench_function(BenchmarkId::new("delete", dim), |b| {
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    while cache.len() < n / 2 {
-                        let q = clusters.sample(&mut rng);
-                        next_id += 1_000_000;
-                        let t = cache.miss_ticket(&q, K, false).unwrap();
-                        cache.admit(t, answer(&mut rng, next_id)).unwrap();
-                    }
-                    let victim = cache
-                        .representatives()
-                        .nth(rng.gen_range(0..64))
-                        .expect("entries")
-                        .nrl
-                        .ids[0];
-                    let t = Instant::now();
-                    black_box(cache.delete(victim));
-                    total += t.elapsed();
+                    cache.admit(t, answer(&mut rng, next_id)).unwrap();
                 }
-                total
-            })
-        });
-        g.finish();
-        println!(
-            "d{dim} {label}: filter at the end: {:?}",
-            f.cache.stats().filter
-        );
-    }
+                let victim = cache
+                    .representatives()
+                    .nth(rng.gen_range(0..64))
+                    .expect("entries")
+                    .nrl
+                    .ids[0];
+                let t = Instant::now();
+                black_box(cache.delete(victim));
+                total += t.elapsed();
+            }
+            total
+        })
+    });
+    g.finish();
+    println!(
+        "d{dim} {label}: filter at the end: {:?}",
+        f.cache.stats().filter
+    );
 }
 
 /// Full again (the delete measurements invalidate entries), and the idle time of a
 /// server's owner has emptied the standby: one generation searched.
 fn one_generation(f: &mut Fixture) {
-    let n = reps();
-    while f.cache.len() < n {
-        let q = f.fresh_query();
-        let base = f.next_id;
-        f.next_id += 1_000_000;
-        let t = f.cache.miss_ticket(&q, K, false).unwrap();
-        f.cache.admit(t, answer(&mut f.rng, base)).unwrap();
+    while f.cache.len() < reps() {
+        f.admit_fresh();
     }
     let moved = f.cache.maintain(usize::MAX);
     println!(
@@ -339,22 +341,15 @@ fn two_generations(f: &mut Fixture) {
     }
     let rotations = f.cache.stats().filter.rotations;
     let mut admitted = 0usize;
-    let admit = |f: &mut Fixture| {
-        let q = f.fresh_query();
-        let base = f.next_id;
-        f.next_id += 1_000_000;
-        let t = f.cache.miss_ticket(&q, K, false).unwrap();
-        f.cache.admit(t, answer(&mut f.rng, base)).unwrap();
-    };
     // FIFO rotates at least every two caches' worth of admissions.
     while f.cache.stats().filter.rotations == rotations && admitted < 3 * n {
         for _ in 0..256 {
-            admit(f);
+            f.admit_fresh();
         }
         admitted += 256;
     }
     for _ in 0..n / 4 {
-        admit(f);
+        f.admit_fresh();
     }
     println!(
         "d{}: {admitted} admissions to a rotation, {} more; filter: {:?}",
