@@ -206,23 +206,13 @@ fn timed(c: &mut Criterion, f: &mut Fixture, label: &str, prepare: fn(&mut Fixtu
     let (mut aged_checked, mut aged_not_approximate) = ((0usize, 0usize), 0usize);
     g.bench_function(BenchmarkId::new("approximate_hit_aged", dim), |b| {
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let (batch, (tried, hit)) = aged_approximate_hits(f, &live, 1024);
-                aged_checked.0 += hit;
-                aged_checked.1 += tried;
-                for q in batch.iter().take(left.min(usize::MAX as u64) as usize) {
-                    let t = Instant::now();
-                    let got = black_box(f.cache.lookup(black_box(q), K).unwrap());
-                    total += t.elapsed();
-                    if !matches!(got, Lookup::Hit(ref h) if h.kind == HitKind::Approximate) {
-                        aged_not_approximate += 1;
-                    }
-                }
-                left -= left.min(batch.len() as u64);
-            }
-            total
+            time_approximate_hits(
+                f,
+                iters,
+                |f| aged_approximate_hits(f, &live, 1024),
+                &mut aged_checked,
+                &mut aged_not_approximate,
+            )
         })
     });
     println!(
@@ -236,30 +226,22 @@ fn timed(c: &mut Criterion, f: &mut Fixture, label: &str, prepare: fn(&mut Fixtu
     let mut checked = (0usize, 0usize);
     g.bench_function(BenchmarkId::new("approximate_hit", dim), |b| {
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let (batch, (tried, hit)) = fresh_approximate_hits(
-                    &mut f.cache,
-                    &f.clusters,
-                    &mut f.rng,
-                    &mut f.next_id,
-                    1024,
-                    8,
-                );
-                checked.0 += hit;
-                checked.1 += tried;
-                for q in batch.iter().take(left.min(usize::MAX as u64) as usize) {
-                    let t = Instant::now();
-                    let got = black_box(f.cache.lookup(black_box(q), K).unwrap());
-                    total += t.elapsed();
-                    if !matches!(got, Lookup::Hit(ref h) if h.kind == HitKind::Approximate) {
-                        timed_not_approximate += 1;
-                    }
-                }
-                left -= left.min(batch.len() as u64);
-            }
-            total
+            time_approximate_hits(
+                f,
+                iters,
+                |f| {
+                    fresh_approximate_hits(
+                        &mut f.cache,
+                        &f.clusters,
+                        &mut f.rng,
+                        &mut f.next_id,
+                        1024,
+                        8,
+                    )
+                },
+                &mut checked,
+                &mut timed_not_approximate,
+            )
         })
     });
     println!(
@@ -326,12 +308,7 @@ fn timed(c: &mut Criterion, f: &mut Fixture, label: &str, prepare: fn(&mut Fixtu
                     let t = cache.miss_ticket(&q, K, false).unwrap();
                     cache.admit(t, answer(&mut rng, next_id)).unwrap();
                 }
-                let victim = cache
-                    .representatives()
-                    .nth(rng.gen_range(0..64))
-                    .expect("entries")
-                    .nrl
-                    .ids[0];
+                let victim = engine_fixture::delete_victim(cache, &mut rng);
                 let t = Instant::now();
                 black_box(cache.delete(victim));
                 total += t.elapsed();
@@ -388,6 +365,35 @@ fn two_generations(f: &mut Fixture) {
         n / 4,
         f.cache.stats().filter
     );
+}
+
+/// Times `iters` lookups of inputs from `batches` (untimed; each batch's inputs timed
+/// once, in order), adding its (hit, tried) counts to `checked` and the timed lookups
+/// that were not approximate hits to `not_approximate`.
+fn time_approximate_hits(
+    f: &mut Fixture,
+    iters: u64,
+    mut batches: impl FnMut(&mut Fixture) -> (Vec<Vec<f32>>, (usize, usize)),
+    checked: &mut (usize, usize),
+    not_approximate: &mut usize,
+) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let (batch, (tried, hit)) = batches(f);
+        checked.0 += hit;
+        checked.1 += tried;
+        for q in batch.iter().take(left.min(usize::MAX as u64) as usize) {
+            let t = Instant::now();
+            let got = black_box(f.cache.lookup(black_box(q), K).unwrap());
+            total += t.elapsed();
+            if !matches!(got, Lookup::Hit(ref h) if h.kind == HitKind::Approximate) {
+                *not_approximate += 1;
+            }
+        }
+        left -= left.min(batch.len() as u64);
+    }
+    total
 }
 
 /// Near copies of `entries` live representatives drawn at random that were approximate

@@ -17,7 +17,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bench::engine_fixture::{answer, Clusters};
+use bench::engine_fixture::{answer, delete_victim, Clusters};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shards::{Cache, CacheConfig, Capacity, HitKind, Lookup, Metric, PolicyConfig};
@@ -100,12 +100,7 @@ fn main() {
                 while cache.len() < n / 2 {
                     admit(&mut cache, &mut rng);
                 }
-                let victim = cache
-                    .representatives()
-                    .nth(rng.gen_range(0..64))
-                    .expect("entries")
-                    .nrl
-                    .ids[0];
+                let victim = delete_victim(&cache, &mut rng);
                 let t = Instant::now();
                 black_box(cache.delete(victim));
                 timed += t.elapsed();

@@ -3,7 +3,7 @@
 
 use rand::rngs::StdRng;
 use rand::Rng;
-use shards::Candidate;
+use shards::{Cache, Candidate};
 
 /// Query vectors shaped like real embeddings: 1,000 clusters of varying spread (uniform
 /// random vectors in 128+ dimensions are a known worst case for any graph index, and no
@@ -45,4 +45,16 @@ pub fn answer(rng: &mut StdRng, base_id: u64, len: usize) -> Vec<Candidate> {
             )
         })
         .collect()
+}
+
+/// An id that a live entry holds (the first result of one of the 64 entries the map
+/// iterates first), so that deleting it does real work: the entries listing it
+/// promote a reserve or are invalidated.
+pub fn delete_victim(cache: &Cache, rng: &mut StdRng) -> u64 {
+    cache
+        .representatives()
+        .nth(rng.gen_range(0..64))
+        .expect("entries")
+        .nrl
+        .ids[0]
 }
