@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use shards::{CacheConfig, Capacity, FilterKind, Metric, PolicyConfig};
+use shards::{CacheConfig, Capacity, FilterKind, Metric, PolicyConfig, StandbySearch};
 
 use crate::server::ServerConfig;
 
@@ -48,6 +48,11 @@ pub struct CacheSection {
     /// `{ kind = "brute_force" }`.
     pub filter: FilterKind,
     pub filter_candidates: usize,
+    /// `active_first` (the default here): while a rotation leaves two filter
+    /// generations, the newer one answers when it has a candidate that serves, and the
+    /// older one is searched only otherwise; `nearest` is ALGORITHM.md's rule (and the
+    /// engine's default): the nearest serving candidate of either generation.
+    pub standby_search: StandbySearch,
     pub max_aliases_per_rep: usize,
     pub slow_path_batch: usize,
     pub slow_path_max_steps: usize,
@@ -74,6 +79,7 @@ impl Default for CacheSection {
             store_vectors: e.store_vectors,
             filter: e.filter,
             filter_candidates: e.filter_candidates,
+            standby_search: StandbySearch::ActiveFirst,
             max_aliases_per_rep: e.max_aliases_per_rep,
             slow_path_batch: e.slow_path_batch,
             slow_path_max_steps: e.slow_path_max_steps,
@@ -109,6 +115,7 @@ impl CacheSection {
             store_vectors: self.store_vectors,
             filter: self.filter,
             filter_candidates: self.filter_candidates,
+            standby_search: self.standby_search,
             max_aliases_per_rep: self.max_aliases_per_rep,
             slow_path_batch: self.slow_path_batch,
             slow_path_max_steps: self.slow_path_max_steps,

@@ -95,6 +95,7 @@ impl Fixture {
             store_vectors: false,
             capacity: Capacity::Objects(n * (K + DELTA)),
             filter: filter_kind(),
+            standby_search: engine_fixture::standby_search(),
             ..CacheConfig::new(dim, Metric::L2Sq)
         };
         let mut cache = Cache::new(cfg, PolicyConfig::default().build()).unwrap();
@@ -153,7 +154,11 @@ fn single_core(c: &mut Criterion) {
         return;
     }
     let n = reps();
-    println!("cache filter: {}", filter_kind());
+    println!(
+        "cache filter: {}, standby search {:?}",
+        filter_kind(),
+        engine_fixture::standby_search()
+    );
     for dim in dims() {
         let f = Fixture::new(dim, n);
         // Read-mostly measurements first, while every fixture query is still cached

@@ -9,7 +9,8 @@
 //! ```
 //! OP: exact | approximate | insert | admit | delete; DIM (768), REPS (100000),
 //! ITERS (200000), CHURN (0: admissions past REPS before the loop, for the steady state
-//! of a full cache). `approximate` times near copies of random cached queries (misses
+//! of a full cache), AKER_BENCH_STANDBY (active_first, akerd's default, or nearest).
+//! `approximate` times near copies of random cached queries (misses
 //! included: it reports the share that hit); `delete` refills the cache untimed and
 //! prints the mean of the timed deletes alone.
 
@@ -43,6 +44,7 @@ fn main() {
         k_max: 100,
         store_vectors: false,
         capacity: Capacity::Objects(n * (K + 2)),
+        standby_search: bench::engine_fixture::standby_search(),
         ..CacheConfig::new(dim, Metric::L2Sq)
     };
     let mut cache = Cache::new(cfg, PolicyConfig::default().build()).expect("config");

@@ -3,7 +3,7 @@
 
 use rand::rngs::StdRng;
 use rand::Rng;
-use shards::{Cache, Candidate};
+use shards::{Cache, Candidate, StandbySearch};
 
 /// Query vectors shaped like real embeddings: 1,000 clusters of varying spread (uniform
 /// random vectors in 128+ dimensions are a known worst case for any graph index, and no
@@ -57,4 +57,14 @@ pub fn delete_victim(cache: &Cache, rng: &mut StdRng) -> u64 {
         .expect("entries")
         .nrl
         .ids[0]
+}
+
+/// Which filter generation answers while there are two: akerd's default
+/// (`active_first`), or ALGORITHM.md's `nearest` with AKER_BENCH_STANDBY=nearest.
+pub fn standby_search() -> StandbySearch {
+    match std::env::var("AKER_BENCH_STANDBY").as_deref() {
+        Ok("nearest") => StandbySearch::Nearest,
+        Ok("active_first") | Err(_) => StandbySearch::ActiveFirst,
+        Ok(other) => panic!("AKER_BENCH_STANDBY: nearest or active_first, not {other}"),
+    }
 }

@@ -15,7 +15,7 @@ use shards::entry::RepView;
 use shards::store::HnswStore;
 use shards::{
     Backend, Cache, CacheConfig, Capacity, FilterKind, HitKind, HitPolicy, Metric, PolicyConfig,
-    Result,
+    Result, StandbySearch,
 };
 
 use crate::workload::Workload;
@@ -126,6 +126,8 @@ pub struct RunSpec {
     /// rule (§4.7: "selects the closest candidate cache entry"); the engine's default
     /// of 2 also tries the second nearest, which is more permissive.
     pub filter_candidates: usize,
+    /// Which filter generation answers while there are two (`shards::StandbySearch`).
+    pub standby_search: StandbySearch,
 }
 
 impl RunSpec {
@@ -303,6 +305,7 @@ pub fn run(
                 capacity: Capacity::Objects(spec.pool_objects),
                 filter: spec.policy.filter(),
                 filter_candidates: spec.filter_candidates,
+                standby_search: spec.standby_search,
                 k_max: spec.k.max(100),
                 // Ids-only objects, as in the reference simulation (ALGORITHM.md): no
                 // policy here re-ranks with stored vectors.

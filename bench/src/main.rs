@@ -30,7 +30,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shards::store::HnswStore;
-use shards::{Backend, FilterKind, Metric};
+use shards::{Backend, FilterKind, Metric, StandbySearch};
 
 type Fallible<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -67,6 +67,22 @@ struct Common {
     /// Where exact ground truth is cached between runs.
     #[arg(long, default_value_os_t = default_data_dir().join("cache"))]
     cache_dir: PathBuf,
+}
+
+/// `shards::StandbySearch` on the command line.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StandbyChoice {
+    Nearest,
+    ActiveFirst,
+}
+
+impl StandbyChoice {
+    fn engine(self) -> StandbySearch {
+        match self {
+            StandbyChoice::Nearest => StandbySearch::Nearest,
+            StandbyChoice::ActiveFirst => StandbySearch::ActiveFirst,
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -114,6 +130,10 @@ struct RecallArgs {
     /// paper's rule (the closest candidate); the engine's default is 2.
     #[arg(long, default_value_t = 1)]
     filter_candidates: usize,
+    /// Which filter generation answers while a rotation leaves two: `nearest` is
+    /// ALGORITHM.md's rule (the engine's default), `active-first` akerd's default.
+    #[arg(long, value_enum, default_value = "nearest")]
+    standby_search: StandbyChoice,
     /// Output folder for report.md, results.csv and the figures.
     #[arg(long, default_value_os_t = default_out_dir())]
     out: PathBuf,
@@ -357,6 +377,7 @@ fn run_jobs(
                     potluck_shrink: args.potluck_shrink,
                     potluck_seed: seeds.potluck,
                     filter_candidates: args.filter_candidates,
+                    standby_search: args.standby_search.engine(),
                 };
                 let backend = backends[job.stream];
                 match experiment::run(&spec, &st.workload, &st.truth, backend, &|n| b.inc(n)) {
@@ -720,6 +741,7 @@ fn write_outputs(
         k: args.common.k,
         delta: args.delta,
         filter_candidates: args.filter_candidates,
+        standby_search: args.standby_search.engine(),
         potluck: (args.potluck_grow, args.potluck_shrink),
         requests,
         pools: args.pools.iter().map(|p| p.0).collect(),

@@ -50,6 +50,7 @@ fn run(s: &Setup, policy: &str, threshold: f32) -> RunResult {
         potluck_shrink: experiment::POTLUCK_SHRINK,
         potluck_seed: 12,
         filter_candidates: 1,
+        standby_search: shards::StandbySearch::Nearest,
     };
     experiment::run(
         &spec,

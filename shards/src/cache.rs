@@ -183,7 +183,8 @@ impl Cache {
     pub fn new(cfg: CacheConfig, policy: Box<dyn HitPolicy>) -> Result<Self> {
         cfg.validate()?;
         let policy: Arc<dyn HitPolicy> = Arc::from(policy);
-        let filter = DualFilter::new(cfg.filter, cfg.metric, cfg.dim);
+        let filter =
+            DualFilter::with_standby_search(cfg.filter, cfg.metric, cfg.dim, cfg.standby_search);
         let read = Arc::new(CacheReader {
             cfg: cfg.clone(),
             policy: policy.clone(),

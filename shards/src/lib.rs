@@ -45,7 +45,7 @@ pub mod store;
 
 pub use backend::{Backend, Candidate};
 pub use cache::{Admission, Cache, CacheStats, DeleteOutcome, SearchOutcome};
-pub use config::{CacheConfig, Capacity, FilterKind};
+pub use config::{CacheConfig, Capacity, FilterKind, StandbySearch};
 pub use error::{Error, Result};
 pub use metric::Metric;
 pub use policy::{HitPolicy, PolicyConfig};

@@ -205,8 +205,9 @@ impl CacheReader {
             exact.push((r, d));
             (d < self.policy.threshold(view)).then_some(d)
         };
+        let mode = self.cfg.standby_search;
         self.filter
-            .read(|set| set.candidates(q, n, &same_k, &mut serves, &mut ids));
+            .read(|set| set.candidates(q, n, &same_k, &mut serves, mode, &mut ids));
         let mut cands: Vec<(f32, RepId, &RepView)> = Vec::with_capacity(ids.len());
         for r in ids {
             if let Some(view) = reps.get(&r) {

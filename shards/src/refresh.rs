@@ -88,7 +88,9 @@ impl Cache {
 
     /// The nearest representative to `v` takes it if it is closer than its `maxD`.
     fn fast_path(&mut self, id: u64, v: &Arc<[f32]>) -> bool {
-        let Some(&(rid, d)) = self.filter.search(v, 1, &|_| true).first() else {
+        let reps = &self.reps;
+        let takes = |r: RepId, d: f32| reps.get(&r).is_some_and(|e| d < e.max_d());
+        let Some((rid, d)) = self.filter.nearest_taker(v, &takes) else {
             return false;
         };
         if d < self.reps[&rid].max_d() && self.merge(rid, id, d, v) {

@@ -22,7 +22,9 @@ use shards::exact_table::QueryKey;
 use shards::owner::{channel, OwnerMsg, ShardHandle};
 use shards::router::Router;
 use shards::store::ExactStore;
-use shards::{Backend, Cache, CacheConfig, Capacity, FilterKind, Lookup, Metric, PolicyConfig};
+use shards::{
+    Backend, Cache, CacheConfig, Capacity, FilterKind, Lookup, Metric, PolicyConfig, StandbySearch,
+};
 
 const DIM: usize = 8;
 const K: usize = 5;
@@ -38,7 +40,7 @@ struct Acked {
     count: AtomicU64,
 }
 
-fn run_stress(filter: FilterKind) {
+fn run_stress(filter: FilterKind, standby_search: StandbySearch) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let base: Vec<f32> = (0..3000 * DIM)
         .map(|_| rng.gen_range(-1.0f32..1.0))
@@ -61,6 +63,7 @@ fn run_stress(filter: FilterKind) {
         delta: 2,
         k_max: 10,
         filter,
+        standby_search,
         capacity: Capacity::Objects(600),
         insert_log_cap: 256,
         ..CacheConfig::new(DIM, Metric::L2Sq)
@@ -270,10 +273,11 @@ fn run_stress(filter: FilterKind) {
 
 #[test]
 fn concurrent_readers_with_owner_writes_brute_filter() {
-    run_stress(FilterKind::BruteForce);
+    run_stress(FilterKind::BruteForce, StandbySearch::Nearest);
 }
 
 #[test]
 fn concurrent_readers_with_owner_writes_hnsw_filter() {
-    run_stress(FilterKind::default());
+    // akerd's configuration: the newest filter generation that serves answers.
+    run_stress(FilterKind::default(), StandbySearch::ActiveFirst);
 }

@@ -53,7 +53,7 @@ pub use hnsw::{HnswIndex, SimdDistance};
 
 use std::sync::Arc;
 
-use crate::config::FilterKind;
+use crate::config::{FilterKind, StandbySearch};
 use crate::entry::RepId;
 use crate::epoch::EpochCell;
 use crate::hash::HashMap;
@@ -155,13 +155,14 @@ impl FilterSet {
     /// own distance. The caller recomputes exact distances and merges. `serves(r)` is
     /// the caller's own test of an active-generation candidate: its exact distance when
     /// `r` would answer the request (within its threshold), so that the standby is only
-    /// searched for something nearer still.
+    /// searched for something nearer still, or (`StandbySearch::ActiveFirst`) not at all.
     pub fn candidates(
         &self,
         q: &[f32],
         n: usize,
         accept: &dyn Fn(RepId) -> bool,
         serves: &mut dyn FnMut(RepId) -> Option<f32>,
+        mode: StandbySearch,
         out: &mut Vec<RepId>,
     ) {
         // The standby generation only matters where it holds something nearer than the
@@ -194,8 +195,13 @@ impl FilterSet {
                     .iter()
                     .filter_map(|&(r, _)| serves(r))
                     .reduce(f32::min);
+                let active_serves = best.is_some();
                 if let Some(d) = best {
                     bound = bound.min(slack(d));
+                }
+                if active_serves && mode == StandbySearch::ActiveFirst {
+                    out.extend(found.into_iter().map(|(r, _)| r));
+                    return;
                 }
             }
             out.extend(found.into_iter().map(|(r, _)| r));
@@ -254,6 +260,7 @@ struct Draining {
 /// The owner's side of the filter.
 pub struct DualFilter {
     kind: FilterKind,
+    standby_search: StandbySearch,
     metric: Metric,
     dim: usize,
     published: Arc<EpochCell<FilterSet>>,
@@ -275,6 +282,15 @@ pub struct DualFilter {
 
 impl DualFilter {
     pub fn new(kind: FilterKind, metric: Metric, dim: usize) -> Self {
+        Self::with_standby_search(kind, metric, dim, StandbySearch::Nearest)
+    }
+
+    pub fn with_standby_search(
+        kind: FilterKind,
+        metric: Metric,
+        dim: usize,
+        standby_search: StandbySearch,
+    ) -> Self {
         let active = new_index(kind, metric, dim, 1024);
         let standby = new_index(kind, metric, dim, 16);
         let published = Arc::new(EpochCell::new(FilterSet {
@@ -284,6 +300,7 @@ impl DualFilter {
         }));
         DualFilter {
             kind,
+            standby_search,
             metric,
             dim,
             published,
@@ -508,7 +525,7 @@ impl DualFilter {
             Some(self.metric.distance(q, v))
         };
         self.published
-            .read(|set| set.candidates(q, n, &live, &mut serves, &mut ids));
+            .read(|set| set.candidates(q, n, &live, &mut serves, StandbySearch::Nearest, &mut ids));
         let mut out: Vec<(RepId, f32)> = ids
             .into_iter()
             .map(|r| {
@@ -520,6 +537,33 @@ impl DualFilter {
         out.dedup_by_key(|x| x.0);
         out.truncate(n);
         out
+    }
+
+    /// The insert fast path's representative: the nearest one over every generation
+    /// (`StandbySearch::Nearest`), or the active generation's nearest when `takes` it
+    /// (`ActiveFirst`; older generations are searched only otherwise). With its exact
+    /// distance; whether it takes the vector is the caller's to check.
+    pub fn nearest_taker(
+        &self,
+        q: &[f32],
+        takes: &dyn Fn(RepId, f32) -> bool,
+    ) -> Option<(RepId, f32)> {
+        let mode = self.standby_search;
+        let mut ids = Vec::new();
+        let live = |r: RepId| self.contains(r);
+        let mut serves = |r: RepId| {
+            let d = self.metric.distance(q, self.vector(r)?);
+            // Nearest: every candidate bounds the older generations' search.
+            (mode == StandbySearch::Nearest || takes(r, d)).then_some(d)
+        };
+        self.published
+            .read(|set| set.candidates(q, 1, &live, &mut serves, mode, &mut ids));
+        ids.into_iter()
+            .map(|r| {
+                let v = self.vector(r).expect("accepted reps are live");
+                (r, self.metric.distance(q, v))
+            })
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
     }
 
     pub fn live(&self) -> usize {
@@ -810,5 +854,45 @@ mod tests {
         // the predicate is honoured
         let got = f.search(&[28.0, 0.0], 2, &|r| r != 7);
         assert_eq!(got, vec![(3, 4.0)]);
+    }
+
+    #[test]
+    fn active_first_answers_from_the_newest_generation_that_serves() {
+        for kind in [FilterKind::BruteForce, FilterKind::default()] {
+            for mode in [StandbySearch::Nearest, StandbySearch::ActiveFirst] {
+                let mut f = DualFilter::with_standby_search(kind, Metric::L2Sq, 2, mode);
+                for r in 0..4 {
+                    f.insert(r, v(r as f32 * 10.0));
+                }
+                for r in 0..3 {
+                    f.remove(r); // rotates: 3 (at 30) is in the standby now
+                }
+                assert_eq!(f.stats().standby_live, 1, "{kind:?}");
+                f.insert(7, v(29.0));
+                let q = [30.5, 0.0];
+                // The fast path's representative: 3 is nearer, 7 is the newer one.
+                let got = f.nearest_taker(&q, &|_, _| true).map(|x| x.0);
+                let want = if mode == StandbySearch::Nearest { 3 } else { 7 };
+                assert_eq!(got, Some(want), "{kind:?} {mode:?}");
+                // When the active generation's candidate does not take it, the standby
+                // is searched in both modes.
+                let got = f.nearest_taker(&q, &|r, _| r != 7).map(|x| x.0);
+                assert_eq!(got, Some(3), "{kind:?} {mode:?}");
+                // A lookup's candidates: the standby's only when the active's does not serve.
+                for (active_serves, want) in [(true, mode == StandbySearch::Nearest), (false, true)]
+                {
+                    let mut ids = Vec::new();
+                    let mut serves = |r: RepId| {
+                        let x = if r == 7 { 29.0 } else { r as f32 * 10.0 };
+                        let d = Metric::L2Sq.distance(&q, &v(x));
+                        (active_serves || r != 7).then_some(d)
+                    };
+                    f.published()
+                        .read(|set| set.candidates(&q, 1, &|_| true, &mut serves, mode, &mut ids));
+                    assert_eq!(ids.contains(&3), want, "{kind:?} {mode:?} {active_serves}");
+                    assert!(ids.contains(&7));
+                }
+            }
+        }
     }
 }
