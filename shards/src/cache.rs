@@ -27,6 +27,7 @@ use crate::hash::{HashSet, SharedMap};
 use crate::insert_log::{DeleteLog, InsertLog};
 use crate::policy::HitPolicy;
 use crate::pool::{NeighborPool, OBJECT_OVERHEAD_BYTES};
+use crate::reach::MaxDistances;
 use crate::read::{CacheReader, Counters, HitKind, Lookup, MissTicket, Neighbor};
 
 /// Bytes charged per representative beyond its query vector and list.
@@ -169,6 +170,8 @@ pub struct Cache {
     /// (LC, rep): the oldest cursor first, for head trimming and the length cap.
     pub(crate) cursors: BTreeSet<(u64, RepId)>,
     pub(crate) risk: RiskSums,
+    /// Every live list's `maxD`: the insert fast path's reach (`reach.rs`).
+    pub(crate) max_ds: MaxDistances,
     pub(crate) next_rep: RepId,
     /// The representative the slow path served last (round-robin position).
     pub(crate) slow_path_last: RepId,
@@ -207,6 +210,7 @@ impl Cache {
             log: InsertLog::default(),
             cursors: BTreeSet::new(),
             risk: RiskSums::default(),
+            max_ds: MaxDistances::default(),
             next_rep: 1,
             slow_path_last: 0,
             alias_count: 0,
@@ -437,6 +441,7 @@ impl Cache {
             nrl: Arc::new(nrl),
         };
         self.risk.sum_r += view.nrl.risk_fixed(k);
+        self.max_ds.add(view.nrl.max_d());
         self.risk.sum_cursor += cursor as u128;
         self.cursors.insert((cursor, id));
         self.entry_bytes += self.rep_bytes(k);
@@ -532,8 +537,10 @@ impl Cache {
         self.cursors.remove(&(rep.cursor, id));
         self.risk.sum_r -= rep.nrl.risk_fixed(rep.k);
         self.risk.sum_cursor -= rep.cursor as u128;
+        self.max_ds.remove(rep.nrl.max_d());
         if self.reps.is_empty() {
             self.risk = RiskSums::default();
+            debug_assert!(self.max_ds.is_empty());
         }
         let c = &self.read.counters;
         match why {
@@ -572,6 +579,7 @@ impl Cache {
             .expect("set_nrl on a live representative");
         debug_assert!(nrl.is_sorted());
         self.risk.sum_r = self.risk.sum_r + nrl.risk_fixed(rep.k) - rep.nrl.risk_fixed(rep.k);
+        self.max_ds.replace(rep.nrl.max_d(), nrl.max_d());
         rep.view.nrl = Arc::new(nrl);
         let view = rep.view.clone();
         self.publish_view(view);
@@ -602,6 +610,7 @@ impl Cache {
                     // references are released by remove_rep (the deleted one is gone).
                     let rep = self.reps.get_mut(&rid).expect("live");
                     self.risk.sum_r = self.risk.sum_r + nrl.risk_fixed(k) - rep.nrl.risk_fixed(k);
+                    self.max_ds.replace(rep.nrl.max_d(), nrl.max_d());
                     rep.view.nrl = Arc::new(nrl);
                     self.remove_rep(rid, Removal::Invalidated);
                     out.invalidated += 1;
@@ -758,6 +767,13 @@ impl Cache {
                 )));
             }
             sum_cursor += rep.cursor as u128;
+        }
+        let max_d = self.reps.values().map(|r| r.nrl.max_d()).reduce(f32::max);
+        if self.max_ds.max() != max_d {
+            return Err(format!(
+                "fast-path reach {:?}, largest maxD {max_d:?}",
+                self.max_ds.max()
+            ));
         }
         if published.len() != self.reps.len() {
             return Err(format!(

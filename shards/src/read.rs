@@ -207,7 +207,7 @@ impl CacheReader {
         };
         let mode = self.cfg.standby_search;
         self.filter
-            .read(|set| set.candidates(q, n, &same_k, &mut serves, mode, &mut ids));
+            .read(|set| set.candidates(q, n, &same_k, &mut serves, mode, f32::INFINITY, &mut ids));
         let mut cands: Vec<(f32, RepId, &RepView)> = Vec::with_capacity(ids.len());
         for r in ids {
             if let Some(view) = reps.get(&r) {

@@ -90,7 +90,11 @@ impl Cache {
     fn fast_path(&mut self, id: u64, v: &Arc<[f32]>) -> bool {
         let reps = &self.reps;
         let takes = |r: RepId, d: f32| reps.get(&r).is_some_and(|e| d < e.max_d());
-        let Some((rid, d)) = self.filter.nearest_taker(v, &takes) else {
+        // No list ends farther than `reach`: nothing beyond it can take the vector.
+        let Some(reach) = self.max_ds.max() else {
+            return false;
+        };
+        let Some((rid, d)) = self.filter.nearest_taker(v, reach, &takes) else {
             return false;
         };
         if d < self.reps[&rid].max_d() && self.merge(rid, id, d, v) {

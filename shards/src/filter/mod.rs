@@ -156,6 +156,9 @@ impl FilterSet {
     /// the caller's own test of an active-generation candidate: its exact distance when
     /// `r` would answer the request (within its threshold), so that the standby is only
     /// searched for something nearer still, or (`StandbySearch::ActiveFirst`) not at all.
+    /// No candidate farther than `reach` (exact distance) could serve: every generation
+    /// may stop there (infinite: no such limit).
+    #[allow(clippy::too_many_arguments)]
     pub fn candidates(
         &self,
         q: &[f32],
@@ -163,6 +166,7 @@ impl FilterSet {
         accept: &dyn Fn(RepId) -> bool,
         serves: &mut dyn FnMut(RepId) -> Option<f32>,
         mode: StandbySearch,
+        reach: f32,
         out: &mut Vec<RepId>,
     ) {
         // The standby generation only matters where it holds something nearer than the
@@ -170,7 +174,8 @@ impl FilterSet {
         // searched with that bound, a query answered from the active generation costs
         // the standby its descent and a few expansions. (Distances here are the index's
         // own; the slack covers the graph's int8 codes.)
-        let mut bound = f32::INFINITY;
+        let reach = index_slack(reach);
+        let mut bound = reach;
         let gens = [
             Some(&self.active),
             Some(&self.standby),
@@ -182,11 +187,10 @@ impl FilterSet {
             };
             // The draining generation is searched whole: its survivors are live entries
             // whose only place is there until they migrate.
-            let limit = if i == 2 { f32::INFINITY } else { bound };
+            let limit = if i == 2 { reach } else { bound };
             let found = gen.search_bounded(q, n, accept, limit);
-            let slack = |d: f32| d + 0.25 * d.abs() + 1e-6;
             if found.len() >= n {
-                bound = bound.min(slack(found[n - 1].1));
+                bound = bound.min(index_slack(found[n - 1].1));
             }
             if i == 0 {
                 // The nearest serving candidate of the active generation: the standby
@@ -197,7 +201,7 @@ impl FilterSet {
                     .reduce(f32::min);
                 let active_serves = best.is_some();
                 if let Some(d) = best {
-                    bound = bound.min(slack(d));
+                    bound = bound.min(index_slack(d));
                 }
                 if active_serves && mode == StandbySearch::ActiveFirst {
                     out.extend(found.into_iter().map(|(r, _)| r));
@@ -207,6 +211,12 @@ impl FilterSet {
             out.extend(found.into_iter().map(|(r, _)| r));
         }
     }
+}
+
+/// An exact distance as a bound on the index's own distances (the graph's int8 codes
+/// are off by a few percent; infinity stays infinite).
+fn index_slack(d: f32) -> f32 {
+    d + 0.25 * d.abs() + 1e-6
 }
 
 /// Counters for STATS and tests.
@@ -524,8 +534,10 @@ impl DualFilter {
             let v = self.vector(r).filter(|_| n == 1)?;
             Some(self.metric.distance(q, v))
         };
-        self.published
-            .read(|set| set.candidates(q, n, &live, &mut serves, StandbySearch::Nearest, &mut ids));
+        self.published.read(|set| {
+            let mode = StandbySearch::Nearest;
+            set.candidates(q, n, &live, &mut serves, mode, f32::INFINITY, &mut ids)
+        });
         let mut out: Vec<(RepId, f32)> = ids
             .into_iter()
             .map(|r| {
@@ -542,10 +554,13 @@ impl DualFilter {
     /// The insert fast path's representative: the nearest one over every generation
     /// (`StandbySearch::Nearest`), or the active generation's nearest when `takes` it
     /// (`ActiveFirst`; older generations are searched only otherwise). With its exact
-    /// distance; whether it takes the vector is the caller's to check.
+    /// distance; whether it takes the vector is the caller's to check. `reach`: the
+    /// largest distance at which any representative could take it (the largest `maxD`):
+    /// the searches stop there, and none farther is returned.
     pub fn nearest_taker(
         &self,
         q: &[f32],
+        reach: f32,
         takes: &dyn Fn(RepId, f32) -> bool,
     ) -> Option<(RepId, f32)> {
         let mode = self.standby_search;
@@ -557,12 +572,13 @@ impl DualFilter {
             (mode == StandbySearch::Nearest || takes(r, d)).then_some(d)
         };
         self.published
-            .read(|set| set.candidates(q, 1, &live, &mut serves, mode, &mut ids));
+            .read(|set| set.candidates(q, 1, &live, &mut serves, mode, reach, &mut ids));
         ids.into_iter()
             .map(|r| {
                 let v = self.vector(r).expect("accepted reps are live");
                 (r, self.metric.distance(q, v))
             })
+            .filter(|&(_, d)| d <= reach)
             .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
     }
 
@@ -871,13 +887,21 @@ mod tests {
                 f.insert(7, v(29.0));
                 let q = [30.5, 0.0];
                 // The fast path's representative: 3 is nearer, 7 is the newer one.
-                let got = f.nearest_taker(&q, &|_, _| true).map(|x| x.0);
+                let got = f
+                    .nearest_taker(&q, f32::INFINITY, &|_, _| true)
+                    .map(|x| x.0);
                 let want = if mode == StandbySearch::Nearest { 3 } else { 7 };
                 assert_eq!(got, Some(want), "{kind:?} {mode:?}");
                 // When the active generation's candidate does not take it, the standby
                 // is searched in both modes.
-                let got = f.nearest_taker(&q, &|r, _| r != 7).map(|x| x.0);
+                let got = f
+                    .nearest_taker(&q, f32::INFINITY, &|r, _| r != 7)
+                    .map(|x| x.0);
                 assert_eq!(got, Some(3), "{kind:?} {mode:?}");
+                // Nothing farther than the reach (3 is 0.25 away, 7 2.25).
+                assert_eq!(f.nearest_taker(&q, 0.2, &|_, _| true), None);
+                let got = f.nearest_taker(&q, 1.0, &|r, _| r != 7);
+                assert_eq!(got, Some((3, 0.25)), "{kind:?} {mode:?}");
                 // A lookup's candidates: the standby's only when the active's does not serve.
                 for (active_serves, want) in [(true, mode == StandbySearch::Nearest), (false, true)]
                 {
@@ -887,8 +911,9 @@ mod tests {
                         let d = Metric::L2Sq.distance(&q, &v(x));
                         (active_serves || r != 7).then_some(d)
                     };
-                    f.published()
-                        .read(|set| set.candidates(&q, 1, &|_| true, &mut serves, mode, &mut ids));
+                    f.published().read(|set| {
+                        set.candidates(&q, 1, &|_| true, &mut serves, mode, f32::INFINITY, &mut ids)
+                    });
                     assert_eq!(ids.contains(&3), want, "{kind:?} {mode:?} {active_serves}");
                     assert!(ids.contains(&7));
                 }
