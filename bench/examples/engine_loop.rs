@@ -7,12 +7,13 @@
 //! cargo build --release -p bench --example engine_loop
 //! OP=approximate DIM=768 perf record -D 8000 target/release/examples/engine_loop
 //! ```
-//! OP: exact | approximate | insert | admit | delete; DIM (768), REPS (100000),
+//! OP: exact | approximate | fresh | insert | admit | delete; DIM (768), REPS (100000),
 //! ITERS (200000), CHURN (0: admissions past REPS before the loop, for the steady state
 //! of a full cache), AKER_BENCH_STANDBY (active_first, akerd's default, or nearest).
-//! `approximate` times near copies of random cached queries (misses
-//! included: it reports the share that hit); `delete` refills the cache untimed and
-//! prints the mean of the timed deletes alone.
+//! `approximate` times near copies of random cached queries (misses included: it reports
+//! the share that hit); `fresh` admits a new query, then looks up a near copy of it (the
+//! lookups alone are timed too); `delete` refills the cache untimed and prints the mean
+//! of the timed deletes alone.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -90,6 +91,16 @@ fn main() {
                 hits +=
                     matches!(got, Lookup::Hit(ref h) if h.kind == HitKind::Approximate) as usize;
             }
+            "fresh" => {
+                // Approximate hits on just-admitted entries (the bench's fresh row): the
+                // admission is untimed, the lookup of a near copy timed.
+                let q = near(&admit(&mut cache, &mut rng));
+                let t = Instant::now();
+                let got = cache.lookup(&q, K).expect("valid");
+                timed += t.elapsed();
+                hits +=
+                    matches!(got, Lookup::Hit(ref h) if h.kind == HitKind::Approximate) as usize;
+            }
             "insert" => {
                 inserted += 1;
                 let v: Arc<[f32]> = Arc::from(near(&queries[i % n]));
@@ -107,12 +118,18 @@ fn main() {
                 black_box(cache.delete(victim));
                 timed += t.elapsed();
             }
-            other => panic!("OP {other}: exact | approximate | insert | admit | delete"),
+            other => panic!("OP {other}: exact | approximate | fresh | insert | admit | delete"),
         }
     }
     let per_op_us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
     eprintln!("{op}: {per_op_us:.2} µs per op over {iters}");
-    if op == "approximate" {
+    if op == "fresh" {
+        eprintln!(
+            "  timed lookups alone: {:.2} µs each",
+            timed.as_secs_f64() * 1e6 / iters as f64
+        );
+    }
+    if op == "approximate" || op == "fresh" {
         eprintln!(
             "  approximate hits: {:.1}%",
             hits as f64 / iters as f64 * 100.0

@@ -201,8 +201,14 @@ impl CacheReader {
         let mut exact: Vec<(RepId, f32)> = Vec::with_capacity(n);
         let mut serves = |r: RepId| {
             let view = reps.get(&r)?;
-            let d = self.cfg.metric.distance(q, &view.query);
-            exact.push((r, d));
+            let d = match exact.iter().find(|e| e.0 == r) {
+                Some(e) => e.1,
+                None => {
+                    let d = self.cfg.metric.distance(q, &view.query);
+                    exact.push((r, d));
+                    d
+                }
+            };
             (d < self.policy.threshold(view)).then_some(d)
         };
         let mode = self.cfg.standby_search;

@@ -66,6 +66,9 @@ const ROW_LEVEL: usize = 4;
 const ROW_FIRST_UPPER: usize = 5;
 /// Layer-0 expansions a bounded search makes before the bound may stop it.
 const BOUNDED_MIN_EXPANSIONS: usize = 4;
+/// Most candidates one search offers its caller (`search_layer`): each costs the caller
+/// an exact distance, and a search that finds nothing serving keeps changing its nearest.
+const SERVING_OFFERS_MAX: usize = 3;
 
 /// Append-only array of `stride`-wide items of atomics, in chunks that never move.
 struct SegVec<T> {
@@ -407,6 +410,8 @@ impl GraphIndex {
 
     /// Approximate distance from a probe to a node's code (see the module docs).
     fn dist(&self, q: &Probe, node: u32) -> f32 {
+        #[cfg(test)]
+        tests::DISTANCES.with(|c| c.set(c.get() + 1));
         let row = self.row(node);
         let (scale, norm) = Self::row_scale_norm(row);
         let dot = q.scale
@@ -473,19 +478,34 @@ impl GraphIndex {
     }
 
     /// Beam search of `how.ef` on `how.layer` from `entries`; leaves the best in
-    /// `s.best` (a max-heap).
-    fn search_layer(&self, s: &mut Scratch, q: &Probe, entries: &[Cand], how: LayerSearch) {
+    /// `s.best` (a max-heap). With `serves`, the nearest node found so far is offered to
+    /// it once the search has expanded a few nodes (and again each time another node
+    /// takes its place); a node that serves, at exact distance d, bounds the rest of the
+    /// search to what lies nearer than d. Returns the final bound and the serving node.
+    fn search_layer(
+        &self,
+        s: &mut Scratch,
+        q: &Probe,
+        entries: &[Cand],
+        how: LayerSearch,
+        mut serves: Option<&mut dyn FnMut(u32) -> Option<f32>>,
+    ) -> (f32, Option<u32>) {
         let LayerSearch {
             ef,
             layer,
             limit,
-            bound,
+            mut bound,
         } = how;
+        let (mut nearest, mut offered, mut served) = (None::<Cand>, None::<u32>, None::<u32>);
+        let mut offers = 0;
         s.begin(limit as usize);
         for &e in entries {
             if s.visit(e.node) {
                 s.frontier.push(Reverse(e));
                 s.best.push(e);
+                if nearest.is_none_or(|n| e < n) {
+                    nearest = Some(e);
+                }
             }
         }
         while s.best.len() > ef {
@@ -501,8 +521,22 @@ impl GraphIndex {
             // Past the caller's bound nothing found can be used: stop once the nearest
             // unexpanded node lies beyond it, after a few expansions (the walk from the
             // descent's end to a node within the bound may pass farther nodes).
-            if expanded >= BOUNDED_MIN_EXPANSIONS && c.dist > bound {
-                break;
+            if expanded >= BOUNDED_MIN_EXPANSIONS {
+                if let (Some(serves), Some(n)) = (serves.as_mut(), nearest) {
+                    // After a few expansions the nearest found is usually where the
+                    // walk settles: fewer than one offer per search on average.
+                    if offered != Some(n.node) && offers < SERVING_OFFERS_MAX {
+                        offered = Some(n.node);
+                        offers += 1;
+                        if let Some(d) = serves(n.node) {
+                            bound = bound.min(super::index_slack(d));
+                            served = Some(n.node);
+                        }
+                    }
+                }
+                if c.dist > bound {
+                    break;
+                }
             }
             expanded += 1;
             let list = self.links(c.node, layer);
@@ -525,6 +559,9 @@ impl GraphIndex {
                     let cand = Cand { dist: d, node: nb };
                     s.frontier.push(Reverse(cand));
                     s.best.push(cand);
+                    if nearest.is_none_or(|n| cand < n) {
+                        nearest = Some(cand);
+                    }
                     if s.best.len() > ef {
                         s.best.pop();
                     }
@@ -532,13 +569,22 @@ impl GraphIndex {
             }
             s.batch = batch;
         }
+        (bound, served)
     }
 
     /// The `ef` nodes nearest `q` found by the full descent, ascending.
-    fn knn(&self, s: &mut Scratch, q: &Probe, ef: usize, bound: f32) -> Vec<Cand> {
+    /// Also returns the final bound and the node that served (`search_layer`).
+    fn knn(
+        &self,
+        s: &mut Scratch,
+        q: &Probe,
+        ef: usize,
+        bound: f32,
+        serves: Option<&mut dyn FnMut(u32) -> Option<f32>>,
+    ) -> (Vec<Cand>, f32, Option<u32>) {
         let entry = self.entry.load(Ordering::Acquire);
         if entry == EMPTY {
-            return Vec::new();
+            return (Vec::new(), bound, None);
         }
         // Acquire on `entry` then `len`: the entry node is below `limit`.
         let limit = self.len.load(Ordering::Acquire);
@@ -556,12 +602,12 @@ impl GraphIndex {
             limit,
             bound,
         };
-        self.search_layer(s, q, &[cur], how);
+        let (bound, served) = self.search_layer(s, q, &[cur], how, serves);
         // drain() keeps the heap's buffer for the next search on this thread.
         let mut out: Vec<Cand> = s.best.drain().collect();
         out.sort_unstable();
         out.truncate(ef);
-        out
+        (out, bound, served)
     }
 
     fn draw_level(&self) -> u32 {
@@ -711,7 +757,7 @@ impl FilterIndex for GraphIndex {
                     limit,
                     bound: f32::INFINITY,
                 };
-                self.search_layer(s, v, &entries, how);
+                self.search_layer(s, v, &entries, how, None);
                 let mut found: Vec<Cand> = s.best.drain().collect();
                 found.sort_unstable();
                 let max = if layer == 0 { self.m0 } else { self.m };
@@ -750,7 +796,8 @@ impl FilterIndex for GraphIndex {
         let probe = quantized.probe();
         if bound < f32::INFINITY {
             // One pass: what lies past the bound is not wanted, so never widen.
-            let found = with_scratch(|s| self.knn(s, &probe, self.ef_search.max(n), bound));
+            let (found, ..) =
+                with_scratch(|s| self.knn(s, &probe, self.ef_search.max(n), bound, None));
             return found
                 .iter()
                 .filter(|c| c.dist <= bound)
@@ -760,11 +807,57 @@ impl FilterIndex for GraphIndex {
                 .collect();
         }
         super::post_filtered(n, self.ef_search, 2, accept, |ef| {
-            with_scratch(|s| self.knn(s, &probe, ef, f32::INFINITY))
+            with_scratch(|s| self.knn(s, &probe, ef, f32::INFINITY, None).0)
                 .iter()
                 .map(|c| (self.rep(c.node), c.dist))
                 .collect()
         })
+    }
+
+    fn search_serving(
+        &self,
+        q: &[f32],
+        n: usize,
+        accept: &dyn Fn(RepId) -> bool,
+        serves: &mut dyn FnMut(RepId) -> Option<f32>,
+        bound: f32,
+    ) -> Vec<(RepId, f32)> {
+        if n == 0 || q.len() != self.dim {
+            return Vec::new();
+        }
+        let quantized = Quantized::new(q);
+        let probe = quantized.probe();
+        let mut offer = |node: u32| {
+            let r = self.rep(node);
+            if accept(r) {
+                serves(r)
+            } else {
+                None
+            }
+        };
+        let (found, bound, served) =
+            with_scratch(|s| self.knn(s, &probe, self.ef_search.max(n), bound, Some(&mut offer)));
+        if served.is_none() && bound == f32::INFINITY {
+            // Nothing served and nothing bounded the search: the plain search (which
+            // widens past tombstones) from here.
+            let out: Vec<(RepId, f32)> = found
+                .iter()
+                .map(|c| (self.rep(c.node), c.dist))
+                .filter(|(r, _)| accept(*r))
+                .take(n)
+                .collect();
+            if out.len() >= n {
+                return out;
+            }
+            return self.search_bounded(q, n, accept, f32::INFINITY);
+        }
+        found
+            .iter()
+            .filter(|c| c.dist <= bound || Some(c.node) == served)
+            .map(|c| (self.rep(c.node), c.dist))
+            .filter(|(r, _)| accept(*r))
+            .take(n)
+            .collect()
     }
 
     fn len(&self) -> usize {
@@ -775,6 +868,18 @@ impl FilterIndex for GraphIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Distances this thread's searches computed (`GraphIndex::dist`).
+        pub(super) static DISTANCES: Cell<usize> = const { Cell::new(0) };
+    }
+
+    fn distances_during<R>(f: impl FnOnce() -> R) -> (R, usize) {
+        let before = DISTANCES.with(Cell::get);
+        let r = f();
+        (r, DISTANCES.with(Cell::get) - before)
+    }
 
     fn lcg(seed: &mut u64) -> f32 {
         *seed = seed
@@ -824,6 +929,72 @@ mod tests {
             hits += (got[0].0 == truth) as usize;
         }
         assert!(hits >= 190, "recall@1 {hits}/200");
+    }
+
+    /// The search that offers candidates (`search_serving`): a serving point near the
+    /// query ends it early and is returned; with nothing serving it returns what the
+    /// plain search does; tombstones (not accepted) are never offered.
+    #[test]
+    fn a_serving_candidate_ends_the_search_early() {
+        let dim = 16;
+        let mut seed = 3;
+        let g = GraphIndex::new(Metric::L2Sq, dim, 8, 64, 16);
+        let pts: Vec<Vec<f32>> = (0..5000)
+            .map(|_| (0..dim).map(|_| lcg(&mut seed)).collect())
+            .collect();
+        for (i, p) in pts.iter().enumerate() {
+            g.insert(i as RepId, p);
+        }
+        let (mut found_self, mut plain_self, mut offers_max, mut offers_sum) = (0, 0, 0, 0);
+        let (mut served_cost, mut plain_cost) = (0, 0);
+        for i in 0..300usize {
+            let mut q = pts[i * 7].clone();
+            q[0] = q[0].next_up();
+            let exact = |r: RepId| Metric::L2Sq.distance(&q, &pts[r as usize]);
+            // Every point within 0.05 serves; odd ids are tombstones.
+            let accept = |r: RepId| r % 2 == 0;
+            let mut offered = Vec::new();
+            let mut serves = |r: RepId| {
+                offered.push(r);
+                Some(exact(r)).filter(|&d| d < 0.05)
+            };
+            let (got, cost) =
+                distances_during(|| g.search_serving(&q, 2, &accept, &mut serves, f32::INFINITY));
+            assert!(offered.iter().all(|&r| accept(r)), "a tombstone offered");
+            offers_max = offers_max.max(offered.len());
+            offers_sum += offered.len();
+            let (plain, plain_distances) = distances_during(|| g.search(&q, 2, &accept));
+            plain_self += (plain.first().map(|x| x.0) == Some((i * 7) as RepId)) as usize;
+            if got.first().is_some_and(|&(r, _)| exact(r) < 0.05) {
+                found_self += (got[0].0 == (i * 7) as RepId) as usize;
+                (served_cost, plain_cost) = (served_cost + cost, plain_cost + plain_distances);
+                // Nothing the plain search found nearer than the answer is missed
+                // (the early stop keeps what lies nearer than a serving candidate).
+                let best = got[0].1;
+                assert!(
+                    plain
+                        .iter()
+                        .all(|&(r, d)| d >= best || got.iter().any(|g| g.0 == r)),
+                    "{got:?} vs {plain:?}"
+                );
+            } else {
+                assert_eq!(got, plain, "nothing served: the plain search's answer");
+            }
+        }
+        assert!(
+            found_self >= 135 && found_self + 3 >= plain_self,
+            "even points found themselves {found_self}/150 (plain search {plain_self})"
+        );
+        assert!(
+            offers_max <= SERVING_OFFERS_MAX,
+            "{offers_max} offers in a search"
+        );
+        assert!(offers_sum <= 300, "{offers_sum} offers in 300 searches");
+        // Where something served, the search ended early.
+        assert!(
+            served_cost * 10 < plain_cost * 8,
+            "{served_cost} distances against {plain_cost} for the plain searches"
+        );
     }
 
     #[test]

@@ -79,6 +79,22 @@ pub trait FilterIndex: Send + Sync {
         let _ = bound;
         self.search(q, n, accept)
     }
+    /// As `search_bounded`, for a caller that wants the nearest candidate that serves
+    /// (`serves(r)`: its exact distance when `r` would answer): an index may offer
+    /// candidates to `serves` while it searches and stop once nothing nearer than a
+    /// serving one can turn up. Whatever it offered may be offered again by the caller.
+    /// The default searches as `search_bounded` and offers nothing.
+    fn search_serving(
+        &self,
+        q: &[f32],
+        n: usize,
+        accept: &dyn Fn(RepId) -> bool,
+        serves: &mut dyn FnMut(RepId) -> Option<f32>,
+        bound: f32,
+    ) -> Vec<(RepId, f32)> {
+        let _ = serves;
+        self.search_bounded(q, n, accept, bound)
+    }
     /// Points inserted, tombstoned ones included.
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
@@ -188,7 +204,9 @@ impl FilterSet {
             // The draining generation is searched whole: its survivors are live entries
             // whose only place is there until they migrate.
             let limit = if i == 2 { reach } else { bound };
-            let found = gen.search_bounded(q, n, accept, limit);
+            // Each generation stops once it has found a candidate that serves and
+            // nothing nearer can turn up (`search_serving`).
+            let found = gen.search_serving(q, n, accept, serves, limit);
             if found.len() >= n {
                 bound = bound.min(index_slack(found[n - 1].1));
             }
@@ -215,7 +233,7 @@ impl FilterSet {
 
 /// An exact distance as a bound on the index's own distances (the graph's int8 codes
 /// are off by a few percent; infinity stays infinite).
-fn index_slack(d: f32) -> f32 {
+pub(crate) fn index_slack(d: f32) -> f32 {
     d + 0.25 * d.abs() + 1e-6
 }
 
