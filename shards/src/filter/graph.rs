@@ -952,7 +952,7 @@ mod tests {
             q[0] = q[0].next_up();
             let exact = |r: RepId| Metric::L2Sq.distance(&q, &pts[r as usize]);
             // Every point within 0.05 serves; odd ids are tombstones.
-            let accept = |r: RepId| r % 2 == 0;
+            let accept = |r: RepId| r & 1 == 0;
             let mut offered = Vec::new();
             let mut serves = |r: RepId| {
                 offered.push(r);
