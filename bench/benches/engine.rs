@@ -609,6 +609,13 @@ fn scaling(f: Fixture) -> Fixture {
                 // find in this fixture's graph).
                 let mut pools: Vec<Vec<Vec<f32>>> = vec![vec![]; 2 * approximate as usize];
                 let mut c = owner.lock().unwrap();
+                if threads == 1 {
+                    // One filter generation for both runs (the table's state): empty a
+                    // standby left by an earlier rotation, as an idle owner would. A
+                    // rotation from here to the end of the round has it redone.
+                    while c.maintain(4096) > 0 {}
+                    rotations_before = c.stats().filter.rotations;
+                }
                 while pools.iter().any(|p| p.len() < SCALING_POOL) {
                     for pool in pools.iter_mut().filter(|p| p.len() < SCALING_POOL) {
                         let (more, (tried, hit)) = fresh_approximate_hits(
@@ -622,9 +629,6 @@ fn scaling(f: Fixture) -> Fixture {
                         assert!(hit > 0, "none of {tried} fresh queries' near copies hit");
                         pool.extend(more);
                     }
-                }
-                if threads == 1 {
-                    rotations_before = c.stats().filter.rotations;
                 }
                 drop(c);
                 if threads == 1 && approximate {

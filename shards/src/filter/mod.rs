@@ -18,7 +18,10 @@
 //!   idle owner time, nothing draining ──► move the standby's live entries into the
 //!             active one (newest first), so that it empties sooner
 //!   lookup ──► search every generation of the published FilterSet, nearest first;
-//!             the standby only for what is nearer than the active one's answer
+//!             the standby only for what is nearer than the active one's answer, or
+//!             (StandbySearch::ActiveFirst, akerd's default) only when the active one
+//!             has no candidate that serves; each search ends early once it has found
+//!             a candidate that serves (FilterIndex::search_serving)
 //! ```
 //!
 //! Two generations are searched from a rotation until the standby is empty: under FIFO
