@@ -208,13 +208,14 @@ fn timed(c: &mut Criterion, f: &mut Fixture, label: &str, prepare: fn(&mut Fixtu
     // them in the standby): checked untimed, then another near copy timed
     // (`aged_approximate_hits`). Nothing here admits, so the state holds.
     let live: Vec<Arc<[f32]>> = f.cache.representatives().map(|r| r.query.clone()).collect();
+    let mut uses = vec![0u8; live.len()];
     let (mut aged_checked, mut aged_not_approximate) = ((0usize, 0usize), 0usize);
     g.bench_function(BenchmarkId::new("approximate_hit_aged", dim), |b| {
         b.iter_custom(|iters| {
             time_approximate_hits(
                 f,
                 iters,
-                |f| aged_approximate_hits(f, &live, 1024),
+                |f| aged_approximate_hits(f, &live, &mut uses, 1024),
                 &mut aged_checked,
                 &mut aged_not_approximate,
             )
@@ -401,14 +402,20 @@ fn time_approximate_hits(
     total
 }
 
+/// Draws of one entry by `aged_approximate_hits`: two hits each (check, timed copy) of
+/// the ~20 its `τ` allows, leaving room for the other rows' lookups.
+const AGED_USES_MAX: u8 = 6;
+
 /// Near copies of `entries` live representatives drawn at random that were approximate
 /// hits when checked (untimed; one of their ~20 hits spent), each as another near copy
 /// (a distinct key), in the order checked: a timed lookup comes ~`entries` lookups after
-/// its entry's check, so caches are about as cold as for a fresh request. Returns the
+/// its entry's check, so caches are about as cold as for a fresh request. An entry is
+/// drawn at most `AGED_USES_MAX` times (`uses`), so `τ` is never spent. Returns the
 /// inputs and (tried, hit) counts.
 fn aged_approximate_hits(
     f: &mut Fixture,
     live: &[Arc<[f32]>],
+    uses: &mut [u8],
     entries: usize,
 ) -> (Vec<Vec<f32>>, (usize, usize)) {
     let near = |q: &[f32], j: usize| -> Vec<f32> {
@@ -420,7 +427,12 @@ fn aged_approximate_hits(
     let (mut out, mut tried) = (Vec::with_capacity(entries), 0usize);
     while out.len() < entries && tried < 64 * entries {
         tried += 1;
-        let q = &live[f.rng.gen_range(0..live.len())];
+        let i = f.rng.gen_range(0..live.len());
+        if uses[i] >= AGED_USES_MAX {
+            continue;
+        }
+        uses[i] += 1;
+        let q = &live[i];
         let j = f.rng.gen_range(0..q.len());
         if matches!(f.cache.lookup(&near(q, j), K), Ok(Lookup::Hit(ref h)) if h.kind == HitKind::Approximate)
         {
@@ -429,7 +441,8 @@ fn aged_approximate_hits(
     }
     assert!(
         !out.is_empty(),
-        "no live entry's near copy was an approximate hit"
+        "no live entry's near copy was an approximate hit, or every entry was drawn \
+         {AGED_USES_MAX} times (a small AKER_BENCH_REPS)"
     );
     let hit = out.len();
     (out, (tried, hit))

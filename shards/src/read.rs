@@ -24,7 +24,7 @@ use crate::entry::{RepId, RepView};
 use crate::epoch::EpochCell;
 use crate::error::{validate_k, validate_vector, Result};
 use crate::exact_table::{QueryKey, Slot};
-use crate::filter::FilterSet;
+use crate::filter::{CandidateSearch, FilterSet};
 use crate::hash::SharedMap;
 use crate::policy::HitPolicy;
 
@@ -211,9 +211,12 @@ impl CacheReader {
             };
             (d < self.policy.threshold(view)).then_some(d)
         };
-        let mode = self.cfg.standby_search;
+        let want = CandidateSearch {
+            mode: self.cfg.standby_search,
+            ..CandidateSearch::nearest(n)
+        };
         self.filter
-            .read(|set| set.candidates(q, n, &same_k, &mut serves, mode, f32::INFINITY, &mut ids));
+            .read(|set| set.candidates(q, want, &same_k, &mut serves, &mut ids));
         let mut cands: Vec<(f32, RepId, &RepView)> = Vec::with_capacity(ids.len());
         for r in ids {
             if let Some(view) = reps.get(&r) {

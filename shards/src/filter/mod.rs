@@ -161,6 +161,29 @@ pub fn new_index(
     }
 }
 
+/// What a caller of `FilterSet::candidates` wants besides the vector.
+#[derive(Clone, Copy, Debug)]
+pub struct CandidateSearch {
+    /// Candidates per generation.
+    pub n: usize,
+    /// Which generations answer while there are two.
+    pub mode: StandbySearch,
+    /// No candidate farther than this (exact distance) could serve: every generation may
+    /// stop there (infinite: no such limit).
+    pub reach: f32,
+}
+
+impl CandidateSearch {
+    /// `n` per generation, ALGORITHM.md's rule, no reach.
+    pub fn nearest(n: usize) -> Self {
+        CandidateSearch {
+            n,
+            mode: StandbySearch::Nearest,
+            reach: f32::INFINITY,
+        }
+    }
+}
+
 /// What readers search: the current generations.
 pub struct FilterSet {
     active: Arc<dyn FilterIndex>,
@@ -175,19 +198,15 @@ impl FilterSet {
     /// the caller's own test of an active-generation candidate: its exact distance when
     /// `r` would answer the request (within its threshold), so that the standby is only
     /// searched for something nearer still, or (`StandbySearch::ActiveFirst`) not at all.
-    /// No candidate farther than `reach` (exact distance) could serve: every generation
-    /// may stop there (infinite: no such limit).
-    #[allow(clippy::too_many_arguments)]
     pub fn candidates(
         &self,
         q: &[f32],
-        n: usize,
+        want: CandidateSearch,
         accept: &dyn Fn(RepId) -> bool,
         serves: &mut dyn FnMut(RepId) -> Option<f32>,
-        mode: StandbySearch,
-        reach: f32,
         out: &mut Vec<RepId>,
     ) {
+        let CandidateSearch { n, mode, reach } = want;
         // The standby generation only matters where it holds something nearer than the
         // active one's n-th candidate, or than its nearest candidate that serves:
         // searched with that bound, a query answered from the active generation costs
@@ -555,10 +574,9 @@ impl DualFilter {
             let v = self.vector(r).filter(|_| n == 1)?;
             Some(self.metric.distance(q, v))
         };
-        self.published.read(|set| {
-            let mode = StandbySearch::Nearest;
-            set.candidates(q, n, &live, &mut serves, mode, f32::INFINITY, &mut ids)
-        });
+        let want = CandidateSearch::nearest(n);
+        self.published
+            .read(|set| set.candidates(q, want, &live, &mut serves, &mut ids));
         let mut out: Vec<(RepId, f32)> = ids
             .into_iter()
             .map(|r| {
@@ -592,8 +610,9 @@ impl DualFilter {
             // Nearest: every candidate bounds the older generations' search.
             (mode == StandbySearch::Nearest || takes(r, d)).then_some(d)
         };
+        let want = CandidateSearch { n: 1, mode, reach };
         self.published
-            .read(|set| set.candidates(q, 1, &live, &mut serves, mode, reach, &mut ids));
+            .read(|set| set.candidates(q, want, &live, &mut serves, &mut ids));
         ids.into_iter()
             .map(|r| {
                 let v = self.vector(r).expect("accepted reps are live");
@@ -933,7 +952,11 @@ mod tests {
                         (active_serves || r != 7).then_some(d)
                     };
                     f.published().read(|set| {
-                        set.candidates(&q, 1, &|_| true, &mut serves, mode, f32::INFINITY, &mut ids)
+                        let want = CandidateSearch {
+                            mode,
+                            ..CandidateSearch::nearest(1)
+                        };
+                        set.candidates(&q, want, &|_| true, &mut serves, &mut ids)
                     });
                     assert_eq!(ids.contains(&3), want, "{kind:?} {mode:?} {active_serves}");
                     assert!(ids.contains(&7));
