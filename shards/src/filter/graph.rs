@@ -610,6 +610,63 @@ impl GraphIndex {
         (out, bound, served)
     }
 
+    /// `search_bounded` and `search_serving`: one pass under a bound (given, or set by a
+    /// node that serves), never widened, keeping what lies within it and the serving
+    /// node; without either, the plain search that widens past tombstones (reusing a
+    /// pass that offered nothing when it found enough).
+    fn search_with(
+        &self,
+        q: &[f32],
+        n: usize,
+        accept: &dyn Fn(RepId) -> bool,
+        bound: f32,
+        serves: Option<&mut dyn FnMut(RepId) -> Option<f32>>,
+    ) -> Vec<(RepId, f32)> {
+        if n == 0 || q.len() != self.dim {
+            return Vec::new();
+        }
+        let quantized = Quantized::new(q);
+        let probe = quantized.probe();
+        let kept = |found: &[Cand], bound: f32, served: Option<u32>| -> Vec<(RepId, f32)> {
+            found
+                .iter()
+                .filter(|c| c.dist <= bound || Some(c.node) == served)
+                .map(|c| (self.rep(c.node), c.dist))
+                .filter(|(r, _)| accept(*r))
+                .take(n)
+                .collect()
+        };
+        let ef = self.ef_search.max(n);
+        if let Some(serves) = serves {
+            let mut offer = |node: u32| {
+                let r = self.rep(node);
+                if accept(r) {
+                    serves(r)
+                } else {
+                    None
+                }
+            };
+            let (found, bound, served) =
+                with_scratch(|s| self.knn(s, &probe, ef, bound, Some(&mut offer)));
+            if served.is_some() || bound < f32::INFINITY {
+                return kept(&found, bound, served);
+            }
+            let out = kept(&found, bound, None);
+            if out.len() >= n {
+                return out;
+            }
+        } else if bound < f32::INFINITY {
+            let (found, ..) = with_scratch(|s| self.knn(s, &probe, ef, bound, None));
+            return kept(&found, bound, None);
+        }
+        super::post_filtered(n, self.ef_search, 2, accept, |ef| {
+            with_scratch(|s| self.knn(s, &probe, ef, f32::INFINITY, None).0)
+                .iter()
+                .map(|c| (self.rep(c.node), c.dist))
+                .collect()
+        })
+    }
+
     fn draw_level(&self) -> u32 {
         let mut x = self.rng.load(Ordering::Relaxed);
         x ^= x >> 12;
@@ -789,29 +846,7 @@ impl FilterIndex for GraphIndex {
         accept: &dyn Fn(RepId) -> bool,
         bound: f32,
     ) -> Vec<(RepId, f32)> {
-        if n == 0 || q.len() != self.dim {
-            return Vec::new();
-        }
-        let quantized = Quantized::new(q);
-        let probe = quantized.probe();
-        if bound < f32::INFINITY {
-            // One pass: what lies past the bound is not wanted, so never widen.
-            let (found, ..) =
-                with_scratch(|s| self.knn(s, &probe, self.ef_search.max(n), bound, None));
-            return found
-                .iter()
-                .filter(|c| c.dist <= bound)
-                .map(|c| (self.rep(c.node), c.dist))
-                .filter(|(r, _)| accept(*r))
-                .take(n)
-                .collect();
-        }
-        super::post_filtered(n, self.ef_search, 2, accept, |ef| {
-            with_scratch(|s| self.knn(s, &probe, ef, f32::INFINITY, None).0)
-                .iter()
-                .map(|c| (self.rep(c.node), c.dist))
-                .collect()
-        })
+        self.search_with(q, n, accept, bound, None)
     }
 
     fn search_serving(
@@ -822,42 +857,7 @@ impl FilterIndex for GraphIndex {
         serves: &mut dyn FnMut(RepId) -> Option<f32>,
         bound: f32,
     ) -> Vec<(RepId, f32)> {
-        if n == 0 || q.len() != self.dim {
-            return Vec::new();
-        }
-        let quantized = Quantized::new(q);
-        let probe = quantized.probe();
-        let mut offer = |node: u32| {
-            let r = self.rep(node);
-            if accept(r) {
-                serves(r)
-            } else {
-                None
-            }
-        };
-        let (found, bound, served) =
-            with_scratch(|s| self.knn(s, &probe, self.ef_search.max(n), bound, Some(&mut offer)));
-        if served.is_none() && bound == f32::INFINITY {
-            // Nothing served and nothing bounded the search: the plain search (which
-            // widens past tombstones) from here.
-            let out: Vec<(RepId, f32)> = found
-                .iter()
-                .map(|c| (self.rep(c.node), c.dist))
-                .filter(|(r, _)| accept(*r))
-                .take(n)
-                .collect();
-            if out.len() >= n {
-                return out;
-            }
-            return self.search_bounded(q, n, accept, f32::INFINITY);
-        }
-        found
-            .iter()
-            .filter(|c| c.dist <= bound || Some(c.node) == served)
-            .map(|c| (self.rep(c.node), c.dist))
-            .filter(|(r, _)| accept(*r))
-            .take(n)
-            .collect()
+        self.search_with(q, n, accept, bound, Some(serves))
     }
 
     fn len(&self) -> usize {
@@ -899,17 +899,24 @@ mod tests {
         assert!(k < MAX_CHUNKS && off < chunk_items(k));
     }
 
-    #[test]
-    fn finds_the_true_nearest_almost_always() {
+    /// A graph (m 8, efc 64) of `n` uniform points in 16 dimensions, rep id = index.
+    fn random_graph(seed: &mut u64, n: usize, ef_search: usize) -> (GraphIndex, Vec<Vec<f32>>) {
         let dim = 16;
-        let mut seed = 7;
-        let g = GraphIndex::new(Metric::L2Sq, dim, 8, 64, 32);
-        let pts: Vec<Vec<f32>> = (0..3000)
-            .map(|_| (0..dim).map(|_| lcg(&mut seed)).collect())
+        let g = GraphIndex::new(Metric::L2Sq, dim, 8, 64, ef_search);
+        let pts: Vec<Vec<f32>> = (0..n)
+            .map(|_| (0..dim).map(|_| lcg(seed)).collect())
             .collect();
         for (i, p) in pts.iter().enumerate() {
             g.insert(i as RepId, p);
         }
+        (g, pts)
+    }
+
+    #[test]
+    fn finds_the_true_nearest_almost_always() {
+        let dim = 16;
+        let mut seed = 7;
+        let (g, pts) = random_graph(&mut seed, 3000, 32);
         assert_eq!(g.len(), 3000);
         let mut hits = 0;
         for _ in 0..200 {
@@ -936,15 +943,7 @@ mod tests {
     /// plain search does; tombstones (not accepted) are never offered.
     #[test]
     fn a_serving_candidate_ends_the_search_early() {
-        let dim = 16;
-        let mut seed = 3;
-        let g = GraphIndex::new(Metric::L2Sq, dim, 8, 64, 16);
-        let pts: Vec<Vec<f32>> = (0..5000)
-            .map(|_| (0..dim).map(|_| lcg(&mut seed)).collect())
-            .collect();
-        for (i, p) in pts.iter().enumerate() {
-            g.insert(i as RepId, p);
-        }
+        let (g, pts) = random_graph(&mut 3, 5000, 16);
         let (mut found_self, mut plain_self, mut offers_max, mut offers_sum) = (0, 0, 0, 0);
         let (mut served_cost, mut plain_cost) = (0, 0);
         for i in 0..300usize {
