@@ -48,6 +48,19 @@ impl<T> EpochCell<T> {
     }
 }
 
+impl<T> EpochCell<T> {
+    /// Frees every retired value now (tests: what readers' reclamation does at some
+    /// later point, made deterministic).
+    ///
+    /// # Safety
+    /// No thread may be inside `read` (seize's `reclaim_all`).
+    #[cfg(test)]
+    pub(crate) unsafe fn reclaim_all(&self) {
+        // SAFETY: forwarded contract.
+        unsafe { self.collector.reclaim_all() }
+    }
+}
+
 impl<T> Drop for EpochCell<T> {
     fn drop(&mut self) {
         // Safety: `&mut self`: no reader is left; retired values are freed by the

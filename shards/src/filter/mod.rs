@@ -12,8 +12,9 @@
 //!                                  draining  = old standby, while it has live entries
 //!   each filter write (insert, tombstone) and idle owner time ──► migrate: re-insert
 //!             one live entry of the draining generation into the active one (never
-//!             lost); once none is left the draining generation is dropped as soon as
-//!             no reader holds it (epochs)
+//!             lost); once none is left the draining generation is unpublished
+//!   every generation unpublished ──► freed by the owner once no retired FilterSet
+//!             holds it (DualFilter::reclaim: never inside a reader's lookup)
 //!   standby without live entries (FIFO evicted them all) ──► dropped at once
 //!   idle owner time, nothing draining ──► move the standby's live entries into the
 //!             active one (newest first), so that it empties sooner
@@ -328,6 +329,11 @@ pub struct DualFilter {
     standby_moved: u64,
     rotations: u64,
     reinserted: u64,
+    /// Generations no longer published, kept until no retired `FilterSet` holds them
+    /// (`reclaim`): freeing a generation (a graph of a cache's worth of nodes) takes
+    /// milliseconds, and without this the last reference would often be the one a
+    /// reader's epoch reclamation drops, inside a lookup.
+    retired: Vec<Arc<dyn FilterIndex>>,
 }
 
 impl DualFilter {
@@ -363,7 +369,16 @@ impl DualFilter {
             standby_moved: 0,
             rotations: 0,
             reinserted: 0,
+            retired: Vec::new(),
         }
+    }
+
+    /// Frees the retired generations that no published or retired `FilterSet` holds
+    /// any more, here on the owner. Returns how many are still waiting.
+    pub fn reclaim(&mut self) -> usize {
+        // A count of 1 is ours alone: nothing can clone it again (it is unpublished).
+        self.retired.retain(|g| Arc::strong_count(g) > 1);
+        self.retired.len()
     }
 
     /// The cell readers search through.
@@ -377,6 +392,7 @@ impl DualFilter {
 
     pub fn insert(&mut self, rep: RepId, v: Arc<[f32]>) {
         debug_assert!(!self.contains(rep));
+        self.reclaim();
         self.active.insert(rep, &v);
         self.active_members.live.insert(rep, v);
         self.migrate(MIGRATIONS_PER_WRITE);
@@ -431,8 +447,9 @@ impl DualFilter {
         }
         self.reinserted += moved as u64;
         if d.members.live.is_empty() {
-            self.draining = None;
+            let done = self.draining.take().expect("draining").index;
             self.publish();
+            self.retired.push(done);
         }
         moved
     }
@@ -447,6 +464,7 @@ impl DualFilter {
 
     /// Tombstones `rep`, then rotates if tombstones outnumber live entries.
     pub fn remove(&mut self, rep: RepId) -> bool {
+        self.reclaim();
         let members = if self.standby_members.live.remove(&rep).is_some() {
             &mut self.standby_members
         } else if self.active_members.live.remove(&rep).is_some() {
@@ -486,16 +504,21 @@ impl DualFilter {
     /// cache's worth of admissions after a rotation): replaced by an empty one, so until
     /// the next rotation a lookup searches one generation.
     fn drop_dead_standby(&mut self) {
-        self.standby = new_index(self.kind, self.metric, self.dim, 16);
+        let dead = std::mem::replace(
+            &mut self.standby,
+            new_index(self.kind, self.metric, self.dim, 16),
+        );
         self.standby_members = Members::new();
         self.standby_queue = None;
         self.publish();
+        self.retired.push(dead);
     }
 
     /// Idle owner time (module docs): up to `max` re-inserts, draining survivors first,
     /// then the standby's live entries (each leaves a tombstone behind; the last one
     /// drops the standby). Returns how many moved; 0 when there is nothing to do.
     pub fn maintain(&mut self, max: usize) -> usize {
+        self.reclaim();
         let mut moved = self.migrate(max);
         if self.draining.is_some() {
             return moved;
@@ -559,9 +582,13 @@ impl DualFilter {
                 members: dropped,
                 queue,
             });
+            self.rotations += 1;
+            self.publish();
+        } else {
+            self.rotations += 1;
+            self.publish();
+            self.retired.push(dropped_index);
         }
-        self.rotations += 1;
-        self.publish();
     }
 
     /// Up to `n` accepted reps nearest to `q` over every generation, with exact
@@ -817,6 +844,75 @@ mod tests {
     /// FIFO after a rotation: entries of both generations stay findable; once the
     /// standby's last entry is evicted it is dropped at once (one generation searched);
     /// idle time moves the standby's entries over (newest first), then drops it.
+    #[test]
+    fn retired_generations_are_freed_by_the_owner() {
+        let mut f = DualFilter::new(FilterKind::default(), Metric::L2Sq, 2);
+        let mut seen: Vec<std::sync::Weak<dyn FilterIndex>> = Vec::new();
+        let published = |f: &DualFilter| -> Vec<*const ()> {
+            f.published.read(|s| {
+                [Some(&s.active), Some(&s.standby), s.draining.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .map(|g| Arc::as_ptr(g) as *const ())
+                    .collect()
+            })
+        };
+        let mut watch = |f: &DualFilter| {
+            f.published.read(|s| {
+                for g in [Some(&s.active), Some(&s.standby), s.draining.as_ref()]
+                    .into_iter()
+                    .flatten()
+                {
+                    if !seen
+                        .iter()
+                        .any(|w| w.as_ptr() as *const () == Arc::as_ptr(g) as *const ())
+                    {
+                        seen.push(Arc::downgrade(g));
+                    }
+                }
+            })
+        };
+        // FIFO: rotations, dead standbys dropped.
+        for r in 0..1000u64 {
+            f.insert(r, v(r as f32));
+            watch(&f);
+            if r >= 200 {
+                f.remove(r - 200);
+                watch(&f);
+            }
+        }
+        // Entries outliving FIFO: the valve rotates with survivors in the standby,
+        // which drain, and idle time finishes them.
+        let mut drained = false;
+        for r in (800..1000u64).rev().skip(10) {
+            f.remove(r);
+            watch(&f);
+            drained |= f.stats().draining > 0;
+        }
+        while f.maintain(7) > 0 {
+            watch(&f);
+        }
+        let s = f.stats();
+        assert!(drained && s.rotations >= 3 && s.draining == 0, "{s:?}");
+        let now = published(&f);
+        let gone: Vec<_> = seen
+            .iter()
+            .filter(|w| !now.contains(&(w.as_ptr() as *const ())))
+            .collect();
+        assert!(gone.len() >= 4, "{} generations unpublished", gone.len());
+        // Readers' epoch reclamation releases every retired FilterSet (all at once
+        // here): no generation is freed by it, the owner holds each ...
+        // SAFETY: no other thread exists in this test, so none is inside `read`.
+        unsafe { f.published.reclaim_all() };
+        assert!(
+            gone.iter().all(|w| w.strong_count() == 1),
+            "a generation freed by a reader's reclamation, or still published"
+        );
+        // ... and frees them on its next write or idle step.
+        assert_eq!(f.reclaim(), 0);
+        assert!(gone.iter().all(|w| w.strong_count() == 0));
+    }
+
     #[test]
     fn standby_is_dropped_when_dead_and_emptied_in_idle_time() {
         for kind in [FilterKind::default(), FilterKind::BruteForce] {
