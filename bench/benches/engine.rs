@@ -14,9 +14,9 @@
 //! AKER_BENCH_GROUPS=filter (or engine) runs one part only; AKER_BENCH_DIMS=768 one
 //! dimension).
 
-// Why not glibc's malloc: see the workspace Cargo.toml (mimalloc).
+// mimalloc, keeping the memory it frees: see allocator/src/lib.rs.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: aker_alloc::MiMalloc = aker_alloc::MiMalloc;
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -614,6 +614,23 @@ const FULL_REPS_MIN: usize = 60_000;
 /// the result (the machine is shared).
 const SCALING_ROUNDS: usize = 4;
 
+/// CPU time this thread has run (not waited or been preempted).
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a valid out-pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// New queries the scaling test's owner admits in one run, drawn before the run: drawing
+/// a 768-d vector costs ~4 µs of CPU that would compete with the readers and is not the
+/// engine's (the owner admits ~5,000 a second; runs last 0.2-2 s).
+const OWNER_QUERIES: usize = 16_384;
+
 /// Lookups per second with 1 and 2 reader threads, the owner admitting in the
 /// background (one admission every `owner_pause_us()`, 200 µs by default), in
 /// `SCALING_ROUNDS` pairs.
@@ -630,7 +647,7 @@ fn scaling(f: Fixture) -> Fixture {
     let queries = Arc::new(queries);
     let owner = Arc::new(Mutex::new(cache));
     for approximate in [false, true] {
-        let mut ratios = vec![];
+        let (mut ratios, mut cpu_ratios) = (vec![], vec![]);
         let (mut round, mut attempts) = (0, 0);
         while round < SCALING_ROUNDS {
             attempts += 1;
@@ -640,6 +657,8 @@ fn scaling(f: Fixture) -> Fixture {
             );
             // Indexed by reader count - 1.
             let (mut rates, mut hit_shares, mut owners) = ([0.0; 2], [0.0; 2], vec![]);
+            // Lookups per second of reader CPU time (`thread_cpu`), per reader count.
+            let mut cpu_rates = [0.0; 2];
             let mut rotations_before = 0;
             // The first run of a round finds fewer of its entries (hit shares a few to 20
             // points lower, whichever reader count goes first, measured): alternate
@@ -691,11 +710,15 @@ fn scaling(f: Fixture) -> Fixture {
                     })
                     .collect();
                 let stop = Arc::new(AtomicBool::new(false));
+                // Queries of this run's own: with one seed for every run the second
+                // re-admitted the first's (cached keys), so its owner did less and its
+                // graph changed less under the readers. Traffic like the rest: new
+                // queries from the same clusters.
+                let owner_queries: Vec<Vec<f32>> = (0..OWNER_QUERIES)
+                    .map(|_| clusters.sample(&mut rng))
+                    .collect();
                 let bg = {
                     let (owner, stop, clusters) = (owner.clone(), stop.clone(), clusters.clone());
-                    // Queries of this run's own: with one seed for every run the second
-                    // re-admitted the first's (cached keys), so its owner did less and its
-                    // graph changed less under the readers.
                     let seed = rng.gen::<u64>();
                     let pause_us = owner_pause_us();
                     thread::spawn(move || {
@@ -703,10 +726,11 @@ fn scaling(f: Fixture) -> Fixture {
                         let mut c = owner.lock().unwrap();
                         let (mut admitted, mut busy, mut longest) =
                             (0usize, Duration::ZERO, Duration::ZERO);
-                        let started = Instant::now();
+                        let (started, cpu_started) = (Instant::now(), thread_cpu());
+                        let mut queries = owner_queries.into_iter();
                         while !stop.load(Ordering::Relaxed) {
-                            // Traffic like the rest: new queries from the same clusters.
-                            let q = clusters.sample(&mut rng);
+                            // Past the drawn ones (a slow run), drawn here.
+                            let q = queries.next().unwrap_or_else(|| clusters.sample(&mut rng));
                             let t0 = Instant::now();
                             let t = c.miss_ticket(&q, K, false).unwrap();
                             let base = rng.gen_range(0..1u64 << 40);
@@ -717,8 +741,10 @@ fn scaling(f: Fixture) -> Fixture {
                                 (admitted + 1, busy + took, longest.max(took));
                             thread::sleep(Duration::from_micros(pause_us));
                         }
-                        let share = busy.as_secs_f64() / started.elapsed().as_secs_f64();
-                        (admitted, share, longest, c.stats().filter)
+                        let wall = started.elapsed().as_secs_f64();
+                        let share = busy.as_secs_f64() / wall;
+                        let cpu_share = (thread_cpu() - cpu_started).as_secs_f64() / wall;
+                        (admitted, share, cpu_share, longest, c.stats().filter)
                     })
                 };
                 let per_thread = if approximate {
@@ -734,6 +760,7 @@ fn scaling(f: Fixture) -> Fixture {
                         thread::spawn(move || {
                             let mut rng = StdRng::seed_from_u64(w as u64);
                             let mut hits = 0usize;
+                            let cpu_started = thread_cpu();
                             for i in 0..per_thread {
                                 let got = if approximate {
                                     reader.lookup(&pool[i % pool.len()], K).unwrap()
@@ -745,12 +772,17 @@ fn scaling(f: Fixture) -> Fixture {
                                 };
                                 hits += matches!(black_box(got), Lookup::Hit(_)) as usize;
                             }
-                            hits
+                            (hits, thread_cpu() - cpu_started)
                         })
                     })
                     .collect();
-                let hits: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+                let (mut hits, mut cpu) = (0usize, Duration::ZERO);
+                for w in workers {
+                    let (h, c) = w.join().unwrap();
+                    (hits, cpu) = (hits + h, cpu + c);
+                }
                 let rate = (threads * per_thread) as f64 / t.elapsed().as_secs_f64();
+                cpu_rates[threads - 1] = (threads * per_thread) as f64 / cpu.as_secs_f64();
                 hit_shares[threads - 1] = hits as f64 / (threads * per_thread) as f64 * 100.0;
                 stop.store(true, Ordering::Relaxed);
                 owners.push((threads, bg.join().unwrap()));
@@ -759,16 +791,20 @@ fn scaling(f: Fixture) -> Fixture {
             let kind = if approximate { "approximate" } else { "exact" };
             // A rotation in between compares two filter states (one generation searched
             // against two): not a scaling figure.
-            if owners[1].1 .3.rotations != rotations_before {
+            if owners[1].1 .4.rotations != rotations_before {
                 println!(
                     "scaling d{dim:<4} {kind:<12} attempt {attempts}: the filter rotated, redone"
                 );
                 continue;
             }
             round += 1;
+            // Per reader CPU second, two readers against one, times two: the ratio if
+            // each reader had a core to itself (what contention between readers leaves).
+            let cpu_ratio = 2.0 * cpu_rates[1] / cpu_rates[0];
             println!(
                 "scaling d{dim:<4} {kind:<12} round {round}: 1 reader {:>10.0}/s  2 readers \
-             {:>10.0}/s  ratio {:.2}x  (hits {:.1}% / {:.1}%; {} reader(s) first)",
+             {:>10.0}/s  ratio {:.2}x  per reader CPU {cpu_ratio:.2}x  (hits {:.1}% / {:.1}%; \
+             {} reader(s) first)",
                 rates[0],
                 rates[1],
                 rates[1] / rates[0],
@@ -776,11 +812,13 @@ fn scaling(f: Fixture) -> Fixture {
                 hit_shares[1],
                 order[0]
             );
-            for (readers, (admitted, share, longest, filter)) in &owners {
+            for (readers, (admitted, share, cpu_share, longest, filter)) in &owners {
                 println!(
-                    "    owner with {readers} reader(s): {admitted} admissions, busy {:.0}%, \
-                     longest {:.1} ms; filter rotations {}, standby live {}, draining {}",
+                    "    owner with {readers} reader(s): {admitted} admissions, busy {:.0}% \
+                     (CPU {:.0}%), longest {:.1} ms; filter rotations {}, standby live {}, \
+                     draining {}",
                     share * 100.0,
+                    cpu_share * 100.0,
                     longest.as_secs_f64() * 1e3,
                     filter.rotations,
                     filter.standby_live,
@@ -788,14 +826,20 @@ fn scaling(f: Fixture) -> Fixture {
                 );
             }
             ratios.push(rates[1] / rates[0]);
+            cpu_ratios.push(cpu_ratio);
         }
-        ratios.sort_by(f64::total_cmp);
         // An even number of rounds, half of each order: the mean of the middle two.
-        let mid = ratios.len() / 2;
-        let median = (ratios[mid - 1] + ratios[mid]) / 2.0;
+        let median = |mut r: Vec<f64>| {
+            r.sort_by(f64::total_cmp);
+            let mid = r.len() / 2;
+            (r[mid - 1] + r[mid]) / 2.0
+        };
         println!(
-            "scaling d{dim:<4} {:<12} median ratio {median:.2}x of {SCALING_ROUNDS} rounds",
+            "scaling d{dim:<4} {:<12} median ratio {:.2}x of {SCALING_ROUNDS} rounds \
+             (per reader CPU {:.2}x)",
             if approximate { "approximate" } else { "exact" },
+            median(ratios),
+            median(cpu_ratios),
         );
     }
     let cache = Arc::try_unwrap(owner)
@@ -886,6 +930,7 @@ fn filter_only(c: &mut Criterion) {
 criterion_group!(benches, single_core, filter_only);
 
 fn main() {
+    aker_alloc::keep_freed_memory();
     benches();
     Criterion::default().configure_from_args().final_summary();
 }

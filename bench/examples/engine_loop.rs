@@ -24,9 +24,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shards::{Cache, CacheConfig, Capacity, HitKind, Lookup, Metric, PolicyConfig};
 
-// As akerd: see the workspace Cargo.toml (mimalloc).
+// mimalloc, keeping the memory it frees: see allocator/src/lib.rs.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: aker_alloc::MiMalloc = aker_alloc::MiMalloc;
 
 const K: usize = 10;
 
@@ -38,6 +38,7 @@ fn env(name: &str, default: usize) -> usize {
 }
 
 fn main() {
+    aker_alloc::keep_freed_memory();
     let (dim, n, iters) = (env("DIM", 768), env("REPS", 100_000), env("ITERS", 200_000));
     let op = std::env::var("OP").unwrap_or_else(|_| "approximate".into());
     let cfg = CacheConfig {

@@ -8,9 +8,9 @@
 //! - `bench trace`: writes one simZipf stream with exact ground truth as a trace file
 //!   (`TRACE.md`) for the load generator.
 
-// Why not glibc's malloc: see the workspace Cargo.toml (mimalloc).
+// mimalloc, keeping the memory it frees: see allocator/src/lib.rs.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: aker_alloc::MiMalloc = aker_alloc::MiMalloc;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -222,6 +222,7 @@ fn default_out_dir() -> PathBuf {
 }
 
 fn main() {
+    aker_alloc::keep_freed_memory();
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Recall(a) => recall(a),

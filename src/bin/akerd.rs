@@ -9,9 +9,9 @@
 //! Shutdown: the first SIGTERM or SIGINT stops accepting, lets in-flight requests answer
 //! (`server.shutdown_grace_ms`) and exits 0; a second one exits at once.
 
-// Why not glibc's malloc: see the workspace Cargo.toml (mimalloc).
+// mimalloc, keeping the memory it frees: see allocator/src/lib.rs.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: aker_alloc::MiMalloc = aker_alloc::MiMalloc;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -107,6 +107,7 @@ fn apply_overrides(cfg: &mut Config, cli: &Cli) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    let purge_delay_ms = aker_alloc::keep_freed_memory();
     let cli = Cli::parse();
     // The demo prints a table; keep the logs to warnings unless asked.
     let default_level = if cli.demo { "warn" } else { "info" };
@@ -118,6 +119,10 @@ fn main() -> ExitCode {
         // Colours only on a terminal: journald and log files get plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    tracing::debug!(
+        purge_delay_ms,
+        "allocator: mimalloc; freed memory returned to the kernel after this delay (-1: never)"
+    );
 
     let mut cfg = match &cli.config {
         Some(path) => match Config::load(path) {
