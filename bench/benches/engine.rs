@@ -12,7 +12,8 @@
 //! `cargo bench -p bench --bench engine` (AKER_BENCH_REPS overrides 100,000;
 //! AKER_BENCH_FILTER=hnsw_rs runs the whole cache on the hnsw_rs filter instead;
 //! AKER_BENCH_GROUPS=filter (or engine) runs one part only; AKER_BENCH_DIMS=768 one
-//! dimension).
+//! dimension; AKER_BENCH_PREFAULT_MB memory faulted in before anything is timed, 2048 by
+//! default, 0 to time first-touch faults too).
 
 // mimalloc, keeping the memory it frees: see allocator/src/lib.rs.
 #[global_allocator]
@@ -929,8 +930,28 @@ fn filter_only(c: &mut Criterion) {
 
 criterion_group!(benches, single_core, filter_only);
 
+/// Memory faulted in before anything is timed (`engine_fixture::prefault`), in MB:
+/// AKER_BENCH_PREFAULT_MB, 2048 by default (the insert log of the insert groups grows by
+/// ~1 GB at d = 768); 0 times first-touch faults too.
+fn prefault_mb() -> usize {
+    std::env::var("AKER_BENCH_PREFAULT_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2048)
+}
+
 fn main() {
     aker_alloc::keep_freed_memory();
+    let mb = prefault_mb();
+    if mb > 0 {
+        // Blocks the size of a d = 768 vector, the bulk of what the insert log grows by.
+        let block_bytes = 3 * 1024;
+        let took = engine_fixture::prefault((mb << 20) / block_bytes, block_bytes);
+        println!(
+            "prefault: {mb} MB allocated and freed in {:.1} s (AKER_BENCH_PREFAULT_MB)",
+            took.as_secs_f64()
+        );
+    }
     benches();
     Criterion::default().configure_from_args().final_summary();
 }

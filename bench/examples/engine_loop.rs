@@ -9,7 +9,8 @@
 //! ```
 //! OP: exact | approximate | fresh | insert | admit | delete; DIM (768), REPS (100000),
 //! ITERS (200000), CHURN (0: admissions past REPS before the loop, for the steady state
-//! of a full cache), AKER_BENCH_STANDBY (active_first, akerd's default, or nearest).
+//! of a full cache), PREFAULT (0: vectors allocated and freed before the loop, so that
+//! growth in it reuses memory already faulted in), AKER_BENCH_STANDBY (active_first, akerd's default, or nearest).
 //! `approximate` times near copies of random cached queries (misses included: it reports
 //! the share that hit); `fresh` admits a new query, then looks up a near copy of it (the
 //! lookups alone are timed too); `delete` refills the cache untimed and prints the mean
@@ -77,6 +78,15 @@ fn main() {
         "fixture: {n} reps at d {dim}, {:.1} µs per admission",
         t.elapsed().as_secs_f64() * 1e6 / n as f64
     );
+    // PREFAULT=n: n vectors allocated and freed first (`engine_fixture::prefault`).
+    let prefault = env("PREFAULT", 0);
+    if prefault > 0 {
+        let took = bench::engine_fixture::prefault(prefault, dim * 4);
+        eprintln!(
+            "prefault: {prefault} vectors in {:.0} ms",
+            took.as_secs_f64() * 1e3
+        );
+    }
     let near = |q: &[f32]| -> Vec<f32> { q.iter().map(|x| x + 1e-6).collect() };
     let (mut hits, mut timed) = (0usize, Duration::ZERO);
     let mut inserted = 1u64 << 60;
