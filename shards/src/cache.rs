@@ -415,6 +415,7 @@ impl Cache {
 
         let id = self.next_rep;
         self.next_rep += 1;
+        self.pool.warm(answer.iter().map(|c| c.id));
         let mut nrl = NeighborList::default();
         for c in answer {
             let v = if self.cfg.store_vectors {
@@ -515,6 +516,7 @@ impl Cache {
         let Some(rep) = self.reps.remove(&id) else {
             return;
         };
+        self.pool.warm(rep.nrl.ids.iter().copied());
         // Unpublish first: readers stop finding it before its objects go.
         {
             let table = self.read.table.pin();
