@@ -46,9 +46,7 @@ impl<T> EpochCell<T> {
         // every guard that could have loaded it is gone.
         unsafe { self.collector.retire(old, reclaim::boxed::<T>) };
     }
-}
 
-impl<T> EpochCell<T> {
     /// Frees every retired value now (tests: what readers' reclamation does at some
     /// later point, made deterministic).
     ///

