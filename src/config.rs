@@ -58,6 +58,9 @@ pub struct CacheSection {
     pub slow_path_max_steps: usize,
     pub risk_threshold: f64,
     pub insert_log_cap: usize,
+    /// Most bytes of the insert log (vectors and bookkeeping); with `insert_log_cap`,
+    /// whichever binds first.
+    pub insert_log_bytes: usize,
     pub delete_log_cap: usize,
     /// `{ kind = "aker", alpha_l = 1.1, alpha_t = 0.25, tau_init_divisor = 4.0 }`,
     /// `{ kind = "proximity", threshold = .. }` or `{ kind = "potluck", .. }`.
@@ -85,6 +88,7 @@ impl Default for CacheSection {
             slow_path_max_steps: e.slow_path_max_steps,
             risk_threshold: e.risk_threshold,
             insert_log_cap: e.insert_log_cap,
+            insert_log_bytes: e.insert_log_bytes,
             delete_log_cap: e.delete_log_cap,
             policy: PolicyConfig::default(),
             owner_queue_depth: 4096,
@@ -121,6 +125,7 @@ impl CacheSection {
             slow_path_max_steps: self.slow_path_max_steps,
             risk_threshold: self.risk_threshold,
             insert_log_cap: self.insert_log_cap,
+            insert_log_bytes: self.insert_log_bytes,
             delete_log_cap: self.delete_log_cap,
         };
         cfg.validate().map_err(|e| format!("cache: {e}"))?;

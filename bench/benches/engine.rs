@@ -348,9 +348,11 @@ fn timed(c: &mut Criterion, f: &mut Fixture, label: &str, prepare: fn(&mut Fixtu
         })
     });
     g.finish();
+    let stats = f.cache.stats();
     println!(
-        "d{dim} {label}: filter at the end: {:?}",
-        f.cache.stats().filter
+        "d{dim} {label}: filter at the end: {:?}; insert log {} records, {} entries \
+         invalidated by its cap",
+        stats.filter, stats.insert_log_len, stats.log_cap_invalidations
     );
 }
 

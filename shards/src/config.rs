@@ -135,6 +135,11 @@ pub struct CacheConfig {
     pub risk_threshold: f64,
     /// Most records in the insert log; an entry whose cursor falls behind is invalidated.
     pub insert_log_cap: usize,
+    /// Most bytes the insert log may hold, its vectors and per-record bookkeeping
+    /// (`LOG_RECORD_OVERHEAD_BYTES`): whichever of this and `insert_log_cap` binds first
+    /// (`insert_log_records_max`). A cap in records alone is 3 GB of vectors at
+    /// d = 768, outside the pool's budget.
+    pub insert_log_bytes: usize,
     /// Deletes remembered for in-flight misses; a miss older than this is not admitted.
     pub delete_log_cap: usize,
 }
@@ -156,10 +161,15 @@ impl Default for CacheConfig {
             slow_path_max_steps: 64,
             risk_threshold: 0.3,
             insert_log_cap: 1 << 20,
+            insert_log_bytes: 1 << 30,
             delete_log_cap: 1 << 16,
         }
     }
 }
+
+/// What one insert-log record costs beyond its vector: the record (sequence number,
+/// id, vector pointer), the vector's allocation header, the by-id index's share.
+pub const LOG_RECORD_OVERHEAD_BYTES: usize = 64;
 
 impl CacheConfig {
     pub fn new(dim: usize, metric: Metric) -> Self {
@@ -168,6 +178,19 @@ impl CacheConfig {
             metric,
             ..Default::default()
         }
+    }
+
+    /// Bytes one insert-log record takes (its vector and `LOG_RECORD_OVERHEAD_BYTES`).
+    pub fn log_record_bytes(&self) -> usize {
+        self.dim * std::mem::size_of::<f32>() + LOG_RECORD_OVERHEAD_BYTES
+    }
+
+    /// Most records the insert log holds: `insert_log_cap`, or fewer where
+    /// `insert_log_bytes` binds first (every record of a cache has the same dimension).
+    pub fn insert_log_records_max(&self) -> usize {
+        self.insert_log_cap
+            .min(self.insert_log_bytes / self.log_record_bytes())
+            .max(1)
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -196,6 +219,9 @@ impl CacheConfig {
         }
         if self.insert_log_cap == 0 || self.delete_log_cap == 0 {
             return bad("log caps must be positive");
+        }
+        if self.insert_log_bytes < self.log_record_bytes() {
+            return bad("insert_log_bytes must hold at least one record (dim x 4 + 64 bytes)");
         }
         if let Some((m, ef_construction, ef_search)) = self.filter.graph_params() {
             if !(2..=256).contains(&m) || ef_construction == 0 || ef_search == 0 {

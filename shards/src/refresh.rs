@@ -70,9 +70,10 @@ impl Cache {
         Ok(out)
     }
 
-    /// Entries whose cursor fell behind the cap are invalidated; the head moves up.
+    /// Entries whose cursor fell behind the cap (records or bytes) are invalidated; the
+    /// head moves up.
     fn enforce_log_cap(&mut self) {
-        let cap = self.cfg.insert_log_cap as u64;
+        let cap = self.cfg.insert_log_records_max() as u64;
         if (self.log.len() as u64) <= cap {
             return;
         }

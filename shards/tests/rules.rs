@@ -337,26 +337,43 @@ fn bad_input_is_an_error_value() {
 
 #[test]
 fn log_cap_invalidates_entries_left_behind() {
-    let cfg = CacheConfig {
+    let base = CacheConfig {
         filter: FilterKind::BruteForce,
         k_max: 4,
-        insert_log_cap: 4,
         // never run the slow path, so cursors stay where they are
         risk_threshold: 1e9,
         ..CacheConfig::new(1, Metric::L2Sq)
     };
-    let mut c = Cache::new(cfg, PolicyConfig::default().build()).unwrap();
-    let s = store();
-    c.search(&s, &[1.0], 2).unwrap();
-    for i in 0..4 {
-        c.insert(100 + i, &[1000.0 + i as f32]).unwrap();
+    // Four records, by count or by bytes (4 + 64 bytes a record at d = 1).
+    let by_records = CacheConfig {
+        insert_log_cap: 4,
+        ..base.clone()
+    };
+    let by_bytes = CacheConfig {
+        insert_log_bytes: 4 * 68 + 67,
+        ..base.clone()
+    };
+    for cfg in [by_records, by_bytes] {
+        assert_eq!(cfg.insert_log_records_max(), 4);
+        let mut c = Cache::new(cfg, PolicyConfig::default().build()).unwrap();
+        let s = store();
+        c.search(&s, &[1.0], 2).unwrap();
+        for i in 0..4 {
+            c.insert(100 + i, &[1000.0 + i as f32]).unwrap();
+        }
+        assert_eq!(c.len(), 1, "log at its cap, entry still valid");
+        c.insert(200, &[2000.0]).unwrap();
+        assert_eq!(c.len(), 0, "cursor fell behind the cap");
+        assert!(c.insert_log_len() <= 4);
+        assert_eq!(c.stats().log_cap_invalidations, 1);
+        c.check_invariants().unwrap();
     }
-    assert_eq!(c.len(), 1, "log at its cap, entry still valid");
-    c.insert(200, &[2000.0]).unwrap();
-    assert_eq!(c.len(), 0, "cursor fell behind the cap");
-    assert!(c.insert_log_len() <= 4);
-    assert_eq!(c.stats().log_cap_invalidations, 1);
-    c.check_invariants().unwrap();
+    // Too small for one record: refused at start.
+    let tiny = CacheConfig {
+        insert_log_bytes: 67,
+        ..base
+    };
+    assert!(Cache::new(tiny, PolicyConfig::default().build()).is_err());
 }
 
 #[test]
