@@ -69,17 +69,11 @@ fn filter_kind() -> FilterKind {
 /// The scaling test's owner pauses this long after each background admission:
 /// AKER_BENCH_OWNER_US, 200 by default (~5,000 admissions per second).
 fn owner_pause_us() -> u64 {
-    std::env::var("AKER_BENCH_OWNER_US")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200)
+    engine_fixture::env_usize("AKER_BENCH_OWNER_US", 200) as u64
 }
 
 fn reps() -> usize {
-    std::env::var("AKER_BENCH_REPS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000)
+    engine_fixture::env_usize("AKER_BENCH_REPS", 100_000)
 }
 
 /// A cache holding `n` representatives with fabricated answers
@@ -952,10 +946,7 @@ criterion_group!(benches, single_core, filter_only);
 /// AKER_BENCH_PREFAULT_MB, 2048 by default (the insert log of the insert groups grows by
 /// ~1 GB at d = 768); 0 times first-touch faults too.
 fn prefault_mb() -> usize {
-    std::env::var("AKER_BENCH_PREFAULT_MB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2048)
+    engine_fixture::env_usize("AKER_BENCH_PREFAULT_MB", 2048)
 }
 
 fn main() {

@@ -20,7 +20,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bench::engine_fixture::{answer, delete_victim, Clusters};
+use bench::engine_fixture::{answer, delete_victim, env_usize as env, Clusters};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shards::{Cache, CacheConfig, Capacity, HitKind, Lookup, Metric, PolicyConfig};
@@ -30,13 +30,6 @@ use shards::{Cache, CacheConfig, Capacity, HitKind, Lookup, Metric, PolicyConfig
 static ALLOCATOR: aker_alloc::MiMalloc = aker_alloc::MiMalloc;
 
 const K: usize = 10;
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn main() {
     aker_alloc::keep_freed_memory();

@@ -69,6 +69,15 @@ pub fn standby_search() -> StandbySearch {
     }
 }
 
+/// The number in environment variable `name`, or `default` when it is unset or not a
+/// number (the benches' and `engine_loop`'s knobs).
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Allocates `count` blocks of `block_bytes` and frees them, so that later growth reuses
 /// memory the kernel has already faulted in: the binaries' allocator keeps what it frees
 /// (`aker_alloc`), as a server past its first growth has its peak mapped. On this

@@ -194,6 +194,15 @@ pub struct FilterSet {
 }
 
 impl FilterSet {
+    /// Active, standby and (while one drains) the draining generation, in that order.
+    fn generations(&self) -> [Option<&Arc<dyn FilterIndex>>; 3] {
+        [
+            Some(&self.active),
+            Some(&self.standby),
+            self.draining.as_ref(),
+        ]
+    }
+
     /// Ids of up to `n` accepted reps per generation, nearest first by the index's
     /// own distance. The caller recomputes exact distances and merges. `serves(r)` is
     /// the caller's own test of an active-generation candidate: its exact distance when
@@ -215,12 +224,7 @@ impl FilterSet {
         // own; the slack covers the graph's int8 codes.)
         let reach = index_slack(reach);
         let mut bound = reach;
-        let gens = [
-            Some(&self.active),
-            Some(&self.standby),
-            self.draining.as_ref(),
-        ];
-        for (i, gen) in gens.into_iter().enumerate() {
+        for (i, gen) in self.generations().into_iter().enumerate() {
             let Some(gen) = gen.filter(|g| !g.is_empty()) else {
                 continue;
             };
@@ -850,16 +854,15 @@ mod tests {
         }
     }
 
-    /// FIFO after a rotation: entries of both generations stay findable; once the
-    /// standby's last entry is evicted it is dropped at once (one generation searched);
-    /// idle time moves the standby's entries over (newest first), then drops it.
+    /// Every generation that stops being published (dead standby, finished draining,
+    /// rotation) is held by the owner until no retired FilterSet holds it, then freed.
     #[test]
     fn retired_generations_are_freed_by_the_owner() {
         let mut f = DualFilter::new(FilterKind::default(), Metric::L2Sq, 2);
         let mut seen: Vec<std::sync::Weak<dyn FilterIndex>> = Vec::new();
         let published = |f: &DualFilter| -> Vec<*const ()> {
             f.published.read(|s| {
-                [Some(&s.active), Some(&s.standby), s.draining.as_ref()]
+                s.generations()
                     .into_iter()
                     .flatten()
                     .map(|g| Arc::as_ptr(g) as *const ())
@@ -868,10 +871,7 @@ mod tests {
         };
         let mut watch = |f: &DualFilter| {
             f.published.read(|s| {
-                for g in [Some(&s.active), Some(&s.standby), s.draining.as_ref()]
-                    .into_iter()
-                    .flatten()
-                {
+                for g in s.generations().into_iter().flatten() {
                     if !seen
                         .iter()
                         .any(|w| w.as_ptr() as *const () == Arc::as_ptr(g) as *const ())
@@ -922,6 +922,9 @@ mod tests {
         assert!(gone.iter().all(|w| w.strong_count() == 0));
     }
 
+    /// FIFO after a rotation: entries of both generations stay findable; once the
+    /// standby's last entry is evicted it is dropped at once (one generation searched);
+    /// idle time moves the standby's entries over (newest first), then drops it.
     #[test]
     fn standby_is_dropped_when_dead_and_emptied_in_idle_time() {
         for kind in [FilterKind::default(), FilterKind::BruteForce] {
