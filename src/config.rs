@@ -48,10 +48,12 @@ pub struct CacheSection {
     /// `{ kind = "brute_force" }`.
     pub filter: FilterKind,
     pub filter_candidates: usize,
-    /// `active_first` (the default here): while a rotation leaves two filter
-    /// generations, the newer one answers when it has a candidate that serves, and the
-    /// older one is searched only otherwise; `nearest` is ALGORITHM.md's rule (and the
-    /// engine's default): the nearest serving candidate of either generation.
+    /// `learned` (the default here): while a rotation leaves two filter generations,
+    /// the one lookups' approximate hits have been coming from is searched first and
+    /// answers when it has a candidate that serves, the other is searched only
+    /// otherwise; `active_first`: the same with the newer generation always first;
+    /// `nearest` is ALGORITHM.md's rule (and the engine's default): the nearest serving
+    /// candidate of either generation.
     pub standby_search: StandbySearch,
     pub max_aliases_per_rep: usize,
     pub slow_path_batch: usize,
@@ -82,7 +84,7 @@ impl Default for CacheSection {
             store_vectors: e.store_vectors,
             filter: e.filter,
             filter_candidates: e.filter_candidates,
-            standby_search: StandbySearch::ActiveFirst,
+            standby_search: StandbySearch::Learned,
             max_aliases_per_rep: e.max_aliases_per_rep,
             slow_path_batch: e.slow_path_batch,
             slow_path_max_steps: e.slow_path_max_steps,

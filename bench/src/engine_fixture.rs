@@ -59,13 +59,14 @@ pub fn delete_victim(cache: &Cache, rng: &mut StdRng) -> u64 {
         .ids[0]
 }
 
-/// Which filter generation answers while there are two: akerd's default
-/// (`active_first`), or ALGORITHM.md's `nearest` with AKER_BENCH_STANDBY=nearest.
+/// Which filter generation answers while there are two: akerd's default (`learned`),
+/// or AKER_BENCH_STANDBY=active_first, or ALGORITHM.md's `nearest`.
 pub fn standby_search() -> StandbySearch {
     match std::env::var("AKER_BENCH_STANDBY").as_deref() {
         Ok("nearest") => StandbySearch::Nearest,
-        Ok("active_first") | Err(_) => StandbySearch::ActiveFirst,
-        Ok(other) => panic!("AKER_BENCH_STANDBY: nearest or active_first, not {other}"),
+        Ok("active_first") => StandbySearch::ActiveFirst,
+        Ok("learned") | Err(_) => StandbySearch::Learned,
+        Ok(other) => panic!("AKER_BENCH_STANDBY: nearest, active_first or learned, not {other}"),
     }
 }
 

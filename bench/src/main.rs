@@ -74,6 +74,7 @@ struct Common {
 enum StandbyChoice {
     Nearest,
     ActiveFirst,
+    Learned,
 }
 
 impl StandbyChoice {
@@ -81,6 +82,7 @@ impl StandbyChoice {
         match self {
             StandbyChoice::Nearest => StandbySearch::Nearest,
             StandbyChoice::ActiveFirst => StandbySearch::ActiveFirst,
+            StandbyChoice::Learned => StandbySearch::Learned,
         }
     }
 }
@@ -131,7 +133,8 @@ struct RecallArgs {
     #[arg(long, default_value_t = 1)]
     filter_candidates: usize,
     /// Which filter generation answers while a rotation leaves two: `nearest` is
-    /// ALGORITHM.md's rule (the engine's default), `active-first` akerd's default.
+    /// ALGORITHM.md's rule (the engine's default), `learned` akerd's default,
+    /// `active-first` the newer generation first.
     #[arg(long, value_enum, default_value = "nearest")]
     standby_search: StandbyChoice,
     /// Output folder for report.md, results.csv and the figures.

@@ -96,6 +96,12 @@ pub enum StandbySearch {
     /// answer from a recent entry then costs what it costs with one. GloVe: hit ratios
     /// and recall within 0.3 points of `Nearest` (README).
     ActiveFirst,
+    /// As `ActiveFirst`, but the generation searched first is the one lookups' approximate
+    /// hits have been coming from (`filter::GenerationOrder`): the active one while hits
+    /// land on recent entries, the standby while it holds most of what is hit (after a
+    /// rotation it holds nearly every entry). Either way the first generation with a
+    /// candidate that serves answers.
+    Learned,
 }
 
 impl Default for FilterKind {

@@ -213,6 +213,7 @@ impl CacheReader {
         };
         let want = CandidateSearch {
             mode: self.cfg.standby_search,
+            learned_order: true,
             ..CandidateSearch::nearest(n)
         };
         self.filter

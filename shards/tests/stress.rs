@@ -278,6 +278,7 @@ fn concurrent_readers_with_owner_writes_brute_filter() {
 
 #[test]
 fn concurrent_readers_with_owner_writes_hnsw_filter() {
-    // akerd's configuration: the newest filter generation that serves answers.
-    run_stress(FilterKind::default(), StandbySearch::ActiveFirst);
+    // akerd's configuration: the generation hits come from is searched first, and the
+    // first with a candidate that serves answers.
+    run_stress(FilterKind::default(), StandbySearch::Learned);
 }
