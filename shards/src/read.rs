@@ -24,7 +24,7 @@ use crate::entry::{RepId, RepView};
 use crate::epoch::EpochCell;
 use crate::error::{validate_k, validate_vector, Result};
 use crate::exact_table::{QueryKey, Slot};
-use crate::filter::{CandidateSearch, FilterSet};
+use crate::filter::{CandidateSearch, DistanceMemo, FilterSet};
 use crate::hash::SharedMap;
 use crate::policy::HitPolicy;
 
@@ -196,19 +196,13 @@ impl CacheReader {
         let same_k = |r: RepId| reps.get(&r).is_some_and(|e| e.k == k);
         let n = self.cfg.filter_candidates;
         let mut ids = Vec::with_capacity(2 * n);
-        // Exact distances computed while the filter asks whether an active-generation
-        // candidate serves (`FilterSet::candidates`), kept for the merge below.
-        let mut exact: Vec<(RepId, f32)> = Vec::with_capacity(n);
+        // Exact distances computed while the filter asks whether a candidate serves
+        // (`FilterSet::candidates`), kept for the merge below.
+        let mut exact = DistanceMemo::with_capacity(n);
+        let distance = |view: &RepView| Some(self.cfg.metric.distance(q, &view.query));
         let mut serves = |r: RepId| {
             let view = reps.get(&r)?;
-            let d = match exact.iter().find(|e| e.0 == r) {
-                Some(e) => e.1,
-                None => {
-                    let d = self.cfg.metric.distance(q, &view.query);
-                    exact.push((r, d));
-                    d
-                }
-            };
+            let d = exact.get_or_compute(r, || distance(view))?;
             (d < self.policy.threshold(view)).then_some(d)
         };
         let want = CandidateSearch {
@@ -222,9 +216,8 @@ impl CacheReader {
         for r in ids {
             if let Some(view) = reps.get(&r) {
                 if cands.iter().all(|c| c.1 != r) {
-                    let d = exact.iter().find(|e| e.0 == r).map(|e| e.1);
-                    let d = d.unwrap_or_else(|| self.cfg.metric.distance(q, &view.query));
-                    cands.push((d, r, view));
+                    let d = exact.get_or_compute(r, || distance(view));
+                    cands.push((d.expect("a view has a distance"), r, view));
                 }
             }
         }

@@ -347,6 +347,34 @@ impl FilterSet {
     }
 }
 
+/// Exact distances computed during one filter search, by representative: a candidate
+/// that the search offers to its caller's "would it serve?" test and that the caller
+/// then ranks costs one distance (a 3 KB vector at d = 768). A handful of entries per
+/// search: a linear scan. (`CacheReader::probe_filter`, `DualFilter::nearest_taker`.)
+#[derive(Default)]
+pub(crate) struct DistanceMemo(Vec<(RepId, f32)>);
+
+impl DistanceMemo {
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        DistanceMemo(Vec::with_capacity(n))
+    }
+
+    /// `r`'s distance, from `compute` the first time it is asked for (`None`: nothing
+    /// to measure, and nothing kept).
+    pub(crate) fn get_or_compute(
+        &mut self,
+        r: RepId,
+        compute: impl FnOnce() -> Option<f32>,
+    ) -> Option<f32> {
+        if let Some(&(_, d)) = self.0.iter().find(|e| e.0 == r) {
+            return Some(d);
+        }
+        let d = compute()?;
+        self.0.push((r, d));
+        Some(d)
+    }
+}
+
 /// An exact distance as a bound on the index's own distances (the graph's int8 codes
 /// are off by a few percent; infinity stays infinite).
 pub(crate) fn index_slack(d: f32) -> f32 {
@@ -727,17 +755,11 @@ impl DualFilter {
         let mode = self.standby_search;
         let mut ids = Vec::new();
         let live = |r: RepId| self.contains(r);
-        // Exact distances, each computed once: `serves` asks for the candidates the
-        // answer is then chosen from (each a 3 KB vector at d = 768, found through a
-        // map lookup per generation).
-        let mut exact: Vec<(RepId, f32)> = Vec::with_capacity(4);
+        // `serves` asks for the candidates the answer is then chosen from (each vector
+        // found through a map lookup per generation).
+        let mut exact = DistanceMemo::with_capacity(4);
         let mut distance = |r: RepId| -> Option<f32> {
-            if let Some(&(_, d)) = exact.iter().find(|e| e.0 == r) {
-                return Some(d);
-            }
-            let d = self.metric.distance(q, self.vector(r)?);
-            exact.push((r, d));
-            Some(d)
+            exact.get_or_compute(r, || Some(self.metric.distance(q, self.vector(r)?)))
         };
         let mut serves = |r: RepId| {
             let d = distance(r)?;
