@@ -10,8 +10,8 @@
 //! OP: exact | approximate | fresh | insert | admit | delete; DIM (768), REPS (100000),
 //! ITERS (200000), CHURN (0: admissions past REPS before the loop, for the steady state
 //! of a full cache), PREFAULT (0: vectors allocated and freed before the loop, so that
-//! growth in it reuses memory already faulted in), AKER_BENCH_STANDBY (learned, akerd's default,
-//! active_first or nearest).
+//! growth in it reuses memory already faulted in), AKER_BENCH_STANDBY (learned, akerd's
+//! default, active_first or nearest).
 //! `approximate` times near copies of random cached queries (misses included: it reports
 //! the share that hit); `fresh` admits a new query, then looks up a near copy of it (the
 //! lookups alone are timed too); `delete` refills the cache untimed and prints the mean
