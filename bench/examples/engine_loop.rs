@@ -7,11 +7,13 @@
 //! cargo build --release -p bench --example engine_loop
 //! OP=approximate DIM=768 perf record -D 8000 target/release/examples/engine_loop
 //! ```
-//! OP: exact | approximate | fresh | insert | admit | delete; DIM (768), REPS (100000),
+//! OP: exact | approximate | fresh | insert | admit | admit_after_lookup |
+//! admit_without_lookup | delete; DIM (768), REPS (100000),
 //! ITERS (200000), CHURN (0: admissions past REPS before the loop, for the steady state
 //! of a full cache), PREFAULT (0: vectors allocated and freed before the loop, so that
 //! growth in it reuses memory already faulted in), AKER_BENCH_STANDBY (learned, akerd's
-//! default, active_first or nearest).
+//! default, active_first or nearest), TICKETS (direct, the default, or lookup: see
+//! `seeded` below).
 //! `approximate` times near copies of random cached queries (misses included: it reports
 //! the share that hit); `fresh` admits a new query, then looks up a near copy of it (the
 //! lookups alone are timed too); `delete` refills the cache untimed and prints the mean
@@ -48,12 +50,25 @@ fn main() {
     let mut rng = StdRng::seed_from_u64(dim as u64);
     let clusters = Clusters::new(dim, &mut rng);
     let mut next_id = 0u64;
+    // TICKETS=lookup: the fixture's and `admit`'s tickets come from lookups (which
+    // leave the admission its filter seeds; queries that hit are drawn again), as in a
+    // server; by default they are made without one, every drawn query admitted.
+    let seeded = std::env::var("TICKETS").is_ok_and(|t| t == "lookup");
     let mut admit = |cache: &mut Cache, rng: &mut StdRng| -> Vec<f32> {
-        let q = clusters.sample(rng);
-        next_id += 1_000_000;
-        let t = cache.miss_ticket(&q, K, false).expect("valid");
-        cache.admit(t, answer(rng, next_id, K + 2)).expect("valid");
-        q
+        loop {
+            let q = clusters.sample(rng);
+            let t = if seeded {
+                match cache.lookup(&q, K).expect("valid") {
+                    Lookup::Miss(t) => t,
+                    Lookup::Hit(_) => continue,
+                }
+            } else {
+                cache.miss_ticket(&q, K, false).expect("valid")
+            };
+            next_id += 1_000_000;
+            cache.admit(t, answer(rng, next_id, K + 2)).expect("valid");
+            return q;
+        }
     };
     let t = Instant::now();
     let queries: Vec<Vec<f32>> = (0..n).map(|_| admit(&mut cache, &mut rng)).collect();
@@ -82,7 +97,7 @@ fn main() {
         );
     }
     let near = |q: &[f32]| -> Vec<f32> { q.iter().map(|x| x + 1e-6).collect() };
-    let (mut hits, mut timed) = (0usize, Duration::ZERO);
+    let (mut hits, mut timed, mut timed_n) = (0usize, Duration::ZERO, 0usize);
     let mut inserted = 1u64 << 60;
     let t = Instant::now();
     for i in 0..iters {
@@ -114,6 +129,26 @@ fn main() {
             "admit" => {
                 black_box(admit(&mut cache, &mut rng));
             }
+            "admit_after_lookup" | "admit_without_lookup" => {
+                // The admission alone timed, its ticket made untimed: by a lookup (its
+                // filter search leaves the insertion its seeds) or without one.
+                let q = clusters.sample(&mut rng);
+                let ticket = if op == "admit_after_lookup" {
+                    match cache.lookup(&q, K).expect("valid") {
+                        Lookup::Miss(t) => t,
+                        Lookup::Hit(_) => continue,
+                    }
+                } else {
+                    cache.miss_ticket(&q, K, false).expect("valid")
+                };
+                hits += !ticket.seeds.is_empty() as usize;
+                inserted += 1_000_000;
+                let a = answer(&mut rng, inserted, K + 2);
+                let t = Instant::now();
+                black_box(cache.admit(ticket, a).expect("valid"));
+                timed += t.elapsed();
+                timed_n += 1;
+            }
             "delete" => {
                 while cache.len() < n / 2 {
                     admit(&mut cache, &mut rng);
@@ -123,7 +158,10 @@ fn main() {
                 black_box(cache.delete(victim));
                 timed += t.elapsed();
             }
-            other => panic!("OP {other}: exact | approximate | fresh | insert | admit | delete"),
+            other => panic!(
+                "OP {other}: exact | approximate | fresh | insert | admit | \
+                 admit_after_lookup | admit_without_lookup | delete"
+            ),
         }
     }
     let per_op_us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
@@ -138,6 +176,13 @@ fn main() {
         eprintln!(
             "  approximate hits: {:.1}%",
             hits as f64 / iters as f64 * 100.0
+        );
+    }
+    if op.starts_with("admit_") {
+        eprintln!(
+            "  timed admissions alone: {:.2} µs each over {timed_n}, {:.1}% of them seeded",
+            timed.as_secs_f64() * 1e6 / timed_n.max(1) as f64,
+            hits as f64 / timed_n.max(1) as f64 * 100.0
         );
     }
     if op == "delete" {

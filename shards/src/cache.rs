@@ -453,7 +453,8 @@ impl Cache {
             .table
             .pin()
             .insert(ticket.key, Slot::Representative(id));
-        self.filter.insert(id, ticket.query);
+        self.filter
+            .insert_seeded(id, ticket.query, Some(&ticket.seeds));
         self.reps.insert(
             id,
             Representative {

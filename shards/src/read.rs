@@ -24,7 +24,7 @@ use crate::entry::{RepId, RepView};
 use crate::epoch::EpochCell;
 use crate::error::{validate_k, validate_vector, Result};
 use crate::exact_table::{QueryKey, Slot};
-use crate::filter::{CandidateSearch, DistanceMemo, FilterSet};
+use crate::filter::{CandidateSearch, DistanceMemo, FilterSet, InsertSeeds};
 use crate::hash::SharedMap;
 use crate::policy::HitPolicy;
 
@@ -87,6 +87,9 @@ pub struct MissTicket {
     pub verify: Option<Vec<u64>>,
     /// Replace an existing representative of the same key (REFRESH).
     pub replace: bool,
+    /// What the lookup's filter search found for admitting the query (empty when
+    /// there was no lookup, or its search of the active generation stopped early).
+    pub seeds: InsertSeeds,
 }
 
 #[derive(Clone, Debug)]
@@ -155,11 +158,13 @@ impl CacheReader {
         if let Some(hit) = self.probe_exact(q, k, key) {
             return Ok(hit);
         }
-        if let Some(hit) = self.probe_filter(q, k, key) {
+        let mut seeds = InsertSeeds::default();
+        if let Some(hit) = self.probe_filter_seeded(q, k, key, Some(&mut seeds)) {
             return Ok(hit);
         }
         self.counters.misses.bump();
-        Ok(Lookup::Miss(self.ticket(q, k, key, None, false)))
+        let ticket = self.ticket(q, k, key, None, false);
+        Ok(Lookup::Miss(MissTicket { seeds, ..ticket }))
     }
 
     /// Step 1: the exact table. `None` also when the slot's representative is gone
@@ -192,6 +197,18 @@ impl CacheReader {
 
     /// Step 2: the filter's nearest candidates, first one within its threshold.
     pub fn probe_filter(&self, q: &[f32], k: usize, key: QueryKey) -> Option<Lookup> {
+        self.probe_filter_seeded(q, k, key, None)
+    }
+
+    /// `probe_filter`, leaving in `seeds` what admitting `q` to this shard would
+    /// search the filter for (`MissTicket::seeds`), should it miss.
+    pub fn probe_filter_seeded(
+        &self,
+        q: &[f32],
+        k: usize,
+        key: QueryKey,
+        seeds: Option<&mut InsertSeeds>,
+    ) -> Option<Lookup> {
         let reps = self.reps.pin();
         let same_k = |r: RepId| reps.get(&r).is_some_and(|e| e.k == k);
         let n = self.cfg.filter_candidates;
@@ -211,7 +228,7 @@ impl CacheReader {
             ..CandidateSearch::nearest(n)
         };
         self.filter
-            .read(|set| set.candidates(q, want, &same_k, &mut serves, &mut ids));
+            .read(|set| set.candidates(q, want, &same_k, &mut serves, &mut ids, seeds));
         let mut cands: Vec<(f32, RepId, &RepView)> = Vec::with_capacity(ids.len());
         for r in ids {
             if let Some(view) = reps.get(&r) {
@@ -261,6 +278,7 @@ impl CacheReader {
             delete_seq: self.delete_seq.load(Ordering::Acquire),
             verify,
             replace,
+            seeds: InsertSeeds::default(),
         }
     }
 

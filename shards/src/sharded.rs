@@ -12,8 +12,9 @@ use crate::cache::{Cache, CacheStats, DeleteOutcome, SearchOutcome};
 use crate::config::{CacheConfig, Capacity};
 use crate::error::Result;
 use crate::exact_table::QueryKey;
+use crate::filter::InsertSeeds;
 use crate::policy::PolicyConfig;
-use crate::read::Lookup;
+use crate::read::{Lookup, MissTicket};
 use crate::router::Router;
 
 #[derive(Clone, Debug)]
@@ -102,9 +103,13 @@ impl ShardedCache {
                 break;
             }
         }
+        // What the nearest shard's filter search finds for admitting q, should it miss.
+        let mut seeds = InsertSeeds::default();
         if found.is_none() {
             for &s in probe {
-                if let Some(l) = self.shards[s].read.probe_filter(q, k, key) {
+                let for_admission = (s == s1).then_some(&mut seeds);
+                let read = &self.shards[s].read;
+                if let Some(l) = read.probe_filter_seeded(q, k, key, for_admission) {
                     found = Some((s, l));
                     break;
                 }
@@ -113,11 +118,10 @@ impl ShardedCache {
         let (s, lookup) = match found {
             Some(x) => x,
             None => {
-                self.shards[s1].read.counters.misses.bump();
-                (
-                    s1,
-                    Lookup::Miss(self.shards[s1].read.ticket(q, k, key, None, false)),
-                )
+                let read = &self.shards[s1].read;
+                read.counters.misses.bump();
+                let ticket = read.ticket(q, k, key, None, false);
+                (s1, Lookup::Miss(MissTicket { seeds, ..ticket }))
             }
         };
         let shard = &mut self.shards[s];

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use shards::exact_table::QueryKey;
+use shards::filter::InsertSeeds;
 use shards::owner::OwnerMsg;
 use shards::{Admission, Candidate, Lookup, MissTicket};
 
@@ -142,13 +143,17 @@ impl AkerService {
         sh.shards[s1].reader.counters().lookups.bump();
         let pair = [s1, s2];
         let probe = if s1 == s2 { &pair[..1] } else { &pair[..] };
+        // What the nearest shard's filter search finds for admitting q, should it miss.
+        let mut seeds = InsertSeeds::default();
         let found = probe
             .iter()
             .find_map(|&s| sh.shards[s].reader.probe_exact(q, k, key).map(|l| (s, l)))
             .or_else(|| {
-                probe
-                    .iter()
-                    .find_map(|&s| sh.shards[s].reader.probe_filter(q, k, key).map(|l| (s, l)))
+                probe.iter().find_map(|&s| {
+                    let seeds = (s == s1).then_some(&mut seeds);
+                    let reader = &sh.shards[s].reader;
+                    reader.probe_filter_seeded(q, k, key, seeds).map(|l| (s, l))
+                })
             });
         match found {
             Some((s, Lookup::Hit(hit))) => {
@@ -177,7 +182,10 @@ impl AkerService {
             None => {
                 let r = &sh.shards[s1].reader;
                 r.counters().misses.bump();
-                let ticket = r.miss_ticket(q, k, false)?;
+                let ticket = MissTicket {
+                    seeds,
+                    ..r.miss_ticket(q, k, false)?
+                };
                 self.resolve_miss(s1, ticket, ctx).await
             }
         }

@@ -91,6 +91,10 @@ pub trait FilterIndex: Send + Sync {
     /// candidates to `serves` while it searches and stop once nothing nearer than a
     /// serving one can turn up. Whatever it offered may be offered again by the caller.
     /// The default searches as `search_bounded` and offers nothing.
+    ///
+    /// With `seeds`, a search that found nothing serving and ran to its end may leave
+    /// there what an insertion of `q` into this index would search for
+    /// (`insert_seeded`); the default leaves nothing.
     fn search_serving(
         &self,
         q: &[f32],
@@ -98,14 +102,41 @@ pub trait FilterIndex: Send + Sync {
         accept: &dyn Fn(RepId) -> bool,
         serves: &mut dyn FnMut(RepId) -> Option<f32>,
         bound: f32,
+        seeds: Option<&mut InsertSeeds>,
     ) -> Vec<(RepId, f32)> {
-        let _ = serves;
+        let _ = (serves, seeds);
         self.search_bounded(q, n, accept, bound)
+    }
+    /// As `insert`, starting from what a search of the same vector in this index left
+    /// in `seeds` (seeds of another index are ignored). The default inserts as `insert`.
+    fn insert_seeded(&self, rep: RepId, v: &[f32], seeds: &InsertSeeds) {
+        let _ = seeds;
+        self.insert(rep, v);
     }
     /// Points inserted, tombstoned ones included.
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// What a miss's lookup found in the active generation, handed to the owner with its
+/// ticket so that the admission links the new node without searching the graph again:
+/// the nodes nearest the query that an insertion would have searched for, with their
+/// distances, and which index they belong to (never the same for two indexes; a
+/// rotation in between makes them useless, and the insertion then searches).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct InsertSeeds {
+    /// `GraphIndex::id` of the index searched; 0: nothing found.
+    pub(crate) index: u64,
+    /// Node ids of that index and their distances, ascending.
+    pub(crate) nodes: Vec<(u32, f32)>,
+}
+
+impl InsertSeeds {
+    /// Whether a search left anything here.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
     }
 }
 
@@ -268,7 +299,9 @@ impl FilterSet {
     /// the request (within its threshold), so that the generation searched second (the
     /// standby, or with `StandbySearch::Learned` whichever hits have been coming from
     /// less) is only searched for something nearer still, or (`ActiveFirst`, `Learned`)
-    /// not at all when the first has a candidate that serves.
+    /// not at all when the first has a candidate that serves. With `seeds`, the active
+    /// generation's search may leave there what admitting `q` needs
+    /// (`FilterIndex::search_serving`).
     pub fn candidates(
         &self,
         q: &[f32],
@@ -276,6 +309,7 @@ impl FilterSet {
         accept: &dyn Fn(RepId) -> bool,
         serves: &mut dyn FnMut(RepId) -> Option<f32>,
         out: &mut Vec<RepId>,
+        mut seeds: Option<&mut InsertSeeds>,
     ) {
         let CandidateSearch {
             n,
@@ -292,8 +326,10 @@ impl FilterSet {
         let reach = index_slack(reach);
         let mut bound = reach;
         let mut generations = self.generations();
+        let mut active = 0;
         if learn && self.order.standby_first() {
             generations.swap(0, 1);
+            active = 1;
         }
         // Whether the first and second generations were searched and had a candidate
         // that serves (for `GenerationOrder`).
@@ -307,7 +343,8 @@ impl FilterSet {
             let limit = if i == 2 { reach } else { bound };
             // Each generation stops once it has found a candidate that serves and
             // nothing nearer can turn up (`search_serving`).
-            let found = gen.search_serving(q, n, accept, serves, limit);
+            let seeds = if i == active { seeds.take() } else { None };
+            let found = gen.search_serving(q, n, accept, serves, limit, seeds);
             if found.len() >= n {
                 bound = bound.min(index_slack(found[n - 1].1));
             }
@@ -513,9 +550,18 @@ impl DualFilter {
     }
 
     pub fn insert(&mut self, rep: RepId, v: Arc<[f32]>) {
+        self.insert_seeded(rep, v, None);
+    }
+
+    /// `insert`, from what a lookup of `v` found in the active generation
+    /// (`InsertSeeds`; ignored if the active generation has changed since).
+    pub fn insert_seeded(&mut self, rep: RepId, v: Arc<[f32]>, seeds: Option<&InsertSeeds>) {
         debug_assert!(!self.contains(rep));
         self.reclaim();
-        self.active.insert(rep, &v);
+        match seeds {
+            Some(seeds) => self.active.insert_seeded(rep, &v, seeds),
+            None => self.active.insert(rep, &v),
+        }
         self.active_members.live.insert(rep, v);
         self.migrate(MIGRATIONS_PER_WRITE);
     }
@@ -726,7 +772,7 @@ impl DualFilter {
         };
         let want = CandidateSearch::nearest(n);
         self.published
-            .read(|set| set.candidates(q, want, &live, &mut serves, &mut ids));
+            .read(|set| set.candidates(q, want, &live, &mut serves, &mut ids, None));
         let mut out: Vec<(RepId, f32)> = ids
             .into_iter()
             .map(|r| {
@@ -773,7 +819,7 @@ impl DualFilter {
             learned_order: false,
         };
         self.published
-            .read(|set| set.candidates(q, want, &live, &mut serves, &mut ids));
+            .read(|set| set.candidates(q, want, &live, &mut serves, &mut ids, None));
         ids.into_iter()
             .map(|r| (r, distance(r).expect("accepted reps are live")))
             .filter(|&(_, d)| d <= reach)
@@ -815,6 +861,70 @@ mod tests {
 
     fn v(x: f32) -> Arc<[f32]> {
         Arc::from(vec![x, 0.0])
+    }
+
+    /// A lookup's search leaves insert seeds from the active generation only (here the
+    /// standby holds everything near the query), `insert_seeded` links the entry with
+    /// them, and seeds left from before a rotation are another index's: the insertion
+    /// then searches. The entry is found either way.
+    #[test]
+    fn insert_seeds_come_from_the_active_generation() {
+        let (m, ef_construction, ef_search) = FilterKind::PAPER;
+        let kind = FilterKind::Hnsw {
+            m,
+            ef_construction,
+            ef_search,
+        };
+        let mut f = DualFilter::new(kind, Metric::L2Sq, 2);
+        let seeds_for = |f: &DualFilter, x: f32| {
+            let (mut seeds, mut ids) = (InsertSeeds::default(), vec![]);
+            f.published.read(|set| {
+                let want = CandidateSearch::nearest(1);
+                set.candidates(
+                    &v(x),
+                    want,
+                    &|_| true,
+                    &mut |_| None,
+                    &mut ids,
+                    Some(&mut seeds),
+                )
+            });
+            seeds
+        };
+        for r in 0..10 {
+            f.insert(r, v(r as f32));
+        }
+        for r in 2..8 {
+            f.remove(r);
+        }
+        assert_eq!(f.stats().rotations, 1);
+        for r in 20..30 {
+            f.insert(r, v(r as f32));
+        }
+        // Nearest 0.5: entries 0 and 1, in the standby; the seeds are the active's.
+        let seeds = seeds_for(&f, 0.5);
+        assert!(!seeds.is_empty());
+        assert!(
+            seeds.nodes[0].1 > 300.0,
+            "{seeds:?}: the active's nearest is 20"
+        );
+        f.insert_seeded(40, v(0.5), Some(&seeds));
+        let got = f.search(&v(0.5), 1, &|r| r >= 20);
+        assert_eq!(got.first().map(|x| x.0), Some(40));
+        // Seeds from before a rotation: ignored.
+        let stale = seeds_for(&f, 25.5);
+        for r in 20..30 {
+            f.remove(r);
+        }
+        assert_eq!(f.stats().rotations, 2);
+        f.insert(41, v(100.0));
+        f.insert_seeded(42, v(25.5), Some(&stale));
+        let got = f.search(&v(25.5), 1, &|_| true);
+        assert_eq!(got.first().map(|x| x.0), Some(42));
+        // A brute-force filter leaves none.
+        let mut b = DualFilter::new(FilterKind::BruteForce, Metric::L2Sq, 2);
+        b.insert(1, v(1.0));
+        assert!(seeds_for(&b, 0.5).is_empty());
     }
 
     fn rotation_keeps_survivors(kind: FilterKind) {
@@ -1169,7 +1279,7 @@ mod tests {
                     learned_order: true,
                     ..CandidateSearch::nearest(1)
                 };
-                cell.read(|set| set.candidates(&q, want, &|_| true, &mut serves, &mut ids));
+                cell.read(|set| set.candidates(&q, want, &|_| true, &mut serves, &mut ids, None));
                 assert!(ids.contains(&r), "{kind:?}: {r} not found in {ids:?}");
                 ids
             };
@@ -1255,7 +1365,7 @@ mod tests {
                             mode,
                             ..CandidateSearch::nearest(1)
                         };
-                        set.candidates(&q, want, &|_| true, &mut serves, &mut ids)
+                        set.candidates(&q, want, &|_| true, &mut serves, &mut ids, None)
                     });
                     assert_eq!(ids.contains(&3), want, "{kind:?} {mode:?} {active_serves}");
                     assert!(ids.contains(&7));
