@@ -12,7 +12,8 @@
 //!
 //! `cargo bench -p bench --bench engine` (AKER_BENCH_REPS overrides 100,000;
 //! AKER_BENCH_FILTER=hnsw_rs runs the whole cache on the hnsw_rs filter instead;
-//! AKER_BENCH_GROUPS=filter (or engine) runs one part only; AKER_BENCH_DIMS=768 one
+//! AKER_BENCH_GROUPS=filter (or engine) runs one part only, or a comma-separated list of
+//! the engine's parts: scaling, tails, timed (the criterion rows); AKER_BENCH_DIMS=768 one
 //! dimension; AKER_BENCH_PREFAULT_MB memory faulted in before anything is timed, 2048 by
 //! default, 0 to time first-touch faults too).
 
@@ -68,18 +69,20 @@ fn filter_kind() -> FilterKind {
     }
 }
 
-/// The scaling test's owner pauses this long after each batch of background admissions
-/// (`owner_batch`): AKER_BENCH_OWNER_US, 200 by default (~5,000 admissions per second).
-fn owner_pause_us() -> u64 {
-    engine_fixture::env_usize("AKER_BENCH_OWNER_US", 200) as u64
+/// Admissions a second the scaling test's owner makes in the background,
+/// AKER_BENCH_OWNER_RATE, 5,000 by default.
+fn owner_rate() -> usize {
+    engine_fixture::env_usize("AKER_BENCH_OWNER_RATE", 5_000).max(1)
 }
 
-/// Admissions the scaling test's owner makes per wake-up, AKER_BENCH_OWNER_BATCH, 1 by
-/// default. akerd's owner drains its queue each time it wakes (`service/owner.rs`), so
-/// under a steady miss rate it admits several per wake-up; one per wake-up adds a
-/// sleep and a wake-up (~16 µs of the owner's CPU on these VMs) to every admission.
-fn owner_batch() -> usize {
-    engine_fixture::env_usize("AKER_BENCH_OWNER_BATCH", 1).max(1)
+/// How often the scaling test's owner wakes up, AKER_BENCH_OWNER_US, every 1,000 µs by
+/// default: at each wake-up it admits the misses that arrived since the last one (5 at
+/// the default rate), as akerd's owner, a task on a core that is busy serving lookups,
+/// drains its queue whenever that core's executor runs it (`service/owner.rs`). 200
+/// wakes it once per admission instead, as an idle server would: each sleep and
+/// wake-up of a thread costs ~16 µs of CPU on these VMs, as much as the admission.
+fn owner_wake_us() -> u64 {
+    engine_fixture::env_usize("AKER_BENCH_OWNER_US", 1_000).max(1) as u64
 }
 
 fn reps() -> usize {
@@ -186,8 +189,17 @@ fn group_enabled(name: &str) -> bool {
     std::env::var("AKER_BENCH_GROUPS").map_or(true, |g| g.split(',').any(|x| x.trim() == name))
 }
 
+/// Whether the engine part `name` (scaling, tails or timed) runs: all three with
+/// AKER_BENCH_GROUPS=engine (or unset), else those it lists.
+fn engine_part_enabled(name: &str) -> bool {
+    group_enabled("engine") || group_enabled(name)
+}
+
 fn single_core(c: &mut Criterion) {
-    if !group_enabled("engine") {
+    if !["scaling", "tails", "timed"]
+        .iter()
+        .any(|p| engine_part_enabled(p))
+    {
         return;
     }
     let n = reps();
@@ -202,13 +214,20 @@ fn single_core(c: &mut Criterion) {
         // (the criterion groups below admit, evict and invalidate).
         // A scaling round admits ~30,000 entries (its pools and the background owner):
         // a smaller cache rotates its filter within every round.
-        let mut f = if n >= FULL_REPS_MIN {
+        let mut f = if !engine_part_enabled("scaling") {
+            f
+        } else if n >= FULL_REPS_MIN {
             scaling(f)
         } else {
             println!("scaling d{dim}: skipped, it needs AKER_BENCH_REPS >= {FULL_REPS_MIN}");
             f
         };
-        tails(&mut f);
+        if engine_part_enabled("tails") {
+            tails(&mut f);
+        }
+        if !engine_part_enabled("timed") {
+            continue;
+        }
         // The filter's two FIFO states (`shards::filter` module docs), costlier first.
         two_generations(&mut f);
         timed(c, &mut f, "two_gen", two_generations);
@@ -356,18 +375,38 @@ fn timed(c: &mut Criterion, f: &mut Fixture, label: &str, prepare: fn(&mut Fixtu
         cache, clusters, ..
     } = &mut *f;
     // The insert itself (log append, fast path); the slow-path steps that the
-    // risk then asks for are measured on their own below.
-    g.bench_function(BenchmarkId::new("insert_fast_path", dim), |b| {
-        b.iter_batched(
-            || {
-                i = (i + 1) % near.len();
-                next_id += 1;
-                (next_id, Arc::<[f32]>::from(near[i].as_slice()))
-            },
-            |(id, v)| black_box(cache.insert_logged(id, v, true).unwrap()),
-            criterion::BatchSize::SmallInput,
-        )
-    });
+    // risk then asks for are measured on their own below. Two kinds of vector: near
+    // copies of live entries drawn at random (each entry drawn a few times at most, so
+    // its maxD stays above them), which their entry takes if the filter finds it; and
+    // near copies of the fixture's first queries, evicted long ago, which mostly no
+    // entry takes (the filter is searched for one to the end). Counted: how many an
+    // entry took.
+    let live: Vec<Arc<[f32]>> = cache.representatives().map(|r| r.query.clone()).collect();
+    let mut pick = StdRng::seed_from_u64(9);
+    for (name, near_live) in [("insert_fast_path", true), ("insert_untaken", false)] {
+        let (mut inserts, mut taken) = (0u64, 0u64);
+        g.bench_function(BenchmarkId::new(name, dim), |b| {
+            b.iter_batched(
+                || {
+                    next_id += 1;
+                    let v: Arc<[f32]> = if near_live {
+                        let q = &live[pick.gen_range(0..live.len())];
+                        q.iter().map(|x| x + 1e-6).collect()
+                    } else {
+                        i = (i + 1) % near.len();
+                        Arc::from(near[i].as_slice())
+                    };
+                    (next_id, v)
+                },
+                |(id, v)| {
+                    let out = black_box(cache.insert_logged(id, v, true).unwrap());
+                    (inserts, taken) = (inserts + 1, taken + out.fast_path as u64);
+                },
+                criterion::BatchSize::SmallInput,
+            )
+        });
+        println!("d{dim} {label}: {name}: {taken} of {inserts} inserts taken by an entry");
+    }
     // A step that finds no entry with records to scan does nothing: counted, so that
     // this row cannot quietly time nothing.
     let (mut steps, mut worked) = (0u64, 0u64);
@@ -379,8 +418,9 @@ fn timed(c: &mut Criterion, f: &mut Fixture, label: &str, prepare: fn(&mut Fixtu
         })
     });
     println!("d{dim} {label}: slow_path_step: {worked} of {steps} steps scanned records");
+    // (No steps: criterion's filter left the group out.)
     assert!(
-        worked * 2 > steps,
+        steps == 0 || worked * 2 > steps,
         "most slow-path steps found nothing to scan"
     );
     // Each timed delete removes an id a live entry holds (found untimed); deletes
@@ -643,9 +683,11 @@ fn tails(f: &mut Fixture) {
         let q = next.next().expect("one per op");
         black_box(f.cache.lookup(q, K).unwrap());
     });
+    // Near copies of live entries, as in the criterion row.
     h("insert_fast_path", 20_000, &mut |f| {
         f.next_id += 1;
-        let v: Arc<[f32]> = Arc::from(f.near_query());
+        let q = &live[f.rng.gen_range(0..live.len())];
+        let v: Arc<[f32]> = q.iter().map(|x| x + 1e-6).collect();
         black_box(f.cache.insert_logged(f.next_id, v, true).unwrap());
     });
     h("delete", deletes, &mut |f| {
@@ -675,7 +717,7 @@ const SCALING_POOL: usize = 24_000;
 const FULL_REPS_MIN: usize = 60_000;
 /// 1-vs-2-reader pairs per kind, half of them with 2 readers first; the median ratio is
 /// the result (the machine is shared).
-const SCALING_ROUNDS: usize = 4;
+const SCALING_ROUNDS: usize = 6;
 
 /// CPU time this thread has run (not waited or been preempted).
 fn thread_cpu() -> Duration {
@@ -695,8 +737,7 @@ fn thread_cpu() -> Duration {
 const OWNER_QUERIES: usize = 16_384;
 
 /// Lookups per second with 1 and 2 reader threads, the owner admitting in the
-/// background (`owner_batch()` admissions, then a pause of `owner_pause_us()`: one every
-/// 200 µs by default), in
+/// background (`owner_rate()` a second, woken every `owner_wake_us()`), in
 /// `SCALING_ROUNDS` pairs.
 fn scaling(f: Fixture) -> Fixture {
     let Fixture {
@@ -791,7 +832,7 @@ fn scaling(f: Fixture) -> Fixture {
                 let bg = {
                     let (owner, stop, clusters) = (owner.clone(), stop.clone(), clusters.clone());
                     let seed = rng.gen::<u64>();
-                    let (pause_us, batch) = (owner_pause_us(), owner_batch());
+                    let (rate, wake_us) = (owner_rate(), owner_wake_us());
                     thread::spawn(move || {
                         let mut rng = StdRng::seed_from_u64(seed);
                         let mut c = owner.lock().unwrap();
@@ -799,22 +840,28 @@ fn scaling(f: Fixture) -> Fixture {
                             (0usize, Duration::ZERO, Duration::ZERO);
                         let (started, cpu_started) = (Instant::now(), thread_cpu());
                         let mut tickets = owner_tickets.into_iter();
+                        let (period, mut wake) = (Duration::from_micros(wake_us), started);
                         while !stop.load(Ordering::Relaxed) {
-                            let t0 = Instant::now();
-                            // Past the ones made before (a slow run): made here, without
-                            // a lookup.
-                            let t = tickets.next().unwrap_or_else(|| {
-                                let q = clusters.sample(&mut rng);
-                                c.miss_ticket(&q, K, false).unwrap()
-                            });
-                            let base = rng.gen_range(0..1u64 << 40);
-                            let a = answer(&mut rng, base);
-                            c.admit(t, a).unwrap();
-                            let took = t0.elapsed();
-                            (admitted, busy, longest) =
-                                (admitted + 1, busy + took, longest.max(took));
-                            if admitted % batch == 0 {
-                                thread::sleep(Duration::from_micros(pause_us));
+                            // The misses that have arrived by now at `rate`.
+                            let due = (started.elapsed().as_secs_f64() * rate as f64) as usize;
+                            while admitted < due && !stop.load(Ordering::Relaxed) {
+                                let t0 = Instant::now();
+                                // Past the ones made before (a slow run): made here,
+                                // without a lookup.
+                                let t = tickets.next().unwrap_or_else(|| {
+                                    let q = clusters.sample(&mut rng);
+                                    c.miss_ticket(&q, K, false).unwrap()
+                                });
+                                let base = rng.gen_range(0..1u64 << 40);
+                                let a = answer(&mut rng, base);
+                                c.admit(t, a).unwrap();
+                                let took = t0.elapsed();
+                                (admitted, busy, longest) =
+                                    (admitted + 1, busy + took, longest.max(took));
+                            }
+                            wake += period;
+                            if let Some(left) = wake.checked_duration_since(Instant::now()) {
+                                thread::sleep(left);
                             }
                         }
                         let wall = started.elapsed().as_secs_f64();
@@ -912,12 +959,12 @@ fn scaling(f: Fixture) -> Fixture {
         };
         println!(
             "scaling d{dim:<4} {:<12} median ratio {:.2}x of {SCALING_ROUNDS} rounds \
-             (per reader CPU {:.2}x; owner: {} admission(s) per wake-up, {} µs pauses)",
+             (per reader CPU {:.2}x; owner: {} admissions/s, a wake-up every {} µs)",
             if approximate { "approximate" } else { "exact" },
             median(ratios),
             median(cpu_ratios),
-            owner_batch(),
-            owner_pause_us(),
+            owner_rate(),
+            owner_wake_us(),
         );
     }
     let cache = Arc::try_unwrap(owner)
