@@ -19,11 +19,13 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use shards::budget::GlobalBudget;
 use shards::exact_table::QueryKey;
+use shards::filter::InsertSeeds;
 use shards::owner::{channel, OwnerMsg, ShardHandle};
 use shards::router::Router;
 use shards::store::ExactStore;
 use shards::{
-    Backend, Cache, CacheConfig, Capacity, FilterKind, Lookup, Metric, PolicyConfig, StandbySearch,
+    Backend, Cache, CacheConfig, Capacity, FilterKind, Lookup, Metric, MissTicket, PolicyConfig,
+    StandbySearch,
 };
 
 const DIM: usize = 8;
@@ -108,7 +110,7 @@ fn run_stress(filter: FilterKind, standby_search: StandbySearch) {
             );
             thread::spawn(move || {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(100 + r as u64);
-                let (mut hits, mut ops) = (0u64, 0u64);
+                let (mut hits, mut ops, mut seeded) = (0u64, 0u64, 0u64);
                 let started = Instant::now();
                 while !stop.load(Ordering::Relaxed)
                     && ops < READER_OPS_MAX
@@ -127,12 +129,19 @@ fn run_stress(filter: FilterKind, standby_search: StandbySearch) {
                     let [s1, s2] = router.route(&q);
                     let key = QueryKey::new(&q, K);
                     let probe = [s1, s2];
+                    // As akerd's handler: the nearest shard's filter search leaves the
+                    // admission its seeds (the owner links the new node among them).
+                    let mut seeds = InsertSeeds::default();
                     let found = probe
                         .iter()
                         .find_map(|&s| handles[s].reader.probe_exact(&q, K, key).map(|l| (s, l)))
                         .or_else(|| {
                             probe.iter().find_map(|&s| {
-                                handles[s].reader.probe_filter(&q, K, key).map(|l| (s, l))
+                                let seeds = (s == s1).then_some(&mut seeds);
+                                let reader = &handles[s].reader;
+                                reader
+                                    .probe_filter_seeded(&q, K, key, seeds)
+                                    .map(|l| (s, l))
                             })
                         });
                     let ids: Vec<u64> = match found {
@@ -152,7 +161,11 @@ fn run_stress(filter: FilterKind, standby_search: StandbySearch) {
                             hit.results.iter().map(|n| n.id).collect()
                         }
                         _ => {
-                            let ticket = handles[s1].reader.miss_ticket(&q, K, false).unwrap();
+                            seeded += !seeds.is_empty() as u64;
+                            let ticket = MissTicket {
+                                seeds,
+                                ..handles[s1].reader.miss_ticket(&q, K, false).unwrap()
+                            };
                             let answer = db.read().unwrap().search(&q, K + 2).unwrap();
                             let ids = answer.iter().take(K).map(|c| c.id).collect();
                             handles[s1].hint(OwnerMsg::Admit {
@@ -172,7 +185,7 @@ fn run_stress(filter: FilterKind, standby_search: StandbySearch) {
                         }
                     }
                 }
-                (ops, hits)
+                (ops, hits, seeded)
             })
         })
         .collect();
@@ -243,11 +256,12 @@ fn run_stress(filter: FilterKind, standby_search: StandbySearch) {
 
     let writes = writer.join().unwrap();
     stop.store(true, Ordering::Relaxed);
-    let mut total_hits = 0;
+    let (mut total_hits, mut total_seeded) = (0, 0);
     for r in readers {
-        let (ops, hits) = r.join().unwrap();
+        let (ops, hits, seeded) = r.join().unwrap();
         assert!(ops > 0);
         total_hits += hits;
+        total_seeded += seeded;
     }
     let dropped: u64 = handles.iter().map(|h| h.dropped()).sum();
     drop(handles);
@@ -268,7 +282,15 @@ fn run_stress(filter: FilterKind, standby_search: StandbySearch) {
         total_hits > 0 && stats.admissions > 0 && stats.evictions > 0,
         "{stats:?}"
     );
-    eprintln!("stress: {writes} writes, {total_hits} hits, {dropped} hints dropped, {stats:?}");
+    // Misses whose admission went to the owner with seeds (the seeded insertion ran
+    // under the readers' searches and the rotations); only the graph leaves them.
+    if matches!(filter, FilterKind::Hnsw { .. }) {
+        assert!(total_seeded > 0, "no miss carried insert seeds");
+    }
+    eprintln!(
+        "stress: {writes} writes, {total_hits} hits, {total_seeded} seeded misses, \
+         {dropped} hints dropped, {stats:?}"
+    );
 }
 
 #[test]
