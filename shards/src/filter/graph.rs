@@ -659,8 +659,9 @@ impl GraphIndex {
             let (found, bound, served, cut) =
                 with_scratch(|s| self.knn(s, &probe, ef, bound, Some(&mut offer)));
             // A search that ran its course for nothing that serves found what an
-            // insertion of `q` searches for (it searches with ef_construction <= ef).
-            if let Some(seeds) = seeds.filter(|_| served.is_none() && !cut) {
+            // insertion of `q` searches for (with ef_construction, here no more than ef).
+            let complete = served.is_none() && !cut && ef >= self.ef_construction;
+            if let Some(seeds) = seeds.filter(|_| complete) {
                 seeds.index = self.id;
                 seeds.nodes.clear();
                 seeds.nodes.extend(
@@ -782,20 +783,27 @@ impl GraphIndex {
         let mut kept = Vec::with_capacity(self.m0);
         let mut kept_back = Vec::with_capacity(self.m0);
         let mut prune = Vec::with_capacity(self.m0 + 1);
-        if let Some(seeds) = seeds.filter(|_| level == 0) {
-            // Nodes are never removed from a graph, so each seed is still a node here
-            // (one at or past `node` cannot be, and is dropped rather than read); the
-            // distances are the ones this node's own code gives (the same
-            // vector, quantized the same way). Nodes added since the lookup are not
-            // among them: a few, in the time a backend call takes.
-            let found: Vec<Cand> = seeds
-                .nodes
-                .iter()
-                .filter(|&&(seed, _)| seed < node)
-                .map(|&(node, dist)| Cand { dist, node })
-                .collect();
-            debug_assert_eq!(found.len(), seeds.nodes.len());
-            debug_assert!(found.is_sorted());
+        // Nodes are never removed from a graph, so each seed is still a node here (one at
+        // or past `node` cannot be, and is dropped rather than read); the distances are
+        // the ones this node's own code gives (the same vector, quantized the same way).
+        // Nodes added since the lookup are not among them: a few, in the time a backend
+        // call takes.
+        let found: Vec<Cand> = seeds
+            .filter(|_| level == 0)
+            .map(|seeds| {
+                let found: Vec<Cand> = seeds
+                    .nodes
+                    .iter()
+                    .filter(|&&(seed, _)| seed < node)
+                    .map(|&(node, dist)| Cand { dist, node })
+                    .collect();
+                debug_assert_eq!(found.len(), seeds.nodes.len());
+                debug_assert!(found.is_sorted());
+                found
+            })
+            .unwrap_or_default();
+        // (No seed left: searched as without seeds, so the node is linked.)
+        if !found.is_empty() {
             self.select(&found, self.m, &mut kept);
             Self::write_links(self.links(node, 0), &kept);
             for &nb in &kept {
@@ -1077,6 +1085,21 @@ mod tests {
             3 * seeded_cost < 2 * plain_cost,
             "{seeded_cost} vs {plain_cost}"
         );
+        // A search narrower than an insertion's leaves no seeds.
+        let narrow = GraphIndex::new(Metric::L2Sq, dim, m, 4 * efs, efs);
+        for (i, p) in pts.iter().take(100).enumerate() {
+            narrow.insert(i as RepId, p);
+        }
+        let mut seeds = InsertSeeds::default();
+        narrow.search_serving(
+            &pts[0],
+            1,
+            &|_| true,
+            &mut |_| None,
+            f32::INFINITY,
+            Some(&mut seeds),
+        );
+        assert!(seeds.is_empty());
         // A search cut short by its bound leaves no seeds.
         let mut seeds = InsertSeeds::default();
         seeded.search_serving(&pts[0], 1, &|_| true, &mut |_| None, 1e-9, Some(&mut seeds));
