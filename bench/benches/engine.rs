@@ -3,9 +3,10 @@
 //! 100,000 representatives at d = 128 and d = 768 (HNSW filter, k = 10, Δ = 2), one
 //! core: exact hit, approximate hit, miss admission (at capacity, so it evicts; its
 //! ticket made by the lookup that missed, untimed, as a server's reader makes it, and
-//! again without a lookup), insert fast path, delete. Then the tail: p50 / p99 / p99.9 of each operation from
-//! an HdrHistogram, and the read scaling of exact and approximate hits with 1 and 2
-//! reader threads while the owner admits in the background.
+//! again without a lookup), insert (near a live entry, and near entries evicted long
+//! ago), delete. Then the tail: p50 / p99 / p99.9 of each operation from an
+//! HdrHistogram, and the read scaling of exact and approximate hits with 1 and 2 reader
+//! threads while the owner admits in the background.
 //!
 //! Last, the query filter alone: the engine's graph against hnsw_rs with the same
 //! parameters, on the same vectors in the same run (why the filter is not hnsw_rs).
@@ -15,7 +16,9 @@
 //! AKER_BENCH_GROUPS=filter (or engine) runs one part only, or a comma-separated list of
 //! the engine's parts: scaling, tails, timed (the criterion rows); AKER_BENCH_DIMS=768 one
 //! dimension; AKER_BENCH_PREFAULT_MB memory faulted in before anything is timed, 2048 by
-//! default, 0 to time first-touch faults too).
+//! default, 0 to time first-touch faults too; AKER_BENCH_STANDBY the filter's standby
+//! search; AKER_BENCH_OWNER_RATE and AKER_BENCH_OWNER_US the scaling owner's admissions
+//! a second and how often it wakes).
 
 // mimalloc, keeping the memory it frees: see allocator/src/lib.rs.
 #[global_allocator]
