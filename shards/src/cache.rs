@@ -23,7 +23,7 @@ use crate::entry::{AtomicF32, NeighborList, RepId, RepView, Representative};
 use crate::error::{validate_k, validate_vector, Result};
 use crate::exact_table::{QueryKey, Slot};
 use crate::filter::{DualFilter, FilterStats};
-use crate::hash::{HashSet, SharedMap};
+use crate::hash::{HashMap, HashSet, SharedMap};
 use crate::insert_log::{DeleteLog, InsertLog};
 use crate::policy::HitPolicy;
 use crate::pool::{NeighborPool, OBJECT_OVERHEAD_BYTES};
@@ -172,6 +172,11 @@ pub struct Cache {
     pub(crate) risk: RiskSums,
     /// Every live list's `maxD`: the insert fast path's reach (`reach.rs`).
     pub(crate) max_ds: MaxDistances,
+    /// Each live representative's `maxD`, for the insert fast path's "does it take the
+    /// vector?" asked of every candidate its filter search offers: one hash probe where
+    /// `reps` (a B-tree of 100,000 entries, then the list behind two pointers) cost
+    /// several dependent cache misses.
+    pub(crate) max_d_by_rep: HashMap<RepId, f32>,
     pub(crate) next_rep: RepId,
     /// The representative the slow path served last (round-robin position).
     pub(crate) slow_path_last: RepId,
@@ -211,6 +216,7 @@ impl Cache {
             cursors: BTreeSet::new(),
             risk: RiskSums::default(),
             max_ds: MaxDistances::default(),
+            max_d_by_rep: HashMap::default(),
             next_rep: 1,
             slow_path_last: 0,
             alias_count: 0,
@@ -443,6 +449,7 @@ impl Cache {
         };
         self.risk.sum_r += view.nrl.risk_fixed(k);
         self.max_ds.add(view.nrl.max_d());
+        self.max_d_by_rep.insert(id, view.nrl.max_d());
         self.risk.sum_cursor += cursor as u128;
         self.cursors.insert((cursor, id));
         self.entry_bytes += self.rep_bytes(k);
@@ -541,6 +548,7 @@ impl Cache {
         self.risk.sum_r -= rep.nrl.risk_fixed(rep.k);
         self.risk.sum_cursor -= rep.cursor as u128;
         self.max_ds.remove(rep.nrl.max_d());
+        self.max_d_by_rep.remove(&id);
         if self.reps.is_empty() {
             self.risk = RiskSums::default();
             debug_assert!(self.max_ds.is_empty());
@@ -583,6 +591,7 @@ impl Cache {
         debug_assert!(nrl.is_sorted());
         self.risk.sum_r = self.risk.sum_r + nrl.risk_fixed(rep.k) - rep.nrl.risk_fixed(rep.k);
         self.max_ds.replace(rep.nrl.max_d(), nrl.max_d());
+        self.max_d_by_rep.insert(id, nrl.max_d());
         rep.view.nrl = Arc::new(nrl);
         let view = rep.view.clone();
         self.publish_view(view);
@@ -717,11 +726,17 @@ impl Cache {
         let published = self.read.reps.pin();
         let mut aliases = 0;
         let mut sum_cursor: u128 = 0;
+        if self.max_d_by_rep.len() != self.reps.len() {
+            return Err("maxD map and representatives differ in size".into());
+        }
         for (&id, rep) in &self.reps {
             let nrl = &rep.nrl;
             let ctx = |m: &str| format!("rep {id}: {m}");
             if rep.id != id {
                 return Err(ctx("id mismatch"));
+            }
+            if self.max_d_by_rep.get(&id) != Some(&nrl.max_d()) {
+                return Err(ctx("maxD map out of date"));
             }
             if nrl.len() < rep.k || nrl.len() > self.answer_len(rep.k) {
                 return Err(ctx(&format!(

@@ -89,8 +89,8 @@ impl Cache {
 
     /// The nearest representative to `v` takes it if it is closer than its `maxD`.
     fn fast_path(&mut self, id: u64, v: &Arc<[f32]>) -> bool {
-        let reps = &self.reps;
-        let takes = |r: RepId, d: f32| reps.get(&r).is_some_and(|e| d < e.max_d());
+        let max_d = &self.max_d_by_rep;
+        let takes = |r: RepId, d: f32| max_d.get(&r).is_some_and(|&m| d < m);
         // No list ends farther than `reach`: nothing beyond it can take the vector.
         let Some(reach) = self.max_ds.max() else {
             return false;
@@ -98,7 +98,7 @@ impl Cache {
         let Some((rid, d)) = self.filter.nearest_taker(v, reach, &takes) else {
             return false;
         };
-        if d < self.reps[&rid].max_d() && self.merge(rid, id, d, v) {
+        if d < self.max_d_by_rep[&rid] && self.merge(rid, id, d, v) {
             self.read.counters.fast_path_updates.bump();
             return true;
         }
