@@ -116,9 +116,11 @@ impl Fixture {
             capacity: Capacity::Objects(n * (K + DELTA)),
             filter: filter_kind(),
             standby_search: engine_fixture::standby_search(),
-            // The insert groups log ~500,000 vectors that the slow path does not keep
-            // up with: the default byte cap (1 GiB, 342,000 records at d = 768) would
-            // invalidate the whole fixture mid-group. Capped by records (2^20) only.
+            // The insert groups log up to ~1.3 million vectors in one filter state (d =
+            // 128; ~300,000 at d = 768) that the slow path does not keep up with: the
+            // default caps (2^20 records; 1 GiB, 342,000 records at d = 768) would
+            // invalidate the whole fixture mid-group.
+            insert_log_cap: 1 << 22,
             insert_log_bytes: 4 << 30,
             ..CacheConfig::new(dim, Metric::L2Sq)
         };
