@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use bench::engine_fixture::{self, Clusters};
+use bench::engine_fixture::{self, looked_up_ticket, Clusters};
 use criterion::{criterion_group, BenchmarkId, Criterion};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
@@ -160,11 +160,9 @@ impl Fixture {
         self.clusters.sample(&mut self.rng)
     }
 
-    /// A miss's ticket as a server's owner gets it: made by the lookup of a query never
-    /// seen (one that hits is drawn again), carrying what that lookup's filter search
-    /// found for the admission (`MissTicket::seeds`).
+    /// `engine_fixture::looked_up_ticket` on the fixture.
     fn looked_up_ticket(&mut self) -> MissTicket {
-        looked_up_ticket(&self.cache, &self.clusters, &mut self.rng)
+        looked_up_ticket(&self.cache, &self.clusters, &mut self.rng, K)
     }
 
     /// Admits a query never seen (with a FIFO eviction once full).
@@ -175,18 +173,6 @@ impl Fixture {
         let t = self.cache.miss_ticket(&q, K, false).unwrap();
         self.cache.admit(t, answer(&mut self.rng, base)).unwrap();
     }
-}
-
-/// `Fixture::looked_up_ticket`, for callers that hold the parts.
-fn looked_up_ticket(cache: &Cache, clusters: &Clusters, rng: &mut StdRng) -> MissTicket {
-    // Fresh queries hit now and then (a cluster's entries serve near queries): bounded.
-    for _ in 0..1000 {
-        let q = clusters.sample(rng);
-        if let Lookup::Miss(t) = cache.lookup(&q, K).unwrap() {
-            return t;
-        }
-    }
-    panic!("1000 fresh queries in a row were hits");
 }
 
 /// Whether the part `name` runs (AKER_BENCH_GROUPS, comma-separated; default all).
@@ -345,7 +331,7 @@ fn timed(c: &mut Criterion, f: &mut Fixture, label: &str, prepare: fn(&mut Fixtu
         b.iter_custom(|iters| {
             let mut took = Duration::ZERO;
             for _ in 0..iters {
-                let t = looked_up_ticket(cache, clusters, &mut rng);
+                let t = looked_up_ticket(cache, clusters, &mut rng, K);
                 next_id += 1_000_000;
                 let a = answer(&mut rng, next_id);
                 let started = Instant::now();
@@ -831,7 +817,7 @@ fn scaling(f: Fixture) -> Fixture {
                 let owner_tickets: Vec<MissTicket> = {
                     let c = owner.lock().unwrap();
                     (0..OWNER_QUERIES)
-                        .map(|_| looked_up_ticket(&c, &clusters, &mut rng))
+                        .map(|_| looked_up_ticket(&c, &clusters, &mut rng, K))
                         .collect()
                 };
                 let bg = {

@@ -23,7 +23,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bench::engine_fixture::{answer, delete_victim, env_usize as env, Clusters};
+use bench::engine_fixture::{answer, delete_victim, env_usize as env, looked_up_ticket, Clusters};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shards::{Cache, CacheConfig, Capacity, HitKind, Lookup, Metric, PolicyConfig};
@@ -55,20 +55,16 @@ fn main() {
     // server; by default they are made without one, every drawn query admitted.
     let seeded = std::env::var("TICKETS").is_ok_and(|t| t == "lookup");
     let mut admit = |cache: &mut Cache, rng: &mut StdRng| -> Vec<f32> {
-        loop {
+        let t = if seeded {
+            looked_up_ticket(cache, &clusters, rng, K)
+        } else {
             let q = clusters.sample(rng);
-            let t = if seeded {
-                match cache.lookup(&q, K).expect("valid") {
-                    Lookup::Miss(t) => t,
-                    Lookup::Hit(_) => continue,
-                }
-            } else {
-                cache.miss_ticket(&q, K, false).expect("valid")
-            };
-            next_id += 1_000_000;
-            cache.admit(t, answer(rng, next_id, K + 2)).expect("valid");
-            return q;
-        }
+            cache.miss_ticket(&q, K, false).expect("valid")
+        };
+        let q = t.query.to_vec();
+        next_id += 1_000_000;
+        cache.admit(t, answer(rng, next_id, K + 2)).expect("valid");
+        q
     };
     let t = Instant::now();
     let queries: Vec<Vec<f32>> = (0..n).map(|_| admit(&mut cache, &mut rng)).collect();
@@ -132,13 +128,10 @@ fn main() {
             "admit_after_lookup" | "admit_without_lookup" => {
                 // The admission alone timed, its ticket made untimed: by a lookup (its
                 // filter search leaves the insertion its seeds) or without one.
-                let q = clusters.sample(&mut rng);
                 let ticket = if op == "admit_after_lookup" {
-                    match cache.lookup(&q, K).expect("valid") {
-                        Lookup::Miss(t) => t,
-                        Lookup::Hit(_) => continue,
-                    }
+                    looked_up_ticket(&cache, &clusters, &mut rng, K)
                 } else {
+                    let q = clusters.sample(&mut rng);
                     cache.miss_ticket(&q, K, false).expect("valid")
                 };
                 hits += !ticket.seeds.is_empty() as usize;

@@ -3,7 +3,7 @@
 
 use rand::rngs::StdRng;
 use rand::Rng;
-use shards::{Cache, Candidate, StandbySearch};
+use shards::{Cache, Candidate, Lookup, MissTicket, StandbySearch};
 
 /// Query vectors shaped like real embeddings: 1,000 clusters of varying spread (uniform
 /// random vectors in 128+ dimensions are a known worst case for any graph index, and no
@@ -31,6 +31,25 @@ impl Clusters {
             .map(|x| x + rng.gen_range(-s..s))
             .collect()
     }
+}
+
+/// A miss's ticket as a server's owner gets it: made by the lookup of a query never
+/// seen (one that hits is drawn again), carrying what that lookup's filter search found
+/// for the admission (`MissTicket::seeds`).
+pub fn looked_up_ticket(
+    cache: &Cache,
+    clusters: &Clusters,
+    rng: &mut StdRng,
+    k: usize,
+) -> MissTicket {
+    // Fresh queries hit now and then (a cluster's entries serve near queries): bounded.
+    for _ in 0..1000 {
+        let q = clusters.sample(rng);
+        if let Lookup::Miss(t) = cache.lookup(&q, k).expect("valid") {
+            return t;
+        }
+    }
+    panic!("1000 fresh queries in a row were hits");
 }
 
 /// A fabricated backend answer of `len` results: ids drawn from `base_id`'s own range

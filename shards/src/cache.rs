@@ -460,8 +460,7 @@ impl Cache {
             .table
             .pin()
             .insert(ticket.key, Slot::Representative(id));
-        self.filter
-            .insert_seeded(id, ticket.query, Some(&ticket.seeds));
+        self.filter.insert_seeded(id, ticket.query, &ticket.seeds);
         self.reps.insert(
             id,
             Representative {

@@ -896,7 +896,8 @@ impl FilterIndex for GraphIndex {
     /// seeds' nodes (the nearest a lookup of `v` found here, `search_with`) without the
     /// descent and the layer-0 search, a third of an admission's time.
     fn insert_seeded(&self, rep: RepId, v: &[f32], seeds: &InsertSeeds) {
-        let seeds = (seeds.index == self.id && !seeds.nodes.is_empty()).then_some(seeds);
+        // Empty seeds, or none left once filtered: `insert_node` searches.
+        let seeds = (seeds.index == self.id).then_some(seeds);
         self.insert_node(rep, v, seeds);
     }
 

@@ -550,18 +550,15 @@ impl DualFilter {
     }
 
     pub fn insert(&mut self, rep: RepId, v: Arc<[f32]>) {
-        self.insert_seeded(rep, v, None);
+        self.insert_seeded(rep, v, &InsertSeeds::default());
     }
 
     /// `insert`, from what a lookup of `v` found in the active generation
-    /// (`InsertSeeds`; ignored if the active generation has changed since).
-    pub fn insert_seeded(&mut self, rep: RepId, v: Arc<[f32]>, seeds: Option<&InsertSeeds>) {
+    /// (`InsertSeeds`; ignored if empty or if the active generation has changed since).
+    pub fn insert_seeded(&mut self, rep: RepId, v: Arc<[f32]>, seeds: &InsertSeeds) {
         debug_assert!(!self.contains(rep));
         self.reclaim();
-        match seeds {
-            Some(seeds) => self.active.insert_seeded(rep, &v, seeds),
-            None => self.active.insert(rep, &v),
-        }
+        self.active.insert_seeded(rep, &v, seeds);
         self.active_members.live.insert(rep, v);
         self.migrate(MIGRATIONS_PER_WRITE);
     }
@@ -908,7 +905,7 @@ mod tests {
             seeds.nodes[0].1 > 300.0,
             "{seeds:?}: the active's nearest is 20"
         );
-        f.insert_seeded(40, v(0.5), Some(&seeds));
+        f.insert_seeded(40, v(0.5), &seeds);
         let got = f.search(&v(0.5), 1, &|r| r >= 20);
         assert_eq!(got.first().map(|x| x.0), Some(40));
         // Seeds from before a rotation: ignored.
@@ -918,7 +915,7 @@ mod tests {
         }
         assert_eq!(f.stats().rotations, 2);
         f.insert(41, v(100.0));
-        f.insert_seeded(42, v(25.5), Some(&stale));
+        f.insert_seeded(42, v(25.5), &stale);
         let got = f.search(&v(25.5), 1, &|_| true);
         assert_eq!(got.first().map(|x| x.0), Some(42));
         // A brute-force filter leaves none.
