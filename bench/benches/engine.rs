@@ -18,7 +18,8 @@
 //! dimension; AKER_BENCH_PREFAULT_MB memory faulted in before anything is timed, 2048 by
 //! default, 0 to time first-touch faults too; AKER_BENCH_STANDBY the filter's standby
 //! search; AKER_BENCH_OWNER_RATE and AKER_BENCH_OWNER_US the scaling owner's admissions
-//! a second and how often it wakes).
+//! a second and how often it wakes; AKER_BENCH_SCALING_STOP=all has every scaling reader
+//! do its whole share, instead of all stopping when the first is done).
 
 // mimalloc, keeping the memory it frees: see allocator/src/lib.rs.
 #[global_allocator]
@@ -90,6 +91,20 @@ fn owner_wake_us() -> u64 {
 
 fn reps() -> usize {
     engine_fixture::env_usize("AKER_BENCH_REPS", 100_000)
+}
+
+/// Whether a scaling run's readers all stop once the first has done its share
+/// (AKER_BENCH_SCALING_STOP=first, the default) or each does all of its share (`all`).
+/// With `all`, the run's time ran to the last reader's end: the owner preempts one
+/// reader more than the other, so the other finished first and its core then had only
+/// the owner to run, idle time counted against two readers' throughput. `first`
+/// counts the lookups done while every reader was running, as a throughput test on a
+/// fixed duration does.
+fn scaling_stop_at_first() -> bool {
+    !matches!(
+        std::env::var("AKER_BENCH_SCALING_STOP").as_deref(),
+        Ok("all")
+    )
 }
 
 /// A cache holding `n` representatives with fabricated answers
@@ -866,16 +881,24 @@ fn scaling(f: Fixture) -> Fixture {
                 } else {
                     300_000
                 };
+                // Set by the first reader to finish its share (`scaling_stop_at_first`).
+                let first_done = Arc::new(AtomicBool::new(false));
+                let stop_at_first = scaling_stop_at_first();
                 let t = Instant::now();
                 let workers: Vec<_> = (0..threads)
                     .map(|w| {
                         let pool = pools.get(w).cloned().unwrap_or_default();
                         let (reader, queries) = (reader.clone(), queries.clone());
+                        let first_done = first_done.clone();
                         thread::spawn(move || {
                             let mut rng = StdRng::seed_from_u64(w as u64);
-                            let mut hits = 0usize;
+                            let (mut hits, mut done) = (0usize, 0usize);
                             let cpu_started = thread_cpu();
                             for i in 0..per_thread {
+                                // Read-only until set: the line stays shared, no traffic.
+                                if stop_at_first && first_done.load(Ordering::Relaxed) {
+                                    break;
+                                }
                                 let got = if approximate {
                                     reader.lookup(&pool[i % pool.len()], K).unwrap()
                                 } else {
@@ -885,19 +908,21 @@ fn scaling(f: Fixture) -> Fixture {
                                     reader.lookup(q, K).unwrap()
                                 };
                                 hits += matches!(black_box(got), Lookup::Hit(_)) as usize;
+                                done += 1;
                             }
-                            (hits, thread_cpu() - cpu_started)
+                            first_done.store(true, Ordering::Relaxed);
+                            (hits, done, thread_cpu() - cpu_started)
                         })
                     })
                     .collect();
-                let (mut hits, mut cpu) = (0usize, Duration::ZERO);
+                let (mut hits, mut done, mut cpu) = (0usize, 0usize, Duration::ZERO);
                 for w in workers {
-                    let (h, c) = w.join().unwrap();
-                    (hits, cpu) = (hits + h, cpu + c);
+                    let (h, n, c) = w.join().unwrap();
+                    (hits, done, cpu) = (hits + h, done + n, cpu + c);
                 }
-                let rate = (threads * per_thread) as f64 / t.elapsed().as_secs_f64();
-                cpu_rates[threads - 1] = (threads * per_thread) as f64 / cpu.as_secs_f64();
-                hit_shares[threads - 1] = hits as f64 / (threads * per_thread) as f64 * 100.0;
+                let rate = done as f64 / t.elapsed().as_secs_f64();
+                cpu_rates[threads - 1] = done as f64 / cpu.as_secs_f64();
+                hit_shares[threads - 1] = hits as f64 / done as f64 * 100.0;
                 stop.store(true, Ordering::Relaxed);
                 owners.push((threads, bg.join().unwrap()));
                 rates[threads - 1] = rate;
@@ -950,12 +975,18 @@ fn scaling(f: Fixture) -> Fixture {
         };
         println!(
             "scaling d{dim:<4} {:<12} median ratio {:.2}x of {SCALING_ROUNDS} rounds \
-             (per reader CPU {:.2}x; owner: {} admissions/s, a wake-up every {} µs)",
+             (per reader CPU {:.2}x; owner: {} admissions/s, a wake-up every {} µs; \
+             readers stop {})",
             if approximate { "approximate" } else { "exact" },
             median(ratios),
             median(cpu_ratios),
             owner_rate(),
             owner_wake_us(),
+            if scaling_stop_at_first() {
+                "when the first is done"
+            } else {
+                "each when done"
+            },
         );
     }
     let cache = Arc::try_unwrap(owner)

@@ -95,6 +95,11 @@ fn main() {
     let near = |q: &[f32]| -> Vec<f32> { q.iter().map(|x| x + 1e-6).collect() };
     let (mut hits, mut timed, mut timed_n) = (0usize, Duration::ZERO, 0usize);
     let mut inserted = 1u64 << 60;
+    // TICKETS_AHEAD=n: admissions take tickets made n lookups earlier (a server's owner
+    // admits a miss a backend call after its lookup, caches cold), not the one just made.
+    let tickets_ahead = env("TICKETS_AHEAD", 0);
+    let mut ahead = std::collections::VecDeque::new();
+    let (pace_us, pace_batch) = (env("PACE_US", 0), env("PACE_BATCH", 5));
     let t = Instant::now();
     for i in 0..iters {
         match op.as_str() {
@@ -128,12 +133,18 @@ fn main() {
             "admit_after_lookup" | "admit_without_lookup" => {
                 // The admission alone timed, its ticket made untimed: by a lookup (its
                 // filter search leaves the insertion its seeds) or without one.
-                let ticket = if op == "admit_after_lookup" {
-                    looked_up_ticket(&cache, &clusters, &mut rng, K)
-                } else {
-                    let q = clusters.sample(&mut rng);
-                    cache.miss_ticket(&q, K, false).expect("valid")
+                let make = |cache: &Cache, rng: &mut StdRng| {
+                    if op == "admit_after_lookup" {
+                        looked_up_ticket(cache, &clusters, rng, K)
+                    } else {
+                        let q = clusters.sample(rng);
+                        cache.miss_ticket(&q, K, false).expect("valid")
+                    }
                 };
+                while ahead.len() <= tickets_ahead {
+                    ahead.push_back(make(&cache, &mut rng));
+                }
+                let ticket = ahead.pop_front().expect("filled");
                 hits += !ticket.seeds.is_empty() as usize;
                 inserted += 1_000_000;
                 let a = answer(&mut rng, inserted, K + 2);
@@ -141,6 +152,11 @@ fn main() {
                 black_box(cache.admit(ticket, a).expect("valid"));
                 timed += t.elapsed();
                 timed_n += 1;
+                // PACE_US=p: a sleep of p µs after every PACE_BATCH admissions (5), the
+                // scaling test's owner's pacing (its caches go cold in between).
+                if pace_us > 0 && timed_n % pace_batch == 0 {
+                    std::thread::sleep(Duration::from_micros(pace_us as u64));
+                }
             }
             "delete" => {
                 while cache.len() < n / 2 {
