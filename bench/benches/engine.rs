@@ -770,6 +770,8 @@ fn scaling(f: Fixture) -> Fixture {
             let (mut rates, mut hit_shares, mut owners) = ([0.0; 2], [0.0; 2], vec![]);
             // Lookups per second of reader CPU time (`thread_cpu`), per reader count.
             let mut cpu_rates = [0.0; 2];
+            // The 2-reader run's: when the first reader ended, as a share of the run.
+            let mut first_end_share = 1.0;
             let mut rotations_before = 0;
             // The first run of a round finds fewer of its entries (hit shares a few to 20
             // points lower, whichever reader count goes first, measured): alternate
@@ -911,16 +913,23 @@ fn scaling(f: Fixture) -> Fixture {
                                 done += 1;
                             }
                             first_done.store(true, Ordering::Relaxed);
-                            (hits, done, thread_cpu() - cpu_started)
+                            (hits, done, thread_cpu() - cpu_started, Instant::now())
                         })
                     })
                     .collect();
                 let (mut hits, mut done, mut cpu) = (0usize, 0usize, Duration::ZERO);
+                let mut ends = vec![];
                 for w in workers {
-                    let (h, n, c) = w.join().unwrap();
+                    let (h, n, c, end) = w.join().unwrap();
                     (hits, done, cpu) = (hits + h, done + n, cpu + c);
+                    ends.push(end.duration_since(t).as_secs_f64());
                 }
-                let rate = done as f64 / t.elapsed().as_secs_f64();
+                let run_s = t.elapsed().as_secs_f64();
+                // How much of the run the first reader to finish was running for.
+                if threads == 2 {
+                    first_end_share = ends.iter().copied().fold(f64::INFINITY, f64::min) / run_s;
+                }
+                let rate = done as f64 / run_s;
                 cpu_rates[threads - 1] = done as f64 / cpu.as_secs_f64();
                 hit_shares[threads - 1] = hits as f64 / done as f64 * 100.0;
                 stop.store(true, Ordering::Relaxed);
@@ -943,13 +952,14 @@ fn scaling(f: Fixture) -> Fixture {
             println!(
                 "scaling d{dim:<4} {kind:<12} round {round}: 1 reader {:>10.0}/s  2 readers \
              {:>10.0}/s  ratio {:.2}x  per reader CPU {cpu_ratio:.2}x  (hits {:.1}% / {:.1}%; \
-             {} reader(s) first)",
+             {} reader(s) first; of 2, the first ended at {:.0}% of the run)",
                 rates[0],
                 rates[1],
                 rates[1] / rates[0],
                 hit_shares[0],
                 hit_shares[1],
-                order[0]
+                order[0],
+                first_end_share * 100.0
             );
             for (readers, (admitted, share, cpu_share, longest, filter)) in &owners {
                 println!(
