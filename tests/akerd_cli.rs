@@ -26,6 +26,7 @@ fn serves_from_a_config_file_and_exits_cleanly_on_sigterm() {
         shutdown_poll_ms = 10
         [cache]
         capacity_objects = 1000
+        prefault_bytes = 33554432
         [backend]
         index = "exact"
         data = { kind = "synthetic", n = 2000, dim = 8, clusters = 8, seed = 1 }
@@ -44,8 +45,12 @@ fn serves_from_a_config_file_and_exits_cleanly_on_sigterm() {
     // The log says where it listens (port 0 in the config).
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
+    let (prefault_tx, prefault_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("cache.prefault_bytes") {
+                let _ = prefault_tx.send(line.clone());
+            }
             if line.contains("akerd listening") {
                 let addr = line
                     .split_whitespace()
@@ -59,6 +64,11 @@ fn serves_from_a_config_file_and_exits_cleanly_on_sigterm() {
         .recv_timeout(Duration::from_secs(60))
         .expect("akerd logs its address")
         .expect("addr= in the line");
+    // The memory was faulted in before the server started.
+    let prefault = prefault_rx
+        .try_recv()
+        .expect("akerd logs its prefault first");
+    assert!(prefault.contains("bytes=33554432"), "{prefault}");
     let mut c = common::client(addr.parse().unwrap());
     let q = vec![0.5f32; 8];
     assert_eq!(c.search(5, &q).unwrap().neighbors.len(), 5);
@@ -111,5 +121,23 @@ fn print_config_and_bad_configs() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no_such_key"));
+    let _ = std::fs::remove_file(bad);
+
+    // More memory to fault in than any machine has: refused before anything starts.
+    let bad = temp_config(
+        "prefault",
+        "[cache]\nprefault_bytes = 1152921504606846976\n",
+    );
+    let out = Command::new(AKERD)
+        .arg("--config")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("prefault_bytes") && err.contains("memory"),
+        "{err}"
+    );
     let _ = std::fs::remove_file(bad);
 }

@@ -1097,9 +1097,9 @@ fn main() {
     aker_alloc::keep_freed_memory();
     let mb = prefault_mb();
     if mb > 0 {
-        // Blocks the size of a d = 768 vector, the bulk of what the insert log grows by.
-        let block_bytes = 3 * 1024;
-        let took = engine_fixture::prefault((mb << 20) / block_bytes, block_bytes);
+        // Freed memory serves any size's growth later (the insert log's vectors, graph
+        // chunks): `aker_alloc::prefault`, as akerd's `server.prefault_bytes`.
+        let took = aker_alloc::prefault(mb << 20);
         println!(
             "prefault: {mb} MB allocated and freed in {:.1} s (AKER_BENCH_PREFAULT_MB)",
             took.as_secs_f64()

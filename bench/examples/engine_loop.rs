@@ -83,10 +83,11 @@ fn main() {
         "fixture: {n} reps at d {dim}, {:.1} µs per admission",
         t.elapsed().as_secs_f64() * 1e6 / n as f64
     );
-    // PREFAULT=n: n vectors allocated and freed first (`engine_fixture::prefault`).
+    // PREFAULT=n: n vectors' worth of memory allocated and freed first
+    // (`aker_alloc::prefault`).
     let prefault = env("PREFAULT", 0);
     if prefault > 0 {
-        let took = bench::engine_fixture::prefault(prefault, dim * 4);
+        let took = aker_alloc::prefault(prefault * dim * 4);
         eprintln!(
             "prefault: {prefault} vectors in {:.0} ms",
             took.as_secs_f64() * 1e3

@@ -97,18 +97,3 @@ pub fn env_usize(name: &str, default: usize) -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
-
-/// Allocates `count` blocks of `block_bytes` and frees them, so that later growth reuses
-/// memory the kernel has already faulted in: the binaries' allocator keeps what it frees
-/// (`aker_alloc`), as a server past its first growth has its peak mapped. On this
-/// project's VMs first-touching memory costs ~3 ms per MB (the insert log's growth was
-/// a third of an insert's time in `engine_loop` without this). Returns how long it took.
-pub fn prefault(count: usize, block_bytes: usize) -> std::time::Duration {
-    let t = std::time::Instant::now();
-    let held: Vec<Box<[u8]>> = (0..count)
-        .map(|i| vec![i as u8; block_bytes].into_boxed_slice())
-        .collect();
-    std::hint::black_box(&held);
-    drop(held);
-    t.elapsed()
-}

@@ -176,6 +176,26 @@ fn main() -> ExitCode {
         }
     }
 
+    if cfg.cache.prefault_bytes > 0 {
+        let bytes = cfg.cache.prefault_bytes;
+        match memory_total_bytes() {
+            Some(total) if bytes > total => {
+                eprintln!(
+                    "akerd: cache.prefault_bytes = {bytes} is more than this machine's memory \
+                     ({total} bytes)"
+                );
+                return ExitCode::from(2);
+            }
+            _ => {}
+        }
+        let took = aker_alloc::prefault(bytes);
+        tracing::info!(
+            bytes,
+            ms = took.as_millis() as u64,
+            "memory faulted in and kept for the cache's growth (cache.prefault_bytes)"
+        );
+    }
+
     let daemon = match Daemon::start(&cfg) {
         Ok(d) => d,
         Err(e) => {
@@ -203,6 +223,14 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `MemTotal` of /proc/meminfo, in bytes (None where it cannot be read).
+fn memory_total_bytes() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 #[cfg(test)]
