@@ -1098,7 +1098,7 @@ fn main() {
     let mb = prefault_mb();
     if mb > 0 {
         // Freed memory serves any size's growth later (the insert log's vectors, graph
-        // chunks): `aker_alloc::prefault`, as akerd's `server.prefault_bytes`.
+        // chunks): `aker_alloc::prefault`, as akerd's `cache.prefault_bytes`.
         let took = aker_alloc::prefault(mb << 20);
         println!(
             "prefault: {mb} MB allocated and freed in {:.1} s (AKER_BENCH_PREFAULT_MB)",

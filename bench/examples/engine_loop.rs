@@ -13,7 +13,9 @@
 //! of a full cache), PREFAULT (0: vectors allocated and freed before the loop, so that
 //! growth in it reuses memory already faulted in), AKER_BENCH_STANDBY (learned, akerd's
 //! default, active_first or nearest), TICKETS (direct, the default, or lookup: see
-//! `seeded` below).
+//! `seeded` below); for `admit_after_lookup` / `admit_without_lookup`, TICKETS_AHEAD (0:
+//! each admission takes a ticket made that many earlier) and PACE_US / PACE_BATCH (0 /
+//! 5: a sleep after every batch of admissions, the scaling owner's pacing).
 //! `approximate` times near copies of random cached queries (misses included: it reports
 //! the share that hit); `fresh` admits a new query, then looks up a near copy of it (the
 //! lookups alone are timed too); `delete` refills the cache untimed and prints the mean
