@@ -113,31 +113,29 @@ fn print_config_and_bad_configs() {
     assert_eq!(cfg.server.executors, 3);
     assert!(!cfg.admin.enabled);
 
-    let bad = temp_config("bad", "[cache]\nno_such_key = 1\n");
-    let out = Command::new(AKERD)
-        .arg("--config")
-        .arg(&bad)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no_such_key"));
-    let _ = std::fs::remove_file(bad);
+    let err = refused_config("bad", "[cache]\nno_such_key = 1\n");
+    assert!(err.contains("no_such_key"), "{err}");
 
     // More memory to fault in than any machine has: refused before anything starts.
-    let bad = temp_config(
+    let err = refused_config(
         "prefault",
         "[cache]\nprefault_bytes = 1152921504606846976\n",
     );
-    let out = Command::new(AKERD)
-        .arg("--config")
-        .arg(&bad)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("prefault_bytes") && err.contains("memory"),
         "{err}"
     );
-    let _ = std::fs::remove_file(bad);
+}
+
+/// Starts akerd on a config of `text`, which it must refuse (exit 2); its stderr.
+fn refused_config(name: &str, text: &str) -> String {
+    let path = temp_config(name, text);
+    let out = Command::new(AKERD)
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(path);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }

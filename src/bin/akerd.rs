@@ -178,15 +178,12 @@ fn main() -> ExitCode {
 
     if cfg.cache.prefault_bytes > 0 {
         let bytes = cfg.cache.prefault_bytes;
-        match memory_total_bytes() {
-            Some(total) if bytes > total => {
-                eprintln!(
-                    "akerd: cache.prefault_bytes = {bytes} is more than this machine's memory \
-                     ({total} bytes)"
-                );
-                return ExitCode::from(2);
-            }
-            _ => {}
+        if let Some(total) = memory_total_bytes().filter(|&total| bytes > total) {
+            eprintln!(
+                "akerd: cache.prefault_bytes = {bytes} is more than this machine's memory \
+                 ({total} bytes)"
+            );
+            return ExitCode::from(2);
         }
         let took = aker_alloc::prefault(bytes);
         tracing::info!(
