@@ -6,7 +6,8 @@
 //! [server]    # connection layer: listen, executors, cpus, limits (aker::server::ServerConfig)
 //! [cache]     # the engine: metric, k_max, delta, capacity, filter, policy, log caps
 //! [sharding]  # shards (0 = 2 x executors), centroids, rebalance period
-//! [backend]   # embedded (in-process HNSW / exact store over a collection) or cache_aside
+//! [backend]   # embedded (in-process HNSW / exact store over a collection), pgvector
+//!             # (a PostgreSQL table: [backend.pgvector]) or cache_aside
 //! [admin]     # Prometheus text endpoint (GET /metrics), 127.0.0.1 by default
 //! ```
 
@@ -33,8 +34,10 @@ pub struct Config {
 #[serde(default, deny_unknown_fields)]
 pub struct CacheSection {
     /// `l2sq` (squared L2), `cosine` (1 - cos) or `ip` (-dot); the engine's other
-    /// spellings (`l2`, `dot`, `inner_product`, ...) are accepted too.
-    pub metric: Metric,
+    /// spellings (`l2`, `dot`, `inner_product`, ...) are accepted too. Unset: `l2sq` for
+    /// the embedded and cache-aside backends; for pgvector, the operator class of the
+    /// column's HNSW index (set it when the column has indexes for several metrics).
+    pub metric: Option<Metric>,
     pub k_max: usize,
     /// Reserve results kept beyond k (Δ): deletes promote them instead of invalidating.
     pub delta: usize,
@@ -83,7 +86,7 @@ impl Default for CacheSection {
     fn default() -> Self {
         let e = CacheConfig::default();
         CacheSection {
-            metric: e.metric,
+            metric: None,
             k_max: e.k_max,
             delta: 10,
             capacity_bytes: None,
@@ -110,6 +113,11 @@ impl Default for CacheSection {
 pub const DEFAULT_CAPACITY_BYTES: usize = 256 << 20;
 
 impl CacheSection {
+    /// The configured metric, or the engine's default (`l2sq`).
+    pub fn metric_or_default(&self) -> Metric {
+        self.metric.unwrap_or(CacheConfig::default().metric)
+    }
+
     /// The engine configuration for a collection of dimension `dim`.
     pub fn engine_config(&self, dim: usize) -> Result<CacheConfig, String> {
         let capacity = match (self.capacity_bytes, self.capacity_objects) {
@@ -122,7 +130,7 @@ impl CacheSection {
         };
         let cfg = CacheConfig {
             dim,
-            metric: self.metric,
+            metric: self.metric_or_default(),
             k_max: self.k_max,
             delta: self.delta,
             capacity,
@@ -188,8 +196,140 @@ impl ShardingSection {
 pub enum BackendKind {
     /// An in-process index over the collection in `data`, on backend threads.
     Embedded,
+    /// A PostgreSQL table with a pgvector column and its HNSW index (`[backend.pgvector]`):
+    /// misses query it, writes go through it.
+    Pgvector,
     /// No backend: a miss answers MISS with no neighbours and the client FILLs.
     CacheAside,
+}
+
+/// `hnsw.iterative_scan` (pgvector 0.8): whether an index scan that ran out of
+/// candidates goes on searching.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IterativeScan {
+    #[default]
+    Off,
+    StrictOrder,
+    /// Results may come slightly out of order; akerd re-sorts them.
+    RelaxedOrder,
+}
+
+impl IterativeScan {
+    pub fn as_sql(self) -> &'static str {
+        match self {
+            IterativeScan::Off => "off",
+            IterativeScan::StrictOrder => "strict_order",
+            IterativeScan::RelaxedOrder => "relaxed_order",
+        }
+    }
+}
+
+/// `[backend.pgvector]`: the table akerd fronts. The connection pool is
+/// `backend.threads` connections, one per backend thread.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PgvectorSection {
+    /// `postgresql://user@host:port/dbname` (libpq URL or key=value form), without a
+    /// password: that comes from `password_file` or `password_env`, so that neither
+    /// `--print-config` nor a log line can show it.
+    pub url: String,
+    /// A file whose first line is the password (trailing newline ignored).
+    pub password_file: Option<PathBuf>,
+    /// An environment variable holding the password.
+    pub password_env: Option<String>,
+    /// The table, optionally schema-qualified (`public.items`).
+    pub table: String,
+    /// A `bigint` column with a unique index (or the primary key).
+    pub id_column: String,
+    /// A `vector` or `vector(n)` column with an HNSW index.
+    pub vector_column: String,
+    /// A `bytea` column for INSERT payloads; unset, an INSERT with a payload is refused
+    /// (UNSUPPORTED) rather than dropped silently.
+    pub payload_column: Option<String>,
+    /// `hnsw.ef_search` for every search (unset: `k_max + delta`, at least pgvector's
+    /// default 40). Below `k_max + delta` it is refused unless `iterative_scan` is on:
+    /// pgvector would return fewer rows than a miss asks for.
+    pub ef_search: Option<usize>,
+    pub iterative_scan: IterativeScan,
+    /// `statement_timeout` of a statement whose request has no deadline of its own; a
+    /// request's deadline cancels its statement at that instant.
+    pub statement_timeout_ms: u64,
+    /// Bound on opening one connection.
+    pub connect_timeout_ms: u64,
+    /// At start, how long akerd retries (with backoff) a database that cannot be
+    /// reached before it gives up and exits; 0: give up at once.
+    pub start_wait_ms: u64,
+    /// Longest pause between reconnection attempts once running (backoff from 50 ms,
+    /// doubling).
+    pub reconnect_max_ms: u64,
+}
+
+impl Default for PgvectorSection {
+    fn default() -> Self {
+        PgvectorSection {
+            url: String::new(),
+            password_file: None,
+            password_env: None,
+            table: String::new(),
+            id_column: "id".into(),
+            vector_column: "embedding".into(),
+            payload_column: None,
+            ef_search: None,
+            iterative_scan: IterativeScan::Off,
+            statement_timeout_ms: 5_000,
+            connect_timeout_ms: 2_000,
+            start_wait_ms: 30_000,
+            reconnect_max_ms: 2_000,
+        }
+    }
+}
+
+impl PgvectorSection {
+    /// `hnsw.ef_search` as sent, for a cache that asks for `k_max + delta` rows.
+    pub fn effective_ef_search(&self, k_max: usize, delta: usize) -> usize {
+        self.ef_search.unwrap_or((k_max + delta).max(40))
+    }
+
+    fn validate(&self, k_max: usize, delta: usize) -> Result<(), String> {
+        let bad = |m: String| Err(format!("backend.pgvector: {m}"));
+        if self.url.is_empty() || self.table.is_empty() {
+            return bad("url and table must be set".into());
+        }
+        if self.id_column.is_empty() || self.vector_column.is_empty() {
+            return bad("id_column and vector_column must be set".into());
+        }
+        let url: tokio_postgres::Config = match self.url.parse() {
+            Ok(u) => u,
+            Err(e) => return bad(format!("url: {e}")),
+        };
+        if url.get_password().is_some() {
+            return bad(
+                "url: holds a password; put it in password_file or password_env instead                  (the url is printed by --print-config)"
+                    .into(),
+            );
+        }
+        if self.password_file.is_some() && self.password_env.is_some() {
+            return bad("set password_file or password_env, not both".into());
+        }
+        let ef = self.effective_ef_search(k_max, delta);
+        if !(1..=1000).contains(&ef) {
+            return bad(format!("ef_search {ef} is outside pgvector's 1..=1000"));
+        }
+        if ef < k_max + delta && self.iterative_scan == IterativeScan::Off {
+            return bad(format!(
+                "ef_search {ef} is below k_max + delta = {}: pgvector would return fewer                  rows than a miss asks for; raise it or set iterative_scan",
+                k_max + delta
+            ));
+        }
+        if self.statement_timeout_ms == 0 || self.connect_timeout_ms == 0 {
+            return bad("statement_timeout_ms and connect_timeout_ms must be positive".into());
+        }
+        if self.reconnect_max_ms < 50 {
+            return bad("reconnect_max_ms must be at least 50".into());
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -245,6 +385,8 @@ pub struct BackendSection {
     pub hnsw_m: usize,
     pub hnsw_ef_construction: usize,
     pub hnsw_ef_search: usize,
+    /// `kind = "pgvector"` only.
+    pub pgvector: Option<PgvectorSection>,
 }
 
 impl Default for BackendSection {
@@ -265,6 +407,7 @@ impl Default for BackendSection {
             hnsw_m: 16,
             hnsw_ef_construction: 100,
             hnsw_ef_search: 64,
+            pgvector: None,
         }
     }
 }
@@ -328,6 +471,19 @@ impl Config {
             return Err(
                 "backend: hnsw_m, hnsw_ef_construction, hnsw_ef_search must be positive".into(),
             );
+        }
+        match (&b.kind, &b.pgvector) {
+            (BackendKind::Pgvector, None) => {
+                return Err("backend: kind = \"pgvector\" needs a [backend.pgvector] table".into())
+            }
+            (BackendKind::Pgvector, Some(pg)) => pg.validate(self.cache.k_max, self.cache.delta)?,
+            (_, Some(_)) => {
+                return Err("backend: [backend.pgvector] is for kind = \"pgvector\"".into())
+            }
+            (_, None) => {}
+        }
+        if b.kind == BackendKind::Pgvector && b.threads > 64 {
+            return Err("backend: a pgvector pool of at most 64 connections (threads)".into());
         }
         match (&b.kind, &b.data) {
             (BackendKind::Embedded, DataSource::None { .. }) => {

@@ -70,6 +70,8 @@ pub struct ServiceCounters {
     /// Backend queue full: the request got BUSY.
     pub backend_busy: u64,
     pub backend_errors: u64,
+    /// Misses whose backend answer had fewer rows than asked (served, not admitted).
+    pub backend_short_answers: u64,
     pub fills_admitted: u64,
 }
 
@@ -83,6 +85,7 @@ impl ServiceCounters {
         self.searches_refresh += o.searches_refresh;
         self.backend_busy += o.backend_busy;
         self.backend_errors += o.backend_errors;
+        self.backend_short_answers += o.backend_short_answers;
         self.fills_admitted += o.fills_admitted;
     }
 }

@@ -1,30 +1,38 @@
 //! The backend behind a channel: N blocking threads own the store; executors send jobs on
-//! one bounded queue and await each reply on its own `bounded(1)` channel
-//! (ARCHITECTURE.md: "Blocking clients run on their own threads and talk to executors
-//! over channels"). A full queue is BUSY for the request, never an unbounded pile-up.
+//! one bounded queue and await each reply on its own `bounded(1)` channel. A full queue
+//! is BUSY for the request, never an unbounded pile-up.
 //!
-//! Writes are sequenced here. An INSERT or DELETE applies to the store and then queues
-//! its message to every shard owner while it still holds the store's write lock, so
-//! every owner sees writes in exactly the store's order (an insert and a delete of one
-//! id from two clients cannot be applied in opposite orders by the store and a shard).
+//! Writes are sequenced here, so that every shard owner sees the writes to one id in the
+//! store's order (an insert and a delete of one id from two clients cannot be applied in
+//! opposite orders by the store and a shard). A write is applied to the store, then its
+//! message is queued to every shard owner, under a lock that covers both:
+//! - embedded store: the store's own `RwLock` (hnsw_rs needs `&mut` for our tombstone
+//!   bookkeeping), held alone by a write, shared by searches;
+//! - pgvector: no store-wide lock. Searches take none; a write holds one of
+//!   [`ID_STRIPES`] stripes (by id) from its statement until the owners have its
+//!   message, so writes to different ids run in parallel;
+//! - cache-aside: no store; the stripes sequence the writes.
+//!
 //! Queuing is the part that must not be lost: once a message is queued the owner applies
 //! it even if the client's request is dropped at its deadline. The executor then awaits
-//! the owners' acknowledgements, and only then replies.
-//!
-//! In cache-aside mode there is no store; the threads still sequence the writes.
+//! the owners' acknowledgements, and only then replies. A pgvector write that failed, or
+//! whose commit is in doubt (the connection dropped), still strips the id from every
+//! shard before the error is answered: the cache never serves a row the database may
+//! have dropped or replaced.
 
-// The store's RwLock is the backend's own, not the cache's: searches share it, writes
-// take it alone (hnsw_rs needs `&mut` for our tombstone bookkeeping).
+// The locks here are the backend's own, not the cache's engine (whose read path takes
+// none).
 #![allow(clippy::disallowed_types)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use shards::owner::{OwnerMsg, ShardHandle};
-use shards::{Backend, Candidate, DeleteOutcome, Error, InsertOutcome};
+use shards::{Backend, Candidate, DeleteOutcome, InsertOutcome};
 
+use super::pgvector::{PgConn, PgTarget};
 use crate::protocol::{Rejection, Status};
 
 /// A store the backend threads share.
@@ -34,45 +42,71 @@ pub type Store = Box<dyn Backend + Send + Sync>;
 pub type InsertAcks = Vec<flume::Receiver<shards::Result<InsertOutcome>>>;
 pub type DeleteAcks = Vec<flume::Receiver<DeleteOutcome>>;
 
+/// Per-id write locks of the pgvector and cache-aside backends.
+pub const ID_STRIPES: usize = 256;
+
+/// How long a failed write waits for the owners to strip its id before answering.
+const STRIP_WAIT: Duration = Duration::from_secs(5);
+
+/// What the backend answered a search.
+pub(crate) struct BackendAnswer {
+    pub candidates: Vec<Candidate>,
+    /// As many rows as asked, or every row there is. A short answer (pgvector's index
+    /// scan ran out) is served but not admitted.
+    pub complete: bool,
+}
+
 pub(crate) enum Job {
     Search {
         query: Arc<[f32]>,
         n: usize,
         deadline: Option<Instant>,
-        reply: flume::Sender<shards::Result<Vec<Candidate>>>,
+        reply: flume::Sender<Result<BackendAnswer, Rejection>>,
     },
     Insert {
         id: u64,
         vector: Arc<[f32]>,
+        payload: Vec<u8>,
         /// The two nearest shards: they run the fast path.
         near: [usize; 2],
-        reply: flume::Sender<shards::Result<InsertAcks>>,
+        deadline: Option<Instant>,
+        reply: flume::Sender<Result<InsertAcks, Rejection>>,
     },
     Delete {
         id: u64,
+        deadline: Option<Instant>,
         /// `existed` from the store (`None` in cache-aside mode), and the acks.
-        reply: flume::Sender<shards::Result<(Option<bool>, DeleteAcks)>>,
+        reply: flume::Sender<Result<(Option<bool>, DeleteAcks), Rejection>>,
     },
+}
+
+/// What the backend threads serve from.
+pub(crate) enum StoreSide {
+    Embedded(RwLock<Store>),
+    Pgvector(Arc<PgTarget>),
+    CacheAside,
 }
 
 /// The executors' side: the job queue.
 pub(crate) struct BackendPool {
     tx: flume::Sender<Job>,
-    embedded: bool,
+    worker: Arc<Worker>,
 }
 
 struct Worker {
-    store: RwLock<Option<Store>>,
+    side: StoreSide,
+    stripes: Vec<Mutex<()>>,
     shards: Vec<ShardHandle>,
     stop: Arc<AtomicBool>,
 }
 
-/// How often an idle backend thread looks at the stop flag.
+/// How often an idle backend thread looks at the stop flag (and, for pgvector, whether
+/// a lost connection is due for another attempt).
 const STOP_POLL: Duration = Duration::from_millis(50);
 
 impl BackendPool {
     pub(crate) fn start(
-        store: Option<Store>,
+        side: StoreSide,
         threads: usize,
         depth: usize,
         nice: i32,
@@ -81,9 +115,9 @@ impl BackendPool {
         stop: Arc<AtomicBool>,
     ) -> std::io::Result<(BackendPool, Vec<JoinHandle<()>>)> {
         let (tx, rx) = flume::bounded(depth.max(1));
-        let embedded = store.is_some();
         let worker = Arc::new(Worker {
-            store: RwLock::new(store),
+            side,
+            stripes: (0..ID_STRIPES).map(|_| Mutex::new(())).collect(),
             shards,
             stop,
         });
@@ -99,11 +133,20 @@ impl BackendPool {
                     })?,
             );
         }
-        Ok((BackendPool { tx, embedded }, handles))
+        Ok((BackendPool { tx, worker }, handles))
     }
 
-    pub(crate) fn is_embedded(&self) -> bool {
-        self.embedded
+    /// Whether misses are answered here (false: cache-aside, the client FILLs).
+    pub(crate) fn has_store(&self) -> bool {
+        !matches!(self.worker.side, StoreSide::CacheAside)
+    }
+
+    /// The pgvector target, for its connection counters.
+    pub(crate) fn pgvector(&self) -> Option<&PgTarget> {
+        match &self.worker.side {
+            StoreSide::Pgvector(t) => Some(t),
+            _ => None,
+        }
     }
 
     pub(crate) fn queue_len(&self) -> usize {
@@ -146,13 +189,41 @@ fn lower_priority(nice: i32, idle: bool) {
     }
 }
 
+fn owner_gone(shard: usize) -> Rejection {
+    Rejection::new(
+        Status::Unavailable,
+        format!("shard {shard}'s owner has stopped"),
+    )
+}
+
+fn deadline_passed() -> Rejection {
+    Rejection::new(
+        Status::DeadlineExceeded,
+        "the request's deadline passed while it waited for a backend thread",
+    )
+}
+
 impl Worker {
     fn run(&self, rx: flume::Receiver<Job>) {
+        // A pgvector thread's own connection: the pool is one connection per thread.
+        let mut pg = match &self.side {
+            StoreSide::Pgvector(t) => match PgConn::new(t.clone()) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::error!(error = %e, "backend thread: no runtime for pgvector");
+                    return;
+                }
+            },
+            _ => None,
+        };
         loop {
             let job = match rx.recv_timeout(STOP_POLL) {
                 Ok(job) => job,
                 Err(flume::RecvTimeoutError::Timeout) if !self.stop.load(Ordering::Acquire) => {
-                    continue
+                    if let Some(pg) = pg.as_mut() {
+                        pg.reconnect_if_due(None);
+                    }
+                    continue;
                 }
                 Err(_) => return,
             };
@@ -163,40 +234,138 @@ impl Worker {
                     deadline,
                     reply,
                 } => {
-                    // The request was dropped (deadline) or is past it: skip the work.
-                    if reply.is_disconnected() || deadline.is_some_and(|d| Instant::now() >= d) {
+                    // The request was dropped: skip the work.
+                    if reply.is_disconnected() {
                         continue;
                     }
-                    let _ = reply.send(self.search(&query, n));
+                    // Past its deadline: say so (a dropped sender would read as a
+                    // stopped backend).
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        let _ = reply.send(Err(deadline_passed()));
+                        continue;
+                    }
+                    let _ = reply.send(self.search(pg.as_mut(), &query, n, deadline));
                 }
                 Job::Insert {
                     id,
                     vector,
+                    payload,
                     near,
+                    deadline,
                     reply,
                 } => {
-                    let _ = reply.send(self.insert(id, vector, near));
+                    let r = self.insert(pg.as_mut(), id, vector, &payload, near, deadline);
+                    let _ = reply.send(r);
                 }
-                Job::Delete { id, reply } => {
-                    let _ = reply.send(self.delete(id));
+                Job::Delete {
+                    id,
+                    deadline,
+                    reply,
+                } => {
+                    let _ = reply.send(self.delete(pg.as_mut(), id, deadline));
                 }
             }
         }
     }
 
-    fn search(&self, q: &[f32], n: usize) -> shards::Result<Vec<Candidate>> {
-        let store = self.store.read().unwrap_or_else(|e| e.into_inner());
-        match store.as_ref() {
-            Some(s) => s.search(q, n),
-            None => Ok(Vec::new()),
+    fn search(
+        &self,
+        pg: Option<&mut PgConn>,
+        q: &[f32],
+        n: usize,
+        deadline: Option<Instant>,
+    ) -> Result<BackendAnswer, Rejection> {
+        match (&self.side, pg) {
+            (StoreSide::Embedded(store), _) => {
+                let store = store.read().unwrap_or_else(|e| e.into_inner());
+                let candidates = store.search(q, n)?;
+                // The embedded stores return min(n, live rows): complete either way.
+                Ok(BackendAnswer {
+                    candidates,
+                    complete: true,
+                })
+            }
+            (StoreSide::Pgvector(_), Some(pg)) => {
+                let a = pg.search(q, n, deadline)?;
+                Ok(BackendAnswer {
+                    candidates: a.candidates,
+                    complete: a.complete,
+                })
+            }
+            _ => Ok(BackendAnswer {
+                candidates: Vec::new(),
+                complete: false,
+            }),
         }
     }
 
-    fn insert(&self, id: u64, vector: Arc<[f32]>, near: [usize; 2]) -> shards::Result<InsertAcks> {
-        let mut store = self.store.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = store.as_mut() {
-            s.insert(id, &vector)?;
+    fn stripe(&self, id: u64) -> std::sync::MutexGuard<'_, ()> {
+        let i = (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % self.stripes.len();
+        self.stripes[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn insert(
+        &self,
+        pg: Option<&mut PgConn>,
+        id: u64,
+        vector: Arc<[f32]>,
+        payload: &[u8],
+        near: [usize; 2],
+        deadline: Option<Instant>,
+    ) -> Result<InsertAcks, Rejection> {
+        match (&self.side, pg) {
+            (StoreSide::Embedded(store), _) => {
+                let mut store = store.write().unwrap_or_else(|e| e.into_inner());
+                store.insert(id, &vector)?;
+                self.queue_insert(id, &vector, near)
+            }
+            (StoreSide::Pgvector(_), Some(pg)) => {
+                let _order = self.stripe(id);
+                match pg.insert(id, &vector, payload, deadline) {
+                    Ok(()) => self.queue_insert(id, &vector, near),
+                    Err(e) => Err(self.strip_after_failure(id, e)),
+                }
+            }
+            _ => {
+                let _order = self.stripe(id);
+                self.queue_insert(id, &vector, near)
+            }
         }
+    }
+
+    fn delete(
+        &self,
+        pg: Option<&mut PgConn>,
+        id: u64,
+        deadline: Option<Instant>,
+    ) -> Result<(Option<bool>, DeleteAcks), Rejection> {
+        match (&self.side, pg) {
+            (StoreSide::Embedded(store), _) => {
+                let mut store = store.write().unwrap_or_else(|e| e.into_inner());
+                let existed = store.delete(id)?;
+                Ok((Some(existed), self.queue_delete(id)?))
+            }
+            (StoreSide::Pgvector(_), Some(pg)) => {
+                let _order = self.stripe(id);
+                match pg.delete(id, deadline) {
+                    Ok(existed) => Ok((Some(existed), self.queue_delete(id)?)),
+                    Err(e) => Err(self.strip_after_failure(id, e)),
+                }
+            }
+            _ => {
+                let _order = self.stripe(id);
+                Ok((None, self.queue_delete(id)?))
+            }
+        }
+    }
+
+    /// Every owner gets the insert; the two nearest run the fast path.
+    fn queue_insert(
+        &self,
+        id: u64,
+        vector: &Arc<[f32]>,
+        near: [usize; 2],
+    ) -> Result<InsertAcks, Rejection> {
         let mut acks = Vec::with_capacity(self.shards.len());
         for (s, h) in self.shards.iter().enumerate() {
             let (tx, rx) = flume::bounded(1);
@@ -213,12 +382,7 @@ impl Worker {
         Ok(acks)
     }
 
-    fn delete(&self, id: u64) -> shards::Result<(Option<bool>, DeleteAcks)> {
-        let mut store = self.store.write().unwrap_or_else(|e| e.into_inner());
-        let existed = match store.as_mut() {
-            Some(s) => Some(s.delete(id)?),
-            None => None,
-        };
+    fn queue_delete(&self, id: u64) -> Result<DeleteAcks, Rejection> {
         let mut acks = Vec::with_capacity(self.shards.len());
         for (s, h) in self.shards.iter().enumerate() {
             let (tx, rx) = flume::bounded(1);
@@ -227,10 +391,27 @@ impl Worker {
                 .map_err(|_| owner_gone(s))?;
             acks.push(rx);
         }
-        Ok((existed, acks))
+        Ok(acks)
     }
-}
 
-fn owner_gone(shard: usize) -> Error {
-    Error::Backend(format!("shard {shard}'s owner has stopped"))
+    /// A write whose outcome in the database is not a known success: strip `id` from
+    /// every shard (harmless if the row is still there), wait for that, then answer `e`.
+    fn strip_after_failure(&self, id: u64, e: Rejection) -> Rejection {
+        if e.status == Status::BadRequest || e.status == Status::Unsupported {
+            return e; // refused before anything was sent
+        }
+        match self.queue_delete(id) {
+            Ok(acks) => {
+                let until = Instant::now() + STRIP_WAIT;
+                for a in acks {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if a.recv_timeout(left).is_err() {
+                        tracing::warn!(id, "a shard did not confirm stripping a failed write's id");
+                    }
+                }
+                e
+            }
+            Err(gone) => gone,
+        }
+    }
 }

@@ -11,7 +11,7 @@ use shards::filter::InsertSeeds;
 use shards::owner::OwnerMsg;
 use shards::{Admission, Candidate, Lookup, MissTicket};
 
-use super::backend::Job;
+use super::backend::{BackendAnswer, Job};
 use super::Shared;
 use crate::metrics::{ExecutorMetrics, Op};
 use crate::protocol::{
@@ -128,7 +128,7 @@ impl AkerService {
         if s.bypass_cache {
             self.metrics.count(|c| c.searches_bypass += 1);
             let answer = self.backend_search(s.vector.into(), k, ctx).await?;
-            return Ok(miss_reply(&answer, k));
+            return Ok(miss_reply(&answer.candidates, k));
         }
         let q = &s.vector[..];
         let [s1, s2] = sh.router.route(q);
@@ -201,7 +201,7 @@ impl AkerService {
         ctx: &RequestContext,
     ) -> ServiceResult {
         let sh = &*self.shared;
-        if !sh.backend.is_embedded() {
+        if !sh.backend.has_store() {
             // Cache-aside: the client searches its database and FILLs.
             self.pending_fills.borrow_mut().put(shard, ticket);
             return Ok(miss_reply(&[], 0));
@@ -210,12 +210,18 @@ impl AkerService {
         let answer = self
             .backend_search(ticket.query.clone(), k + sh.cache_cfg.delta, ctx)
             .await?;
-        let reply = miss_reply(&answer, k);
-        sh.shards[shard].hint(OwnerMsg::Admit {
-            ticket,
-            answer,
-            ack: None,
-        });
+        let reply = miss_reply(&answer.candidates, k);
+        if answer.complete {
+            sh.shards[shard].hint(OwnerMsg::Admit {
+                ticket,
+                answer: answer.candidates,
+                ack: None,
+            });
+        } else {
+            // Fewer rows than asked: what lies past them is unknown, so the answer is
+            // not kept as the query's k + Δ nearest.
+            self.metrics.count(|c| c.backend_short_answers += 1);
+        }
         Ok(reply)
     }
 
@@ -224,9 +230,12 @@ impl AkerService {
         query: Arc<[f32]>,
         n: usize,
         ctx: &RequestContext,
-    ) -> Result<Vec<Candidate>, Rejection> {
-        if !self.shared.backend.is_embedded() {
-            return Ok(Vec::new());
+    ) -> Result<BackendAnswer, Rejection> {
+        if !self.shared.backend.has_store() {
+            return Ok(BackendAnswer {
+                candidates: Vec::new(),
+                complete: false,
+            });
         }
         let (tx, rx) = flume::bounded(1);
         let job = Job::Search {
@@ -242,13 +251,10 @@ impl AkerService {
         let t = Instant::now();
         let answer = rx.recv_async().await.map_err(|_| unavailable())?;
         self.metrics.record_backend(t.elapsed());
-        answer.map_err(|e| {
-            self.metrics.count(|c| c.backend_errors += 1);
-            Rejection::from(e)
-        })
+        answer.inspect_err(|_| self.metrics.count(|c| c.backend_errors += 1))
     }
 
-    async fn insert(&self, i: InsertRequest) -> ServiceResult {
+    async fn insert(&self, i: InsertRequest, ctx: &RequestContext) -> ServiceResult {
         check_collection(i.collection)?;
         let vector: Arc<[f32]> = i.vector.into();
         let near = self.shared.router.route_write(&vector);
@@ -256,7 +262,9 @@ impl AkerService {
         self.submit(Job::Insert {
             id: i.id,
             vector,
+            payload: i.payload,
             near,
+            deadline: ctx.deadline,
             reply: tx,
         })?;
         let acks = rx.recv_async().await.map_err(|_| unavailable())??;
@@ -266,11 +274,12 @@ impl AkerService {
         Ok(Reply::Inserted)
     }
 
-    async fn delete(&self, d: DeleteRequest) -> ServiceResult {
+    async fn delete(&self, d: DeleteRequest, ctx: &RequestContext) -> ServiceResult {
         check_collection(d.collection)?;
         let (tx, rx) = flume::bounded(1);
         self.submit(Job::Delete {
             id: d.id,
+            deadline: ctx.deadline,
             reply: tx,
         })?;
         let (existed, acks) = rx.recv_async().await.map_err(|_| unavailable())??;
@@ -295,7 +304,7 @@ impl AkerService {
     async fn fill(&self, f: FillRequest) -> ServiceResult {
         check_collection(f.collection)?;
         let sh = &*self.shared;
-        if sh.backend.is_embedded() {
+        if sh.backend.has_store() {
             return Err(rejection(
                 Status::Unsupported,
                 "FILL needs a cache-aside backend",
@@ -360,8 +369,8 @@ impl Service for AkerService {
         Box::pin(async move {
             let (op, result) = match req {
                 Request::Search(s) => (Op::Search, self.search(s, &ctx).await),
-                Request::Insert(i) => (Op::Insert, self.insert(i).await),
-                Request::Delete(d) => (Op::Delete, self.delete(d).await),
+                Request::Insert(i) => (Op::Insert, self.insert(i, &ctx).await),
+                Request::Delete(d) => (Op::Delete, self.delete(d, &ctx).await),
                 Request::Fill(f) => (Op::Fill, self.fill(f).await),
                 Request::Flush => (Op::Flush, self.flush().await),
                 Request::Stats => (

@@ -42,6 +42,7 @@ mod backend;
 pub mod data;
 mod handler;
 mod owner;
+pub mod pgvector;
 
 pub use admin::AdminServer;
 pub use backend::Store;
@@ -67,7 +68,7 @@ use shards::{Cache, CacheConfig, Capacity};
 use crate::config::{BackendKind, Config, DataSource, IndexKind};
 use crate::metrics::{self, ExecutorMetrics, Latency, Op, SampleKind, Snapshot, KIND_NAMES};
 use crate::server::{Running, Server, Service, ServiceInfo};
-use backend::BackendPool;
+use backend::{BackendPool, StoreSide};
 use handler::AkerService;
 
 /// Why the daemon did not start.
@@ -79,6 +80,9 @@ pub enum StartError {
     Data(String),
     #[error("engine: {0}")]
     Engine(#[from] shards::Error),
+    /// The backend database refused or could not be reached.
+    #[error("backend: {0}")]
+    Backend(String),
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -162,7 +166,34 @@ impl Daemon {
                 let ds = data::gaussian(cfg.sharding.centroids.max(1) * 16, dim, cfg.sharding.seed);
                 Daemon::start_with_backend(cfg, ds, None)
             }
+            (BackendKind::Pgvector, _) => Daemon::start_pgvector(cfg),
         }
+    }
+
+    /// In front of a PostgreSQL table: waits for the database as configured, checks the
+    /// table and its index, takes the metric from the index and trains the router on a
+    /// sample of the table.
+    fn start_pgvector(cfg: &Config) -> Result<Daemon, StartError> {
+        let section = cfg
+            .backend
+            .pgvector
+            .as_ref()
+            .ok_or_else(|| StartError::Config("backend.pgvector is not set".into()))?;
+        let (target, sample) = pgvector::start(
+            section,
+            cfg.cache.metric,
+            cfg.cache.k_max,
+            cfg.cache.delta,
+            cfg.cache.store_vectors,
+            cfg.sharding.sample_rows,
+        )?;
+        let sample = sample.unwrap_or_else(|| {
+            tracing::warn!(table = %target.table, "pgvector: the table is empty; routing centroids are random");
+            pgvector::empty_table_sample(target.dim, cfg.sharding.centroids, cfg.sharding.seed)
+        });
+        let mut cfg = cfg.clone();
+        cfg.cache.metric = Some(target.metric);
+        Daemon::start_with(&cfg, sample, StoreSide::Pgvector(Arc::new(target)))
     }
 
     /// Embedded backend over `data` (ids are row numbers), index per `cfg.backend.index`.
@@ -172,12 +203,12 @@ impl Daemon {
         let store: Store = match b.index {
             IndexKind::Exact => Box::new(ExactStore::from_rows(
                 data.dim,
-                cfg.cache.metric,
+                cfg.cache.metric_or_default(),
                 &data.data,
             )?),
             IndexKind::Hnsw => Box::new(HnswStore::build(
                 data.dim,
-                cfg.cache.metric,
+                cfg.cache.metric_or_default(),
                 &data.data,
                 b.hnsw_m,
                 b.hnsw_ef_construction,
@@ -202,25 +233,34 @@ impl Daemon {
         sample: Dataset,
         store: Option<Store>,
     ) -> Result<Daemon, StartError> {
+        let side = match store {
+            Some(s) => {
+                let metric = cfg.cache.metric_or_default();
+                if s.dim() != sample.dim || s.metric() != metric {
+                    return Err(StartError::Config(format!(
+                        "store is {}-d {}, the cache {}-d {metric}",
+                        s.dim(),
+                        s.metric(),
+                        sample.dim,
+                    )));
+                }
+                StoreSide::Embedded(std::sync::RwLock::new(s))
+            }
+            None => StoreSide::CacheAside,
+        };
+        Daemon::start_with(cfg, sample, side)
+    }
+
+    fn start_with(cfg: &Config, sample: Dataset, side: StoreSide) -> Result<Daemon, StartError> {
         cfg.validate().map_err(StartError::Config)?;
         let dim = sample.dim;
-        if let Some(s) = &store {
-            if s.dim() != dim || s.metric() != cfg.cache.metric {
-                return Err(StartError::Config(format!(
-                    "store is {}-d {}, the cache {dim}-d {}",
-                    s.dim(),
-                    s.metric(),
-                    cfg.cache.metric
-                )));
-            }
-        }
         let cache_cfg = cfg.cache.engine_config(dim).map_err(StartError::Config)?;
         let executors = cfg.server.executors;
         let n_shards = cfg.sharding.shard_count(executors);
         let router = Arc::new(Router::train(
             &sample.sample(cfg.sharding.sample_rows),
             dim,
-            cfg.cache.metric,
+            cfg.cache.metric_or_default(),
             cfg.sharding.centroids,
             n_shards,
             cfg.sharding.seed,
@@ -254,7 +294,7 @@ impl Daemon {
 
         let backend_stop = Arc::new(AtomicBool::new(false));
         let (backend, backend_threads) = BackendPool::start(
-            store,
+            side,
             cfg.backend.threads,
             cfg.backend.queue_depth,
             cfg.backend.nice,
@@ -265,7 +305,7 @@ impl Daemon {
         let shared = Arc::new(Shared {
             info: ServiceInfo {
                 dim: dim as u32,
-                metric: cfg.cache.metric,
+                metric: cfg.cache.metric_or_default(),
                 k_max: cache_cfg.k_max as u32,
                 executors: executors as u32,
                 shards: n_shards as u32,
@@ -543,6 +583,40 @@ impl Shared {
             "FILLs the cache admitted.",
             c.fills_admitted,
         );
+        s.counter(
+            "backend_short_answers",
+            "Misses the backend answered with fewer rows than asked (served, not admitted).",
+            c.backend_short_answers,
+        );
+        if let Some(pg) = self.backend.pgvector() {
+            let st = &pg.stats;
+            let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            s.gauge(
+                "pg_connections_up",
+                "pgvector: backend threads holding a live database connection.",
+                get(&st.connections_up) as f64,
+            );
+            s.counter(
+                "pg_reconnects",
+                "pgvector: connections reopened after one was lost.",
+                get(&st.reconnects),
+            );
+            s.counter(
+                "pg_connect_failures",
+                "pgvector: connection attempts that failed.",
+                get(&st.connect_failures),
+            );
+            s.counter(
+                "pg_statement_timeouts",
+                "pgvector: statements cancelled at their request's deadline.",
+                get(&st.statement_timeouts),
+            );
+            s.counter(
+                "pg_ids_out_of_range",
+                "pgvector: rows skipped for a negative id (not a protocol u64).",
+                get(&st.ids_out_of_range),
+            );
+        }
 
         type Per = (&'static str, &'static str, fn(&ShardGauges) -> f64);
         let per_shard: [Per; 11] = [

@@ -1,0 +1,919 @@
+//! The pgvector backend: a PostgreSQL table with a `vector` column and its HNSW index.
+//!
+//! ```text
+//!  start:  connect (retry with backoff up to start_wait_ms) ─► discover:
+//!          table, bigint id with a unique index, vector(n) column (n from the type
+//!          modifier, or a sampled row), the HNSW index's operator class ─► metric,
+//!          EXPLAIN of the search (warns if it does not use the index),
+//!          TABLESAMPLE of the vectors ─► routing centroids
+//!  run:    backend thread i ── its own connection (PgConn) on a current-thread runtime
+//!          search: BEGIN; SET LOCAL ef_search, iterative_scan, statement_timeout
+//!                  │ prepared SELECT id, dist [, vector] ORDER BY dist LIMIT k + Δ
+//!                  │ COMMIT                      ── pipelined: one round trip
+//!          write:  the same around a prepared INSERT ... ON CONFLICT / DELETE
+//!          connection lost ─► fail fast (UNAVAILABLE), reconnect with backoff
+//! ```
+//!
+//! Settings are `SET LOCAL` inside each statement's own transaction so that they hold
+//! behind a transaction-mode pooler (PgBouncer), where consecutive transactions may run
+//! on different server sessions. The request's deadline becomes the statement's
+//! `statement_timeout`: a slow database cannot hold every connection past it.
+//!
+//! Distances come back in the cache's units: `<->` is plain L2 (squared here), `<#>` is
+//! the negative inner product (the engine's `-dot`), `<=>` is `1 - cos`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pgvector::Vector;
+use shards::backend::sort_candidates;
+use shards::{Candidate, Metric};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, NoTls, Statement};
+
+use super::data::{self, Dataset};
+use super::StartError;
+use crate::config::PgvectorSection;
+use crate::protocol::{Rejection, Status};
+
+/// First pause between connection attempts; doubles up to the configured maximum.
+const BACKOFF_FIRST: Duration = Duration::from_millis(50);
+/// How long a statement may overrun its own `statement_timeout` (network, the server
+/// noticing the timeout) before the client gives up on the connection.
+const CLIENT_GRACE: Duration = Duration::from_millis(500);
+
+/// What start-up found, shared by every backend thread.
+pub struct PgTarget {
+    pub dim: usize,
+    pub metric: Metric,
+    /// The HNSW index the searches use.
+    pub index: String,
+    /// The table as PostgreSQL prints it (schema-qualified where needed, quoted).
+    pub table: String,
+    conn: tokio_postgres::Config,
+    sql: Sql,
+    /// `BEGIN; SET LOCAL ...` of a search, before its `statement_timeout`.
+    search_prelude: String,
+    statement_timeout: Duration,
+    reconnect_max: Duration,
+    with_vectors: bool,
+    has_payload: bool,
+    pub stats: PgStats,
+}
+
+struct Sql {
+    search: String,
+    insert: String,
+    delete: String,
+}
+
+/// Counters of the connection pool, for STATS and /metrics.
+#[derive(Default)]
+pub struct PgStats {
+    /// Backend threads holding a live connection.
+    pub connections_up: AtomicU64,
+    /// Connections opened after a lost one (not the first of each thread).
+    pub reconnects: AtomicU64,
+    pub connect_failures: AtomicU64,
+    /// Statements cancelled at their deadline (`statement_timeout`).
+    pub statement_timeouts: AtomicU64,
+    /// Rows whose id is negative: a bigint the protocol's u64 ids cannot carry.
+    pub ids_out_of_range: AtomicU64,
+}
+
+impl PgStats {
+    fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A search's rows, and whether there were as many as asked (a short answer is served
+/// but never admitted: its missing tail is unknown, not absent).
+pub struct PgAnswer {
+    pub candidates: Vec<Candidate>,
+    pub complete: bool,
+}
+
+/// Double quotes an identifier for SQL text.
+fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+fn operator(metric: Metric) -> &'static str {
+    match metric {
+        Metric::L2Sq => "<->",
+        Metric::InnerProduct => "<#>",
+        Metric::Cosine => "<=>",
+    }
+}
+
+fn metric_of_opclass(opclass: &str) -> Option<Metric> {
+    match opclass {
+        "vector_l2_ops" => Some(Metric::L2Sq),
+        "vector_ip_ops" => Some(Metric::InnerProduct),
+        "vector_cosine_ops" => Some(Metric::Cosine),
+        _ => None,
+    }
+}
+
+/// pgvector's distance in the cache's unit.
+fn cache_distance(metric: Metric, d: f64) -> f32 {
+    match metric {
+        Metric::L2Sq => (d * d) as f32,
+        Metric::InnerProduct | Metric::Cosine => d as f32,
+    }
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+}
+
+/// A message for a database error without the driver's "db error: " prefix.
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.severity(), db.message()),
+        None => e.to_string(),
+    }
+}
+
+/// An error the server answered (the connection is still good), as opposed to a lost
+/// or unopenable connection.
+fn is_sql_error(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some() && !e.is_closed()
+}
+
+/// Errors at connect time worth retrying: the server is not there yet, or starting.
+fn is_transient(e: &tokio_postgres::Error) -> bool {
+    match e.code() {
+        None => true,
+        Some(c) => *c == SqlState::CANNOT_CONNECT_NOW || *c == SqlState::TOO_MANY_CONNECTIONS,
+    }
+}
+
+/// The connection settings of `section`, with the password from its file or variable.
+fn connection_config(section: &PgvectorSection) -> Result<tokio_postgres::Config, StartError> {
+    let cfg_err = |m: String| StartError::Config(format!("backend.pgvector: {m}"));
+    let mut c: tokio_postgres::Config =
+        section.url.parse().map_err(|e| cfg_err(format!("url: {e}")))?;
+    if let Some(path) = &section.password_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| cfg_err(format!("password_file {}: {e}", path.display())))?;
+        c.password(text.lines().next().unwrap_or_default());
+    }
+    if let Some(var) = &section.password_env {
+        let pw = std::env::var(var)
+            .map_err(|_| cfg_err(format!("password_env: ${var} is not set")))?;
+        c.password(pw);
+    }
+    c.connect_timeout(Duration::from_millis(section.connect_timeout_ms));
+    c.application_name("akerd");
+    Ok(c)
+}
+
+async fn open(conn: &tokio_postgres::Config) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = conn.connect(NoTls).await?;
+    tokio::spawn(async move {
+        // Ends when the connection is lost or the client dropped; the client sees it.
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// Connects at start, retrying what may be transient (refused, starting up) with
+/// backoff until `start_wait_ms` has passed; then refuses to start.
+async fn connect_at_start(
+    conn: &tokio_postgres::Config,
+    section: &PgvectorSection,
+) -> Result<Client, StartError> {
+    let t = Instant::now();
+    let wait = Duration::from_millis(section.start_wait_ms);
+    let mut pause = BACKOFF_FIRST;
+    loop {
+        match open(conn).await {
+            Ok(c) => return Ok(c),
+            Err(e) if is_transient(&e) && t.elapsed() + pause <= wait => {
+                tracing::warn!(error = %describe(&e), retry_ms = pause.as_millis() as u64,
+                    "pgvector: database unreachable at start, retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(section.reconnect_max_ms));
+            }
+            Err(e) => {
+                return Err(StartError::Backend(format!(
+                    "pgvector: cannot connect to {} after {:.1} s (start_wait_ms = {}): {}",
+                    section.url,
+                    t.elapsed().as_secs_f64(),
+                    section.start_wait_ms,
+                    describe(&e)
+                )))
+            }
+        }
+    }
+}
+
+/// Connects (waiting for the database as configured), checks the table, and returns
+/// what the threads share plus a sample of the table's vectors for the router.
+pub fn start(
+    section: &PgvectorSection,
+    metric: Option<Metric>,
+    k_max: usize,
+    delta: usize,
+    store_vectors: bool,
+    sample_rows: usize,
+) -> Result<(PgTarget, Option<Dataset>), StartError> {
+    let conn = connection_config(section)?;
+    let rt = runtime()?;
+    rt.block_on(async {
+        let client = connect_at_start(&conn, section).await?;
+        let found = discover(&client, section, metric).await?;
+        let ef = section.effective_ef_search(k_max, delta);
+        let search_prelude = format!(
+            "BEGIN; SET LOCAL hnsw.ef_search = {ef}; SET LOCAL hnsw.iterative_scan = {}; \
+             SET LOCAL statement_timeout = ",
+            section.iterative_scan.as_sql()
+        );
+        let target = PgTarget {
+            sql: sql(&found, section, store_vectors),
+            dim: found.dim,
+            metric: found.metric,
+            index: found.index,
+            table: found.table,
+            conn,
+            search_prelude,
+            statement_timeout: Duration::from_millis(section.statement_timeout_ms),
+            reconnect_max: Duration::from_millis(section.reconnect_max_ms),
+            with_vectors: store_vectors,
+            has_payload: section.payload_column.is_some(),
+            stats: PgStats::default(),
+        };
+        let sample = sample(&client, &target, section, sample_rows).await?;
+        if let Some(s) = &sample {
+            check_plan(&client, &target, s.row(0), k_max + delta).await?;
+        }
+        tracing::info!(table = %target.table, dim = target.dim, metric = %target.metric,
+            index = %target.index, ef_search = ef,
+            iterative_scan = section.iterative_scan.as_sql(), "pgvector backend ready");
+        Ok((target, sample))
+    })
+}
+
+struct Found {
+    table: String,
+    dim: usize,
+    metric: Metric,
+    index: String,
+}
+
+async fn discover(
+    c: &Client,
+    section: &PgvectorSection,
+    metric: Option<Metric>,
+) -> Result<Found, StartError> {
+    let refuse = |m: String| StartError::Backend(format!("pgvector: {m}"));
+    let db = |e: tokio_postgres::Error| refuse(describe(&e));
+    let name = section.table.as_str();
+    let row = c
+        .query_one("SELECT to_regclass($1)::text", &[&name])
+        .await
+        .map_err(db)?;
+    let table: String = row
+        .get::<_, Option<String>>(0)
+        .ok_or_else(|| refuse(format!("table {name} does not exist")))?;
+
+    let (id_type, _) = column_type(c, name, &table, &section.id_column).await?;
+    if id_type != "int8" {
+        return Err(refuse(format!(
+            "id column {} is {id_type}, not bigint: ids are the protocol's u64 up to i64::MAX",
+            section.id_column
+        )));
+    }
+    let (vec_type, typmod) = column_type(c, name, &table, &section.vector_column).await?;
+    if vec_type != "vector" {
+        return Err(refuse(format!(
+            "column {} is {vec_type}, not pgvector's vector",
+            section.vector_column
+        )));
+    }
+    if let Some(p) = &section.payload_column {
+        let (t, _) = column_type(c, name, &table, p).await?;
+        if t != "bytea" {
+            return Err(refuse(format!("payload column {p} is {t}, not bytea")));
+        }
+    }
+    let dim = if typmod > 0 {
+        typmod as usize
+    } else {
+        // An untyped `vector` column: the dimension of a stored row.
+        let q = format!(
+            "SELECT vector_dims({v}) FROM {table} WHERE {v} IS NOT NULL LIMIT 1",
+            v = quote_ident(&section.vector_column)
+        );
+        match c.query_opt(q.as_str(), &[]).await.map_err(db)? {
+            Some(r) => r.get::<_, i32>(0) as usize,
+            None => {
+                return Err(refuse(format!(
+                    "column {} has no dimension (vector, not vector(n)) and the table \
+                     no row to take one from",
+                    section.vector_column
+                )))
+            }
+        }
+    };
+
+    let unique: bool = c
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_index i \
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+             WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indnkeyatts = 1 \
+               AND a.attname = $2 AND i.indpred IS NULL AND i.indexprs IS NULL)",
+            &[&name, &section.id_column],
+        )
+        .await
+        .map_err(db)?
+        .get(0);
+    if !unique {
+        return Err(refuse(format!(
+            "id column {} has no unique index (or primary key): INSERT replaces a row by id",
+            section.id_column
+        )));
+    }
+
+    let indexes = c
+        .query(
+            "SELECT ci.relname::text, opc.opcname::text, i.indisvalid FROM pg_index i \
+             JOIN pg_class ci ON ci.oid = i.indexrelid \
+             JOIN pg_am am ON am.oid = ci.relam \
+             JOIN pg_opclass opc ON opc.oid = i.indclass[0] \
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+             WHERE i.indrelid = to_regclass($1) AND am.amname = 'hnsw' \
+               AND i.indnkeyatts = 1 AND a.attname = $2 \
+               AND i.indpred IS NULL AND i.indexprs IS NULL \
+             ORDER BY ci.relname",
+            &[&name, &section.vector_column],
+        )
+        .await
+        .map_err(db)?;
+    let usable: Vec<(String, Metric)> = indexes
+        .iter()
+        .filter(|r| r.get::<_, bool>(2))
+        .filter_map(|r| metric_of_opclass(&r.get::<_, String>(1)).map(|m| (r.get(0), m)))
+        .collect();
+    let listed = || {
+        let v: Vec<String> = usable.iter().map(|(n, m)| format!("{n} ({m})")).collect();
+        if v.is_empty() {
+            "none".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    let ops = |m: Metric| match m {
+        Metric::L2Sq => "vector_l2_ops",
+        Metric::InnerProduct => "vector_ip_ops",
+        Metric::Cosine => "vector_cosine_ops",
+    };
+    let (index, metric) = match metric {
+        Some(m) => usable.iter().find(|(_, x)| *x == m).cloned().ok_or_else(|| {
+            refuse(format!(
+                "no valid HNSW index on {table} ({}) for metric {m} (operator class {}); \
+                 PostgreSQL would scan the whole table. Found: {}. Create one: CREATE INDEX \
+                 ON {table} USING hnsw ({} {})",
+                section.vector_column,
+                ops(m),
+                listed(),
+                quote_ident(&section.vector_column),
+                ops(m)
+            ))
+        })?,
+        None => {
+            let mut metrics: Vec<Metric> = usable.iter().map(|(_, m)| *m).collect();
+            metrics.dedup();
+            match metrics.len() {
+                1 => usable[0].clone(),
+                0 => {
+                    return Err(refuse(format!(
+                        "no valid HNSW index on {table} ({}) with vector_l2_ops, vector_ip_ops \
+                         or vector_cosine_ops; PostgreSQL would scan the whole table",
+                        section.vector_column
+                    )))
+                }
+                _ => {
+                    return Err(refuse(format!(
+                        "HNSW indexes for several metrics on {table} ({}): {}; set cache.metric",
+                        section.vector_column,
+                        listed()
+                    )))
+                }
+            }
+        }
+    };
+    Ok(Found {
+        table,
+        dim,
+        metric,
+        index,
+    })
+}
+
+/// A column's type name and type modifier.
+async fn column_type(
+    c: &Client,
+    name: &str,
+    table: &str,
+    col: &str,
+) -> Result<(String, i32), StartError> {
+    let rows = c
+        .query(
+            "SELECT t.typname::text, a.atttypmod FROM pg_attribute a \
+             JOIN pg_type t ON t.oid = a.atttypid \
+             WHERE a.attrelid = to_regclass($1) AND a.attname = $2 \
+               AND a.attnum > 0 AND NOT a.attisdropped",
+            &[&name, &col],
+        )
+        .await
+        .map_err(|e| StartError::Backend(format!("pgvector: {}", describe(&e))))?;
+    match rows.first() {
+        Some(r) => Ok((r.get::<_, String>(0), r.get::<_, i32>(1))),
+        None => Err(StartError::Backend(format!(
+            "pgvector: table {table} has no column {col}"
+        ))),
+    }
+}
+
+fn sql(found: &Found, section: &PgvectorSection, with_vectors: bool) -> Sql {
+    let (t, id, v) = (
+        &found.table,
+        quote_ident(&section.id_column),
+        quote_ident(&section.vector_column),
+    );
+    let op = operator(found.metric);
+    let vector_out = if with_vectors {
+        format!(", {v}")
+    } else {
+        String::new()
+    };
+    let (payload_col, payload_val, payload_set) = match &section.payload_column {
+        Some(p) => {
+            let p = quote_ident(p);
+            (format!(", {p}"), ", $3".to_string(), format!(", {p} = EXCLUDED.{p}"))
+        }
+        None => Default::default(),
+    };
+    Sql {
+        search: format!(
+            "SELECT {id}, ({v} {op} $1)::float8{vector_out} FROM {t} ORDER BY {v} {op} $1 LIMIT $2"
+        ),
+        insert: format!(
+            "INSERT INTO {t} ({id}, {v}{payload_col}) VALUES ($1, $2{payload_val}) \
+             ON CONFLICT ({id}) DO UPDATE SET {v} = EXCLUDED.{v}{payload_set}"
+        ),
+        delete: format!("DELETE FROM {t} WHERE {id} = $1"),
+    }
+}
+
+/// Up to `rows` vectors spread over the table (a Bernoulli sample when the table is
+/// larger than that), for the routing centroids. `None`: an empty table.
+async fn sample(
+    c: &Client,
+    target: &PgTarget,
+    section: &PgvectorSection,
+    rows: usize,
+) -> Result<Option<Dataset>, StartError> {
+    let db = |e: tokio_postgres::Error| StartError::Backend(format!("pgvector: {}", describe(&e)));
+    let estimate: f32 = c
+        .query_one(
+            "SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)",
+            &[&section.table],
+        )
+        .await
+        .map_err(db)?
+        .get(0);
+    let v = quote_ident(&section.vector_column);
+    let t = &target.table;
+    let plain = format!("SELECT {v} FROM {t} WHERE {v} IS NOT NULL LIMIT {rows}");
+    let mut got = Vec::new();
+    if estimate as f64 > rows as f64 * 1.5 {
+        let pct = (100.0 * rows as f64 * 1.2 / estimate as f64).min(100.0);
+        let q = format!(
+            "SELECT {v} FROM {t} TABLESAMPLE BERNOULLI ({pct:.6}) REPEATABLE (7) \
+             WHERE {v} IS NOT NULL LIMIT {rows}"
+        );
+        got = c.query(q.as_str(), &[]).await.map_err(db)?;
+    }
+    // Statistics may be stale (a table never analyzed says -1): fall back to the front.
+    if got.len() < rows.min(64) {
+        got = c.query(plain.as_str(), &[]).await.map_err(db)?;
+    }
+    if got.is_empty() {
+        return Ok(None);
+    }
+    let mut flat = Vec::with_capacity(got.len() * target.dim);
+    for r in &got {
+        let x: Vector = r.get(0);
+        let x = x.as_slice();
+        if x.len() != target.dim {
+            return Err(StartError::Backend(format!(
+                "pgvector: column {} holds vectors of dimension {} and {}",
+                section.vector_column,
+                target.dim,
+                x.len()
+            )));
+        }
+        flat.extend_from_slice(x);
+    }
+    Ok(Some(Dataset::new(target.dim, flat).map_err(StartError::Data)?))
+}
+
+/// EXPLAIN of the search akerd sends, in its own settings.
+pub async fn search_plan(
+    c: &Client,
+    target: &PgTarget,
+    q: &[f32],
+    n: usize,
+) -> Result<String, tokio_postgres::Error> {
+    let explain = format!("EXPLAIN {}", target.sql.search);
+    let prelude = format!("{}{}", target.search_prelude, target.statement_timeout.as_millis());
+    let (v, n) = (Vector::from(q.to_vec()), n as i64);
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&v, &n];
+    let (a, rows, b) = tokio::join!(
+        c.batch_execute(&prelude),
+        c.query(explain.as_str(), &params),
+        c.batch_execute("COMMIT")
+    );
+    a?;
+    b?;
+    Ok(rows?
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n"))
+}
+
+/// Warns when PostgreSQL would not use the index for akerd's search (a small table can
+/// make a sequential scan cheaper; a large one must not).
+async fn check_plan(
+    c: &Client,
+    target: &PgTarget,
+    q: &[f32],
+    n: usize,
+) -> Result<(), StartError> {
+    let plan = search_plan(c, target, q, n)
+        .await
+        .map_err(|e| StartError::Backend(format!("pgvector: EXPLAIN: {}", describe(&e))))?;
+    if !plan.contains(&format!("Index Scan using {}", target.index)) {
+        tracing::warn!(index = %target.index, plan = %plan,
+            "pgvector: PostgreSQL does not plan the search on the HNSW index");
+    }
+    Ok(())
+}
+
+/// Statements prepared on one connection.
+struct Live {
+    client: Client,
+    search: Statement,
+    insert: Statement,
+    delete: Statement,
+}
+
+/// A statement of the pipeline, with its parameters.
+enum Stmt<'a> {
+    Search(&'a Vector, i64),
+    Insert(i64, &'a Vector, Option<&'a [u8]>),
+    Delete(i64),
+}
+
+enum Outcome {
+    Rows(Vec<tokio_postgres::Row>),
+    Count(u64),
+}
+
+/// One backend thread's connection: opened at start, reopened with backoff when lost.
+pub struct PgConn {
+    rt: tokio::runtime::Runtime,
+    target: Arc<PgTarget>,
+    live: Option<Live>,
+    /// No connection attempt before this instant.
+    next_attempt: Instant,
+    pause: Duration,
+    /// Whether this thread ever had a connection (a later one is a reconnect).
+    connected_once: bool,
+}
+
+fn unavailable(m: impl Into<String>) -> Rejection {
+    Rejection::new(Status::Unavailable, m)
+}
+
+fn deadline_exceeded() -> Rejection {
+    Rejection::new(
+        Status::DeadlineExceeded,
+        "the request's deadline passed before the database answered",
+    )
+}
+
+impl PgConn {
+    pub fn new(target: Arc<PgTarget>) -> std::io::Result<PgConn> {
+        let mut c = PgConn {
+            rt: runtime()?,
+            target,
+            live: None,
+            next_attempt: Instant::now(),
+            pause: BACKOFF_FIRST,
+            connected_once: false,
+        };
+        c.reconnect_if_due(None);
+        Ok(c)
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.live.is_some()
+    }
+
+    /// Opens a connection if there is none and the backoff allows; bounded by the
+    /// connect timeout and by `deadline`.
+    pub fn reconnect_if_due(&mut self, deadline: Option<Instant>) {
+        if self.live.is_some() || Instant::now() < self.next_attempt {
+            return;
+        }
+        let t = &*self.target;
+        let bound = deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()));
+        let attempt = async {
+            let client = open(&t.conn).await?;
+            let search = client.prepare(&t.sql.search).await?;
+            let insert = client.prepare(&t.sql.insert).await?;
+            let delete = client.prepare(&t.sql.delete).await?;
+            Ok::<_, tokio_postgres::Error>(Live {
+                client,
+                search,
+                insert,
+                delete,
+            })
+        };
+        let r = self
+            .rt
+            .block_on(async { tokio::time::timeout(bound, attempt).await });
+        match r {
+            Ok(Ok(live)) => {
+                self.live = Some(live);
+                self.pause = BACKOFF_FIRST;
+                t.stats.connections_up.fetch_add(1, Ordering::Relaxed);
+                if self.connected_once {
+                    PgStats::bump(&t.stats.reconnects);
+                    tracing::info!(table = %t.table, "pgvector: database connection restored");
+                }
+                self.connected_once = true;
+            }
+            Ok(Err(e)) => self.failed_attempt(&describe(&e)),
+            Err(_) => self.failed_attempt("connection attempt cut short by a request's deadline"),
+        }
+    }
+
+    fn failed_attempt(&mut self, why: &str) {
+        let t = &*self.target;
+        PgStats::bump(&t.stats.connect_failures);
+        tracing::warn!(error = why, retry_ms = self.pause.as_millis() as u64,
+            "pgvector: cannot connect to the database");
+        self.next_attempt = Instant::now() + self.pause;
+        self.pause = (self.pause * 2).min(t.reconnect_max);
+    }
+
+    fn lost(&mut self, why: &str) {
+        if self.live.take().is_some() {
+            self.target.stats.connections_up.fetch_sub(1, Ordering::Relaxed);
+            tracing::warn!(error = why, "pgvector: database connection lost");
+        }
+        self.next_attempt = Instant::now();
+    }
+
+    /// The statement timeout for a request with `deadline`; `None` once it has passed.
+    fn timeout_for(&self, deadline: Option<Instant>) -> Option<Duration> {
+        match deadline {
+            None => Some(self.target.statement_timeout),
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                (left >= Duration::from_millis(1)).then_some(left)
+            }
+        }
+    }
+
+    /// Maps a failed statement: a cancellation at the deadline, an error the server
+    /// answered, or a lost connection (dropped, to be reopened).
+    fn statement_error(&mut self, e: tokio_postgres::Error) -> Rejection {
+        if e.code() == Some(&SqlState::QUERY_CANCELED) {
+            PgStats::bump(&self.target.stats.statement_timeouts);
+            return deadline_exceeded();
+        }
+        if is_sql_error(&e) {
+            return unavailable(format!("database: {}", describe(&e)));
+        }
+        let why = describe(&e);
+        self.lost(&why);
+        unavailable(format!("database connection lost: {why}"))
+    }
+
+    /// Runs `BEGIN; SET LOCAL ...`, one prepared statement and `COMMIT` in one round
+    /// trip, bounded by the statement timeout plus a grace period.
+    fn pipelined(
+        &mut self,
+        prelude: String,
+        timeout: Duration,
+        stmt: Stmt<'_>,
+    ) -> Result<Outcome, Rejection> {
+        let Some(live) = self.live.as_ref() else {
+            return Err(unavailable("database unreachable; reconnecting"));
+        };
+        let r = self.rt.block_on(async {
+            let run = async {
+                match stmt {
+                    Stmt::Search(v, n) => live
+                        .client
+                        .query(&live.search, &[v, &n])
+                        .await
+                        .map(Outcome::Rows),
+                    Stmt::Insert(id, v, None) => live
+                        .client
+                        .execute(&live.insert, &[&id, v])
+                        .await
+                        .map(Outcome::Count),
+                    Stmt::Insert(id, v, Some(p)) => live
+                        .client
+                        .execute(&live.insert, &[&id, v, &p])
+                        .await
+                        .map(Outcome::Count),
+                    Stmt::Delete(id) => live
+                        .client
+                        .execute(&live.delete, &[&id])
+                        .await
+                        .map(Outcome::Count),
+                }
+            };
+            let work = async {
+                let (a, out, b) = tokio::join!(
+                    live.client.batch_execute(&prelude),
+                    run,
+                    live.client.batch_execute("COMMIT")
+                );
+                a?;
+                let out = out?;
+                b?;
+                Ok::<Outcome, tokio_postgres::Error>(out)
+            };
+            tokio::time::timeout(timeout + CLIENT_GRACE, work).await
+        });
+        match r {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(self.statement_error(e)),
+            Err(_) => {
+                // The server did not answer within its own timeout: the connection's
+                // state is unknown, so it is not reused.
+                self.lost("no answer within the statement timeout");
+                PgStats::bump(&self.target.stats.statement_timeouts);
+                Err(deadline_exceeded())
+            }
+        }
+    }
+
+    /// The `n` nearest rows to `q`. A search is idempotent: when the connection turns
+    /// out to be lost, one fresh connection is tried before failing.
+    pub fn search(
+        &mut self,
+        q: &[f32],
+        n: usize,
+        deadline: Option<Instant>,
+    ) -> Result<PgAnswer, Rejection> {
+        let mut retried = false;
+        loop {
+            self.reconnect_if_due(deadline);
+            let timeout = self.timeout_for(deadline).ok_or_else(deadline_exceeded)?;
+            let prelude = format!("{}{}", self.target.search_prelude, timeout.as_millis().max(1));
+            let query = Vector::from(q.to_vec());
+            let limit = n as i64;
+            let was_up = self.is_up();
+            match self.pipelined(prelude, timeout, Stmt::Search(&query, limit)) {
+                Ok(Outcome::Rows(rows)) => return Ok(self.answer(rows, n)),
+                Ok(Outcome::Count(_)) => unreachable!("a search returns rows"),
+                Err(e) if was_up && !self.is_up() && !retried => {
+                    retried = true;
+                    tracing::debug!(error = %e.message, "pgvector: search retried on a new connection");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn answer(&self, rows: Vec<tokio_postgres::Row>, n: usize) -> PgAnswer {
+        let t = &*self.target;
+        let complete = rows.len() >= n;
+        let mut candidates = Vec::with_capacity(rows.len());
+        for r in rows {
+            let id: i64 = r.get(0);
+            let Ok(id) = u64::try_from(id) else {
+                PgStats::bump(&t.stats.ids_out_of_range);
+                continue;
+            };
+            let d: Option<f64> = r.get(1);
+            let mut c = Candidate::new(id, cache_distance(t.metric, d.unwrap_or(f64::NAN)));
+            if t.with_vectors {
+                let v: Option<Vector> = r.get(2);
+                c.vector = v.map(|v| Arc::from(v.as_slice()));
+            }
+            candidates.push(c);
+        }
+        // relaxed_order iterative scans may return rows slightly out of order.
+        sort_candidates(&mut candidates);
+        PgAnswer {
+            candidates,
+            complete,
+        }
+    }
+
+    fn write_prelude(timeout: Duration) -> String {
+        format!(
+            "BEGIN; SET LOCAL statement_timeout = {}",
+            timeout.as_millis().max(1)
+        )
+    }
+
+    fn db_id(id: u64) -> Result<i64, Rejection> {
+        i64::try_from(id).map_err(|_| {
+            Rejection::new(
+                Status::BadRequest,
+                format!("id {id} is above i64::MAX: the table's id column is a bigint"),
+            )
+        })
+    }
+
+    /// Upserts `id`, committed before this returns `Ok`.
+    pub fn insert(
+        &mut self,
+        id: u64,
+        v: &[f32],
+        payload: &[u8],
+        deadline: Option<Instant>,
+    ) -> Result<(), Rejection> {
+        let db_id = Self::db_id(id)?;
+        if !payload.is_empty() && !self.target.has_payload {
+            return Err(Rejection::new(
+                Status::Unsupported,
+                "INSERT with a payload: backend.pgvector has no payload_column",
+            ));
+        }
+        self.reconnect_if_due(deadline);
+        let timeout = self.timeout_for(deadline).ok_or_else(deadline_exceeded)?;
+        let vector = Vector::from(v.to_vec());
+        let payload = self.target.has_payload.then_some(payload);
+        let stmt = Stmt::Insert(db_id, &vector, payload);
+        self.pipelined(Self::write_prelude(timeout), timeout, stmt)
+            .map(drop)
+    }
+
+    /// Deletes `id`, committed before this returns; whether a row was there.
+    pub fn delete(&mut self, id: u64, deadline: Option<Instant>) -> Result<bool, Rejection> {
+        let Ok(db_id) = i64::try_from(id) else {
+            // Such an id cannot be in a bigint column.
+            return Ok(false);
+        };
+        self.reconnect_if_due(deadline);
+        let timeout = self.timeout_for(deadline).ok_or_else(deadline_exceeded)?;
+        match self.pipelined(Self::write_prelude(timeout), timeout, Stmt::Delete(db_id))? {
+            Outcome::Count(n) => Ok(n > 0),
+            Outcome::Rows(_) => unreachable!("a delete returns a count"),
+        }
+    }
+}
+
+impl Drop for PgConn {
+    fn drop(&mut self) {
+        if self.live.take().is_some() {
+            self.target.stats.connections_up.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Random centroids for an empty table: they still route a query and its near
+/// duplicates to the same shards.
+pub fn empty_table_sample(dim: usize, centroids: usize, seed: u64) -> Dataset {
+    data::gaussian(centroids.max(1) * 16, dim, seed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_quoted() {
+        assert_eq!(quote_ident("id"), "\"id\"");
+        assert_eq!(quote_ident("we\"ird"), "\"we\"\"ird\"");
+    }
+
+    #[test]
+    fn distances_are_in_the_cache_units() {
+        // <-> is plain L2: the cache keeps it squared.
+        assert_eq!(cache_distance(Metric::L2Sq, 3.0), 9.0);
+        assert_eq!(cache_distance(Metric::InnerProduct, -2.5), -2.5);
+        assert_eq!(cache_distance(Metric::Cosine, 0.25), 0.25);
+        assert_eq!(metric_of_opclass("vector_ip_ops"), Some(Metric::InnerProduct));
+        assert_eq!(metric_of_opclass("halfvec_l2_ops"), None);
+    }
+}
