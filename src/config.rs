@@ -244,6 +244,9 @@ pub struct PgvectorSection {
     pub id_column: String,
     /// A `vector` or `vector(n)` column with an HNSW index.
     pub vector_column: String,
+    /// The dimension clients send, checked against the table at start (unset: the
+    /// table's, whatever it is).
+    pub dim: Option<usize>,
     /// A `bytea` column for INSERT payloads; unset, an INSERT with a payload is refused
     /// (UNSUPPORTED) rather than dropped silently.
     pub payload_column: Option<String>,
@@ -274,6 +277,7 @@ impl Default for PgvectorSection {
             table: String::new(),
             id_column: "id".into(),
             vector_column: "embedding".into(),
+            dim: None,
             payload_column: None,
             ef_search: None,
             iterative_scan: IterativeScan::Off,

@@ -42,6 +42,8 @@ const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 /// How long a statement may overrun its own `statement_timeout` (network, the server
 /// noticing the timeout) before the client gives up on the connection.
 const CLIENT_GRACE: Duration = Duration::from_millis(500);
+/// A write on a connection idle for longer checks it first (see `prepare_connection`).
+const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 /// What start-up found, shared by every backend thread.
 pub struct PgTarget {
@@ -80,6 +82,10 @@ pub struct PgStats {
     pub statement_timeouts: AtomicU64,
     /// Rows whose id is negative: a bigint the protocol's u64 ids cannot carry.
     pub ids_out_of_range: AtomicU64,
+    /// Bumped whenever a thread finds its connection lost: every other connection opened
+    /// before is then suspect (a database restart ends them all) and is checked before
+    /// its next use, so a write never fails on a connection known to be stale.
+    pub losses: AtomicU64,
 }
 
 impl PgStats {
@@ -140,10 +146,20 @@ fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
-/// An error the server answered (the connection is still good), as opposed to a lost
-/// or unopenable connection.
-fn is_sql_error(e: &tokio_postgres::Error) -> bool {
-    e.code().is_some() && !e.is_closed()
+/// Whether `e` means the connection is gone (closed, broken, or ended by the server:
+/// a FATAL error, an operator's shutdown, a connection exception), as opposed to an
+/// error the server answered on a connection that is still good.
+fn connection_gone(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    let Some(code) = e.code() else {
+        return true; // I/O, protocol: nothing the server answered
+    };
+    let fatal = e
+        .as_db_error()
+        .is_some_and(|d| matches!(d.severity(), "FATAL" | "PANIC"));
+    fatal || code.code().starts_with("08") || code.code().starts_with("57P")
 }
 
 /// Errors at connect time worth retrying: the server is not there yet, or starting.
@@ -322,6 +338,15 @@ async fn discover(
             }
         }
     };
+
+    if let Some(want) = section.dim {
+        if want != dim {
+            return Err(refuse(format!(
+                "column {} of {table} holds {dim}-d vectors; backend.pgvector.dim is {want}",
+                section.vector_column
+            )));
+        }
+    }
 
     let unique: bool = c
         .query_one(
@@ -597,8 +622,12 @@ pub struct PgConn {
     /// No connection attempt before this instant.
     next_attempt: Instant,
     pause: Duration,
-    /// Whether this thread ever had a connection (a later one is a reconnect).
-    connected_once: bool,
+    /// A connection attempt failed or the connection was lost since the last one was
+    /// opened: the next one opened is a reconnect.
+    in_trouble: bool,
+    /// `stats.losses` when this connection was opened or last checked.
+    losses_seen: u64,
+    last_used: Instant,
 }
 
 fn unavailable(m: impl Into<String>) -> Rejection {
@@ -620,7 +649,9 @@ impl PgConn {
             live: None,
             next_attempt: Instant::now(),
             pause: BACKOFF_FIRST,
-            connected_once: false,
+            in_trouble: false,
+            losses_seen: 0,
+            last_used: Instant::now(),
         };
         c.reconnect_if_due(None);
         Ok(c)
@@ -630,10 +661,42 @@ impl PgConn {
         self.live.is_some()
     }
 
-    /// Opens a connection if there is none and the backoff allows; bounded by the
-    /// connect timeout and by `deadline`.
+    /// Before a connection is used: if another thread lost its connection since this
+    /// one was checked, an empty query tells whether it is still good (one round trip,
+    /// only after a loss); then a connection is opened if there is none and the
+    /// backoff allows, bounded by the connect timeout and by `deadline`.
     pub fn reconnect_if_due(&mut self, deadline: Option<Instant>) {
-        if self.live.is_some() || Instant::now() < self.next_attempt {
+        self.prepare_connection(deadline, false)
+    }
+
+    /// [`PgConn::reconnect_if_due`]; for a write (`write`), a connection idle for more
+    /// than [`IDLE_CHECK`] is checked too: a write is not retried on another connection,
+    /// so it should not be the one that finds a restart.
+    fn prepare_connection(&mut self, deadline: Option<Instant>, write: bool) {
+        let losses = self.target.stats.losses.load(Ordering::Acquire);
+        if let Some(live) = &self.live {
+            let idle = write && self.last_used.elapsed() > IDLE_CHECK;
+            if losses == self.losses_seen && !idle {
+                return;
+            }
+            let bound = self.target.conn.get_connect_timeout().copied().unwrap_or(CLIENT_GRACE);
+            let ping = self
+                .rt
+                .block_on(async { tokio::time::timeout(bound, live.client.simple_query("")).await });
+            self.losses_seen = losses;
+            match ping {
+                Ok(Ok(_)) => {
+                    self.last_used = Instant::now();
+                    return;
+                }
+                Ok(Err(e)) => self.lost(&describe(&e)),
+                Err(_) => self.lost("no answer to a liveness check"),
+            }
+        }
+        // In backoff, but other threads are connected: the database is there, so this
+        // thread's failure was its own; try now rather than fail the request.
+        let others_up = self.target.stats.connections_up.load(Ordering::Relaxed) > 0;
+        if Instant::now() < self.next_attempt && !(others_up && deadline.is_some()) {
             return;
         }
         let t = &*self.target;
@@ -656,13 +719,15 @@ impl PgConn {
         match r {
             Ok(Ok(live)) => {
                 self.live = Some(live);
+                self.losses_seen = t.stats.losses.load(Ordering::Acquire);
+                self.last_used = Instant::now();
                 self.pause = BACKOFF_FIRST;
                 t.stats.connections_up.fetch_add(1, Ordering::Relaxed);
-                if self.connected_once {
+                if self.in_trouble {
                     PgStats::bump(&t.stats.reconnects);
                     tracing::info!(table = %t.table, "pgvector: database connection restored");
                 }
-                self.connected_once = true;
+                self.in_trouble = false;
             }
             Ok(Err(e)) => self.failed_attempt(&describe(&e)),
             Err(_) => self.failed_attempt("connection attempt cut short by a request's deadline"),
@@ -670,6 +735,7 @@ impl PgConn {
     }
 
     fn failed_attempt(&mut self, why: &str) {
+        self.in_trouble = true;
         let t = &*self.target;
         PgStats::bump(&t.stats.connect_failures);
         tracing::warn!(error = why, retry_ms = self.pause.as_millis() as u64,
@@ -679,8 +745,11 @@ impl PgConn {
     }
 
     fn lost(&mut self, why: &str) {
+        self.in_trouble = true;
         if self.live.take().is_some() {
-            self.target.stats.connections_up.fetch_sub(1, Ordering::Relaxed);
+            let st = &self.target.stats;
+            st.connections_up.fetch_sub(1, Ordering::Relaxed);
+            st.losses.fetch_add(1, Ordering::AcqRel);
             tracing::warn!(error = why, "pgvector: database connection lost");
         }
         self.next_attempt = Instant::now();
@@ -704,7 +773,7 @@ impl PgConn {
             PgStats::bump(&self.target.stats.statement_timeouts);
             return deadline_exceeded();
         }
-        if is_sql_error(&e) {
+        if !connection_gone(&e) {
             return unavailable(format!("database: {}", describe(&e)));
         }
         let why = describe(&e);
@@ -762,7 +831,10 @@ impl PgConn {
             tokio::time::timeout(timeout + CLIENT_GRACE, work).await
         });
         match r {
-            Ok(Ok(v)) => Ok(v),
+            Ok(Ok(v)) => {
+                self.last_used = Instant::now();
+                Ok(v)
+            }
             Ok(Err(e)) => Err(self.statement_error(e)),
             Err(_) => {
                 // The server did not answer within its own timeout: the connection's
@@ -859,7 +931,7 @@ impl PgConn {
                 "INSERT with a payload: backend.pgvector has no payload_column",
             ));
         }
-        self.reconnect_if_due(deadline);
+        self.prepare_connection(deadline, true);
         let timeout = self.timeout_for(deadline).ok_or_else(deadline_exceeded)?;
         let vector = Vector::from(v.to_vec());
         let payload = self.target.has_payload.then_some(payload);
@@ -874,7 +946,7 @@ impl PgConn {
             // Such an id cannot be in a bigint column.
             return Ok(false);
         };
-        self.reconnect_if_due(deadline);
+        self.prepare_connection(deadline, true);
         let timeout = self.timeout_for(deadline).ok_or_else(deadline_exceeded)?;
         match self.pipelined(Self::write_prelude(timeout), timeout, Stmt::Delete(db_id))? {
             Outcome::Count(n) => Ok(n > 0),
