@@ -4,6 +4,11 @@
 //! vector to a shard. Centroids are assigned to shards by measured load, not
 //! round-robin: under skew one centroid can draw a fifth of all traffic. A query near
 //! a boundary probes the shards of its two nearest centroids.
+//!
+//! A centroid that moves leaves its entries in the shard it left. Lookups keep probing
+//! that shard for it (after the current ones: [`Router::route_probes`]) until the
+//! shard's FIFO has evicted every entry it held at the move ([`Retirements`]), so a
+//! rebalance costs no hits; admissions go to the new shard from the move on.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -20,6 +25,44 @@ const MIN_REQUESTS_PER_CENTROID: u64 = 32;
 /// Most k-means iterations (each is one pass over the sample).
 const KMEANS_ITERATIONS_MAX: usize = 25;
 
+/// `previous` of a centroid that has not moved, or whose old shard is forgotten.
+const NO_SHARD: u32 = u32::MAX;
+
+/// A centroid re-assigned by [`Router::rebalance`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Move {
+    pub centroid: usize,
+    pub from: usize,
+    pub to: usize,
+}
+
+/// The shards a lookup probes, nearest centroid's first (where a miss is admitted),
+/// then the second nearest's, then the shards those two centroids left at their last
+/// move; each once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probes {
+    shards: [usize; 4],
+    len: usize,
+}
+
+impl Probes {
+    fn push(&mut self, s: usize) {
+        if !self.shards[..self.len].contains(&s) {
+            self.shards[self.len] = s;
+            self.len += 1;
+        }
+    }
+
+    pub fn as_slice(&self) -> &[usize] {
+        &self.shards[..self.len]
+    }
+
+    /// Where a miss is admitted.
+    pub fn first(&self) -> usize {
+        self.shards[0]
+    }
+}
+
 pub struct Router {
     dim: usize,
     metric: Metric,
@@ -31,6 +74,9 @@ pub struct Router {
     load: Vec<Counter>,
     /// `load` as of the last rebalance: the difference is the recent load.
     load_seen: Vec<AtomicU64>,
+    /// Centroid -> the shard it left at its last move, while that shard may still hold
+    /// its entries (`NO_SHARD` otherwise).
+    previous: Vec<AtomicU32>,
     shards: usize,
     rebalances: AtomicU64,
 }
@@ -122,6 +168,7 @@ impl Router {
                 .collect(),
             load: (0..c).map(|_| Counter::default()).collect(),
             load_seen: (0..c).map(|_| AtomicU64::new(0)).collect(),
+            previous: (0..c).map(|_| AtomicU32::new(NO_SHARD)).collect(),
             centroids,
             shards,
             rebalances: AtomicU64::new(0),
@@ -156,8 +203,9 @@ impl Router {
     }
 
     fn shards_of(&self, j1: usize, j2: Option<usize>) -> [usize; 2] {
-        let s1 = self.assignment[j1].load(Ordering::Relaxed) as usize;
-        let s2 = j2.map_or(s1, |j| self.assignment[j].load(Ordering::Relaxed) as usize);
+        // Acquire: a lookup that sees a centroid's new shard sees the one it left too.
+        let s1 = self.assignment[j1].load(Ordering::Acquire) as usize;
+        let s2 = j2.map_or(s1, |j| self.assignment[j].load(Ordering::Acquire) as usize);
         [s1, s2]
     }
 
@@ -169,6 +217,57 @@ impl Router {
         self.shards_of(j1, j2)
     }
 
+    /// [`Router::route`]'s shards plus those its two centroids left at their last
+    /// move (see the module doc); counts the request as `route` does.
+    pub fn route_probes(&self, q: &[f32]) -> Probes {
+        let (j1, j2) = self.nearest_two(q);
+        self.load[j1].bump();
+        let [s1, s2] = self.shards_of(j1, j2);
+        let mut p = Probes {
+            shards: [s1; 4],
+            len: 1,
+        };
+        p.push(s2);
+        for j in std::iter::once(j1).chain(j2) {
+            let old = self.previous[j].load(Ordering::Relaxed);
+            if old != NO_SHARD {
+                p.push(old as usize);
+            }
+        }
+        p
+    }
+
+    /// The shard `centroid` left at its last move, while it is remembered.
+    pub fn previous(&self, centroid: usize) -> Option<usize> {
+        let s = self.previous[centroid].load(Ordering::Relaxed);
+        (s != NO_SHARD).then_some(s as usize)
+    }
+
+    /// Stops probing `shard` for `centroid` (if that is still the shard it left).
+    pub fn forget_previous(&self, centroid: usize, shard: usize) {
+        let _ = self.previous[centroid].compare_exchange(
+            shard as u32,
+            NO_SHARD,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Centroids whose old shard lookups still probe.
+    pub fn previous_count(&self) -> usize {
+        self.previous
+            .iter()
+            .filter(|p| p.load(Ordering::Relaxed) != NO_SHARD)
+            .count()
+    }
+
+    /// After a FLUSH: no shard holds anything worth probing for.
+    pub fn forget_all_previous(&self) {
+        for p in &self.previous {
+            p.store(NO_SHARD, Ordering::Relaxed);
+        }
+    }
+
     /// The same for a write: not counted as search load.
     pub fn route_write(&self, v: &[f32]) -> [usize; 2] {
         let (j1, j2) = self.nearest_two(v);
@@ -177,10 +276,11 @@ impl Router {
 
     /// Re-assigns centroids to shards by the load measured since the last call
     /// (heaviest centroid first, each to the least-loaded shard: LPT), but only when
-    /// that lowers the busiest shard's load by more than 15%: every move strands the
-    /// entries cached in the old shard, so small gains are not worth it. Returns the
-    /// number of centroids that moved. Control plane: call it from one place.
-    pub fn rebalance(&self) -> usize {
+    /// that lowers the busiest shard's load by more than 15%: a move makes lookups probe
+    /// one more shard until the old one's entries age out, so small gains are not worth
+    /// it. Returns the moves; hand them to a [`Retirements`]. Control plane: call it from
+    /// one place.
+    pub fn rebalance(&self) -> Vec<Move> {
         let loads: Vec<u64> = self
             .load
             .iter()
@@ -193,7 +293,7 @@ impl Router {
         self.rebalances.fetch_add(1, Ordering::Relaxed);
         // Too few requests to tell load from noise.
         if loads.iter().sum::<u64>() < MIN_REQUESTS_PER_CENTROID * loads.len() as u64 {
-            return 0;
+            return Vec::new();
         }
         let current: Vec<usize> = self
             .assignment
@@ -209,15 +309,23 @@ impl Router {
             per.into_iter().max().unwrap_or(0)
         };
         if (busiest(&proposed) as f64) * 1.15 >= busiest(&current) as f64 {
-            return 0;
+            return Vec::new();
         }
-        let mut moved = 0;
-        for (a, &s) in self.assignment.iter().zip(&proposed) {
-            if a.swap(s as u32, Ordering::Relaxed) != s as u32 {
-                moved += 1;
+        let mut moves = Vec::new();
+        for (j, &to) in proposed.iter().enumerate() {
+            let from = current[j];
+            if from != to {
+                // The old shard is remembered before lookups are sent elsewhere.
+                self.previous[j].store(from as u32, Ordering::Relaxed);
+                self.assignment[j].store(to as u32, Ordering::Release);
+                moves.push(Move {
+                    centroid: j,
+                    from,
+                    to,
+                });
             }
         }
-        moved
+        moves
     }
 
     /// Per-shard search load since the last rebalance, under the current assignment.
@@ -228,6 +336,58 @@ impl Router {
                 l.get() - seen.load(Ordering::Relaxed).min(l.get());
         }
         out
+    }
+}
+
+/// When a moved centroid's old shard may stop being probed: once that shard's FIFO has
+/// evicted as many entries as it held at the move, every entry older than the move is
+/// gone (each eviction takes the oldest live one; invalidations only make it sooner).
+#[derive(Debug, Default)]
+pub struct Retirements {
+    /// (centroid, old shard, the old shard's eviction count that retires it)
+    pending: Vec<(usize, usize, u64)>,
+}
+
+impl Retirements {
+    /// Notes `moves`; `evictions(s)` and `entries(s)` read shard `s`'s counters now.
+    pub fn moved(
+        &mut self,
+        moves: &[Move],
+        evictions: impl Fn(usize) -> u64,
+        entries: impl Fn(usize) -> u64,
+    ) {
+        for m in moves {
+            // A centroid that moves again is probed in the shard it left last only.
+            self.pending.retain(|&(j, _, _)| j != m.centroid);
+            let target = evictions(m.from) + entries(m.from);
+            self.pending.push((m.centroid, m.from, target));
+        }
+    }
+
+    /// Forgets the old shards whose entries have aged out; returns how many.
+    pub fn retire(&mut self, router: &Router, evictions: impl Fn(usize) -> u64) -> usize {
+        let before = self.pending.len();
+        self.pending.retain(|&(j, s, target)| {
+            let done = evictions(s) >= target || router.previous(j) != Some(s);
+            if done {
+                router.forget_previous(j, s);
+            }
+            !done
+        });
+        before - self.pending.len()
+    }
+
+    /// After a FLUSH.
+    pub fn clear(&mut self) {
+        self.pending.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
     }
 }
 
@@ -307,16 +467,34 @@ mod tests {
         r.route_write(&[100.0, 0.0]);
         assert_eq!(r.shard_loads().iter().sum::<u64>(), 4 + 200 + 2);
         let before = r.shard_loads();
-        let moved = r.rebalance();
+        let moves = r.rebalance();
         assert_eq!(r.shard_loads().iter().sum::<u64>(), 0);
         if before[0].abs_diff(before[1]) > 100 {
-            assert!(moved > 0, "{before:?}");
+            assert!(!moves.is_empty(), "{before:?}");
+        }
+        // a moved centroid's queries probe the shard it left too, after the new ones
+        for m in &moves {
+            let q = &r.centroids[m.centroid * 2..m.centroid * 2 + 2];
+            let p = r.route_probes(q);
+            assert_eq!(p.first(), m.to);
+            assert!(p.as_slice()[1..].contains(&m.from), "{p:?} {m:?}");
+            assert_eq!(r.previous(m.centroid), Some(m.from));
+        }
+        // ... until the old shard has evicted what it held at the move
+        let mut ret = Retirements::default();
+        ret.moved(&moves, |_| 10, |_| 5);
+        assert_eq!(ret.retire(&r, |_| 14), 0);
+        assert_eq!(ret.retire(&r, |_| 15), moves.len());
+        for m in &moves {
+            assert_eq!(r.previous(m.centroid), None);
+            let q = &r.centroids[m.centroid * 2..m.centroid * 2 + 2];
+            assert!(!r.route_probes(q).as_slice().contains(&m.from) || r.route(q).contains(&m.from));
         }
         // a handful of requests moves nothing
         for c in 0..4 {
             r.route(&[c as f32 * 100.0, 0.0]);
         }
-        assert_eq!(r.rebalance(), 0);
+        assert!(r.rebalance().is_empty());
         assert!(Router::train(&[], 2, Metric::L2Sq, 4, 2, 1).is_err());
     }
 }

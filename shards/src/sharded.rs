@@ -15,7 +15,7 @@ use crate::exact_table::QueryKey;
 use crate::filter::InsertSeeds;
 use crate::policy::PolicyConfig;
 use crate::read::{Lookup, MissTicket};
-use crate::router::Router;
+use crate::router::{Retirements, Router};
 
 #[derive(Clone, Debug)]
 pub struct ShardingConfig {
@@ -43,6 +43,8 @@ pub struct ShardedCache {
     budget: Arc<GlobalBudget>,
     every: u64,
     since_rebalance: u64,
+    /// Moved centroids' old shards, probed until their entries age out.
+    retirements: Retirements,
 }
 
 impl ShardedCache {
@@ -75,6 +77,7 @@ impl ShardedCache {
             budget,
             every: sharding.rebalance_every.max(1),
             since_rebalance: 0,
+            retirements: Retirements::default(),
         })
     }
 
@@ -92,8 +95,8 @@ impl ShardedCache {
 
     pub fn search(&mut self, backend: &dyn Backend, q: &[f32], k: usize) -> Result<SearchOutcome> {
         self.shards[0].read.validate_request(q, k)?;
-        let [s1, s2] = self.router.route(q);
-        let probe: &[usize] = if s1 == s2 { &[s1] } else { &[s1, s2] };
+        let probes = self.router.route_probes(q);
+        let (s1, probe) = (probes.first(), probes.as_slice());
         let key = QueryKey::new(q, k);
         self.shards[s1].read.counters.lookups.bump();
         let mut found = None;
@@ -130,7 +133,12 @@ impl ShardedCache {
         self.since_rebalance += 1;
         if self.since_rebalance >= self.every {
             self.since_rebalance = 0;
-            self.router.rebalance();
+            let moves = self.router.rebalance();
+            let shards = &self.shards;
+            let evictions = |s: usize| shards[s].read.counters.evictions.get();
+            self.retirements
+                .moved(&moves, evictions, |s| shards[s].len() as u64);
+            self.retirements.retire(&self.router, evictions);
             self.budget.rebalance();
         }
         Ok(out)

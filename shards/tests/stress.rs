@@ -126,9 +126,10 @@ fn run_stress(filter: FilterKind, standby_search: StandbySearch) {
                             .collect(),
                     };
                     let seen_acks = acked.count.load(Ordering::Acquire);
-                    let [s1, s2] = router.route(&q);
+                    // As akerd's handler: the shards a moved centroid left are probed too.
+                    let probes = router.route_probes(&q);
+                    let (s1, probe) = (probes.first(), probes.as_slice());
                     let key = QueryKey::new(&q, K);
-                    let probe = [s1, s2];
                     // As akerd's handler: the nearest shard's filter search leaves the
                     // admission its seeds (the owner links the new node among them).
                     let mut seeds = InsertSeeds::default();
@@ -247,7 +248,14 @@ fn run_stress(filter: FilterKind, standby_search: StandbySearch) {
                     }
                 }
                 if ops % 64 == 0 {
-                    router.rebalance();
+                    let moves = router.rebalance();
+                    // Old shards stay probed until the next rebalance here: rotations of
+                    // which shard lookups read are what the stress is after.
+                    for m in moves {
+                        if ops % 128 == 0 {
+                            router.forget_previous(m.centroid, m.from);
+                        }
+                    }
                 }
             }
             ops

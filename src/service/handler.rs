@@ -131,18 +131,19 @@ impl AkerService {
             return Ok(miss_reply(&answer.candidates, k));
         }
         let q = &s.vector[..];
-        let [s1, s2] = sh.router.route(q);
+        let probes = sh.router.route_probes(q);
+        let s1 = probes.first();
         if s.refresh_entry {
             self.metrics.count(|c| c.searches_refresh += 1);
             let ticket = sh.shards[s1].reader.miss_ticket(q, k, true)?;
             return self.resolve_miss(s1, ticket, ctx).await;
         }
-        // The hit path: lock-free reads of (at most) two shards on this core, exact tables
-        // first, then filters, nearest shard first (ShardedCache::search's order).
+        // The hit path: lock-free reads of the two nearest centroids' shards (and those a
+        // rebalance moved them from) on this core, exact tables first, then filters,
+        // nearest shard first (ShardedCache::search's order).
         let key = QueryKey::new(q, k);
         sh.shards[s1].reader.counters().lookups.bump();
-        let pair = [s1, s2];
-        let probe = if s1 == s2 { &pair[..1] } else { &pair[..] };
+        let probe = probes.as_slice();
         // What the nearest shard's filter search finds for admitting q, should it miss.
         let mut seeds = InsertSeeds::default();
         let found = probe
@@ -340,6 +341,7 @@ impl AkerService {
     }
 
     async fn flush(&self) -> ServiceResult {
+        self.shared.router.forget_all_previous();
         let mut acks = Vec::with_capacity(self.shared.shards.len());
         for h in &self.shared.shards {
             let (tx, rx) = flume::bounded(1);

@@ -20,7 +20,9 @@
 //!            backend threads (N): store (HNSW / exact) under an RwLock; a write applies
 //!            to the store, then queues Insert / Delete to every owner under the same
 //!            lock (owners see writes in the store's order); replies on bounded(1).
-//!  executor 0, every rebalance_ms: router.rebalance() (centroids by load),
+//!  executor 0, every rebalance_ms: router.rebalance() (centroids by load; a moved
+//!                                  centroid's old shard stays probed until its
+//!                                  entries age out: router::Retirements),
 //!                                  budget.rebalance() (pool shares follow admissions)
 //!  admin thread(s): GET /metrics ─► Snapshot (engine counters, owner gauges, histograms)
 //! ```
@@ -61,7 +63,7 @@ use std::time::{Duration, Instant};
 
 use shards::budget::GlobalBudget;
 use shards::owner::{OwnerMsg, ShardHandle};
-use shards::router::Router;
+use shards::router::{Retirements, Router};
 use shards::store::{ExactStore, HnswStore};
 use shards::{Cache, CacheConfig, Capacity};
 
@@ -350,11 +352,16 @@ impl Daemon {
             if i == 0 && !rebalance.is_zero() {
                 let sh = factory_shared.clone();
                 glommio::spawn_local(async move {
+                    let mut retirements = Retirements::default();
                     loop {
                         glommio::timer::Timer::new(rebalance).await;
-                        let moved = sh.router.rebalance();
+                        let moves = sh.router.rebalance();
+                        let evictions = |s: usize| sh.shards[s].reader.counters().evictions.get();
+                        let entries = |s: usize| ShardGauges::get(&sh.gauges[s].representatives);
+                        retirements.moved(&moves, evictions, entries);
+                        retirements.retire(&sh.router, evictions);
                         sh.budget.rebalance();
-                        sh.centroid_moves.fetch_add(moved as u64, Ordering::Relaxed);
+                        sh.centroid_moves.fetch_add(moves.len() as u64, Ordering::Relaxed);
                     }
                 })
                 .detach();
@@ -536,6 +543,11 @@ impl Shared {
             "router_centroids_moved",
             "Centroids moved to another shard by rebalancing.",
             self.centroid_moves.load(Ordering::Relaxed),
+        );
+        s.gauge(
+            "router_previous_shards",
+            "Moved centroids whose old shard lookups still probe (until its entries age out).",
+            self.router.previous_count() as f64,
         );
 
         let recorded = metrics::merge_all(self.metrics.iter().map(|m| &**m));
