@@ -17,7 +17,7 @@ use std::time::Duration;
 use aker::config::PgvectorSection;
 use aker::service::{data, pgvector};
 use criterion::{criterion_group, criterion_main, Criterion};
-use pgvector::Vector;
+use ::pgvector::Vector;
 
 const N: usize = 20_000;
 const DIM: usize = 32;

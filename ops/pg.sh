@@ -10,6 +10,7 @@
 #       WATCH_PID: a background watcher stops the server once that process has exited,
 #       so a test binary that dies never leaves a server behind.
 #       Extra server settings: PG_SETTINGS="-c fsync=off -c shared_buffers=16MB".
+#       PG_CPUS="0": pin the server (taskset -c) to those cores.
 #   ops/pg.sh stop DATADIR                 # fast shutdown (immediate with MODE=immediate)
 #   ops/pg.sh psql DATADIR PORT [ARGS...]  # psql as "aker" on that server
 #
@@ -100,8 +101,10 @@ start() {
         chmod 644 "$pwfile"
     fi
     # The socket lives in the data directory: /run/postgresql may not exist or be ours.
+    local pin=()
+    [[ -n "${PG_CPUS:-}" ]] && pin=(taskset -c "$PG_CPUS")
     # shellcheck disable=SC2086
-    as_pg "$bin/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 start -o \
+    as_pg "${pin[@]}" "$bin/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 start -o \
         "-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories=$data ${PG_SETTINGS:-}" \
         >/dev/null || { tail -n 20 "$data/server.log" >&2; die "server did not start"; }
     PGOPTIONS="-c client_min_messages=warning" as_pg "$bin/psql" -h "$data" -p "$port" -U aker -d postgres -qAt \

@@ -599,9 +599,41 @@ mod tests {
     }
 
     #[test]
-    fn the_shipped_example_parses() {
+    fn the_shipped_examples_parse() {
         let text = include_str!("../ops/akerd.toml");
         let cfg = Config::from_toml(text).unwrap();
         cfg.validate().unwrap();
+        let cfg = Config::from_toml(include_str!("../ops/akerd-pgvector.toml")).unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.backend.kind, BackendKind::Pgvector);
+        assert_eq!(cfg.cache.metric, None, "the metric comes from the index");
+    }
+
+    #[test]
+    fn pgvector_settings_are_checked() {
+        let base = include_str!("../ops/akerd-pgvector.toml");
+        let with = |extra: &str| -> Result<(), String> {
+            Config::from_toml(&format!("{base}\n{extra}"))?.validate()
+        };
+        // the url is printed by --print-config: a password in it is refused
+        let e = Config::from_toml(&base.replace("aker@", "aker:hunter2@"))
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.contains("password_file") && !e.contains("hunter2"), "{e}");
+        // ef_search below k_max + delta without an iterative scan returns short answers
+        assert!(with("ef_search = 50").unwrap_err().contains("below k_max + delta"));
+        let relaxed = base
+            .replace("iterative_scan = \"off\"", "iterative_scan = \"relaxed_order\"")
+            .replace("# ef_search = 110", "ef_search = 50");
+        Config::from_toml(&relaxed).unwrap().validate().unwrap();
+        assert!(with("password_env = \"X\"").unwrap_err().contains("not both"));
+        // a pgvector section needs the pgvector kind, and the other way round
+        let embedded = base.replace("kind = \"pgvector\"", "kind = \"embedded\"");
+        assert!(Config::from_toml(&embedded).unwrap().validate().is_err());
+        let bare = "[backend]\nkind = \"pgvector\"";
+        assert!(Config::from_toml(bare).unwrap().validate().is_err());
+        let pg = Config::from_toml(base).unwrap();
+        assert_eq!(pg.backend.pgvector.unwrap().effective_ef_search(100, 10), 110);
     }
 }

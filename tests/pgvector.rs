@@ -142,6 +142,101 @@ fn exact_and_approximate_hits_come_from_the_cache() {
     let stats = c.stats().unwrap();
     assert!(stat(&stats, "pg_connections_up").unwrap() >= 1.0, "{stats}");
     d.stop().unwrap();
+
+    // store_vectors: misses fetch the rows' vectors, so approximate hits are re-ranked
+    // for the request's own vector.
+    let mut cfg = config(pg, "t_hits");
+    cfg.cache.store_vectors = true;
+    let d = Daemon::start(&cfg).unwrap();
+    let mut c = client(d.local_addr());
+    c.search(K, &q).unwrap();
+    search_until(&mut c, &q, HitKind::Exact);
+    let approx = search_until(&mut c, &near, HitKind::Approximate);
+    assert!(approx.distances_to_query, "re-ranked with the fetched vectors");
+    for n in &approx.neighbors {
+        let d = Metric::L2Sq.distance(&near, ds.row(n.id as usize));
+        assert!((n.distance - d).abs() <= 1e-4 * (1.0 + d), "{} vs {d}", n.distance);
+    }
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_short_answer_is_served_but_not_cached() {
+    let Some(pg) = shared() else {
+        return;
+    };
+    // 6 rows: a miss asks for k + Δ = 8.
+    pg.sql().load("t_short", &data::synthetic(6, DIM, 2, 5), "vector_l2_ops");
+    let d = Daemon::start(&config(pg, "t_short")).unwrap();
+    let mut c = client(d.local_addr());
+    let q = vec![0.5; DIM];
+    for _ in 0..3 {
+        let r = c.search(K, &q).unwrap();
+        assert_eq!((r.hit, r.neighbors.len()), (HitKind::Miss, K as usize));
+        thread::sleep(Duration::from_millis(20));
+    }
+    let stats = c.stats().unwrap();
+    assert_eq!(stat(&stats, "backend_short_answers"), Some(3.0), "{stats}");
+    assert_eq!(stat(&stats, "admissions"), Some(0.0), "{stats}");
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_slow_database_is_cancelled_at_the_deadline_and_holds_no_connection() {
+    let Some(pg) = table("t_slow", "vector_l2_ops") else {
+        return;
+    };
+    let ds = dataset();
+    let d = Daemon::start(&config(pg, "t_slow")).unwrap();
+    let addr = d.local_addr();
+    // Another session holds the table: every search waits on its lock.
+    let locker = pg.sql();
+    locker.exec("BEGIN; LOCK TABLE t_slow IN ACCESS EXCLUSIVE MODE");
+    let t = Instant::now();
+    let waiting: Vec<_> = (0..8)
+        .map(|i| {
+            let q = query_near(&ds, 300 + i * 11, 0.3);
+            thread::spawn(move || {
+                let mut c = client(addr);
+                c.search_with(SearchRequest {
+                    deadline_us: 200_000,
+                    ..SearchRequest::new(K, q)
+                })
+            })
+        })
+        .collect();
+    for w in waiting {
+        let e = w.join().unwrap().unwrap_err();
+        assert_eq!(e.status(), Some(Status::DeadlineExceeded), "{e}");
+    }
+    // The four connections' statements were cancelled at their deadlines (the other four
+    // requests' deadlines passed in the queue), with the lock still held: no akerd
+    // session is left waiting on it.
+    let mut c = client(addr);
+    let end = Instant::now() + Duration::from_secs(1);
+    while stat(&c.stats().unwrap(), "pg_statement_timeouts").unwrap() < 4.0 {
+        assert!(Instant::now() < end, "statements not cancelled");
+        thread::sleep(Duration::from_millis(5));
+    }
+    let active = |sql: &pg_common::Sql| {
+        sql.query(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'akerd' \
+             AND state = 'active'",
+            &[],
+        )[0]
+        .get::<_, i64>(0)
+    };
+    let watcher = pg.sql();
+    assert_eq!(active(&watcher), 0, "akerd statements still running");
+    let waited = t.elapsed();
+    assert!(waited < Duration::from_millis(1500), "{waited:?}");
+    locker.exec("COMMIT");
+    // The connections were kept (a cancellation is not a lost connection).
+    let r = c.search(K, &query_near(&ds, 999, 0.3)).unwrap();
+    assert_eq!(r.neighbors.len(), K as usize);
+    let stats = c.stats().unwrap();
+    assert_eq!(stat(&stats, "pg_reconnects"), Some(0.0), "{stats}");
+    d.stop().unwrap();
 }
 
 #[test]

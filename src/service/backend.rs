@@ -100,6 +100,9 @@ struct Worker {
     stop: Arc<AtomicBool>,
 }
 
+/// Longest wait at start for the backend threads' first connection attempts.
+const READY_WAIT: Duration = Duration::from_secs(30);
+
 /// How often an idle backend thread looks at the stop flag (and, for pgvector, whether
 /// a lost connection is due for another attempt).
 const STOP_POLL: Duration = Duration::from_millis(50);
@@ -122,16 +125,26 @@ impl BackendPool {
             stop,
         });
         let mut handles = Vec::with_capacity(threads);
+        let (ready_tx, ready_rx) = flume::bounded(threads.max(1));
         for i in 0..threads.max(1) {
-            let (w, rx) = (worker.clone(), rx.clone());
+            let (w, rx, ready) = (worker.clone(), rx.clone(), ready_tx.clone());
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("aker-backend-{i}"))
                     .spawn(move || {
                         lower_priority(nice, idle);
-                        w.run(rx)
+                        w.run(rx, ready)
                     })?,
             );
+        }
+        // A pgvector pool is connected before the daemon says it listens (each thread's
+        // first attempt is bounded; one that failed retries in the background).
+        let until = Instant::now() + READY_WAIT;
+        for _ in 0..threads.max(1) {
+            if ready_rx.recv_deadline(until).is_err() {
+                tracing::warn!("backend threads not all ready after {READY_WAIT:?}");
+                break;
+            }
         }
         Ok((BackendPool { tx, worker }, handles))
     }
@@ -204,7 +217,7 @@ fn deadline_passed() -> Rejection {
 }
 
 impl Worker {
-    fn run(&self, rx: flume::Receiver<Job>) {
+    fn run(&self, rx: flume::Receiver<Job>, ready: flume::Sender<()>) {
         // A pgvector thread's own connection: the pool is one connection per thread.
         let mut pg = match &self.side {
             StoreSide::Pgvector(t) => match PgConn::new(t.clone()) {
@@ -216,6 +229,8 @@ impl Worker {
             },
             _ => None,
         };
+        let _ = ready.send(());
+        drop(ready);
         loop {
             let job = match rx.recv_timeout(STOP_POLL) {
                 Ok(job) => job,

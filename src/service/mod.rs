@@ -17,9 +17,11 @@
 //!                        │   loop { msg = rx.recv_async(); cache.apply(msg) }  ◄── bounded│
 //!                        └────────────────────────────────────────┼───────── queues ──────┘
 //!                                                                 ▼
-//!            backend threads (N): store (HNSW / exact) under an RwLock; a write applies
-//!            to the store, then queues Insert / Delete to every owner under the same
-//!            lock (owners see writes in the store's order); replies on bounded(1).
+//!            backend threads (N): the embedded store (HNSW / exact) under an RwLock,
+//!            or one pgvector connection each (no store-wide lock: a write holds its
+//!            id's stripe); a write applies to the store, then queues Insert / Delete to
+//!            every owner under that lock (owners see writes to an id in the store's
+//!            order); replies on bounded(1).
 //!  executor 0, every rebalance_ms: router.rebalance() (centroids by load; a moved
 //!                                  centroid's old shard stays probed until its
 //!                                  entries age out: router::Retirements),

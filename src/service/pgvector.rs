@@ -700,7 +700,13 @@ impl PgConn {
             return;
         }
         let t = &*self.target;
-        let bound = deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()));
+        // Opening and preparing are bounded too: preparing takes a lock on the table,
+        // which another session may hold.
+        let connect = t.conn.get_connect_timeout().copied().unwrap_or(CLIENT_GRACE);
+        let mut bound = connect + t.statement_timeout;
+        if let Some(d) = deadline {
+            bound = bound.min(d.saturating_duration_since(Instant::now()));
+        }
         let attempt = async {
             let client = open(&t.conn).await?;
             let search = client.prepare(&t.sql.search).await?;
@@ -730,7 +736,7 @@ impl PgConn {
                 self.in_trouble = false;
             }
             Ok(Err(e)) => self.failed_attempt(&describe(&e)),
-            Err(_) => self.failed_attempt("connection attempt cut short by a request's deadline"),
+            Err(_) => self.failed_attempt("no connection within the connect and statement timeouts"),
         }
     }
 

@@ -90,6 +90,7 @@ impl PgServer {
             .arg(self.port.to_string())
             .arg(std::process::id().to_string())
             .env("PG_SETTINGS", "-c fsync=off -c max_connections=50")
+            .env("PG_CPUS", std::env::var("AKER_PG_CPUS").unwrap_or_default())
             .output()
             .map_err(|e| format!("ops/pg.sh: {e}"))?;
         if !out.status.success() {
