@@ -14,10 +14,10 @@ mod pg_common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ::pgvector::Vector;
 use aker::config::PgvectorSection;
 use aker::service::{data, pgvector};
 use criterion::{criterion_group, criterion_main, Criterion};
-use ::pgvector::Vector;
 
 const N: usize = 20_000;
 const DIM: usize = 32;

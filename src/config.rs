@@ -622,18 +622,28 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("password_file") && !e.contains("hunter2"), "{e}");
         // ef_search below k_max + delta without an iterative scan returns short answers
-        assert!(with("ef_search = 50").unwrap_err().contains("below k_max + delta"));
+        assert!(with("ef_search = 50")
+            .unwrap_err()
+            .contains("below k_max + delta"));
         let relaxed = base
-            .replace("iterative_scan = \"off\"", "iterative_scan = \"relaxed_order\"")
+            .replace(
+                "iterative_scan = \"off\"",
+                "iterative_scan = \"relaxed_order\"",
+            )
             .replace("# ef_search = 110", "ef_search = 50");
         Config::from_toml(&relaxed).unwrap().validate().unwrap();
-        assert!(with("password_env = \"X\"").unwrap_err().contains("not both"));
+        assert!(with("password_env = \"X\"")
+            .unwrap_err()
+            .contains("not both"));
         // a pgvector section needs the pgvector kind, and the other way round
         let embedded = base.replace("kind = \"pgvector\"", "kind = \"embedded\"");
         assert!(Config::from_toml(&embedded).unwrap().validate().is_err());
         let bare = "[backend]\nkind = \"pgvector\"";
         assert!(Config::from_toml(bare).unwrap().validate().is_err());
         let pg = Config::from_toml(base).unwrap();
-        assert_eq!(pg.backend.pgvector.unwrap().effective_ef_search(100, 10), 110);
+        assert_eq!(
+            pg.backend.pgvector.unwrap().effective_ef_search(100, 10),
+            110
+        );
     }
 }

@@ -501,10 +501,17 @@ fn a_router_rebalance_costs_no_hits() {
     }
     assert!(moved > 0.0, "no centroid moved");
     let stats = c.stats().unwrap();
-    assert!(stat(&stats, "router_previous_shards").unwrap() > 0.0, "{stats}");
+    assert!(
+        stat(&stats, "router_previous_shards").unwrap() > 0.0,
+        "{stats}"
+    );
     let misses: Vec<usize> = (0..cached.len())
         .filter(|&i| c.search(K, &cached[i]).unwrap().hit == HitKind::Miss)
         .collect();
-    assert!(misses.is_empty(), "{} of 200 missed after {moved} moves: {misses:?}", misses.len());
+    assert!(
+        misses.is_empty(),
+        "{} of 200 missed after {moved} moves: {misses:?}",
+        misses.len()
+    );
     d.stop().unwrap();
 }

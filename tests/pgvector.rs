@@ -75,7 +75,11 @@ fn bypassed_searches_equal_pgvector_in_the_cache_units_for_every_metric() {
         let ds = dataset();
         let d = Daemon::start(&config(pg, &name)).expect("akerd starts on pgvector");
         let mut c = client(d.local_addr());
-        assert_eq!(c.server_info().unwrap().metric, metric, "metric from {opclass}");
+        assert_eq!(
+            c.server_info().unwrap().metric,
+            metric,
+            "metric from {opclass}"
+        );
         let sql = pg.sql();
         let ef = 40; // max(k_max + delta, 40): the test config's effective ef_search
         for i in 0..40 {
@@ -92,7 +96,11 @@ fn bypassed_searches_equal_pgvector_in_the_cache_units_for_every_metric() {
                 let id = &n.id;
                 // pgvector's unit converted (<-> squared), and the engine's kernel agree.
                 let engine = metric.distance(&q, ds.row(*id as usize));
-                let pg_unit = if metric == Metric::L2Sq { pg_d * pg_d } else { *pg_d };
+                let pg_unit = if metric == Metric::L2Sq {
+                    pg_d * pg_d
+                } else {
+                    *pg_d
+                };
                 assert!((n.distance as f64 - pg_unit).abs() <= 1e-4 * (1.0 + pg_unit.abs()));
                 assert!(
                     (n.distance - engine).abs() <= 1e-4 * (1.0 + engine.abs()),
@@ -117,7 +125,12 @@ fn searches_use_the_hnsw_index() {
     assert!(sample.unwrap().len() >= 900, "a sample for the router");
     let sql = pg.sql();
     let plan = sql
-        .run(pgvector::search_plan(&sql.client, &target, dataset().row(5), 35))
+        .run(pgvector::search_plan(
+            &sql.client,
+            &target,
+            dataset().row(5),
+            35,
+        ))
         .unwrap();
     assert!(plan.contains("Index Scan using t_plan_hnsw"), "{plan}");
 }
@@ -152,10 +165,17 @@ fn exact_and_approximate_hits_come_from_the_cache() {
     c.search(K, &q).unwrap();
     search_until(&mut c, &q, HitKind::Exact);
     let approx = search_until(&mut c, &near, HitKind::Approximate);
-    assert!(approx.distances_to_query, "re-ranked with the fetched vectors");
+    assert!(
+        approx.distances_to_query,
+        "re-ranked with the fetched vectors"
+    );
     for n in &approx.neighbors {
         let d = Metric::L2Sq.distance(&near, ds.row(n.id as usize));
-        assert!((n.distance - d).abs() <= 1e-4 * (1.0 + d), "{} vs {d}", n.distance);
+        assert!(
+            (n.distance - d).abs() <= 1e-4 * (1.0 + d),
+            "{} vs {d}",
+            n.distance
+        );
     }
     d.stop().unwrap();
 }
@@ -166,7 +186,8 @@ fn a_short_answer_is_served_but_not_cached() {
         return;
     };
     // 6 rows: a miss asks for k + Δ = 8.
-    pg.sql().load("t_short", &data::synthetic(6, DIM, 2, 5), "vector_l2_ops");
+    pg.sql()
+        .load("t_short", &data::synthetic(6, DIM, 2, 5), "vector_l2_ops");
     let d = Daemon::start(&config(pg, "t_short")).unwrap();
     let mut c = client(d.local_addr());
     let q = vec![0.5; DIM];
@@ -253,11 +274,20 @@ fn a_write_through_insert_is_in_the_table_and_in_cached_answers() {
     // Nearer to q than anything cached: the fast path puts it first.
     let v: Vec<f32> = q.iter().map(|x| x + 1e-3).collect();
     c.insert(90_001, &v).unwrap();
-    let rows = pg.sql().query("SELECT count(*) FROM t_insert WHERE id = 90001", &[]);
+    let rows = pg
+        .sql()
+        .query("SELECT count(*) FROM t_insert WHERE id = 90001", &[]);
     assert_eq!(rows[0].get::<_, i64>(0), 1, "committed in PostgreSQL");
     let after = c.search(K, &q).unwrap();
-    assert_eq!(after.hit, HitKind::Exact, "still a hit: the entry was refreshed");
-    assert_eq!(after.neighbors[0].id, 90_001, "{after:?} (before {before:?})");
+    assert_eq!(
+        after.hit,
+        HitKind::Exact,
+        "still a hit: the entry was refreshed"
+    );
+    assert_eq!(
+        after.neighbors[0].id, 90_001,
+        "{after:?} (before {before:?})"
+    );
     // Replaced far away: no cached answer keeps it.
     let far: Vec<f32> = v.iter().map(|x| x + 50.0).collect();
     c.insert(90_001, &far).unwrap();
@@ -292,7 +322,9 @@ fn ids_past_bigint_and_payloads_are_refused_or_stored() {
     let d = Daemon::start(&cfg).unwrap();
     let mut c = client(d.local_addr());
     c.insert_with(with_payload).unwrap();
-    let rows = pg.sql().query("SELECT payload FROM t_ids WHERE id = 7", &[]);
+    let rows = pg
+        .sql()
+        .query("SELECT payload FROM t_ids WHERE id = 7", &[]);
     assert_eq!(rows[0].get::<_, Vec<u8>>(0), b"doc-7");
     d.stop().unwrap();
 }
@@ -321,8 +353,7 @@ fn a_deleted_id_is_never_served_after_its_acknowledgement() {
             thread::spawn(move || {
                 let mut c = client(addr);
                 let (mut hits, mut n) = (0u64, 0u64);
-                while !stop.load(Ordering::Relaxed) && n < 20_000 && started.elapsed() < 2 * RUN
-                {
+                while !stop.load(Ordering::Relaxed) && n < 20_000 && started.elapsed() < 2 * RUN {
                     let q = &queries[((n * 7 + t) % queries.len() as u64) as usize];
                     n += 1;
                     let seen = count.load(Ordering::Acquire);
@@ -359,7 +390,11 @@ fn a_deleted_id_is_never_served_after_its_acknowledgement() {
     let hits: u64 = searchers.into_iter().map(|s| s.join().unwrap()).sum();
     let gone = acked.lock().unwrap().len();
     let rows = pg.sql().query("SELECT count(*) FROM t_delete", &[]);
-    assert_eq!(rows[0].get::<_, i64>(0) as usize, 3000 - gone, "committed deletes");
+    assert_eq!(
+        rows[0].get::<_, i64>(0) as usize,
+        3000 - gone,
+        "committed deletes"
+    );
     eprintln!("{gone} deletes acknowledged, {hits} hits served meanwhile");
     assert!(gone > 20 && hits > 100, "{gone} deletes, {hits} hits");
     d.stop().unwrap();
@@ -408,7 +443,10 @@ fn writes_to_one_id_from_two_clients_apply_in_one_order_everywhere() {
             w.join().unwrap();
         }
         // The table's final state decides what every shard must hold for X.
-        let row = sql.query("SELECT embedding FROM t_order WHERE id = $1", &[&(X as i64)]);
+        let row = sql.query(
+            "SELECT embedding FROM t_order WHERE id = $1",
+            &[&(X as i64)],
+        );
         let stored: Option<Vec<f32>> = row.first().map(|r| r.get::<_, PgVector>(0).to_vec());
         for q in [&qa, &qb] {
             let r = c.search(K, q).unwrap();
@@ -465,7 +503,11 @@ fn the_database_going_away_and_coming_back() {
         let t = Instant::now();
         let e = c.search(K, &query_near(&ds, 1000 + i, 0.3)).unwrap_err();
         assert_eq!(e.status(), Some(Status::Unavailable), "{e}");
-        assert!(t.elapsed() < Duration::from_millis(1500), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            t.elapsed()
+        );
     }
     let e = c.insert(60_001, ds.row(2)).unwrap_err();
     assert_eq!(e.status(), Some(Status::Unavailable), "{e}");
@@ -501,16 +543,25 @@ fn the_database_going_away_and_coming_back() {
     }
     let sql = pg.sql();
     let present = |id: u64| {
-        sql.query("SELECT count(*) FROM t_restart WHERE id = $1", &[&(id as i64)])[0]
-            .get::<_, i64>(0)
+        sql.query(
+            "SELECT count(*) FROM t_restart WHERE id = $1",
+            &[&(id as i64)],
+        )[0]
+        .get::<_, i64>(0)
     };
     assert_eq!(present(acked_before), 1, "acknowledged before the stop");
     assert_eq!(present(60_002), 1, "acknowledged after the restart");
     assert_eq!(present(60_001), 0, "refused while down");
     let stats = c.stats().unwrap();
     let pg_lines: Vec<&str> = stats.lines().filter(|l| l.starts_with("pg_")).collect();
-    assert!(stat(&stats, "pg_reconnects").unwrap() >= 1.0, "{pg_lines:?}");
-    assert!(stat(&stats, "pg_connect_failures").unwrap() >= 1.0, "{pg_lines:?}");
+    assert!(
+        stat(&stats, "pg_reconnects").unwrap() >= 1.0,
+        "{pg_lines:?}"
+    );
+    assert!(
+        stat(&stats, "pg_connect_failures").unwrap() >= 1.0,
+        "{pg_lines:?}"
+    );
     d.stop().unwrap();
 
     // Down at start: akerd waits with backoff up to start_wait_ms, then refuses.
@@ -530,7 +581,11 @@ fn the_database_going_away_and_coming_back() {
     let starting = thread::spawn(move || Daemon::start(&cfg).map(|d| d.stop()));
     thread::sleep(Duration::from_millis(600));
     pg.restart();
-    starting.join().unwrap().expect("started once the database came up").unwrap();
+    starting
+        .join()
+        .unwrap()
+        .expect("started once the database came up")
+        .unwrap();
 }
 
 fn refused(cfg: &Config) -> String {
@@ -550,7 +605,10 @@ fn wrong_tables_and_metrics_without_an_index_are_refused_at_start() {
     let mut cfg = config(pg, "t_refuse");
     cfg.cache.metric = Some(Metric::Cosine);
     let e = refused(&cfg);
-    assert!(e.contains("no valid HNSW index") && e.contains("vector_cosine_ops"), "{e}");
+    assert!(
+        e.contains("no valid HNSW index") && e.contains("vector_cosine_ops"),
+        "{e}"
+    );
     // The dimension clients will send is not the table's.
     let mut cfg = config(pg, "t_refuse");
     cfg.backend.pgvector.as_mut().unwrap().dim = Some(16);

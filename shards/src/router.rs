@@ -488,7 +488,9 @@ mod tests {
         for m in &moves {
             assert_eq!(r.previous(m.centroid), None);
             let q = &r.centroids[m.centroid * 2..m.centroid * 2 + 2];
-            assert!(!r.route_probes(q).as_slice().contains(&m.from) || r.route(q).contains(&m.from));
+            assert!(
+                !r.route_probes(q).as_slice().contains(&m.from) || r.route(q).contains(&m.from)
+            );
         }
         // a handful of requests moves nothing
         for c in 0..4 {

@@ -363,7 +363,8 @@ impl Daemon {
                         retirements.moved(&moves, evictions, entries);
                         retirements.retire(&sh.router, evictions);
                         sh.budget.rebalance();
-                        sh.centroid_moves.fetch_add(moves.len() as u64, Ordering::Relaxed);
+                        sh.centroid_moves
+                            .fetch_add(moves.len() as u64, Ordering::Relaxed);
                     }
                 })
                 .detach();

@@ -173,16 +173,18 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
 /// The connection settings of `section`, with the password from its file or variable.
 fn connection_config(section: &PgvectorSection) -> Result<tokio_postgres::Config, StartError> {
     let cfg_err = |m: String| StartError::Config(format!("backend.pgvector: {m}"));
-    let mut c: tokio_postgres::Config =
-        section.url.parse().map_err(|e| cfg_err(format!("url: {e}")))?;
+    let mut c: tokio_postgres::Config = section
+        .url
+        .parse()
+        .map_err(|e| cfg_err(format!("url: {e}")))?;
     if let Some(path) = &section.password_file {
         let text = std::fs::read_to_string(path)
             .map_err(|e| cfg_err(format!("password_file {}: {e}", path.display())))?;
         c.password(text.lines().next().unwrap_or_default());
     }
     if let Some(var) = &section.password_env {
-        let pw = std::env::var(var)
-            .map_err(|_| cfg_err(format!("password_env: ${var} is not set")))?;
+        let pw =
+            std::env::var(var).map_err(|_| cfg_err(format!("password_env: ${var} is not set")))?;
         c.password(pw);
     }
     c.connect_timeout(Duration::from_millis(section.connect_timeout_ms));
@@ -400,18 +402,22 @@ async fn discover(
         Metric::Cosine => "vector_cosine_ops",
     };
     let (index, metric) = match metric {
-        Some(m) => usable.iter().find(|(_, x)| *x == m).cloned().ok_or_else(|| {
-            refuse(format!(
-                "no valid HNSW index on {table} ({}) for metric {m} (operator class {}); \
+        Some(m) => usable
+            .iter()
+            .find(|(_, x)| *x == m)
+            .cloned()
+            .ok_or_else(|| {
+                refuse(format!(
+                    "no valid HNSW index on {table} ({}) for metric {m} (operator class {}); \
                  PostgreSQL would scan the whole table. Found: {}. Create one: CREATE INDEX \
                  ON {table} USING hnsw ({} {})",
-                section.vector_column,
-                ops(m),
-                listed(),
-                quote_ident(&section.vector_column),
-                ops(m)
-            ))
-        })?,
+                    section.vector_column,
+                    ops(m),
+                    listed(),
+                    quote_ident(&section.vector_column),
+                    ops(m)
+                ))
+            })?,
         None => {
             let mut metrics: Vec<Metric> = usable.iter().map(|(_, m)| *m).collect();
             metrics.dedup();
@@ -482,7 +488,11 @@ fn sql(found: &Found, section: &PgvectorSection, with_vectors: bool) -> Sql {
     let (payload_col, payload_val, payload_set) = match &section.payload_column {
         Some(p) => {
             let p = quote_ident(p);
-            (format!(", {p}"), ", $3".to_string(), format!(", {p} = EXCLUDED.{p}"))
+            (
+                format!(", {p}"),
+                ", $3".to_string(),
+                format!(", {p} = EXCLUDED.{p}"),
+            )
         }
         None => Default::default(),
     };
@@ -548,7 +558,9 @@ async fn sample(
         }
         flat.extend_from_slice(x);
     }
-    Ok(Some(Dataset::new(target.dim, flat).map_err(StartError::Data)?))
+    Ok(Some(
+        Dataset::new(target.dim, flat).map_err(StartError::Data)?,
+    ))
 }
 
 /// EXPLAIN of the search akerd sends, in its own settings.
@@ -559,7 +571,11 @@ pub async fn search_plan(
     n: usize,
 ) -> Result<String, tokio_postgres::Error> {
     let explain = format!("EXPLAIN {}", target.sql.search);
-    let prelude = format!("{}{}", target.search_prelude, target.statement_timeout.as_millis());
+    let prelude = format!(
+        "{}{}",
+        target.search_prelude,
+        target.statement_timeout.as_millis()
+    );
     let (v, n) = (Vector::from(q.to_vec()), n as i64);
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&v, &n];
     let (a, rows, b) = tokio::join!(
@@ -578,12 +594,7 @@ pub async fn search_plan(
 
 /// Warns when PostgreSQL would not use the index for akerd's search (a small table can
 /// make a sequential scan cheaper; a large one must not).
-async fn check_plan(
-    c: &Client,
-    target: &PgTarget,
-    q: &[f32],
-    n: usize,
-) -> Result<(), StartError> {
+async fn check_plan(c: &Client, target: &PgTarget, q: &[f32], n: usize) -> Result<(), StartError> {
     let plan = search_plan(c, target, q, n)
         .await
         .map_err(|e| StartError::Backend(format!("pgvector: EXPLAIN: {}", describe(&e))))?;
@@ -679,10 +690,15 @@ impl PgConn {
             if losses == self.losses_seen && !idle {
                 return;
             }
-            let bound = self.target.conn.get_connect_timeout().copied().unwrap_or(CLIENT_GRACE);
-            let ping = self
-                .rt
-                .block_on(async { tokio::time::timeout(bound, live.client.simple_query("")).await });
+            let bound = self
+                .target
+                .conn
+                .get_connect_timeout()
+                .copied()
+                .unwrap_or(CLIENT_GRACE);
+            let ping = self.rt.block_on(async {
+                tokio::time::timeout(bound, live.client.simple_query("")).await
+            });
             self.losses_seen = losses;
             match ping {
                 Ok(Ok(_)) => {
@@ -702,7 +718,11 @@ impl PgConn {
         let t = &*self.target;
         // Opening and preparing are bounded too: preparing takes a lock on the table,
         // which another session may hold.
-        let connect = t.conn.get_connect_timeout().copied().unwrap_or(CLIENT_GRACE);
+        let connect = t
+            .conn
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(CLIENT_GRACE);
         let mut bound = connect + t.statement_timeout;
         if let Some(d) = deadline {
             bound = bound.min(d.saturating_duration_since(Instant::now()));
@@ -736,7 +756,9 @@ impl PgConn {
                 self.in_trouble = false;
             }
             Ok(Err(e)) => self.failed_attempt(&describe(&e)),
-            Err(_) => self.failed_attempt("no connection within the connect and statement timeouts"),
+            Err(_) => {
+                self.failed_attempt("no connection within the connect and statement timeouts")
+            }
         }
     }
 
@@ -744,8 +766,11 @@ impl PgConn {
         self.in_trouble = true;
         let t = &*self.target;
         PgStats::bump(&t.stats.connect_failures);
-        tracing::warn!(error = why, retry_ms = self.pause.as_millis() as u64,
-            "pgvector: cannot connect to the database");
+        tracing::warn!(
+            error = why,
+            retry_ms = self.pause.as_millis() as u64,
+            "pgvector: cannot connect to the database"
+        );
         self.next_attempt = Instant::now() + self.pause;
         self.pause = (self.pause * 2).min(t.reconnect_max);
     }
@@ -864,7 +889,11 @@ impl PgConn {
         loop {
             self.reconnect_if_due(deadline);
             let timeout = self.timeout_for(deadline).ok_or_else(deadline_exceeded)?;
-            let prelude = format!("{}{}", self.target.search_prelude, timeout.as_millis().max(1));
+            let prelude = format!(
+                "{}{}",
+                self.target.search_prelude,
+                timeout.as_millis().max(1)
+            );
             let query = Vector::from(q.to_vec());
             let limit = n as i64;
             let was_up = self.is_up();
@@ -964,7 +993,10 @@ impl PgConn {
 impl Drop for PgConn {
     fn drop(&mut self) {
         if self.live.take().is_some() {
-            self.target.stats.connections_up.fetch_sub(1, Ordering::Relaxed);
+            self.target
+                .stats
+                .connections_up
+                .fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
@@ -991,7 +1023,10 @@ mod tests {
         assert_eq!(cache_distance(Metric::L2Sq, 3.0), 9.0);
         assert_eq!(cache_distance(Metric::InnerProduct, -2.5), -2.5);
         assert_eq!(cache_distance(Metric::Cosine, 0.25), 0.25);
-        assert_eq!(metric_of_opclass("vector_ip_ops"), Some(Metric::InnerProduct));
+        assert_eq!(
+            metric_of_opclass("vector_ip_ops"),
+            Some(Metric::InnerProduct)
+        );
         assert_eq!(metric_of_opclass("halfvec_l2_ops"), None);
     }
 }

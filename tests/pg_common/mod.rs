@@ -208,11 +208,7 @@ impl Sql {
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
-    pub fn query(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Vec<tokio_postgres::Row> {
+    pub fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Vec<tokio_postgres::Row> {
         self.rt
             .block_on(self.client.query(sql, params))
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
@@ -242,7 +238,9 @@ impl Sql {
         self.rt.block_on(async {
             let sink = self
                 .client
-                .copy_in(&format!("COPY {name} (id, embedding) FROM STDIN (FORMAT binary)"))
+                .copy_in(&format!(
+                    "COPY {name} (id, embedding) FROM STDIN (FORMAT binary)"
+                ))
                 .await
                 .unwrap();
             let w = BinaryCopyInWriter::new(sink, &[Type::INT8, vector_type]);
