@@ -98,7 +98,9 @@ start() {
         chmod 700 "$data"
         as_pg "$bin/initdb" -D "$data" -U aker --pwfile="$pwfile" \
             --auth-local=trust --auth-host=scram-sha-256 -E UTF8 --no-instructions >/dev/null
-        chmod 644 "$pwfile"
+        # The superuser's password: readable by the caller only (as root, root's).
+        [[ $(id -u) -eq 0 ]] && chown root "$pwfile"
+        chmod 600 "$pwfile"
     fi
     # The socket lives in the data directory: /run/postgresql may not exist or be ours.
     local pin=()

@@ -289,6 +289,30 @@ impl Default for PgvectorSection {
     }
 }
 
+/// `url` with the password of a `scheme://user:password@host` or a `password=...`
+/// (key=value form) replaced by `***`.
+pub fn redact_password(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let auth_end = rest.find('@').filter(|&at| {
+            // the userinfo ends at the last '@' before the path
+            rest[..at].find('/').is_none()
+        });
+        if let Some(at) = auth_end {
+            if let Some(colon) = rest[..at].find(':') {
+                return format!("{scheme}://{}:***{}", &rest[..colon], &rest[at..]);
+            }
+        }
+        return url.to_string();
+    }
+    url.split_whitespace()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+            _ => kv.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 impl PgvectorSection {
     /// `hnsw.ef_search` as sent, for a cache that asks for `k_max + delta` rows.
     pub fn effective_ef_search(&self, k_max: usize, delta: usize) -> usize {
@@ -309,7 +333,7 @@ impl PgvectorSection {
         };
         if url.get_password().is_some() {
             return bad(
-                "url: holds a password; put it in password_file or password_env instead                  (the url is printed by --print-config)"
+                "url: holds a password; put it in password_file or password_env instead (the url is printed by --print-config)"
                     .into(),
             );
         }
@@ -322,7 +346,7 @@ impl PgvectorSection {
         }
         if ef < k_max + delta && self.iterative_scan == IterativeScan::Off {
             return bad(format!(
-                "ef_search {ef} is below k_max + delta = {}: pgvector would return fewer                  rows than a miss asks for; raise it or set iterative_scan",
+                "ef_search {ef} is below k_max + delta = {}: pgvector would return fewer rows than a miss asks for; raise it or set iterative_scan",
                 k_max + delta
             ));
         }
@@ -455,8 +479,14 @@ impl Config {
         Ok(cfg)
     }
 
+    /// The configuration as TOML (`--print-config`), with any password written into the
+    /// pgvector url (refused by `validate`, but printed before it runs) masked.
     pub fn to_toml(&self) -> String {
-        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+        let mut shown = self.clone();
+        if let Some(pg) = &mut shown.backend.pgvector {
+            pg.url = redact_password(&pg.url);
+        }
+        toml::to_string_pretty(&shown).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
     }
 
     /// Checks what can be checked before loading data.

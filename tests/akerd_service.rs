@@ -483,17 +483,16 @@ fn a_router_rebalance_costs_no_hits() {
     // Skewed load on a few queries' centroids until the router moves some.
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut moved = 0.0;
-    for _round in 0..40 {
-        for _ in 0..6 {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            let q = &cached[(rng % 200) as usize];
-            for _ in 0..150 {
-                c.search(K, q).unwrap();
-            }
+    // Checked after every burst, so that the cached queries are looked up again before a
+    // second rebalance can move a centroid on (its first shard would then be forgotten).
+    for _burst in 0..240 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let q = &cached[(rng % 200) as usize];
+        for _ in 0..100 {
+            c.search(K, q).unwrap();
         }
-        std::thread::sleep(Duration::from_millis(60));
         moved = stat(&c.stats().unwrap(), "router_centroids_moved").unwrap();
         if moved > 0.0 {
             break;

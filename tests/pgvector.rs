@@ -250,7 +250,7 @@ fn a_slow_database_is_cancelled_at_the_deadline_and_holds_no_connection() {
     let watcher = pg.sql();
     assert_eq!(active(&watcher), 0, "akerd statements still running");
     let waited = t.elapsed();
-    assert!(waited < Duration::from_millis(1500), "{waited:?}");
+    assert!(waited < Duration::from_secs(4), "{waited:?}");
     locker.exec("COMMIT");
     // The connections were kept (a cancellation is not a lost connection).
     let r = c.search(K, &query_near(&ds, 999, 0.3)).unwrap();
@@ -417,6 +417,7 @@ fn writes_to_one_id_from_two_clients_apply_in_one_order_everywhere() {
     let va: Vec<f32> = qa.iter().map(|x| x + 1e-3).collect();
     let vb: Vec<f32> = qb.iter().map(|x| x + 1e-3).collect();
     let sql = pg.sql();
+    let mut hits = 0u64;
     for round in 0..6u64 {
         let mut c = client(addr);
         for q in [&qa, &qb] {
@@ -448,12 +449,25 @@ fn writes_to_one_id_from_two_clients_apply_in_one_order_everywhere() {
             &[&(X as i64)],
         );
         let stored: Option<Vec<f32>> = row.first().map(|r| r.get::<_, PgVector>(0).to_vec());
-        for q in [&qa, &qb] {
+        for (q, v) in [(&qa, &va), (&qb, &vb)] {
             let r = c.search(K, q).unwrap();
+            hits += (r.hit != HitKind::Miss) as u64;
             let x = r.neighbors.iter().find(|n| n.id == X);
-            match (&stored, x) {
-                (None, Some(_)) => panic!("round {round}: X deleted in the table, served {r:?}"),
-                (Some(v), Some(n)) => {
+            // X is q's nearest row exactly when the table holds it at q's place.
+            let here = stored.as_ref() == Some(v);
+            match x {
+                None => assert!(!here, "round {round}: the table's X is q's nearest, {r:?}"),
+                Some(n) => {
+                    assert!(
+                        here,
+                        "round {round}: X served ({:?}) though the table's X is {}",
+                        r.hit,
+                        if stored.is_some() {
+                            "elsewhere"
+                        } else {
+                            "deleted"
+                        }
+                    );
                     let want = Metric::L2Sq.distance(q, v);
                     assert!(
                         (n.distance - want).abs() <= 1e-3 * (1.0 + want),
@@ -461,11 +475,14 @@ fn writes_to_one_id_from_two_clients_apply_in_one_order_everywhere() {
                         n.distance
                     );
                 }
-                // X far from q (the other place) or deleted: not in q's answer.
-                (_, None) => {}
             }
         }
     }
+    eprintln!("{hits} of 12 final searches were hits");
+    assert!(
+        hits > 0,
+        "the final state was checked against cached answers, not only misses"
+    );
     d.stop().unwrap();
 }
 
@@ -513,10 +530,6 @@ fn the_database_going_away_and_coming_back() {
     assert_eq!(e.status(), Some(Status::Unavailable), "{e}");
     let e = c.delete(5).unwrap_err();
     assert_eq!(e.status(), Some(Status::Unavailable), "{e}");
-    // The id whose delete failed is not served from the cache either.
-    for q in &cached {
-        assert!(!ids(&c.search(K, q).unwrap()).contains(&5));
-    }
     eprintln!("down for {:?}", t.elapsed());
 
     pg.restart();
@@ -552,8 +565,10 @@ fn the_database_going_away_and_coming_back() {
     assert_eq!(present(acked_before), 1, "acknowledged before the stop");
     assert_eq!(present(60_002), 1, "acknowledged after the restart");
     assert_eq!(present(60_001), 0, "refused while down");
+    assert_eq!(present(5), 1, "a delete refused while down changed nothing");
     let stats = c.stats().unwrap();
     let pg_lines: Vec<&str> = stats.lines().filter(|l| l.starts_with("pg_")).collect();
+    eprintln!("{pg_lines:?}");
     assert!(
         stat(&stats, "pg_reconnects").unwrap() >= 1.0,
         "{pg_lines:?}"
@@ -623,8 +638,10 @@ fn wrong_tables_and_metrics_without_an_index_are_refused_at_start() {
          DROP TABLE IF EXISTS t_noindex; \
          CREATE TABLE t_noindex (id bigint PRIMARY KEY, embedding vector(8)); \
          DROP TABLE IF EXISTS t_nounique; \
-         CREATE TABLE t_nounique (id bigint, embedding vector(8)); \
+         CREATE TABLE t_nounique (id bigint NOT NULL, embedding vector(8)); \
          CREATE INDEX ON t_nounique USING hnsw (embedding vector_l2_ops); \
+         DROP TABLE IF EXISTS t_nullable; \
+         CREATE TABLE t_nullable (id bigint UNIQUE, embedding vector(8)); \
          DROP TABLE IF EXISTS t_untyped; \
          CREATE TABLE t_untyped (id bigint PRIMARY KEY, embedding vector); \
          CREATE INDEX ON t_noindex (id);",
@@ -633,6 +650,7 @@ fn wrong_tables_and_metrics_without_an_index_are_refused_at_start() {
     let e = refused(&config(pg, "t_noindex"));
     assert!(e.contains("no valid HNSW index"), "{e}");
     assert!(refused(&config(pg, "t_nounique")).contains("no unique index"));
+    assert!(refused(&config(pg, "t_nullable")).contains("may be NULL"));
     // An untyped column takes its dimension from a row; with none, it is refused.
     assert!(refused(&config(pg, "t_untyped")).contains("no dimension"));
     // A password in the URL is refused before anything connects.

@@ -25,6 +25,10 @@ const MIN_REQUESTS_PER_CENTROID: u64 = 32;
 /// Most k-means iterations (each is one pass over the sample).
 const KMEANS_ITERATIONS_MAX: usize = 25;
 
+/// Evictions beyond the old shard's entry count before a moved centroid's old shard is
+/// forgotten (see `Retirements::moved`).
+const RETIRE_MARGIN: u64 = 256;
+
 /// `previous` of a centroid that has not moved, or whose old shard is forgotten.
 const NO_SHARD: u32 = u32::MAX;
 
@@ -359,7 +363,9 @@ impl Retirements {
         for m in moves {
             // A centroid that moves again is probed in the shard it left last only.
             self.pending.retain(|&(j, _, _)| j != m.centroid);
-            let target = evictions(m.from) + entries(m.from);
+            // The margin covers an entry count published up to an owner batch late and
+            // admissions routed before the move that land after it.
+            let target = evictions(m.from) + entries(m.from) + RETIRE_MARGIN;
             self.pending.push((m.centroid, m.from, target));
         }
     }
@@ -483,8 +489,8 @@ mod tests {
         // ... until the old shard has evicted what it held at the move
         let mut ret = Retirements::default();
         ret.moved(&moves, |_| 10, |_| 5);
-        assert_eq!(ret.retire(&r, |_| 14), 0);
-        assert_eq!(ret.retire(&r, |_| 15), moves.len());
+        assert_eq!(ret.retire(&r, |_| 14 + RETIRE_MARGIN), 0);
+        assert_eq!(ret.retire(&r, |_| 15 + RETIRE_MARGIN), moves.len());
         for m in &moves {
             assert_eq!(r.previous(m.centroid), None);
             let q = &r.centroids[m.centroid * 2..m.centroid * 2 + 2];

@@ -10,15 +10,18 @@
 //!   bookkeeping), held alone by a write, shared by searches;
 //! - pgvector: no store-wide lock. Searches take none; a write holds one of
 //!   [`ID_STRIPES`] stripes (by id) from its statement until the owners have its
-//!   message, so writes to different ids run in parallel;
+//!   message, so writes to different ids run in parallel. Searches and writes share
+//!   the threads (one connection each), so a search can still queue behind writes for
+//!   a free thread, never behind a lock;
 //! - cache-aside: no store; the stripes sequence the writes.
 //!
 //! Queuing is the part that must not be lost: once a message is queued the owner applies
 //! it even if the client's request is dropped at its deadline. The executor then awaits
-//! the owners' acknowledgements, and only then replies. A pgvector write that failed, or
-//! whose commit is in doubt (the connection dropped), still strips the id from every
+//! the owners' acknowledgements, and only then replies. A pgvector write whose commit is
+//! in doubt (the connection dropped, or no answer came) still strips the id from every
 //! shard before the error is answered: the cache never serves a row the database may
-//! have dropped or replaced.
+//! have dropped or replaced. One the database rolled back, or that was never sent,
+//! changes nothing.
 
 // The locks here are the backend's own, not the cache's engine (whose read path takes
 // none).
@@ -32,7 +35,7 @@ use std::time::{Duration, Instant};
 use shards::owner::{OwnerMsg, ShardHandle};
 use shards::{Backend, Candidate, DeleteOutcome, InsertOutcome};
 
-use super::pgvector::{PgConn, PgTarget};
+use super::pgvector::{PgConn, PgTarget, WriteError};
 use crate::protocol::{Rejection, Status};
 
 /// A store the backend threads share.
@@ -224,6 +227,7 @@ impl Worker {
                 Ok(c) => Some(c),
                 Err(e) => {
                     tracing::error!(error = %e, "backend thread: no runtime for pgvector");
+                    let _ = ready.send(());
                     return;
                 }
             },
@@ -338,7 +342,7 @@ impl Worker {
                 let _order = self.stripe(id);
                 match pg.insert(id, &vector, payload, deadline) {
                     Ok(()) => self.queue_insert(id, &vector, near),
-                    Err(e) => Err(self.strip_after_failure(id, e)),
+                    Err(e) => Err(self.after_failed_write(id, e)),
                 }
             }
             _ => {
@@ -364,7 +368,7 @@ impl Worker {
                 let _order = self.stripe(id);
                 match pg.delete(id, deadline) {
                     Ok(existed) => Ok((Some(existed), self.queue_delete(id)?)),
-                    Err(e) => Err(self.strip_after_failure(id, e)),
+                    Err(e) => Err(self.after_failed_write(id, e)),
                 }
             }
             _ => {
@@ -409,11 +413,15 @@ impl Worker {
         Ok(acks)
     }
 
-    /// A write whose outcome in the database is not a known success: strip `id` from
-    /// every shard (harmless if the row is still there), wait for that, then answer `e`.
-    fn strip_after_failure(&self, id: u64, e: Rejection) -> Rejection {
-        if e.status == Status::BadRequest || e.status == Status::Unsupported {
-            return e; // refused before anything was sent
+    /// A write that failed. Rolled back or never sent: nothing changed, the error is
+    /// answered as it is. In doubt (the connection was lost, or no answer came, around
+    /// the commit; its server session has been ended by then): `id` is stripped from
+    /// every shard first (harmless if the row is still there: its entries promote a
+    /// reserve), so the cache cannot keep serving a version of the row the database
+    /// may no longer hold.
+    fn after_failed_write(&self, id: u64, e: WriteError) -> Rejection {
+        if !e.in_doubt {
+            return e.rejection;
         }
         match self.queue_delete(id) {
             Ok(acks) => {
@@ -424,7 +432,7 @@ impl Worker {
                         tracing::warn!(id, "a shard did not confirm stripping a failed write's id");
                     }
                 }
-                e
+                e.rejection
             }
             Err(gone) => gone,
         }

@@ -627,9 +627,20 @@ impl Shared {
                 get(&st.statement_timeouts),
             );
             s.counter(
-                "pg_ids_out_of_range",
-                "pgvector: rows skipped for a negative id (not a protocol u64).",
-                get(&st.ids_out_of_range),
+                "pg_rows_skipped",
+                "pgvector: rows left out of answers (a negative id, or no finite distance).",
+                get(&st.rows_skipped),
+            );
+            s.counter(
+                "pg_writes_in_doubt",
+                "pgvector: writes whose commit was in doubt (connection lost, no answer); \
+                 their ids were dropped from the cache and their sessions ended.",
+                get(&st.writes_in_doubt),
+            );
+            s.counter(
+                "pg_writes_unsettled",
+                "pgvector: writes in doubt whose server session could not be confirmed gone.",
+                get(&st.writes_unsettled),
             );
         }
 

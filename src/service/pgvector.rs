@@ -2,26 +2,29 @@
 //!
 //! ```text
 //!  start:  connect (retry with backoff up to start_wait_ms) ─► discover:
-//!          table, bigint id with a unique index, vector(n) column (n from the type
-//!          modifier, or a sampled row), the HNSW index's operator class ─► metric,
-//!          EXPLAIN of the search (warns if it does not use the index),
-//!          TABLESAMPLE of the vectors ─► routing centroids
+//!          pgvector >= 0.8, table, NOT NULL bigint id with a unique index, vector(n)
+//!          column, the HNSW index's operator class ─► metric, EXPLAIN of the search
+//!          (warns if it does not use the index), TABLESAMPLE of the vectors ─►
+//!          routing centroids; every statement bounded (statement_timeout)
 //!  run:    backend thread i ── its own connection (PgConn) on a current-thread runtime
 //!          search: BEGIN; SET LOCAL ef_search, iterative_scan, statement_timeout
-//!                  │ prepared SELECT id, dist [, vector] ORDER BY dist LIMIT k + Δ
+//!                  │ prepared SELECT id, dist [, vector] ORDER BY dist LIMIT <k + Δ>
 //!                  │ COMMIT                      ── pipelined: one round trip
 //!          write:  the same around a prepared INSERT ... ON CONFLICT / DELETE
 //!          connection lost ─► fail fast (UNAVAILABLE), reconnect with backoff
 //! ```
 //!
 //! Settings are `SET LOCAL` inside each statement's own transaction so that they hold
-//! behind a transaction-mode pooler (PgBouncer), where consecutive transactions may run
-//! on different server sessions. The request's deadline becomes the statement's
-//! `statement_timeout`: a slow database cannot hold every connection past it.
+//! behind a transaction-mode pooler, where consecutive transactions may run on
+//! different server sessions (the statements are prepared, which PgBouncer supports in
+//! transaction mode from 1.21 on, with `max_prepared_statements` above 0; a statement
+//! the server no longer knows is prepared again). The request's deadline becomes the
+//! statement's `statement_timeout`: a slow database cannot hold every connection past it.
 //!
 //! Distances come back in the cache's units: `<->` is plain L2 (squared here), `<#>` is
 //! the negative inner product (the engine's `-dot`), `<=>` is `1 - cos`.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,9 +44,13 @@ use crate::protocol::{Rejection, Status};
 const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 /// How long a statement may overrun its own `statement_timeout` (network, the server
 /// noticing the timeout) before the client gives up on the connection.
-const CLIENT_GRACE: Duration = Duration::from_millis(500);
+const CLIENT_GRACE: Duration = Duration::from_millis(1000);
 /// A write on a connection idle for longer checks it first (see `prepare_connection`).
 const IDLE_CHECK: Duration = Duration::from_secs(1);
+/// A connection attempt with less time than this left before a deadline is not made.
+const MIN_ATTEMPT: Duration = Duration::from_millis(5);
+/// How long a write in doubt waits for its old server session to be gone.
+const SETTLE_WAIT: Duration = Duration::from_secs(5);
 
 /// What start-up found, shared by every backend thread.
 pub struct PgTarget {
@@ -65,9 +72,18 @@ pub struct PgTarget {
 }
 
 struct Sql {
-    search: String,
+    /// The search without its `LIMIT` value: each limit is prepared as its own statement
+    /// with the number in the text, so that a generic plan (PostgreSQL switches to one
+    /// after five executions) still knows how few rows are wanted and keeps the index.
+    search_prefix: String,
     insert: String,
     delete: String,
+}
+
+impl Sql {
+    fn search(&self, n: usize) -> String {
+        format!("{}{n}", self.search_prefix)
+    }
 }
 
 /// Counters of the connection pool, for STATS and /metrics.
@@ -80,8 +96,13 @@ pub struct PgStats {
     pub connect_failures: AtomicU64,
     /// Statements cancelled at their deadline (`statement_timeout`).
     pub statement_timeouts: AtomicU64,
-    /// Rows whose id is negative: a bigint the protocol's u64 ids cannot carry.
-    pub ids_out_of_range: AtomicU64,
+    /// Rows left out of answers: a negative id (the protocol's ids are u64), or no
+    /// finite distance (a NULL or zero vector under cosine).
+    pub rows_skipped: AtomicU64,
+    /// Writes whose outcome was in doubt (connection lost or no answer in time).
+    pub writes_in_doubt: AtomicU64,
+    /// Of those, writes whose server session could not be confirmed gone.
+    pub writes_unsettled: AtomicU64,
     /// Bumped whenever a thread finds its connection lost: every other connection opened
     /// before is then suspect (a database restart ends them all) and is checked before
     /// its next use, so a write never fails on a connection known to be stale.
@@ -209,26 +230,27 @@ async fn connect_at_start(
 ) -> Result<Client, StartError> {
     let t = Instant::now();
     let wait = Duration::from_millis(section.start_wait_ms);
+    // tokio-postgres bounds the TCP connect only; the start-up handshake is bounded here.
+    let handshake = Duration::from_millis(section.connect_timeout_ms);
     let mut pause = BACKOFF_FIRST;
     loop {
-        match open(conn).await {
-            Ok(c) => return Ok(c),
-            Err(e) if is_transient(&e) && t.elapsed() + pause <= wait => {
-                tracing::warn!(error = %describe(&e), retry_ms = pause.as_millis() as u64,
-                    "pgvector: database unreachable at start, retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(section.reconnect_max_ms));
-            }
-            Err(e) => {
-                return Err(StartError::Backend(format!(
-                    "pgvector: cannot connect to {} after {:.1} s (start_wait_ms = {}): {}",
-                    section.url,
-                    t.elapsed().as_secs_f64(),
-                    section.start_wait_ms,
-                    describe(&e)
-                )))
-            }
+        let (why, transient) = match tokio::time::timeout(handshake, open(conn)).await {
+            Ok(Ok(c)) => return Ok(c),
+            Ok(Err(e)) => (describe(&e), is_transient(&e)),
+            Err(_) => ("no answer within connect_timeout_ms".to_string(), true),
+        };
+        if !transient || t.elapsed() + pause > wait {
+            return Err(StartError::Backend(format!(
+                "pgvector: cannot connect to {} after {:.1} s (start_wait_ms = {}): {why}",
+                section.url,
+                t.elapsed().as_secs_f64(),
+                section.start_wait_ms,
+            )));
         }
+        tracing::warn!(error = %why, retry_ms = pause.as_millis() as u64,
+            "pgvector: database unreachable at start, retrying");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(section.reconnect_max_ms));
     }
 }
 
@@ -244,8 +266,20 @@ pub fn start(
 ) -> Result<(PgTarget, Option<Dataset>), StartError> {
     let conn = connection_config(section)?;
     let rt = runtime()?;
-    rt.block_on(async {
-        let client = connect_at_start(&conn, section).await?;
+    let client = rt.block_on(connect_at_start(&conn, section))?;
+    // Every start-up query is bounded: a migration's lock on the table must not hang the
+    // start. The budget covers the few statements below, each under statement_timeout.
+    let statement = Duration::from_millis(section.statement_timeout_ms);
+    let budget = statement * 8 + CLIENT_GRACE;
+    let work = async {
+        client
+            .batch_execute(&format!(
+                "SET statement_timeout = {}",
+                section.statement_timeout_ms
+            ))
+            .await
+            .map_err(|e| StartError::Backend(format!("pgvector: {}", describe(&e))))?;
+        check_extension(&client, section).await?;
         let found = discover(&client, section, metric).await?;
         let ef = section.effective_ef_search(k_max, delta);
         let search_prelude = format!(
@@ -275,7 +309,42 @@ pub fn start(
             index = %target.index, ef_search = ef,
             iterative_scan = section.iterative_scan.as_sql(), "pgvector backend ready");
         Ok((target, sample))
-    })
+    };
+    rt.block_on(async { tokio::time::timeout(budget, work).await })
+        .unwrap_or_else(|_| {
+            Err(StartError::Backend(format!(
+                "pgvector: the start-up checks of {} took over {:.1} s (a lock on the table?)",
+                section.table,
+                budget.as_secs_f64()
+            )))
+        })
+}
+
+/// pgvector 0.8 or later: `hnsw.iterative_scan`, which every search sets, is 0.8's.
+async fn check_extension(c: &Client, section: &PgvectorSection) -> Result<(), StartError> {
+    let refuse = |m: String| StartError::Backend(format!("pgvector: {m}"));
+    let row = c
+        .query_opt(
+            "SELECT extversion FROM pg_extension WHERE extname = 'vector'",
+            &[],
+        )
+        .await
+        .map_err(|e| refuse(describe(&e)))?;
+    let Some(row) = row else {
+        return Err(refuse(format!(
+            "the database of {} has no vector extension (CREATE EXTENSION vector)",
+            section.url
+        )));
+    };
+    let version: String = row.get(0);
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if (major, minor) < (0, 8) {
+        return Err(refuse(format!(
+            "pgvector {version} is installed; akerd needs 0.8 or later (hnsw.iterative_scan)"
+        )));
+    }
+    Ok(())
 }
 
 struct Found {
@@ -301,14 +370,20 @@ async fn discover(
         .get::<_, Option<String>>(0)
         .ok_or_else(|| refuse(format!("table {name} does not exist")))?;
 
-    let (id_type, _) = column_type(c, name, &table, &section.id_column).await?;
+    let (id_type, _, id_not_null) = column_type(c, name, &table, &section.id_column).await?;
     if id_type != "int8" {
         return Err(refuse(format!(
             "id column {} is {id_type}, not bigint: ids are the protocol's u64 up to i64::MAX",
             section.id_column
         )));
     }
-    let (vec_type, typmod) = column_type(c, name, &table, &section.vector_column).await?;
+    if !id_not_null {
+        return Err(refuse(format!(
+            "id column {} may be NULL: make it NOT NULL (a row without an id cannot be served)",
+            section.id_column
+        )));
+    }
+    let (vec_type, typmod, _) = column_type(c, name, &table, &section.vector_column).await?;
     if vec_type != "vector" {
         return Err(refuse(format!(
             "column {} is {vec_type}, not pgvector's vector",
@@ -316,7 +391,7 @@ async fn discover(
         )));
     }
     if let Some(p) = &section.payload_column {
-        let (t, _) = column_type(c, name, &table, p).await?;
+        let (t, _, _) = column_type(c, name, &table, p).await?;
         if t != "bytea" {
             return Err(refuse(format!("payload column {p} is {t}, not bytea")));
         }
@@ -355,6 +430,7 @@ async fn discover(
             "SELECT EXISTS (SELECT 1 FROM pg_index i \
              JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
              WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indnkeyatts = 1 \
+               AND i.indisvalid AND i.indimmediate \
                AND a.attname = $2 AND i.indpred IS NULL AND i.indexprs IS NULL)",
             &[&name, &section.id_column],
         )
@@ -449,15 +525,16 @@ async fn discover(
 }
 
 /// A column's type name and type modifier.
+/// A column's type name, type modifier and NOT NULL.
 async fn column_type(
     c: &Client,
     name: &str,
     table: &str,
     col: &str,
-) -> Result<(String, i32), StartError> {
+) -> Result<(String, i32, bool), StartError> {
     let rows = c
         .query(
-            "SELECT t.typname::text, a.atttypmod FROM pg_attribute a \
+            "SELECT t.typname::text, a.atttypmod, a.attnotnull FROM pg_attribute a \
              JOIN pg_type t ON t.oid = a.atttypid \
              WHERE a.attrelid = to_regclass($1) AND a.attname = $2 \
                AND a.attnum > 0 AND NOT a.attisdropped",
@@ -466,7 +543,7 @@ async fn column_type(
         .await
         .map_err(|e| StartError::Backend(format!("pgvector: {}", describe(&e))))?;
     match rows.first() {
-        Some(r) => Ok((r.get::<_, String>(0), r.get::<_, i32>(1))),
+        Some(r) => Ok((r.get(0), r.get(1), r.get(2))),
         None => Err(StartError::Backend(format!(
             "pgvector: table {table} has no column {col}"
         ))),
@@ -497,8 +574,8 @@ fn sql(found: &Found, section: &PgvectorSection, with_vectors: bool) -> Sql {
         None => Default::default(),
     };
     Sql {
-        search: format!(
-            "SELECT {id}, ({v} {op} $1)::float8{vector_out} FROM {t} ORDER BY {v} {op} $1 LIMIT $2"
+        search_prefix: format!(
+            "SELECT {id}, ({v} {op} $1)::float8{vector_out} FROM {t} ORDER BY {v} {op} $1 LIMIT "
         ),
         insert: format!(
             "INSERT INTO {t} ({id}, {v}{payload_col}) VALUES ($1, $2{payload_val}) \
@@ -531,8 +608,16 @@ async fn sample(
     let mut got = Vec::new();
     if estimate as f64 > rows as f64 * 1.5 {
         let pct = (100.0 * rows as f64 * 1.2 / estimate as f64).min(100.0);
+        // Bernoulli picks rows but reads every page; past a million rows, SYSTEM picks
+        // whole pages (rows stored together come together; enough pages still spread
+        // the centroids) and reads only those.
+        let method = if estimate > 1e6 {
+            "SYSTEM"
+        } else {
+            "BERNOULLI"
+        };
         let q = format!(
-            "SELECT {v} FROM {t} TABLESAMPLE BERNOULLI ({pct:.6}) REPEATABLE (7) \
+            "SELECT {v} FROM {t} TABLESAMPLE {method} ({pct:.6}) REPEATABLE (7) \
              WHERE {v} IS NOT NULL LIMIT {rows}"
         );
         got = c.query(q.as_str(), &[]).await.map_err(db)?;
@@ -570,17 +655,22 @@ pub async fn search_plan(
     q: &[f32],
     n: usize,
 ) -> Result<String, tokio_postgres::Error> {
-    let explain = format!("EXPLAIN {}", target.sql.search);
+    // Prepared first: a query's preparation takes round trips of its own, which would
+    // otherwise run after the pipeline's COMMIT, outside its settings.
+    let explain = c
+        .prepare(&format!("EXPLAIN {}", target.sql.search(n)))
+        .await?;
     let prelude = format!(
         "{}{}",
         target.search_prelude,
         target.statement_timeout.as_millis()
     );
-    let (v, n) = (Vector::from(q.to_vec()), n as i64);
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&v, &n];
+    let v = Vector::from(q.to_vec());
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&v];
     let (a, rows, b) = tokio::join!(
+        biased;
         c.batch_execute(&prelude),
-        c.query(explain.as_str(), &params),
+        c.query(&explain, &params),
         c.batch_execute("COMMIT")
     );
     a?;
@@ -598,7 +688,8 @@ async fn check_plan(c: &Client, target: &PgTarget, q: &[f32], n: usize) -> Resul
     let plan = search_plan(c, target, q, n)
         .await
         .map_err(|e| StartError::Backend(format!("pgvector: EXPLAIN: {}", describe(&e))))?;
-    if !plan.contains(&format!("Index Scan using {}", target.index)) {
+    let uses = |name: &str| plan.contains(&format!("Index Scan using {name} "));
+    if !uses(&target.index) && !uses(&quote_ident(&target.index)) {
         tracing::warn!(index = %target.index, plan = %plan,
             "pgvector: PostgreSQL does not plan the search on the HNSW index");
     }
@@ -608,14 +699,65 @@ async fn check_plan(c: &Client, target: &PgTarget, q: &[f32], n: usize) -> Resul
 /// Statements prepared on one connection.
 struct Live {
     client: Client,
-    search: Statement,
+    /// The server process of this session (`pg_backend_pid()`), to end it when a
+    /// write's outcome is in doubt.
+    pid: i32,
+    /// Search statements by limit (`k + Δ`), prepared on first use; at most one per
+    /// distinct limit, and limits are bounded by `k_max + Δ`.
+    search: HashMap<usize, Statement>,
     insert: Statement,
     delete: Statement,
 }
 
+/// Why a pipelined statement failed, which decides what may follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FailKind {
+    /// Nothing reached the database (no connection, deadline already past).
+    NotSent,
+    /// The server answered with an error and rolled the transaction back.
+    RolledBack,
+    /// The connection is gone; a write may or may not have committed.
+    Gone,
+    /// The server no longer knows the prepared statement (a pooler's new session, or
+    /// the table changed shape): nothing ran; the connection is reopened to prepare
+    /// again.
+    Stale,
+    /// No answer within the statement timeout plus a grace period: in doubt, and the
+    /// server session may still be running it.
+    NoAnswer,
+}
+
+struct Failure {
+    rejection: Rejection,
+    kind: FailKind,
+}
+
+/// A write that failed; `in_doubt`: it may have committed (the caller must not trust
+/// either outcome).
+pub struct WriteError {
+    pub rejection: Rejection,
+    pub in_doubt: bool,
+}
+
+impl From<Failure> for WriteError {
+    fn from(f: Failure) -> Self {
+        WriteError {
+            in_doubt: matches!(f.kind, FailKind::Gone | FailKind::NoAnswer),
+            rejection: f.rejection,
+        }
+    }
+}
+
+fn not_sent(rejection: Rejection) -> WriteError {
+    WriteError {
+        rejection,
+        in_doubt: false,
+    }
+}
+
 /// A statement of the pipeline, with its parameters.
 enum Stmt<'a> {
-    Search(&'a Vector, i64),
+    Search(&'a Vector, usize),
     Insert(i64, &'a Vector, Option<&'a [u8]>),
     Delete(i64),
 }
@@ -727,14 +869,21 @@ impl PgConn {
         if let Some(d) = deadline {
             bound = bound.min(d.saturating_duration_since(Instant::now()));
         }
+        if bound < MIN_ATTEMPT {
+            return; // the request's deadline leaves no time: not a failure of the database
+        }
         let attempt = async {
             let client = open(&t.conn).await?;
-            let search = client.prepare(&t.sql.search).await?;
+            let pid: i32 = client
+                .query_one("SELECT pg_backend_pid()", &[])
+                .await?
+                .get(0);
             let insert = client.prepare(&t.sql.insert).await?;
             let delete = client.prepare(&t.sql.delete).await?;
             Ok::<_, tokio_postgres::Error>(Live {
                 client,
-                search,
+                pid,
+                search: HashMap::new(),
                 insert,
                 delete,
             })
@@ -799,60 +948,152 @@ impl PgConn {
 
     /// Maps a failed statement: a cancellation at the deadline, an error the server
     /// answered, or a lost connection (dropped, to be reopened).
-    fn statement_error(&mut self, e: tokio_postgres::Error) -> Rejection {
+    fn statement_error(&mut self, e: tokio_postgres::Error) -> Failure {
+        let fail = |rejection, kind| Failure { rejection, kind };
         if e.code() == Some(&SqlState::QUERY_CANCELED) {
             PgStats::bump(&self.target.stats.statement_timeouts);
-            return deadline_exceeded();
+            return fail(deadline_exceeded(), FailKind::RolledBack);
+        }
+        let stale = e.code().is_some_and(|c| {
+            *c == SqlState::INVALID_SQL_STATEMENT_NAME || *c == SqlState::FEATURE_NOT_SUPPORTED
+        });
+        if stale {
+            let why = describe(&e);
+            self.lost(&why);
+            return fail(unavailable(format!("database: {why}")), FailKind::Stale);
         }
         if !connection_gone(&e) {
-            return unavailable(format!("database: {}", describe(&e)));
+            let r = unavailable(format!("database: {}", describe(&e)));
+            return fail(r, FailKind::RolledBack);
         }
         let why = describe(&e);
         self.lost(&why);
-        unavailable(format!("database connection lost: {why}"))
+        fail(
+            unavailable(format!("database connection lost: {why}")),
+            FailKind::Gone,
+        )
+    }
+
+    /// A write's outcome is in doubt and its server session may still be running it
+    /// (`pid`): end that session from a new connection and wait until it is gone, so
+    /// the write cannot commit after a later write to the same id (the caller holds the
+    /// id's stripe). Bounded by [`SETTLE_WAIT`]; false when it could not be confirmed
+    /// (the database unreachable: counted and logged).
+    fn settle(&mut self, pid: i32) -> bool {
+        let t = &*self.target;
+        PgStats::bump(&t.stats.writes_in_doubt);
+        let work = async {
+            let c = open(&t.conn).await?;
+            c.execute("SELECT pg_terminate_backend($1)", &[&pid])
+                .await?;
+            loop {
+                let n: i64 = c
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                        &[&pid],
+                    )
+                    .await?
+                    .get(0);
+                if n == 0 {
+                    return Ok::<(), tokio_postgres::Error>(());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let settled = matches!(
+            self.rt
+                .block_on(async { tokio::time::timeout(SETTLE_WAIT, work).await }),
+            Ok(Ok(()))
+        );
+        if !settled {
+            PgStats::bump(&t.stats.writes_unsettled);
+            tracing::error!(
+                pid,
+                "pgvector: a write in doubt could not be settled: its session may still \
+                 commit it after a later write to the same id"
+            );
+        }
+        settled
     }
 
     /// Runs `BEGIN; SET LOCAL ...`, one prepared statement and `COMMIT` in one round
-    /// trip, bounded by the statement timeout plus a grace period.
+    /// trip, bounded by the statement timeout plus a grace period. A search limit not
+    /// prepared on this connection yet is prepared inside the same transaction (under
+    /// its statement_timeout: preparing takes a lock on the table), one round trip more.
     fn pipelined(
         &mut self,
         prelude: String,
         timeout: Duration,
         stmt: Stmt<'_>,
-    ) -> Result<Outcome, Rejection> {
+    ) -> Result<Outcome, Failure> {
         let Some(live) = self.live.as_ref() else {
-            return Err(unavailable("database unreachable; reconnecting"));
+            return Err(Failure {
+                rejection: unavailable("database unreachable; reconnecting"),
+                kind: FailKind::NotSent,
+            });
         };
+        let pid = live.pid;
+        let (search_text, cached) = match stmt {
+            Stmt::Search(_, n) => (
+                Some(self.target.sql.search(n)),
+                live.search.get(&n).cloned(),
+            ),
+            _ => (None, None),
+        };
+        let mut prepared = None;
         let r = self.rt.block_on(async {
-            let run = async {
-                match stmt {
-                    Stmt::Search(v, n) => live
-                        .client
-                        .query(&live.search, &[v, &n])
-                        .await
-                        .map(Outcome::Rows),
-                    Stmt::Insert(id, v, None) => live
-                        .client
-                        .execute(&live.insert, &[&id, v])
-                        .await
-                        .map(Outcome::Count),
-                    Stmt::Insert(id, v, Some(p)) => live
-                        .client
-                        .execute(&live.insert, &[&id, v, &p])
-                        .await
-                        .map(Outcome::Count),
-                    Stmt::Delete(id) => live
-                        .client
-                        .execute(&live.delete, &[&id])
-                        .await
-                        .map(Outcome::Count),
-                }
-            };
+            let c = &live.client;
             let work = async {
+                let mut prelude_sent = false;
+                let search = match (&search_text, cached) {
+                    (Some(_), Some(st)) => Some(st),
+                    (Some(text), None) => {
+                        let (a, p) =
+                            tokio::join!(biased; c.batch_execute(&prelude), c.prepare(text));
+                        prelude_sent = true;
+                        match (a, p) {
+                            (Ok(()), Ok(st)) => {
+                                prepared = Some(st.clone());
+                                Some(st)
+                            }
+                            (a, p) => {
+                                let _ = c.batch_execute("ROLLBACK").await;
+                                return Err(a.err().or(p.err()).expect("one of them failed"));
+                            }
+                        }
+                    }
+                    (None, _) => None,
+                };
+                let run = async {
+                    match stmt {
+                        Stmt::Search(v, _) => c
+                            .query(search.as_ref().expect("prepared"), &[v])
+                            .await
+                            .map(Outcome::Rows),
+                        Stmt::Insert(id, v, None) => {
+                            c.execute(&live.insert, &[&id, v]).await.map(Outcome::Count)
+                        }
+                        Stmt::Insert(id, v, Some(p)) => c
+                            .execute(&live.insert, &[&id, v, &p])
+                            .await
+                            .map(Outcome::Count),
+                        Stmt::Delete(id) => {
+                            c.execute(&live.delete, &[&id]).await.map(Outcome::Count)
+                        }
+                    }
+                };
+                // In this order on the wire: each future sends at its first poll.
                 let (a, out, b) = tokio::join!(
-                    live.client.batch_execute(&prelude),
+                    biased;
+                    async {
+                        if prelude_sent {
+                            Ok(())
+                        } else {
+                            c.batch_execute(&prelude).await
+                        }
+                    },
                     run,
-                    live.client.batch_execute("COMMIT")
+                    c.batch_execute("COMMIT")
                 );
                 a?;
                 let out = out?;
@@ -861,6 +1102,9 @@ impl PgConn {
             };
             tokio::time::timeout(timeout + CLIENT_GRACE, work).await
         });
+        if let (Some(st), Stmt::Search(_, n), Some(live)) = (prepared, &stmt, self.live.as_mut()) {
+            live.search.insert(*n, st);
+        }
         match r {
             Ok(Ok(v)) => {
                 self.last_used = Instant::now();
@@ -872,7 +1116,13 @@ impl PgConn {
                 // state is unknown, so it is not reused.
                 self.lost("no answer within the statement timeout");
                 PgStats::bump(&self.target.stats.statement_timeouts);
-                Err(deadline_exceeded())
+                if search_text.is_none() {
+                    self.settle(pid);
+                }
+                Err(Failure {
+                    rejection: deadline_exceeded(),
+                    kind: FailKind::NoAnswer,
+                })
             }
         }
     }
@@ -895,32 +1145,43 @@ impl PgConn {
                 timeout.as_millis().max(1)
             );
             let query = Vector::from(q.to_vec());
-            let limit = n as i64;
-            let was_up = self.is_up();
-            match self.pipelined(prelude, timeout, Stmt::Search(&query, limit)) {
+            match self.pipelined(prelude, timeout, Stmt::Search(&query, n)) {
                 Ok(Outcome::Rows(rows)) => return Ok(self.answer(rows, n)),
                 Ok(Outcome::Count(_)) => unreachable!("a search returns rows"),
-                Err(e) if was_up && !self.is_up() && !retried => {
+                // A connection found gone (not a slow one), or its statements stale:
+                // once more on a new one.
+                Err(f) if matches!(f.kind, FailKind::Gone | FailKind::Stale) && !retried => {
                     retried = true;
-                    tracing::debug!(error = %e.message, "pgvector: search retried on a new connection");
+                    tracing::debug!(error = %f.rejection.message,
+                        "pgvector: search retried on a new connection");
                 }
-                Err(e) => return Err(e),
+                Err(f) => return Err(f.rejection),
             }
         }
     }
 
     fn answer(&self, rows: Vec<tokio_postgres::Row>, n: usize) -> PgAnswer {
         let t = &*self.target;
-        let complete = rows.len() >= n;
+        let mut complete = rows.len() >= n;
         let mut candidates = Vec::with_capacity(rows.len());
         for r in rows {
-            let id: i64 = r.get(0);
-            let Ok(id) = u64::try_from(id) else {
-                PgStats::bump(&t.stats.ids_out_of_range);
+            // A NULL or negative id is no protocol id; a NULL vector has no distance
+            // (NaN, e.g. cosine to a zero vector, neither): such rows are skipped, and
+            // the answer is then not complete.
+            let id: Option<i64> = r.get(0);
+            let Some(id) = id.and_then(|i| u64::try_from(i).ok()) else {
+                PgStats::bump(&t.stats.rows_skipped);
+                complete = false;
                 continue;
             };
             let d: Option<f64> = r.get(1);
-            let mut c = Candidate::new(id, cache_distance(t.metric, d.unwrap_or(f64::NAN)));
+            let distance = cache_distance(t.metric, d.unwrap_or(f64::NAN));
+            if !distance.is_finite() {
+                PgStats::bump(&t.stats.rows_skipped);
+                complete = false;
+                continue;
+            }
+            let mut c = Candidate::new(id, distance);
             if t.with_vectors {
                 let v: Option<Vector> = r.get(2);
                 c.vector = v.map(|v| Arc::from(v.as_slice()));
@@ -958,32 +1219,50 @@ impl PgConn {
         v: &[f32],
         payload: &[u8],
         deadline: Option<Instant>,
-    ) -> Result<(), Rejection> {
-        let db_id = Self::db_id(id)?;
+    ) -> Result<(), WriteError> {
+        let db_id = Self::db_id(id).map_err(not_sent)?;
         if !payload.is_empty() && !self.target.has_payload {
-            return Err(Rejection::new(
+            return Err(not_sent(Rejection::new(
                 Status::Unsupported,
                 "INSERT with a payload: backend.pgvector has no payload_column",
-            ));
+            )));
         }
         self.prepare_connection(deadline, true);
-        let timeout = self.timeout_for(deadline).ok_or_else(deadline_exceeded)?;
+        let timeout = self
+            .timeout_for(deadline)
+            .ok_or_else(|| not_sent(deadline_exceeded()))?;
         let vector = Vector::from(v.to_vec());
         let payload = self.target.has_payload.then_some(payload);
         let stmt = Stmt::Insert(db_id, &vector, payload);
-        self.pipelined(Self::write_prelude(timeout), timeout, stmt)
-            .map(drop)
+        self.write(timeout, stmt).map(drop)
+    }
+
+    /// A write's pipeline; a lost connection's session is settled before returning (a
+    /// session that gave no answer is settled inside `pipelined`).
+    fn write(&mut self, timeout: Duration, stmt: Stmt<'_>) -> Result<Outcome, WriteError> {
+        let pid = self.live.as_ref().map(|l| l.pid);
+        match self.pipelined(Self::write_prelude(timeout), timeout, stmt) {
+            Ok(o) => Ok(o),
+            Err(f) => {
+                if let (FailKind::Gone, Some(pid)) = (f.kind, pid) {
+                    self.settle(pid);
+                }
+                Err(f.into())
+            }
+        }
     }
 
     /// Deletes `id`, committed before this returns; whether a row was there.
-    pub fn delete(&mut self, id: u64, deadline: Option<Instant>) -> Result<bool, Rejection> {
+    pub fn delete(&mut self, id: u64, deadline: Option<Instant>) -> Result<bool, WriteError> {
         let Ok(db_id) = i64::try_from(id) else {
             // Such an id cannot be in a bigint column.
             return Ok(false);
         };
         self.prepare_connection(deadline, true);
-        let timeout = self.timeout_for(deadline).ok_or_else(deadline_exceeded)?;
-        match self.pipelined(Self::write_prelude(timeout), timeout, Stmt::Delete(db_id))? {
+        let timeout = self
+            .timeout_for(deadline)
+            .ok_or_else(|| not_sent(deadline_exceeded()))?;
+        match self.write(timeout, Stmt::Delete(db_id))? {
             Outcome::Count(n) => Ok(n > 0),
             Outcome::Rows(_) => unreachable!("a delete returns a count"),
         }
