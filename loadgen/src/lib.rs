@@ -11,6 +11,7 @@
 //! - [`sweep`]: the highest rate whose p99 stays under a bound.
 //! - [`testserver`]: a fixed-answer server on the project's connection layer, for tests.
 
+pub mod pg;
 pub mod report;
 pub mod schedule;
 pub mod stats;

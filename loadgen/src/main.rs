@@ -142,6 +142,40 @@ struct Cli {
     #[arg(long)]
     server_stats: bool,
 
+    /// pgvector SQL mode: send the trace's searches straight to this PostgreSQL (libpq
+    /// URL, no password in it) instead of akerd, closed loop, one connection per
+    /// --connections; --json gets throughput, p50 / p99 / p99.9 and recall.
+    #[arg(long, value_name = "URL")]
+    pg: Option<String>,
+    /// A file whose first line is the --pg password.
+    #[arg(long, requires = "pg")]
+    pg_password_file: Option<PathBuf>,
+    #[arg(long, requires = "pg", default_value = "items")]
+    pg_table: String,
+    #[arg(long, requires = "pg", default_value = "id")]
+    pg_id_column: String,
+    #[arg(long, requires = "pg", default_value = "embedding")]
+    pg_vector_column: String,
+    /// hnsw.ef_search of every SQL session (0: pgvector's default, 40).
+    #[arg(long, requires = "pg", default_value_t = 0)]
+    pg_ef: usize,
+    /// Instead of a run: create --pg-table from this .fvecs (ids = row numbers) by
+    /// binary COPY, build its HNSW index (--pg-index M:EF_CONSTRUCTION, metric from
+    /// --pg-metric), print the times and sizes.
+    #[arg(long, requires = "pg", value_name = "FVECS")]
+    pg_load: Option<PathBuf>,
+    #[arg(long, requires = "pg", default_value = "16:64", value_name = "M:EFC")]
+    pg_index: String,
+    #[arg(long, requires = "pg", default_value = "l2sq")]
+    pg_metric: shards::Metric,
+    /// Instead of a run: N inserts of this .fvecs' first rows as new ids from
+    /// --id-base straight into --pg-table, then N deletes of them, on --connections
+    /// connections; prints inserts/s and deletes/s.
+    #[arg(long, requires = "pg", value_name = "FVECS")]
+    pg_writes: Option<PathBuf>,
+    #[arg(long, requires = "pg_writes", default_value_t = 5_000)]
+    pg_writes_n: usize,
+
     /// Serve the test fixture on ADDR instead of generating load (for tests).
     #[arg(long, hide = true, value_name = "ADDR")]
     test_server: Option<SocketAddr>,
@@ -168,6 +202,7 @@ fn main() -> ExitCode {
             cli.test_lifetime,
         )
         .map_err(|e| format!("test server: {e}")),
+        None if cli.pg.is_some() => run_pg(&cli),
         None => run(&cli),
     };
     match result {
@@ -177,6 +212,84 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--pg`: load, direct writes, or the trace's searches as SQL.
+fn run_pg(cli: &Cli) -> Res<()> {
+    let password = match &cli.pg_password_file {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .map_err(|e| format!("{}: {e}", p.display()))?
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_string(),
+        ),
+        None => None,
+    };
+    let t = loadgen::pg::PgTarget {
+        url: cli.pg.clone().unwrap_or_default(),
+        password,
+        table: cli.pg_table.clone(),
+        id_column: cli.pg_id_column.clone(),
+        vector_column: cli.pg_vector_column.clone(),
+        ef_search: cli.pg_ef,
+    };
+    let write_json = |v: serde_json::Value| -> Res<()> {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        if let Some(path) = &cli.json {
+            std::fs::write(path, serde_json::to_string_pretty(&v).unwrap_or_default())
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        Ok(())
+    };
+    if let Some(fvecs) = &cli.pg_load {
+        let (m, efc) = cli
+            .pg_index
+            .split_once(':')
+            .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+            .ok_or("--pg-index is M:EF_CONSTRUCTION")?;
+        let r = loadgen::pg::load(&t, fvecs, cli.pg_metric, m, efc)?;
+        return write_json(serde_json::json!({
+            "rows": r.rows, "dim": r.dim, "copy_s": r.copy_s, "index_s": r.index_s,
+            "m": m, "ef_construction": efc,
+            "table_bytes": r.table_bytes, "index_bytes": r.index_bytes,
+        }));
+    }
+    if let Some(fvecs) = &cli.pg_writes {
+        let data = bench::data::read_fvecs(fvecs).map_err(|e| e.to_string())?;
+        let n = cli.pg_writes_n.min(data.n);
+        let vectors: Vec<Vec<f32>> = (0..n).map(|i| data.row(i).to_vec()).collect();
+        let (ins, del) =
+            loadgen::pg::run_writes(&t, &vectors, cli.id_base as i64, cli.connections)?;
+        return write_json(serde_json::json!({
+            "mode": "pgvector-sql-writes", "connections": cli.connections, "n": n,
+            "inserts_per_s": ins, "deletes_per_s": del,
+        }));
+    }
+    let path = cli.trace.as_ref().ok_or("--pg needs --trace (or --pg-load / --pg-writes)")?;
+    let trace = bench::trace::Trace::load(path).map_err(|e| e.to_string())?;
+    let metric = trace.metric;
+    let w = Workload::from_trace(trace, cli.loop_trace)?;
+    let r = loadgen::pg::run_searches(
+        &w,
+        &t,
+        metric,
+        cli.connections,
+        cli.warmup,
+        cli.duration,
+        cli.requests,
+    )?;
+    eprintln!(
+        "pgvector SQL, {} connections: {:.0} searches/s, p50 {} µs, p99 {} µs, recall {:?}, {} errors",
+        r.connections,
+        r.throughput(),
+        r.latency_us.value_at_quantile(0.5),
+        r.latency_us.value_at_quantile(0.99),
+        r.recall,
+        r.errors
+    );
+    write_json(r.to_json(cli.pg_ef))
 }
 
 fn control(addr: SocketAddr) -> Res<Client> {

@@ -1,0 +1,403 @@
+//! pgvector SQL mode: the baseline of "aker in front of pgvector against pgvector
+//! alone". The trace's searches go straight to PostgreSQL as SQL (what an application
+//! without aker sends), closed loop, one connection per thread; plus a loader (binary
+//! COPY of an `.fvecs` collection, then the HNSW index) and a direct write load.
+//!
+//! ```text
+//!  thread i ── own connection (SET hnsw.ef_search once per session)
+//!    loop { op = trace[cursor++]; SELECT id ... ORDER BY embedding <op> $1 LIMIT k }
+//!    latency (µs) ─► histogram; ids ─► recall against the trace's ground truth
+//! ```
+//!
+//! Every loop is bounded by the run time and a request count; every statement by
+//! `statement_timeout` (set per session).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use aker::protocol::Neighbor;
+use hdrhistogram::Histogram;
+use pgvector::Vector;
+use shards::Metric;
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, NoTls};
+
+use crate::workload::{OpKind, Workload};
+
+/// Longest a single statement may run (statement_timeout, per session).
+const STATEMENT_TIMEOUT_MS: u64 = 30_000;
+/// Rows per COPY before the loader reports progress.
+const COPY_REPORT_ROWS: usize = 100_000;
+
+/// Where the table is and how to search it.
+#[derive(Clone, Debug)]
+pub struct PgTarget {
+    /// libpq URL without a password.
+    pub url: String,
+    pub password: Option<String>,
+    pub table: String,
+    pub id_column: String,
+    pub vector_column: String,
+    /// `hnsw.ef_search` of every session (0: leave pgvector's default).
+    pub ef_search: usize,
+}
+
+fn operator(m: Metric) -> &'static str {
+    match m {
+        Metric::L2Sq => "<->",
+        Metric::InnerProduct => "<#>",
+        Metric::Cosine => "<=>",
+    }
+}
+
+fn opclass(m: Metric) -> &'static str {
+    match m {
+        Metric::L2Sq => "vector_l2_ops",
+        Metric::InnerProduct => "vector_ip_ops",
+        Metric::Cosine => "vector_cosine_ops",
+    }
+}
+
+fn quote(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))
+}
+
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => d.message().to_string(),
+        None => e.to_string(),
+    }
+}
+
+async fn connect(t: &PgTarget) -> Result<Client, String> {
+    let mut c: tokio_postgres::Config = t.url.parse().map_err(|e| format!("--pg: {e}"))?;
+    if let Some(p) = &t.password {
+        c.password(p);
+    }
+    c.connect_timeout(Duration::from_secs(5));
+    c.application_name("aker-loadgen");
+    let (client, conn) = tokio::time::timeout(Duration::from_secs(10), c.connect(NoTls))
+        .await
+        .map_err(|_| format!("{}: no answer within 10 s", t.url))?
+        .map_err(|e| format!("{}: {}", t.url, describe(&e)))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut settings = format!("SET statement_timeout = {STATEMENT_TIMEOUT_MS}");
+    if t.ef_search > 0 {
+        settings.push_str(&format!("; SET hnsw.ef_search = {}", t.ef_search));
+    }
+    client
+        .batch_execute(&settings)
+        .await
+        .map_err(|e| describe(&e))?;
+    Ok(client)
+}
+
+/// What a closed-loop SQL run measured.
+pub struct PgRunResult {
+    pub connections: usize,
+    pub requests: u64,
+    pub errors: u64,
+    pub seconds: f64,
+    /// Latency of counted searches, µs.
+    pub latency_us: Histogram<u64>,
+    /// Mean recall@k against the trace's ground truth.
+    pub recall: Option<f64>,
+}
+
+impl PgRunResult {
+    pub fn throughput(&self) -> f64 {
+        self.requests as f64 / self.seconds.max(1e-9)
+    }
+
+    pub fn to_json(&self, ef_search: usize) -> serde_json::Value {
+        let h = &self.latency_us;
+        serde_json::json!({
+            "mode": "pgvector-sql",
+            "connections": self.connections,
+            "ef_search": ef_search,
+            "requests": self.requests,
+            "errors": self.errors,
+            "seconds": self.seconds,
+            "throughput": self.throughput(),
+            "p50_us": h.value_at_quantile(0.50),
+            "p99_us": h.value_at_quantile(0.99),
+            "p999_us": h.value_at_quantile(0.999),
+            "max_us": h.max(),
+            "recall": self.recall,
+        })
+    }
+}
+
+/// The trace's searches as SQL on `connections` connections, closed loop: `warmup`
+/// uncounted, then `duration` (or `requests_max` counted searches, whichever first).
+/// Trace writes are skipped (a search-only baseline).
+pub fn run_searches(
+    w: &Workload,
+    t: &PgTarget,
+    metric: Metric,
+    connections: usize,
+    warmup: Duration,
+    duration: Duration,
+    requests_max: Option<u64>,
+) -> Result<PgRunResult, String> {
+    let sql = format!(
+        "SELECT {id} FROM {table} ORDER BY {v} {op} $1 LIMIT $2",
+        id = quote(&t.id_column),
+        table = t.table,
+        v = quote(&t.vector_column),
+        op = operator(metric)
+    );
+    let counted = AtomicU64::new(0);
+    let start = Instant::now();
+    let count_from = start + warmup;
+    let end = count_from + duration;
+    let results: Vec<Result<(Histogram<u64>, u64, u64, f64, u64), String>> =
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..connections.max(1))
+                .map(|i| {
+                    let (sql, counted) = (&sql, &counted);
+                    s.spawn(move || {
+                        let rt = runtime()?;
+                        rt.block_on(async {
+                            let c = connect(t).await?;
+                            let st = c.prepare(sql).await.map_err(|e| describe(&e))?;
+                            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
+                                .map_err(|e| e.to_string())?;
+                            let (mut n, mut errors, mut recall_sum, mut recall_n) =
+                                (0u64, 0u64, 0f64, 0u64);
+                            let mut picker = w.picker(i);
+                            while Instant::now() < end {
+                                if requests_max.is_some_and(|m| counted.load(Ordering::Relaxed) >= m)
+                                {
+                                    break;
+                                }
+                                let Some(p) = picker.next(w) else { break };
+                                if p.kind != OpKind::Search {
+                                    continue;
+                                }
+                                let q = Vector::from(w.vector(p.vector).to_vec());
+                                let t0 = Instant::now();
+                                let r = c.query(&st, &[&q, &(p.k as i64)]).await;
+                                let lat = t0.elapsed();
+                                if t0 < count_from {
+                                    continue;
+                                }
+                                match r {
+                                    Ok(rows) => {
+                                        let got: Vec<Neighbor> = rows
+                                            .iter()
+                                            .map(|r| Neighbor {
+                                                id: r.get::<_, i64>(0) as u64,
+                                                distance: 0.0,
+                                            })
+                                            .collect();
+                                        if let Some(x) = w.recall(&p, &got) {
+                                            recall_sum += x;
+                                            recall_n += 1;
+                                        }
+                                        hist.saturating_record(lat.as_micros() as u64);
+                                        n += 1;
+                                        counted.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    Err(_) => errors += 1,
+                                }
+                            }
+                            Ok((hist, n, errors, recall_sum, recall_n))
+                        })
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("a SQL thread panicked".into())))
+                .collect()
+        });
+    let seconds = (Instant::now().min(end) - count_from.min(Instant::now()))
+        .as_secs_f64()
+        .max(1e-9);
+    let mut latency_us = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
+    let (mut requests, mut errors, mut rs, mut rn) = (0, 0, 0.0, 0);
+    for r in results {
+        let (h, n, e, s, c) = r?;
+        latency_us.add(&h).map_err(|e| e.to_string())?;
+        requests += n;
+        errors += e;
+        rs += s;
+        rn += c;
+    }
+    Ok(PgRunResult {
+        connections,
+        requests,
+        errors,
+        seconds,
+        latency_us,
+        recall: (rn > 0).then(|| rs / rn as f64),
+    })
+}
+
+/// What loading took.
+pub struct LoadReport {
+    pub rows: usize,
+    pub dim: usize,
+    pub copy_s: f64,
+    pub index_s: f64,
+    pub table_bytes: i64,
+    pub index_bytes: i64,
+}
+
+/// Creates `t.table` (`id bigint PRIMARY KEY, embedding vector(dim)`), binary-COPYs the
+/// `.fvecs` rows in (ids = row numbers), and builds the HNSW index (`m`,
+/// `ef_construction`) for `metric`; then ANALYZE.
+pub fn load(
+    t: &PgTarget,
+    fvecs: &Path,
+    metric: Metric,
+    m: usize,
+    ef_construction: usize,
+) -> Result<LoadReport, String> {
+    let data = bench::data::read_fvecs(fvecs).map_err(|e| e.to_string())?;
+    let rt = runtime()?;
+    rt.block_on(async {
+        let c = connect(t).await?;
+        let db = |e: tokio_postgres::Error| describe(&e);
+        let (id, v) = (quote(&t.id_column), quote(&t.vector_column));
+        c.batch_execute(&format!(
+            "SET statement_timeout = 0; DROP TABLE IF EXISTS {table}; \
+             CREATE TABLE {table} ({id} bigint PRIMARY KEY, {v} vector({dim}))",
+            table = t.table,
+            dim = data.dim
+        ))
+        .await
+        .map_err(db)?;
+        let vector_type = c
+            .prepare("SELECT $1::vector")
+            .await
+            .map_err(db)?
+            .params()[0]
+            .clone();
+        let t0 = Instant::now();
+        let sink = c
+            .copy_in(&format!(
+                "COPY {} ({id}, {v}) FROM STDIN (FORMAT binary)",
+                t.table
+            ))
+            .await
+            .map_err(db)?;
+        let writer = BinaryCopyInWriter::new(sink, &[Type::INT8, vector_type]);
+        let mut writer = std::pin::pin!(writer);
+        for i in 0..data.n {
+            let row = Vector::from(data.row(i).to_vec());
+            writer
+                .as_mut()
+                .write(&[&(i as i64), &row])
+                .await
+                .map_err(db)?;
+            if (i + 1) % COPY_REPORT_ROWS == 0 {
+                eprintln!("copied {} rows", i + 1);
+            }
+        }
+        writer.finish().await.map_err(db)?;
+        let copy_s = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        c.batch_execute(&format!(
+            "SET maintenance_work_mem = '1GB'; \
+             CREATE INDEX {name} ON {table} USING hnsw ({v} {ops}) \
+             WITH (m = {m}, ef_construction = {ef_construction}); ANALYZE {table}",
+            name = quote(&format!("{}_hnsw", t.table.replace('.', "_"))),
+            table = t.table,
+            ops = opclass(metric)
+        ))
+        .await
+        .map_err(db)?;
+        let index_s = t1.elapsed().as_secs_f64();
+        let sizes = c
+            .query_one(
+                "SELECT pg_relation_size($1::text::regclass), pg_indexes_size($1::text::regclass)",
+                &[&t.table],
+            )
+            .await
+            .map_err(db)?;
+        Ok(LoadReport {
+            rows: data.n,
+            dim: data.dim,
+            copy_s,
+            index_s,
+            table_bytes: sizes.get(0),
+            index_bytes: sizes.get(1),
+        })
+    })
+}
+
+/// Direct writes, closed loop on `connections` connections: `n` inserts of the `.fvecs`
+/// rows `0..n` as new ids `id_base..`, then `n` deletes of them. Returns (inserts/s,
+/// deletes/s).
+pub fn run_writes(
+    t: &PgTarget,
+    vectors: &[Vec<f32>],
+    id_base: i64,
+    connections: usize,
+) -> Result<(f64, f64), String> {
+    let insert = format!(
+        "INSERT INTO {} ({}, {}) VALUES ($1, $2)",
+        t.table,
+        quote(&t.id_column),
+        quote(&t.vector_column)
+    );
+    let delete = format!(
+        "DELETE FROM {} WHERE {} = $1",
+        t.table,
+        quote(&t.id_column)
+    );
+    let phase = |sql: &str, with_vector: bool| -> Result<f64, String> {
+        let next = AtomicU64::new(0);
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..connections.max(1))
+                .map(|_| {
+                    let next = &next;
+                    s.spawn(move || -> Result<(), String> {
+                        let rt = runtime()?;
+                        rt.block_on(async {
+                            let c = connect(t).await?;
+                            let st = c.prepare(sql).await.map_err(|e| describe(&e))?;
+                            loop {
+                                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                                if i >= vectors.len() {
+                                    return Ok(());
+                                }
+                                let id = id_base + i as i64;
+                                let r = if with_vector {
+                                    let v = Vector::from(vectors[i].clone());
+                                    c.execute(&st, &[&id, &v]).await
+                                } else {
+                                    c.execute(&st, &[&id]).await
+                                };
+                                r.map_err(|e| describe(&e))?;
+                            }
+                        })
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join()
+                    .unwrap_or_else(|_| Err("a write thread panicked".into()))?;
+            }
+            Ok::<(), String>(())
+        })?;
+        Ok(vectors.len() as f64 / t0.elapsed().as_secs_f64())
+    };
+    let ins = phase(&insert, true)?;
+    let del = phase(&delete, false)?;
+    Ok((ins, del))
+}

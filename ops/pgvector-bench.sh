@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# aker in front of pgvector against pgvector alone, in one run (the paper's headline):
+# GloVe (399,000 x 50) in PostgreSQL 18.6 + pgvector 0.8.6, the runner's simZipf 0.99 /
+# 0.30 traces with exact ground truth, closed-loop throughput, latency and recall of
+#   pg-*       the trace's searches as SQL straight into PostgreSQL (aker-loadgen --pg),
+#              1 / 2 / 4 / 8 connections
+#   bypass-*   through akerd with BYPASS_CACHE (akerd's own cost on every miss)
+#   cache5-* / cache1-*   through akerd's cache, paper policy, pool 5% / 1% of the
+#              collection in objects (flushed first)
+#   exact-only all-exact-hit load through akerd: o of the cost bound
+# unconstrained (shared_buffers 512MB) and memory-constrained (PostgreSQL in a cgroup v1
+# memory group of MEM_LIMIT_MB, shared_buffers 128kB: searches read from disk), plus
+# writes through akerd against straight into PostgreSQL.
+#
+#   bash ops/pgvector-bench.sh [DURATION_S]     # results in target/pgbench/, summary.md
+#
+# Pinned: PostgreSQL on core 0 (taskset via ops/pg.sh's PG_CPUS), akerd and
+# aker-loadgen on core 1, in every run. fsync = on, synchronous_commit = on (the
+# defaults) everywhere. Loopback only; every run is bounded by its duration.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+dur=${1:-10}
+out=$root/target/pgbench
+data=$out/pgdata
+port=${PGPORT_BENCH:-55440}
+aport=7720
+mem_mb=${MEM_LIMIT_MB:-100}
+cg=/sys/fs/cgroup/memory/aker-pgbench
+mkdir -p "$out"
+[ -f data/glove-6b-50d.npy ] || bash ops/get-glove.sh
+cargo build --release -q -p bench -p loadgen -p aker
+for skew in 0.99 0.30; do
+  [ -f "$out/glove-$skew.trace" ] || ./target/release/bench trace --dataset glove --skew "$skew" \
+      --out "$out/glove-$skew.trace" --base-out "$out/glove-base.fvecs"
+done
+
+url="postgresql://aker@127.0.0.1:$port/postgres"
+pw="$data.password"
+lg() { taskset -c 1 ./target/release/aker-loadgen "$@"; }
+pgsql() { bash ops/pg.sh psql "$data" "$port" -qAt -c "$1"; }
+pg_start() {  # SHARED_BUFFERS [cgroup]
+  local sb=$1 group=${2:-}
+  (
+    if [ -n "$group" ]; then echo $BASHPID > "$group/cgroup.procs"; fi
+    PG_CPUS=0 PG_SETTINGS="-c shared_buffers=$sb -c max_connections=50 -c fsync=on \
+      -c synchronous_commit=on -c max_parallel_workers_per_gather=0 -c jit=off" \
+      bash ops/pg.sh start "$data" "$port" $$ >/dev/null
+  )
+}
+pg_stop() { bash ops/pg.sh stop "$data"; }
+# Sectors read from the machine's disks (whole devices only: /sys/block).
+disk_sectors() { { cat /sys/block/{vd,sd,nvme,xvd}*/stat 2>/dev/null || true; } | awk '{s += $3} END {print s + 0}'; }
+# One sample of akerd's /metrics.
+metric() {
+  python3 - "$1" "$((aport + 1))" <<'PY'
+import sys, urllib.request
+name, port = sys.argv[1], sys.argv[2]
+for line in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode().splitlines():
+    if line.startswith(name + " "):
+        print(line.split()[1]); break
+PY
+}
+akerd=
+cleanup() {
+  [ -n "$akerd" ] && kill "$akerd" 2>/dev/null || true
+  bash ops/pg.sh stop "$data" 2>/dev/null || true
+  [ -d "$cg" ] && rmdir "$cg" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+# --- load and index (once) ------------------------------------------------------------
+pg_start 512MB
+pgsql "SELECT version()" > "$out/pg-version"
+pgsql "SELECT extversion FROM pg_extension WHERE extname = 'vector'" >> "$out/pg-version"
+if [ ! -f "$out/load.json" ]; then
+  lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-load "$out/glove-base.fvecs" \
+     --pg-index 16:64 --json "$out/load.json" > "$out/load.txt"
+fi
+cat "$out/load.json"
+
+# --- hnsw.ef_search for recall@10 of about 0.9 without a cache, per skew ---------------
+for skew in 0.99 0.30; do
+  [ -f "$out/ef-$skew" ] && continue
+  pick=
+  for ef in 40 64 100 160 250 400 640 1000; do
+    lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-ef $ef \
+       --trace "$out/glove-$skew.trace" --loop -c 2 -w 1s -D 3s \
+       --json "$out/tune-$skew-ef$ef.json" > /dev/null 2>&1
+    rec=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['recall'])" "$out/tune-$skew-ef$ef.json")
+    echo "skew $skew ef $ef recall $rec"
+    if python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) >= 0.895 else 1)" "$rec"; then pick=$ef; break; fi
+  done
+  echo "${pick:-1000}" > "$out/ef-$skew"
+done
+
+# --- one configuration: PostgreSQL alone, akerd bypass / cache 5% / cache 1% ------------
+run_set() {  # TAG
+  local tag=$1
+  for skew in 0.99 0.30; do
+    local ef; ef=$(cat "$out/ef-$skew") t="$out/glove-$skew.trace"
+    for c in 1 2 4 8; do
+      # (A run whose JSON is there is kept: a stopped script resumes where it was.)
+      [ -f "$out/$tag-pg-c$c-$skew.json" ] || lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-ef "$ef" --trace "$t" \
+         --loop -c $c -w 2s -D "${dur}s" --json "$out/$tag-pg-c$c-$skew.json" > /dev/null
+    done
+    for pool in 5 1; do
+      [ -f "$out/$tag-cache$pool-$skew.mem.json" ] && continue
+      objects=$(( 399000 * pool / 100 ))
+      cat > "$out/$tag-akerd-$skew-$pool.toml" <<TOML
+[server]
+listen = "127.0.0.1:$aport"
+executors = 1
+max_inflight = 128
+[cache]
+k_max = 10
+delta = 0
+capacity_objects = $objects
+policy = { kind = "aker", alpha_l = 1.1, alpha_t = 0.25, tau_init_divisor = 4.0 }
+[backend]
+kind = "pgvector"
+threads = 4
+nice = 10
+[backend.pgvector]
+url = "$url"
+password_file = "$pw"
+table = "items"
+ef_search = $ef
+[admin]
+enabled = true
+listen = "127.0.0.1:$((aport + 1))"
+TOML
+      taskset -c 1 ./target/release/akerd --config "$out/$tag-akerd-$skew-$pool.toml" \
+          > "$out/$tag-akerd-$skew-$pool.log" 2>&1 &
+      akerd=$!
+      for _ in $(seq 1 120); do
+        kill -0 $akerd 2>/dev/null || { tail -20 "$out/$tag-akerd-$skew-$pool.log"; exit 1; }
+        grep -q "akerd: ready" "$out/$tag-akerd-$skew-$pool.log" && break
+        sleep 1
+      done
+      al() { lg -t 127.0.0.1:$aport -c 8 -d 8 -w 2s -D "${dur}s" -q "$@"; }
+      if [ $pool = 5 ]; then
+        al --closed --mix search=100 --vectors 2 --json "$out/$tag-exact-only-$skew.json" > /dev/null
+        al --closed --trace "$t" --loop --bypass --json "$out/$tag-bypass-$skew.json" > /dev/null
+      fi
+      r0=$(disk_sectors)
+      b0=$(pgsql "SELECT blks_read FROM pg_stat_database WHERE datname = 'postgres'")
+      al --closed --trace "$t" --loop --flush --json "$out/$tag-cache$pool-$skew.json" > /dev/null
+      r1=$(disk_sectors)
+      b1=$(pgsql "SELECT blks_read FROM pg_stat_database WHERE datname = 'postgres'")
+      rss=$(awk '/VmRSS/{print $2}' /proc/$akerd/status)
+      pool_bytes=$(metric aker_pool_bytes)
+      echo "{\"rss_kb\": $rss, \"pool_bytes\": ${pool_bytes:-null}, \"disk_read_sectors\": $((r1 - r0)), \"blks_read\": $((b1 - b0))}" \
+          > "$out/$tag-cache$pool-$skew.mem.json"
+      kill $akerd; wait $akerd 2>/dev/null || true; akerd=
+    done
+  done
+}
+
+# --- unconstrained (in a memory group without a limit, to read its peak) ----------------
+pg_stop
+cgf=/sys/fs/cgroup/memory/aker-pgbench-free
+mkdir -p "$cgf"
+pg_start 512MB "$cgf"
+run_set free
+cat "$cgf/memory.max_usage_in_bytes" > "$out/free-cgroup-max-usage"
+pg_stop
+rmdir "$cgf" 2>/dev/null || true
+
+# --- memory-constrained: PostgreSQL's processes and page cache limited ------------------
+mkdir -p "$cg"
+echo $((mem_mb * 1024 * 1024)) > "$cg/memory.limit_in_bytes"
+sync; echo 3 > /proc/sys/vm/drop_caches
+pg_start 128kB "$cg"
+run_set mem
+cat "$cg/memory.max_usage_in_bytes" > "$out/mem-cgroup-max-usage"
+cat "$cg/memory.failcnt" > "$out/mem-cgroup-failcnt"
+
+# --- writes: through akerd against straight into PostgreSQL (constrained set-up) ---------
+lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-writes "$out/glove-base.fvecs" \
+   --pg-writes-n 4000 -c 4 --id-base 10000000 --json "$out/writes-pg.json" > /dev/null
+taskset -c 1 ./target/release/akerd --config "$out/mem-akerd-0.99-5.toml" > "$out/writes-akerd.log" 2>&1 &
+akerd=$!
+for _ in $(seq 1 120); do grep -q "akerd: ready" "$out/writes-akerd.log" && break; sleep 1; done
+lg -t 127.0.0.1:$aport -c 4 -d 1 -w 1s -D "${dur}s" -q --closed --mix insert=50,delete=50 \
+   --id-base 20000000 --json "$out/writes-akerd.json" > /dev/null
+# Search p99 while writes run (writes at a fixed rate beside a closed-loop trace replay).
+lg -t 127.0.0.1:$aport -c 2 -d 1 -w 1s -D "${dur}s" -q --rate 200 --mix insert=50,delete=50 \
+   --id-base 30000000 --json "$out/writes-beside.json" > /dev/null &
+wl=$!
+lg -t 127.0.0.1:$aport -c 8 -d 8 -w 1s -D "${dur}s" -q --closed --trace "$out/glove-0.99.trace" \
+   --loop --flush --json "$out/search-while-writes.json" > /dev/null
+wait $wl || true
+kill $akerd; wait $akerd 2>/dev/null || true; akerd=
+pg_stop
+rmdir "$cg" 2>/dev/null || true
+
+python3 ops/pgvector_summary.py "$out" | tee "$out/summary.md"

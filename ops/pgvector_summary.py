@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Tables (and a figure) of ops/pgvector-bench.sh: aker in front of pgvector against
+pgvector alone, from the JSON files in DIR (default target/pgbench).
+
+    python3 ops/pgvector_summary.py [DIR]
+
+Cost bound (as ops/e2e_summary.py): every request through akerd pays o (1 / the
+all-exact-hit throughput), a miss also pays b (bypass costs o + b); with hit ratio h the
+best a cache can do is (o + b) / (o + (1 - h) b) times the bypass throughput.
+"""
+import json
+import os
+import sys
+
+out = sys.argv[1] if len(sys.argv) > 1 else "target/pgbench"
+SKEWS = ["0.99", "0.30"]
+TAGS = [("free", "unconstrained (shared_buffers 512MB)"),
+        ("mem", "memory-constrained (cgroup limit, shared_buffers 128kB)")]
+
+
+def load(name):
+    p = os.path.join(out, name + ".json")
+    if not os.path.exists(p):
+        return None
+    with open(p) as f:
+        return json.load(f)
+
+
+def akerd_run(name):
+    d = load(name)
+    return None if d is None else d["run"]
+
+
+def lat_us(run):
+    """(p50, p99, p99.9) in µs of an akerd run or a SQL run."""
+    if "latency" in run:
+        l = run["latency"]
+        return l["p50_ms"] * 1e3, l["p99_ms"] * 1e3, l["p999_ms"] * 1e3
+    return run["p50_us"], run["p99_us"], run["p999_us"]
+
+
+def fmt(x, spec=".0f"):
+    return "" if x is None else format(x, spec)
+
+
+def mib(b):
+    return f"{b / 2**20:.0f} MiB"
+
+
+print("# aker in front of pgvector against pgvector alone (ops/pgvector-bench.sh)\n")
+ld = load("load")
+if ld:
+    print(f"Collection: {ld['rows']:,} x {ld['dim']} (GloVe), binary COPY {ld['copy_s']:.1f} s; "
+          f"HNSW m {ld['m']}, ef_construction {ld['ef_construction']}, built in "
+          f"{ld['index_s']:.1f} s; table {mib(ld['table_bytes'])}, index {mib(ld['index_bytes'])}.\n")
+vp = os.path.join(out, "pg-version")
+if os.path.exists(vp):
+    lines = open(vp).read().split("\n")
+    print(f"Server: {lines[0]}; pgvector {lines[1] if len(lines) > 1 else '?'}.\n")
+
+print("## hnsw.ef_search tuned for recall@10 of about 0.9 without a cache\n")
+print("| skew | ef_search | recall@10 (SQL, 2 connections) |")
+print("|---:|---:|---:|")
+efs = {}
+for skew in SKEWS:
+    p = os.path.join(out, f"ef-{skew}")
+    if not os.path.exists(p):
+        continue
+    ef = int(open(p).read().strip())
+    efs[skew] = ef
+    t = load(f"tune-{skew}-ef{ef}")
+    print(f"| {skew} | {ef} | {fmt(t and t['recall'], '.3f')} |")
+print()
+
+figure = {}
+for tag, title in TAGS:
+    rows = []
+    for skew in SKEWS:
+        pgs = [(c, load(f"{tag}-pg-c{c}-{skew}")) for c in (1, 2, 4, 8)]
+        pgs = [(c, r) for c, r in pgs if r]
+        if not pgs:
+            continue
+        best_c, best = max(pgs, key=lambda x: x[1]["throughput"])
+        rows.append((skew, pgs, best_c, best))
+    if not rows:
+        continue
+    print(f"## {title}\n")
+    print("PostgreSQL alone, by connection count (searches/s):\n")
+    print("| skew | " + " | ".join(f"{c} conn." for c in (1, 2, 4, 8)) + " | best |")
+    print("|---:|" + "---:|" * 5)
+    for skew, pgs, best_c, best in rows:
+        by = {c: r for c, r in pgs}
+        cells = " | ".join(fmt(by[c]["throughput"]) if c in by else "" for c in (1, 2, 4, 8))
+        print(f"| {skew} | {cells} | {best_c} |")
+    print()
+    print("| skew | set-up | req/s | vs PG alone | p50 µs | p99 µs | p99.9 µs | hit ratio | "
+          "recall@10 | of bound | akerd RSS | pool bytes | disk read |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for skew, pgs, best_c, best in rows:
+        base = best["throughput"]
+        p50, p99, p999 = lat_us(best)
+        print(f"| {skew} | PostgreSQL alone ({best_c} conn.) | {base:.0f} | 1.00x | {p50:.0f} | "
+              f"{p99:.0f} | {p999:.0f} | | {fmt(best['recall'], '.3f')} | | | | |")
+        exact = akerd_run(f"{tag}-exact-only-{skew}")
+        byp = akerd_run(f"{tag}-bypass-{skew}")
+        o = 1.0 / exact["throughput"] if exact else None
+        b = max(1.0 / byp["throughput"] - o, 0.0) if (byp and o) else None
+        for name, label in ((f"{tag}-bypass-{skew}", "akerd, cache bypassed"),
+                            (f"{tag}-cache5-{skew}", "akerd, cache 5%"),
+                            (f"{tag}-cache1-{skew}", "akerd, cache 1%")):
+            r = akerd_run(name)
+            if not r:
+                continue
+            p50, p99, p999 = lat_us(r)
+            h = r.get("hit_ratio") or 0.0
+            of_bound = ""
+            if "cache" in name and o and b is not None and byp:
+                bound = (o + b) / (o + (1 - h) * b)
+                of_bound = f"{100 * (r['throughput'] / byp['throughput']) / bound:.0f}% of {bound:.2f}x"
+            mem = load(name + ".mem") or {}
+            rss = f"{mem['rss_kb'] / 1024:.0f} MiB" if mem.get("rss_kb") else ""
+            pool = mib(float(mem["pool_bytes"])) if mem.get("pool_bytes") else ""
+            disk = f"{mem['disk_read_sectors'] * 512 / 2**20:.0f} MiB" if "disk_read_sectors" in mem else ""
+            h_cell = f"{h:.3f}" if "cache" in name else ""
+            print(f"| {skew} | {label} | {r['throughput']:.0f} | {r['throughput'] / base:.2f}x | "
+                  f"{p50:.0f} | {p99:.0f} | {p999:.0f} | {h_cell} | "
+                  f"{fmt(r.get('recall'), '.3f')} | {of_bound} | {rss} | {pool} | {disk} |")
+            figure.setdefault(tag, []).append((skew, label, r["throughput"], r.get("recall")))
+        figure.setdefault(tag, []).append((skew, "PostgreSQL alone", base, best["recall"]))
+    usage = os.path.join(out, f"{tag}-cgroup-max-usage")
+    if os.path.exists(usage):
+        print(f"\nPostgreSQL's memory group, peak usage (processes + page cache): "
+              f"{mib(int(open(usage).read()))}.")
+    print()
+
+w_pg, w_ak, w_s = load("writes-pg"), akerd_run("writes-akerd"), akerd_run("search-while-writes")
+if w_pg or w_ak:
+    print("## Writes (memory-constrained set-up)\n")
+    if w_pg:
+        print(f"- Straight into PostgreSQL ({w_pg['connections']} connections, {w_pg['n']} rows): "
+              f"{w_pg['inserts_per_s']:.0f} inserts/s, {w_pg['deletes_per_s']:.0f} deletes/s.")
+    if w_ak:
+        ops = {o["op"]: o for o in w_ak.get("ops", [])}
+        ins, dele = ops.get("insert"), ops.get("delete")
+        print(f"- Through akerd (4 connections, 1 deep, half inserts half deletes): "
+              f"{w_ak['throughput']:.0f} writes/s"
+              + (f" ({ins['throughput']:.0f} inserts/s, {dele['throughput']:.0f} deletes/s)" if ins and dele else "")
+              + ".")
+    if w_s:
+        p50, p99, p999 = lat_us(w_s)
+        print(f"- Searches (skew 0.99, cache 5%) beside 200 writes/s through akerd: "
+              f"{w_s['throughput']:.0f} req/s, p50 {p50:.0f} µs, p99 {p99:.0f} µs, p99.9 {p999:.0f} µs.")
+    print()
+
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    plt = None
+if plt and figure:
+    fig, axes = plt.subplots(1, len(figure), figsize=(6 * len(figure), 4.5), squeeze=False)
+    for ax, (tag, pts) in zip(axes[0], figure.items()):
+        for skew, marker in zip(SKEWS, ("o", "s")):
+            for label, color in (("PostgreSQL alone", "black"), ("akerd, cache bypassed", "grey"),
+                                 ("akerd, cache 5%", "tab:blue"), ("akerd, cache 1%", "tab:orange")):
+                for s, l, thr, rec in pts:
+                    if s == skew and l == label and rec is not None:
+                        ax.scatter(thr, rec, color=color, marker=marker,
+                                   label=f"{label}, skew {skew}")
+        ax.set_xlabel("throughput (searches/s)")
+        ax.set_ylabel("recall@10")
+        ax.set_title(dict(TAGS)[tag])
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "pgvector-vs-aker.png"), dpi=120)
+    print(f"Figure: `pgvector-vs-aker.png`.")
