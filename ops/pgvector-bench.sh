@@ -10,9 +10,15 @@
 #   exact-only all-exact-hit load through akerd: o of the cost bound
 # unconstrained (shared_buffers 512MB) and memory-constrained (PostgreSQL in a cgroup v1
 # memory group of MEM_LIMIT_MB, shared_buffers 128kB: searches read from disk), plus
-# writes through akerd against straight into PostgreSQL.
+# writes through akerd against straight into PostgreSQL (unconstrained, the same rows).
 #
-#   bash ops/pgvector-bench.sh [DURATION_S]     # results in target/pgbench/, summary.md
+#   bash ops/pgvector-bench.sh [DURATION_S [WARMUP_S]]   # results in target/pgbench/, summary.md
+#
+# Every search run replays the trace from its start: WARMUP_S uncounted (the cache fills;
+# 20 s by default), then DURATION_S counted (10 s) as the trace goes on. In the
+# memory-constrained set the warm-up runs without the limit, which is applied (and the
+# page cache dropped) 2 s before counting starts, for PostgreSQL alone as for akerd: the
+# cache is measured warm and the database cold, as in a deployment running for a while.
 #
 # Pinned: PostgreSQL on core 0 (taskset via ops/pg.sh's PG_CPUS), akerd and
 # aker-loadgen on core 1, in every run. fsync = on, synchronous_commit = on (the
@@ -21,6 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 dur=${1:-10}
+warm=${2:-20}
 out=$root/target/pgbench
 data=$out/pgdata
 port=${PGPORT_BENCH:-55440}
@@ -94,6 +101,17 @@ for skew in 0.99 0.30; do
   echo "${pick:-1000}" > "$out/ef-$skew"
 done
 
+# The memory limit is lifted for a run's warm-up and applied before it counts (mem set).
+limit_set() { [ -n "${limit_group:-}" ] && echo "$1" > "$limit_group/memory.limit_in_bytes" || true; }
+constrain_later() {  # applied 2 s before the counted part of a run that starts now
+  cpid=
+  [ -n "${limit_group:-}" ] || return 0
+  ( sleep $((warm - 2)); limit_set $((mem_mb * 1024 * 1024)); sync; echo 3 > /proc/sys/vm/drop_caches ) &
+  cpid=$!
+}
+constrained_wait() { [ -n "${cpid:-}" ] && wait "$cpid" 2>/dev/null; cpid=; }
+unconstrain() { limit_set -1; }
+
 # --- one configuration: PostgreSQL alone, akerd bypass / cache 5% / cache 1% ------------
 run_set() {  # TAG
   local tag=$1
@@ -101,8 +119,11 @@ run_set() {  # TAG
     local ef; ef=$(cat "$out/ef-$skew") t="$out/glove-$skew.trace"
     for c in 1 2 4 8; do
       # (A run whose JSON is there is kept: a stopped script resumes where it was.)
-      [ -f "$out/$tag-pg-c$c-$skew.json" ] || lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-ef "$ef" --trace "$t" \
-         --loop -c $c -w 2s -D "${dur}s" --json "$out/$tag-pg-c$c-$skew.json" > /dev/null
+      [ -f "$out/$tag-pg-c$c-$skew.json" ] && continue
+      unconstrain; constrain_later
+      lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-ef "$ef" --trace "$t" \
+         --loop -c $c -w "${warm}s" -D "${dur}s" --json "$out/$tag-pg-c$c-$skew.json" > /dev/null
+      constrained_wait
     done
     for pool in 5 1; do
       [ -f "$out/$tag-cache$pool-$skew.mem.json" ] && continue
@@ -138,14 +159,19 @@ TOML
         grep -q "akerd: ready" "$out/$tag-akerd-$skew-$pool.log" && break
         sleep 1
       done
-      al() { lg -t 127.0.0.1:$aport -c 8 -d 8 -w 2s -D "${dur}s" -q "$@"; }
+      al() { lg -t 127.0.0.1:$aport -c 8 -d 8 -w "${warm}s" -D "${dur}s" -q "$@"; }
       if [ $pool = 5 ]; then
-        al --closed --mix search=100 --vectors 2 --json "$out/$tag-exact-only-$skew.json" > /dev/null
+        lg -t 127.0.0.1:$aport -c 8 -d 8 -w 2s -D "${dur}s" -q --closed --mix search=100 \
+           --vectors 2 --json "$out/$tag-exact-only-$skew.json" > /dev/null
+        unconstrain; constrain_later
         al --closed --trace "$t" --loop --bypass --json "$out/$tag-bypass-$skew.json" > /dev/null
+        constrained_wait
       fi
+      unconstrain; constrain_later
       r0=$(disk_sectors)
       b0=$(pgsql "SELECT blks_read FROM pg_stat_database WHERE datname = 'postgres'")
       al --closed --trace "$t" --loop --flush --json "$out/$tag-cache$pool-$skew.json" > /dev/null
+      constrained_wait
       r1=$(disk_sectors)
       b1=$(pgsql "SELECT blks_read FROM pg_stat_database WHERE datname = 'postgres'")
       rss=$(awk '/VmRSS/{print $2}' /proc/$akerd/status)
@@ -164,35 +190,46 @@ mkdir -p "$cgf"
 pg_start 512MB "$cgf"
 run_set free
 cat "$cgf/memory.max_usage_in_bytes" > "$out/free-cgroup-max-usage"
+
+# --- writes: through akerd against straight into PostgreSQL, the same GloVe rows --------
+if [ ! -f "$out/search-while-writes.json" ]; then
+  n_w=3000
+  lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-writes "$out/glove-base.fvecs" \
+     --pg-writes-n $n_w -c 4 --id-base 10000000 --json "$out/writes-pg.json" > /dev/null
+  taskset -c 1 ./target/release/akerd --config "$out/free-akerd-0.99-5.toml" > "$out/writes-akerd.log" 2>&1 &
+  akerd=$!
+  for _ in $(seq 1 120); do grep -q "akerd: ready" "$out/writes-akerd.log" && break; sleep 1; done
+  # Half inserts, half deletes of what this run inserted, 4 connections 1 deep.
+  lg -t 127.0.0.1:$aport -c 4 -d 1 -w 1s -D "${dur}s" -q --closed --mix insert=50,delete=50 \
+     --vectors $n_w --vectors-from "$out/glove-base.fvecs" --id-base 20000000 \
+     --json "$out/writes-akerd.json" > /dev/null
+  # Searches (the 0.99 trace, warm cache) with and without 100 writes/s beside them.
+  lg -t 127.0.0.1:$aport -c 8 -d 8 -w "${warm}s" -D "${dur}s" -q --closed --trace "$out/glove-0.99.trace" \
+     --loop --flush --json "$out/search-no-writes.json" > /dev/null
+  lg -t 127.0.0.1:$aport -c 2 -d 1 -w "${warm}s" -D "${dur}s" -q --rate 100 --mix insert=50,delete=50 \
+     --vectors $n_w --vectors-from "$out/glove-base.fvecs" --id-base 30000000 \
+     --json "$out/writes-beside.json" > /dev/null &
+  wl=$!
+  lg -t 127.0.0.1:$aport -c 8 -d 8 -w "${warm}s" -D "${dur}s" -q --closed --trace "$out/glove-0.99.trace" \
+     --loop --flush --json "$out/search-while-writes.json" > /dev/null
+  wait $wl || true
+  kill $akerd; wait $akerd 2>/dev/null || true; akerd=
+fi
 pg_stop
 rmdir "$cgf" 2>/dev/null || true
 
 # --- memory-constrained: PostgreSQL's processes and page cache limited ------------------
 mkdir -p "$cg"
-echo $((mem_mb * 1024 * 1024)) > "$cg/memory.limit_in_bytes"
 sync; echo 3 > /proc/sys/vm/drop_caches
 pg_start 128kB "$cg"
+limit_group=$cg
 run_set mem
-cat "$cg/memory.max_usage_in_bytes" > "$out/mem-cgroup-max-usage"
+echo $((mem_mb * 1024 * 1024)) > "$out/mem-cgroup-limit"
 cat "$cg/memory.failcnt" > "$out/mem-cgroup-failcnt"
 
-# --- writes: through akerd against straight into PostgreSQL (constrained set-up) ---------
-lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-writes "$out/glove-base.fvecs" \
-   --pg-writes-n 4000 -c 4 --id-base 10000000 --json "$out/writes-pg.json" > /dev/null
-taskset -c 1 ./target/release/akerd --config "$out/mem-akerd-0.99-5.toml" > "$out/writes-akerd.log" 2>&1 &
-akerd=$!
-for _ in $(seq 1 120); do grep -q "akerd: ready" "$out/writes-akerd.log" && break; sleep 1; done
-lg -t 127.0.0.1:$aport -c 4 -d 1 -w 1s -D "${dur}s" -q --closed --mix insert=50,delete=50 \
-   --id-base 20000000 --json "$out/writes-akerd.json" > /dev/null
-# Search p99 while writes run (writes at a fixed rate beside a closed-loop trace replay).
-lg -t 127.0.0.1:$aport -c 2 -d 1 -w 1s -D "${dur}s" -q --rate 200 --mix insert=50,delete=50 \
-   --id-base 30000000 --json "$out/writes-beside.json" > /dev/null &
-wl=$!
-lg -t 127.0.0.1:$aport -c 8 -d 8 -w 1s -D "${dur}s" -q --closed --trace "$out/glove-0.99.trace" \
-   --loop --flush --json "$out/search-while-writes.json" > /dev/null
-wait $wl || true
-kill $akerd; wait $akerd 2>/dev/null || true; akerd=
 pg_stop
 rmdir "$cg" 2>/dev/null || true
 
-python3 ops/pgvector_summary.py "$out" | tee "$out/summary.md"
+py=python3
+if [ -x .venv/bin/python ] && .venv/bin/python -c 'import matplotlib' 2>/dev/null; then py=.venv/bin/python; fi
+$py ops/pgvector_summary.py "$out" | tee "$out/summary.md"

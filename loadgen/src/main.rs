@@ -108,6 +108,10 @@ struct Cli {
     /// Generated workload: neighbours per SEARCH (lowered to the server's k_max).
     #[arg(short, long, default_value_t = 10, conflicts_with = "trace")]
     k: u32,
+    /// Generated workload: the first --vectors rows of this .fvecs instead of drawn
+    /// vectors (the rows --pg-writes writes, for a like-with-like write comparison).
+    #[arg(long, conflicts_with = "trace", value_name = "FVECS")]
+    vectors_from: Option<PathBuf>,
     /// Generated workload: first INSERT id (DELETE removes this run's inserts).
     #[arg(long, default_value_t = 1 << 40, conflicts_with = "trace")]
     id_base: u64,
@@ -332,18 +336,26 @@ fn build_workload(cli: &Cli, hello: &HelloReply) -> Res<Workload> {
             w
         }
         None => {
-            let mut w = Workload::generate(
-                hello.dim as usize,
-                GenParams {
-                    vectors: cli.vectors,
-                    clusters: cli.clusters,
-                    skew: cli.skew,
-                    k: cli.k,
-                    mix: cli.mix,
-                    id_base: cli.id_base,
-                    seed: cli.seed,
-                },
-            )?;
+            let params = GenParams {
+                vectors: cli.vectors,
+                clusters: cli.clusters,
+                skew: cli.skew,
+                k: cli.k,
+                mix: cli.mix,
+                id_base: cli.id_base,
+                seed: cli.seed,
+            };
+            let dim = hello.dim as usize;
+            let mut w = match &cli.vectors_from {
+                Some(path) => {
+                    let d = bench::data::read_fvecs(path).map_err(|e| e.to_string())?;
+                    if d.dim != dim {
+                        return Err(format!("{}: {}-d, the server's {dim}-d", path.display(), d.dim));
+                    }
+                    Workload::generate_from_pool(dim, params, &d.data)?
+                }
+                None => Workload::generate(dim, params)?,
+            };
             if cli.k > hello.k_max {
                 eprintln!(
                     "note: k lowered from {} to the server's k_max {}",

@@ -239,6 +239,27 @@ impl Workload {
         })
     }
 
+    /// [`Workload::generate`], with the vectors taken from `pool` (row-major, `dim`
+    /// floats a row; its first `params.vectors` rows) instead of drawn: the same rows
+    /// another tool writes (`--pg-writes`), so two write loads compare like with like.
+    pub fn generate_from_pool(
+        dim: usize,
+        params: GenParams,
+        pool: &[f32],
+    ) -> Result<Workload, String> {
+        if dim == 0 || pool.len() % dim != 0 {
+            return Err("the vector pool is not a whole number of rows".into());
+        }
+        let rows = pool.len() / dim;
+        if rows < params.vectors {
+            return Err(format!("the pool has {rows} rows, --vectors asks for {}", params.vectors));
+        }
+        let n = params.vectors;
+        let mut w = Workload::generate(dim, params)?;
+        w.vectors = pool[..n * dim].to_vec();
+        Ok(w)
+    }
+
     /// A one-line description for the report.
     pub fn describe(&self) -> String {
         let bypass = if self.bypass { ", cache bypassed" } else { "" };

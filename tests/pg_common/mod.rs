@@ -20,8 +20,13 @@ use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, NoTls};
 
+/// `ops/pg.sh` of the workspace (this file is shared by crates at different depths).
 fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("ops/pg.sh")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .map(|d| d.join("ops/pg.sh"))
+        .find(|p| p.exists())
+        .expect("ops/pg.sh in the workspace")
 }
 
 fn free_port() -> u16 {

@@ -1,0 +1,80 @@
+//! `aker-loadgen --pg` against a real PostgreSQL + pgvector (started by `ops/pg.sh` on
+//! 127.0.0.1, as the aker crate's tests do): the loader's COPY and index, the SQL
+//! search mode's count, errors and recall against exact ground truth, and the direct
+//! writes. Bounded by request counts and a short run time.
+
+#[path = "../../tests/pg_common/mod.rs"]
+mod pg_common;
+
+use std::time::Duration;
+
+use bench::trace::{Op, Trace};
+use loadgen::pg::{self, PgTarget};
+use loadgen::workload::Workload;
+use shards::store::ExactStore;
+use shards::{Backend, Metric};
+
+#[test]
+fn sql_mode_loads_searches_with_recall_and_writes() {
+    let Some(server) = pg_common::PgServer::start("loadgen") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ds = aker::service::data::synthetic(2000, 8, 8, 3);
+    let base = bench::data::Dataset::new(8, ds.data.clone()).unwrap();
+    let fvecs = dir.path().join("base.fvecs");
+    bench::data::write_fvecs(&fvecs, &base).unwrap();
+    let t = PgTarget {
+        url: server.url(),
+        password: Some(server.password()),
+        table: "items".into(),
+        id_column: "id".into(),
+        vector_column: "embedding".into(),
+        ef_search: 100,
+    };
+    let loaded = pg::load(&t, &fvecs, Metric::L2Sq, 16, 64).unwrap();
+    assert_eq!((loaded.rows, loaded.dim), (2000, 8));
+    assert!(loaded.table_bytes > 0 && loaded.index_bytes > 0);
+
+    // 50 queries near stored rows, with their exact top 10.
+    let exact = ExactStore::from_rows(8, Metric::L2Sq, &ds.data).unwrap();
+    let mut vectors = Vec::new();
+    let mut truth = Vec::new();
+    for i in 0..50 {
+        let q: Vec<f32> = ds.row(i * 37).iter().map(|x| x + 0.01).collect();
+        truth.push(exact.search(&q, 10).unwrap().iter().map(|c| c.id).collect());
+        vectors.extend_from_slice(&q);
+    }
+    let trace = Trace {
+        dim: 8,
+        metric: Metric::L2Sq,
+        k: 10,
+        vectors,
+        ops: (0..50).map(|i| Op::Search { vector: i, k: 10 }).collect(),
+        ground_truth: Some(truth),
+    };
+    let w = Workload::from_trace(trace, true).unwrap();
+    let r = pg::run_searches(
+        &w,
+        &t,
+        Metric::L2Sq,
+        2,
+        Duration::ZERO,
+        Duration::from_secs(3),
+        Some(400),
+    )
+    .unwrap();
+    assert_eq!(r.errors, 0);
+    assert!(r.requests >= 100 && r.requests <= 402, "{} requests", r.requests);
+    let recall = r.recall.unwrap();
+    assert!(recall > 0.95, "recall {recall}");
+    assert!(r.throughput() > 0.0);
+
+    // Direct writes: 100 inserts then their 100 deletes leave the table as it was.
+    let rows: Vec<Vec<f32>> = (0..100).map(|i| ds.row(i).to_vec()).collect();
+    let (ins, del) = pg::run_writes(&t, &rows, 1_000_000, 2).unwrap();
+    assert!(ins > 0.0 && del > 0.0);
+    let sql = server.sql();
+    let n: i64 = sql.query("SELECT count(*) FROM items", &[])[0].get(0);
+    assert_eq!(n, 2000);
+}
