@@ -255,8 +255,8 @@ pub struct PgvectorSection {
     /// pgvector would return fewer rows than a miss asks for.
     pub ef_search: Option<usize>,
     pub iterative_scan: IterativeScan,
-    /// `statement_timeout` of a statement whose request has no deadline of its own; a
-    /// request's deadline cancels its statement at that instant.
+    /// `statement_timeout`: the longest one statement may run; a request whose deadline
+    /// comes sooner has its statement cancelled at that instant.
     pub statement_timeout_ms: u64,
     /// Bound on opening one connection.
     pub connect_timeout_ms: u64,
@@ -289,28 +289,53 @@ impl Default for PgvectorSection {
     }
 }
 
-/// `url` with the password of a `scheme://user:password@host` or a `password=...`
-/// (key=value form) replaced by `***`.
+/// `url` with any password masked as `***`: in `scheme://user:password@host` (the
+/// userinfo ends at the last `@` before the path), in a `password=` query parameter, and
+/// in the key=value form (`password=...` or `password = '...'`).
 pub fn redact_password(url: &str) -> String {
     if let Some((scheme, rest)) = url.split_once("://") {
-        let auth_end = rest.find('@').filter(|&at| {
-            // the userinfo ends at the last '@' before the path
-            rest[..at].find('/').is_none()
-        });
-        if let Some(at) = auth_end {
-            if let Some(colon) = rest[..at].find(':') {
-                return format!("{scheme}://{}:***{}", &rest[..colon], &rest[at..]);
-            }
+        let path_at = rest.find(['/', '?']).unwrap_or(rest.len());
+        let mut out = match rest[..path_at].rfind('@') {
+            Some(at) => match rest[..at].find(':') {
+                Some(colon) => format!("{scheme}://{}:***{}", &rest[..colon], &rest[at..]),
+                None => url.to_string(),
+            },
+            None => url.to_string(),
+        };
+        if let Some(q) = out.find('?') {
+            let (head, query) = out.split_at(q + 1);
+            let masked: Vec<String> = query
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                    _ => kv.to_string(),
+                })
+                .collect();
+            out = format!("{head}{}", masked.join("&"));
         }
-        return url.to_string();
+        return out;
     }
-    url.split_whitespace()
-        .map(|kv| match kv.split_once('=') {
-            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-            _ => kv.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+    // key=value form: after "password", the value up to the next unquoted space.
+    let lower = url.to_ascii_lowercase();
+    let Some(k) = lower.find("password") else {
+        return url.to_string();
+    };
+    let after = &url[k + "password".len()..];
+    let Some(eq) = after.find('=').filter(|&e| after[..e].trim().is_empty()) else {
+        return url.to_string();
+    };
+    let value = after[eq + 1..].trim_start();
+    let value_start = url.len() - value.len();
+    let value_len = if let Some(quoted) = value.strip_prefix('\'') {
+        quoted.find('\'').map_or(value.len(), |e| e + 2)
+    } else {
+        value.find(' ').unwrap_or(value.len())
+    };
+    format!(
+        "{}***{}",
+        &url[..value_start],
+        &url[value_start + value_len..]
+    )
 }
 
 impl PgvectorSection {
@@ -674,6 +699,30 @@ mod tests {
         assert_eq!(
             pg.backend.pgvector.unwrap().effective_ef_search(100, 10),
             110
+        );
+        // --print-config prints before validating: a password in the url is masked
+        let leaky = Config::from_toml(&base.replace("aker@", "aker:hunter2@")).unwrap();
+        let shown = leaky.to_toml();
+        assert!(
+            !shown.contains("hunter2") && shown.contains("aker:***@127.0.0.1"),
+            "{shown}"
+        );
+        assert_eq!(redact_password("postgresql://a@h/d"), "postgresql://a@h/d");
+        assert_eq!(
+            redact_password("postgresql://a:p@ss@h/d"),
+            "postgresql://a:***@h/d"
+        );
+        assert_eq!(
+            redact_password("postgresql://a@h/d?password=x&sslmode=disable"),
+            "postgresql://a@h/d?password=***&sslmode=disable"
+        );
+        assert_eq!(
+            redact_password("host=db user=a password=x dbname=d"),
+            "host=db user=a password=*** dbname=d"
+        );
+        assert_eq!(
+            redact_password("host=h password = 'a b' user=u"),
+            "host=h password = *** user=u"
         );
     }
 }

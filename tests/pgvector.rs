@@ -603,6 +603,72 @@ fn the_database_going_away_and_coming_back() {
         .unwrap();
 }
 
+#[test]
+fn a_write_in_doubt_is_settled_before_the_next_write_to_its_id() {
+    // Its own server: its akerd session is stopped (SIGSTOP) to make a write in doubt.
+    let Some(pg) = PgServer::start("doubt") else {
+        return;
+    };
+    pg.sql().load("t_doubt", &dataset(), "vector_l2_ops");
+    let ds = dataset();
+    let mut cfg = config(&pg, "t_doubt");
+    cfg.backend.threads = 1;
+    cfg.server.request_timeout_ms = 15_000;
+    cfg.backend.pgvector.as_mut().unwrap().statement_timeout_ms = 300;
+    let d = Daemon::start(&cfg).unwrap();
+    let mut c = client(d.local_addr());
+    let sql = pg.sql();
+    let pids: Vec<i32> = sql
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'akerd'",
+            &[],
+        )
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(pids.len(), 1, "one backend thread, one session");
+    let signal = |sig: &str| {
+        let st = std::process::Command::new("kill")
+            .arg(sig)
+            .arg(pids[0].to_string())
+            .status()
+            .unwrap();
+        assert!(st.success(), "kill {sig}");
+    };
+    const X: u64 = 88_888;
+    // A fresh write first, so the next one does not check an idle connection.
+    c.insert(X + 1, ds.row(0)).unwrap();
+    signal("-STOP");
+    // No answer within the statement timeout: in doubt; the stopped session cannot be
+    // ended (SIGTERM stays pending), so it is not settled.
+    let e = c.insert(X, ds.row(1)).unwrap_err();
+    assert!(
+        matches!(
+            e.status(),
+            Some(Status::DeadlineExceeded | Status::Unavailable)
+        ),
+        "{e}"
+    );
+    // The old session might still commit its write: the next write to X is refused.
+    let e = c.insert(X, ds.row(2)).unwrap_err();
+    assert_eq!(e.status(), Some(Status::Unavailable), "{e}");
+    assert!(e.to_string().contains("not settled"), "{e}");
+    // Continued, the session takes its SIGTERM and exits without committing: the next
+    // write settles, then goes through.
+    signal("-CONT");
+    c.insert(X, ds.row(3)).unwrap();
+    let row = sql.query(
+        "SELECT embedding FROM t_doubt WHERE id = $1",
+        &[&(X as i64)],
+    );
+    let v: Vec<f32> = row[0].get::<_, PgVector>(0).to_vec();
+    assert_eq!(v, ds.row(3));
+    let stats = c.stats().unwrap();
+    assert_eq!(stat(&stats, "pg_writes_in_doubt"), Some(1.0), "{stats}");
+    assert_eq!(stat(&stats, "pg_writes_unsettled"), Some(1.0), "{stats}");
+    d.stop().unwrap();
+}
+
 fn refused(cfg: &Config) -> String {
     match Daemon::start(cfg) {
         Ok(_) => panic!("akerd started"),

@@ -271,7 +271,10 @@ fn run_pg(cli: &Cli) -> Res<()> {
             "inserts_per_s": ins, "deletes_per_s": del,
         }));
     }
-    let path = cli.trace.as_ref().ok_or("--pg needs --trace (or --pg-load / --pg-writes)")?;
+    let path = cli
+        .trace
+        .as_ref()
+        .ok_or("--pg needs --trace (or --pg-load / --pg-writes)")?;
     let trace = bench::trace::Trace::load(path).map_err(|e| e.to_string())?;
     let metric = trace.metric;
     let w = Workload::from_trace(trace, cli.loop_trace)?;
@@ -350,7 +353,11 @@ fn build_workload(cli: &Cli, hello: &HelloReply) -> Res<Workload> {
                 Some(path) => {
                     let d = bench::data::read_fvecs(path).map_err(|e| e.to_string())?;
                     if d.dim != dim {
-                        return Err(format!("{}: {}-d, the server's {dim}-d", path.display(), d.dim));
+                        return Err(format!(
+                            "{}: {}-d, the server's {dim}-d",
+                            path.display(),
+                            d.dim
+                        ));
                     }
                     Workload::generate_from_pool(dim, params, &d.data)?
                 }

@@ -178,7 +178,8 @@ pub fn run_searches(
                                 (0u64, 0u64, 0f64, 0u64);
                             let mut picker = w.picker(i);
                             while Instant::now() < end {
-                                if requests_max.is_some_and(|m| counted.load(Ordering::Relaxed) >= m)
+                                if requests_max
+                                    .is_some_and(|m| counted.load(Ordering::Relaxed) >= m)
                                 {
                                     break;
                                 }
@@ -220,7 +221,10 @@ pub fn run_searches(
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err("a SQL thread panicked".into())))
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("a SQL thread panicked".into()))
+                })
                 .collect()
         });
     let seconds = (Instant::now().min(end) - count_from.min(Instant::now()))
@@ -280,12 +284,7 @@ pub fn load(
         ))
         .await
         .map_err(db)?;
-        let vector_type = c
-            .prepare("SELECT $1::vector")
-            .await
-            .map_err(db)?
-            .params()[0]
-            .clone();
+        let vector_type = c.prepare("SELECT $1::vector").await.map_err(db)?.params()[0].clone();
         let t0 = Instant::now();
         let sink = c
             .copy_in(&format!(
@@ -354,11 +353,7 @@ pub fn run_writes(
         quote(&t.id_column),
         quote(&t.vector_column)
     );
-    let delete = format!(
-        "DELETE FROM {} WHERE {} = $1",
-        t.table,
-        quote(&t.id_column)
-    );
+    let delete = format!("DELETE FROM {} WHERE {} = $1", t.table, quote(&t.id_column));
     let phase = |sql: &str, with_vector: bool| -> Result<f64, String> {
         let next = AtomicU64::new(0);
         let t0 = Instant::now();

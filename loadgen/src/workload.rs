@@ -252,7 +252,10 @@ impl Workload {
         }
         let rows = pool.len() / dim;
         if rows < params.vectors {
-            return Err(format!("the pool has {rows} rows, --vectors asks for {}", params.vectors));
+            return Err(format!(
+                "the pool has {rows} rows, --vectors asks for {}",
+                params.vectors
+            ));
         }
         let n = params.vectors;
         let mut w = Workload::generate(dim, params)?;

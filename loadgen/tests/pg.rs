@@ -65,7 +65,11 @@ fn sql_mode_loads_searches_with_recall_and_writes() {
     )
     .unwrap();
     assert_eq!(r.errors, 0);
-    assert!(r.requests >= 100 && r.requests <= 402, "{} requests", r.requests);
+    assert!(
+        r.requests >= 100 && r.requests <= 402,
+        "{} requests",
+        r.requests
+    );
     let recall = r.recall.unwrap();
     assert!(recall > 0.95, "recall {recall}");
     assert!(r.throughput() > 0.0);

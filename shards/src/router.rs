@@ -26,8 +26,10 @@ const MIN_REQUESTS_PER_CENTROID: u64 = 32;
 const KMEANS_ITERATIONS_MAX: usize = 25;
 
 /// Evictions beyond the old shard's entry count before a moved centroid's old shard is
-/// forgotten (see `Retirements::moved`).
-const RETIRE_MARGIN: u64 = 256;
+/// forgotten (see `Retirements::moved`): at least an owner queue's worth (akerd's
+/// default depth, 4096) plus a backend queue's (1024) of admissions routed before the
+/// move may land there after it.
+const RETIRE_MARGIN: u64 = 8192;
 
 /// `previous` of a centroid that has not moved, or whose old shard is forgotten.
 const NO_SHARD: u32 = u32::MAX;

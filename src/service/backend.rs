@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use shards::owner::{OwnerMsg, ShardHandle};
 use shards::{Backend, Candidate, DeleteOutcome, InsertOutcome};
 
-use super::pgvector::{PgConn, PgTarget, WriteError};
+use super::pgvector::{PgConn, PgTarget, Session, WriteError};
 use crate::protocol::{Rejection, Status};
 
 /// A store the backend threads share.
@@ -98,7 +98,9 @@ pub(crate) struct BackendPool {
 
 struct Worker {
     side: StoreSide,
-    stripes: Vec<Mutex<()>>,
+    /// Per-id write order; a stripe holds the server session of a write in doubt that
+    /// could not be confirmed gone: writes to its ids wait (UNAVAILABLE) until it is.
+    stripes: Vec<Mutex<Option<Session>>>,
     shards: Vec<ShardHandle>,
     stop: Arc<AtomicBool>,
 }
@@ -123,7 +125,7 @@ impl BackendPool {
         let (tx, rx) = flume::bounded(depth.max(1));
         let worker = Arc::new(Worker {
             side,
-            stripes: (0..ID_STRIPES).map(|_| Mutex::new(())).collect(),
+            stripes: (0..ID_STRIPES).map(|_| Mutex::new(None)).collect(),
             shards,
             stop,
         });
@@ -205,6 +207,26 @@ fn lower_priority(nice: i32, idle: bool) {
     }
 }
 
+/// Before a write to `id`: a write in doubt on its stripe whose session was not
+/// confirmed gone might still commit after this one, so it is settled first; while it
+/// cannot be, the write is refused.
+fn settle_stripe(stripe: &mut Option<Session>, pg: &mut PgConn, id: u64) -> Result<(), Rejection> {
+    if let Some(s) = stripe.as_ref() {
+        if !pg.settle(s) {
+            return Err(Rejection::new(
+                Status::Unavailable,
+                format!(
+                    "an earlier write in doubt to an id of id {id}'s stripe is not settled \
+                     (server process {} still there)",
+                    s.pid
+                ),
+            ));
+        }
+        *stripe = None;
+    }
+    Ok(())
+}
+
 fn owner_gone(shard: usize) -> Rejection {
     Rejection::new(
         Status::Unavailable,
@@ -240,7 +262,7 @@ impl Worker {
                 Ok(job) => job,
                 Err(flume::RecvTimeoutError::Timeout) if !self.stop.load(Ordering::Acquire) => {
                     if let Some(pg) = pg.as_mut() {
-                        pg.reconnect_if_due(None);
+                        pg.reconnect_if_due(false);
                     }
                     continue;
                 }
@@ -318,7 +340,7 @@ impl Worker {
         }
     }
 
-    fn stripe(&self, id: u64) -> std::sync::MutexGuard<'_, ()> {
+    fn stripe(&self, id: u64) -> std::sync::MutexGuard<'_, Option<Session>> {
         let i = (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % self.stripes.len();
         self.stripes[i].lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -339,10 +361,14 @@ impl Worker {
                 self.queue_insert(id, &vector, near)
             }
             (StoreSide::Pgvector(_), Some(pg)) => {
-                let _order = self.stripe(id);
+                let mut stripe = self.stripe(id);
+                settle_stripe(&mut stripe, pg, id)?;
                 match pg.insert(id, &vector, payload, deadline) {
                     Ok(()) => self.queue_insert(id, &vector, near),
-                    Err(e) => Err(self.after_failed_write(id, e)),
+                    Err(e) => {
+                        *stripe = e.unsettled.clone();
+                        Err(self.after_failed_write(id, e))
+                    }
                 }
             }
             _ => {
@@ -365,10 +391,14 @@ impl Worker {
                 Ok((Some(existed), self.queue_delete(id)?))
             }
             (StoreSide::Pgvector(_), Some(pg)) => {
-                let _order = self.stripe(id);
+                let mut stripe = self.stripe(id);
+                settle_stripe(&mut stripe, pg, id)?;
                 match pg.delete(id, deadline) {
                     Ok(existed) => Ok((Some(existed), self.queue_delete(id)?)),
-                    Err(e) => Err(self.after_failed_write(id, e)),
+                    Err(e) => {
+                        *stripe = e.unsettled.clone();
+                        Err(self.after_failed_write(id, e))
+                    }
                 }
             }
             _ => {

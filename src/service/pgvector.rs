@@ -47,8 +47,6 @@ const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 const CLIENT_GRACE: Duration = Duration::from_millis(1000);
 /// A write on a connection idle for longer checks it first (see `prepare_connection`).
 const IDLE_CHECK: Duration = Duration::from_secs(1);
-/// A connection attempt with less time than this left before a deadline is not made.
-const MIN_ATTEMPT: Duration = Duration::from_millis(5);
 /// How long a write in doubt waits for its old server session to be gone.
 const SETTLE_WAIT: Duration = Duration::from_secs(5);
 
@@ -699,14 +697,21 @@ async fn check_plan(c: &Client, target: &PgTarget, q: &[f32], n: usize) -> Resul
 /// Statements prepared on one connection.
 struct Live {
     client: Client,
-    /// The server process of this session (`pg_backend_pid()`), to end it when a
-    /// write's outcome is in doubt.
-    pid: i32,
+    /// This connection's server session, to end it when a write's outcome is in doubt.
+    session: Session,
     /// Search statements by limit (`k + Δ`), prepared on first use; at most one per
     /// distinct limit, and limits are bounded by `k_max + Δ`.
     search: HashMap<usize, Statement>,
     insert: Statement,
     delete: Statement,
+}
+
+/// A server session: its process id and start time (a pid alone may be reused once
+/// the process has exited).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Session {
+    pub pid: i32,
+    pub started: String,
 }
 
 /// Why a pipelined statement failed, which decides what may follow.
@@ -730,13 +735,17 @@ enum FailKind {
 struct Failure {
     rejection: Rejection,
     kind: FailKind,
+    /// The session the statement was sent on (for settling a write in doubt).
+    session: Option<Session>,
 }
 
 /// A write that failed; `in_doubt`: it may have committed (the caller must not trust
-/// either outcome).
+/// either outcome); `unsettled`: and its server session could not be confirmed gone,
+/// so it might still commit: writes to the same id must wait until it is.
 pub struct WriteError {
     pub rejection: Rejection,
     pub in_doubt: bool,
+    pub unsettled: Option<Session>,
 }
 
 impl From<Failure> for WriteError {
@@ -744,6 +753,7 @@ impl From<Failure> for WriteError {
         WriteError {
             in_doubt: matches!(f.kind, FailKind::Gone | FailKind::NoAnswer),
             rejection: f.rejection,
+            unsettled: None,
         }
     }
 }
@@ -752,6 +762,7 @@ fn not_sent(rejection: Rejection) -> WriteError {
     WriteError {
         rejection,
         in_doubt: false,
+        unsettled: None,
     }
 }
 
@@ -806,7 +817,7 @@ impl PgConn {
             losses_seen: 0,
             last_used: Instant::now(),
         };
-        c.reconnect_if_due(None);
+        c.reconnect_if_due(false);
         Ok(c)
     }
 
@@ -817,15 +828,17 @@ impl PgConn {
     /// Before a connection is used: if another thread lost its connection since this
     /// one was checked, an empty query tells whether it is still good (one round trip,
     /// only after a loss); then a connection is opened if there is none and the
-    /// backoff allows, bounded by the connect timeout and by `deadline`.
-    pub fn reconnect_if_due(&mut self, deadline: Option<Instant>) {
-        self.prepare_connection(deadline, false)
+    /// backoff allows (or, for a request, other threads are connected), bounded by the
+    /// connect and statement timeouts, never by a request's deadline: an attempt cut
+    /// short would leave the pool unable to recover under short-deadline traffic.
+    pub fn reconnect_if_due(&mut self, for_request: bool) {
+        self.prepare_connection(for_request, false)
     }
 
     /// [`PgConn::reconnect_if_due`]; for a write (`write`), a connection idle for more
     /// than [`IDLE_CHECK`] is checked too: a write is not retried on another connection,
     /// so it should not be the one that finds a restart.
-    fn prepare_connection(&mut self, deadline: Option<Instant>, write: bool) {
+    fn prepare_connection(&mut self, for_request: bool, write: bool) {
         let losses = self.target.stats.losses.load(Ordering::Acquire);
         if let Some(live) = &self.live {
             let idle = write && self.last_used.elapsed() > IDLE_CHECK;
@@ -854,7 +867,7 @@ impl PgConn {
         // In backoff, but other threads are connected: the database is there, so this
         // thread's failure was its own; try now rather than fail the request.
         let others_up = self.target.stats.connections_up.load(Ordering::Relaxed) > 0;
-        if Instant::now() < self.next_attempt && !(others_up && deadline.is_some()) {
+        if Instant::now() < self.next_attempt && !(others_up && for_request) {
             return;
         }
         let t = &*self.target;
@@ -865,24 +878,39 @@ impl PgConn {
             .get_connect_timeout()
             .copied()
             .unwrap_or(CLIENT_GRACE);
-        let mut bound = connect + t.statement_timeout;
-        if let Some(d) = deadline {
-            bound = bound.min(d.saturating_duration_since(Instant::now()));
-        }
-        if bound < MIN_ATTEMPT {
-            return; // the request's deadline leaves no time: not a failure of the database
-        }
+        let bound = connect + t.statement_timeout;
         let attempt = async {
             let client = open(&t.conn).await?;
-            let pid: i32 = client
-                .query_one("SELECT pg_backend_pid()", &[])
-                .await?
-                .get(0);
-            let insert = client.prepare(&t.sql.insert).await?;
-            let delete = client.prepare(&t.sql.delete).await?;
+            let row = client
+                .query_one(
+                    "SELECT pid, backend_start::text FROM pg_stat_activity \
+                     WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .await?;
+            let session = Session {
+                pid: row.get(0),
+                started: row.get(1),
+            };
+            // Prepared under a statement_timeout (preparing waits for a lock on the
+            // table); the statements outlive the transaction.
+            let settings = format!(
+                "BEGIN; SET LOCAL statement_timeout = {}",
+                t.statement_timeout.as_millis().max(1)
+            );
+            let (a, insert, delete, b) = tokio::join!(
+                biased;
+                client.batch_execute(&settings),
+                client.prepare(&t.sql.insert),
+                client.prepare(&t.sql.delete),
+                client.batch_execute("COMMIT")
+            );
+            a?;
+            let (insert, delete) = (insert?, delete?);
+            b?;
             Ok::<_, tokio_postgres::Error>(Live {
                 client,
-                pid,
+                session,
                 search: HashMap::new(),
                 insert,
                 delete,
@@ -926,22 +954,34 @@ impl PgConn {
 
     fn lost(&mut self, why: &str) {
         self.in_trouble = true;
-        if self.live.take().is_some() {
-            let st = &self.target.stats;
-            st.connections_up.fetch_sub(1, Ordering::Relaxed);
-            st.losses.fetch_add(1, Ordering::AcqRel);
+        if self.live.is_some() {
+            self.target.stats.losses.fetch_add(1, Ordering::AcqRel);
             tracing::warn!(error = why, "pgvector: database connection lost");
+        }
+        self.drop_connection(why);
+    }
+
+    /// Drops this thread's connection (the next use opens another at once).
+    fn drop_connection(&mut self, why: &str) {
+        if self.live.take().is_some() {
+            self.target
+                .stats
+                .connections_up
+                .fetch_sub(1, Ordering::Relaxed);
+            tracing::debug!(why, "pgvector: connection dropped");
         }
         self.next_attempt = Instant::now();
     }
 
     /// The statement timeout for a request with `deadline`; `None` once it has passed.
+    /// `statement_timeout`, shortened to what is left of the request's deadline.
     fn timeout_for(&self, deadline: Option<Instant>) -> Option<Duration> {
+        let longest = self.target.statement_timeout;
         match deadline {
-            None => Some(self.target.statement_timeout),
+            None => Some(longest),
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
-                (left >= Duration::from_millis(1)).then_some(left)
+                (left >= Duration::from_millis(1)).then_some(left.min(longest))
             }
         }
     }
@@ -949,17 +989,25 @@ impl PgConn {
     /// Maps a failed statement: a cancellation at the deadline, an error the server
     /// answered, or a lost connection (dropped, to be reopened).
     fn statement_error(&mut self, e: tokio_postgres::Error) -> Failure {
-        let fail = |rejection, kind| Failure { rejection, kind };
+        let session = self.live.as_ref().map(|l| l.session.clone());
+        let fail = |rejection, kind| Failure {
+            rejection,
+            kind,
+            session,
+        };
         if e.code() == Some(&SqlState::QUERY_CANCELED) {
             PgStats::bump(&self.target.stats.statement_timeouts);
             return fail(deadline_exceeded(), FailKind::RolledBack);
         }
         let stale = e.code().is_some_and(|c| {
-            *c == SqlState::INVALID_SQL_STATEMENT_NAME || *c == SqlState::FEATURE_NOT_SUPPORTED
+            *c == SqlState::INVALID_SQL_STATEMENT_NAME
+                || (*c == SqlState::FEATURE_NOT_SUPPORTED
+                    && describe(&e).contains("cached plan must not change result type"))
         });
         if stale {
+            // This connection's statements only: the others are not suspect.
             let why = describe(&e);
-            self.lost(&why);
+            self.drop_connection(&why);
             return fail(unavailable(format!("database: {why}")), FailKind::Stale);
         }
         if !connection_gone(&e) {
@@ -979,18 +1027,23 @@ impl PgConn {
     /// the write cannot commit after a later write to the same id (the caller holds the
     /// id's stripe). Bounded by [`SETTLE_WAIT`]; false when it could not be confirmed
     /// (the database unreachable: counted and logged).
-    fn settle(&mut self, pid: i32) -> bool {
+    pub fn settle(&mut self, session: &Session) -> bool {
         let t = &*self.target;
-        PgStats::bump(&t.stats.writes_in_doubt);
+        let (pid, started) = (session.pid, session.started.as_str());
         let work = async {
             let c = open(&t.conn).await?;
-            c.execute("SELECT pg_terminate_backend($1)", &[&pid])
-                .await?;
+            c.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE pid = $1 AND backend_start::text = $2",
+                &[&pid, &started],
+            )
+            .await?;
             loop {
                 let n: i64 = c
                     .query_one(
-                        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
-                        &[&pid],
+                        "SELECT count(*) FROM pg_stat_activity \
+                         WHERE pid = $1 AND backend_start::text = $2",
+                        &[&pid, &started],
                     )
                     .await?
                     .get(0);
@@ -1006,11 +1059,10 @@ impl PgConn {
             Ok(Ok(()))
         );
         if !settled {
-            PgStats::bump(&t.stats.writes_unsettled);
             tracing::error!(
                 pid,
-                "pgvector: a write in doubt could not be settled: its session may still \
-                 commit it after a later write to the same id"
+                "pgvector: a write in doubt is not settled yet: its session may still \
+                 commit it; writes to ids of its stripe wait until it is gone"
             );
         }
         settled
@@ -1030,9 +1082,19 @@ impl PgConn {
             return Err(Failure {
                 rejection: unavailable("database unreachable; reconnecting"),
                 kind: FailKind::NotSent,
+                session: None,
             });
         };
-        let pid = live.pid;
+        if live.client.is_closed() {
+            // Found closed before anything was sent: nothing is in doubt.
+            self.lost("connection closed");
+            return Err(Failure {
+                rejection: unavailable("database connection lost; reconnecting"),
+                kind: FailKind::NotSent,
+                session: None,
+            });
+        }
+        let session = live.session.clone();
         let (search_text, cached) = match stmt {
             Stmt::Search(_, n) => (
                 Some(self.target.sql.search(n)),
@@ -1041,6 +1103,8 @@ impl PgConn {
             _ => (None, None),
         };
         let mut prepared = None;
+        let mut rollback_failed = false;
+        let started = Instant::now();
         let r = self.rt.block_on(async {
             let c = &live.client;
             let work = async {
@@ -1057,7 +1121,7 @@ impl PgConn {
                                 Some(st)
                             }
                             (a, p) => {
-                                let _ = c.batch_execute("ROLLBACK").await;
+                                rollback_failed = c.batch_execute("ROLLBACK").await.is_err();
                                 return Err(a.err().or(p.err()).expect("one of them failed"));
                             }
                         }
@@ -1087,7 +1151,11 @@ impl PgConn {
                     biased;
                     async {
                         if prelude_sent {
-                            Ok(())
+                            // The preparation took part of the time: what is left.
+                            let left = timeout.saturating_sub(started.elapsed());
+                            let ms = left.as_millis().max(1);
+                            c.batch_execute(&format!("SET LOCAL statement_timeout = {ms}"))
+                                .await
                         } else {
                             c.batch_execute(&prelude).await
                         }
@@ -1105,6 +1173,9 @@ impl PgConn {
         if let (Some(st), Stmt::Search(_, n), Some(live)) = (prepared, &stmt, self.live.as_mut()) {
             live.search.insert(*n, st);
         }
+        if rollback_failed {
+            self.lost("ROLLBACK after a failed PREPARE");
+        }
         match r {
             Ok(Ok(v)) => {
                 self.last_used = Instant::now();
@@ -1116,12 +1187,10 @@ impl PgConn {
                 // state is unknown, so it is not reused.
                 self.lost("no answer within the statement timeout");
                 PgStats::bump(&self.target.stats.statement_timeouts);
-                if search_text.is_none() {
-                    self.settle(pid);
-                }
                 Err(Failure {
                     rejection: deadline_exceeded(),
                     kind: FailKind::NoAnswer,
+                    session: Some(session),
                 })
             }
         }
@@ -1137,7 +1206,7 @@ impl PgConn {
     ) -> Result<PgAnswer, Rejection> {
         let mut retried = false;
         loop {
-            self.reconnect_if_due(deadline);
+            self.reconnect_if_due(true);
             let timeout = self.timeout_for(deadline).ok_or_else(deadline_exceeded)?;
             let prelude = format!(
                 "{}{}",
@@ -1227,7 +1296,7 @@ impl PgConn {
                 "INSERT with a payload: backend.pgvector has no payload_column",
             )));
         }
-        self.prepare_connection(deadline, true);
+        self.prepare_connection(true, true);
         let timeout = self
             .timeout_for(deadline)
             .ok_or_else(|| not_sent(deadline_exceeded()))?;
@@ -1240,14 +1309,22 @@ impl PgConn {
     /// A write's pipeline; a lost connection's session is settled before returning (a
     /// session that gave no answer is settled inside `pipelined`).
     fn write(&mut self, timeout: Duration, stmt: Stmt<'_>) -> Result<Outcome, WriteError> {
-        let pid = self.live.as_ref().map(|l| l.pid);
         match self.pipelined(Self::write_prelude(timeout), timeout, stmt) {
             Ok(o) => Ok(o),
             Err(f) => {
-                if let (FailKind::Gone, Some(pid)) = (f.kind, pid) {
-                    self.settle(pid);
+                let doubt = matches!(f.kind, FailKind::Gone | FailKind::NoAnswer);
+                let session = f.session.clone().filter(|_| doubt);
+                let mut e = WriteError::from(f);
+                if doubt {
+                    PgStats::bump(&self.target.stats.writes_in_doubt);
                 }
-                Err(f.into())
+                if let Some(s) = session {
+                    if !self.settle(&s) {
+                        PgStats::bump(&self.target.stats.writes_unsettled);
+                        e.unsettled = Some(s);
+                    }
+                }
+                Err(e)
             }
         }
     }
@@ -1258,7 +1335,7 @@ impl PgConn {
             // Such an id cannot be in a bigint column.
             return Ok(false);
         };
-        self.prepare_connection(deadline, true);
+        self.prepare_connection(true, true);
         let timeout = self
             .timeout_for(deadline)
             .ok_or_else(|| not_sent(deadline_exceeded()))?;
