@@ -106,10 +106,21 @@ limit_set() { [ -n "${limit_group:-}" ] && echo "$1" > "$limit_group/memory.limi
 constrain_later() {  # applied 2 s before the counted part of a run that starts now
   cpid=
   [ -n "${limit_group:-}" ] || return 0
-  ( sleep $((warm - 2)); limit_set $((mem_mb * 1024 * 1024)); sync; echo 3 > /proc/sys/vm/drop_caches ) &
+  [ "$warm" -ge 4 ] || { echo "WARMUP_S must be at least 4 for the memory-constrained set" >&2; exit 1; }
+  local bytes=${1:-$((mem_mb * 1024 * 1024))}
+  (
+    sleep $((warm - 2)); limit_set "$bytes"; sync; echo 3 > /proc/sys/vm/drop_caches
+    got=$(cat "$limit_group/memory.limit_in_bytes")
+    # The kernel rounds to pages; a limit that did not take leaves it unlimited.
+    [ "$got" -le "$bytes" ] || echo "limit $bytes not applied (reads $got)" > "$out/LIMIT-FAILED"
+  ) &
   cpid=$!
 }
-constrained_wait() { [ -n "${cpid:-}" ] && wait "$cpid" 2>/dev/null; cpid=; }
+constrained_wait() {
+  [ -n "${cpid:-}" ] && wait "$cpid" 2>/dev/null
+  cpid=
+  if [ -f "$out/LIMIT-FAILED" ]; then cat "$out/LIMIT-FAILED" >&2; exit 1; fi
+}
 unconstrain() { limit_set -1; }
 
 # --- one configuration: PostgreSQL alone, akerd bypass / cache 5% / cache 1% ------------
@@ -121,10 +132,20 @@ run_set() {  # TAG
       # (A run whose JSON is there is kept: a stopped script resumes where it was.)
       [ -f "$out/$tag-pg-c$c-$skew.json" ] && continue
       unconstrain; constrain_later
+      r0=$(disk_sectors)
       lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-ef "$ef" --trace "$t" \
          --loop -c $c -w "${warm}s" -D "${dur}s" --json "$out/$tag-pg-c$c-$skew.json" > /dev/null
       constrained_wait
+      echo "{\"disk_read_sectors\": $(( $(disk_sectors) - r0 ))}" > "$out/$tag-pg-c$c-$skew.mem.json"
     done
+    # akerd's pool gets PostgreSQL alone's best connection count (this set, this skew).
+    best=$(python3 - "$out" "$tag" "$skew" <<'PY'
+import json, sys
+out, tag, skew = sys.argv[1:]
+runs = [(json.load(open(f"{out}/{tag}-pg-c{c}-{skew}.json"))["throughput"], c) for c in (1, 2, 4, 8)]
+print(max(runs)[1])
+PY
+)
     for pool in 5 1; do
       [ -f "$out/$tag-cache$pool-$skew.mem.json" ] && continue
       objects=$(( 399000 * pool / 100 ))
@@ -133,6 +154,7 @@ run_set() {  # TAG
 listen = "127.0.0.1:$aport"
 executors = 1
 max_inflight = 128
+request_timeout_ms = 60000
 [cache]
 k_max = 10
 delta = 0
@@ -140,7 +162,7 @@ capacity_objects = $objects
 policy = { kind = "aker", alpha_l = 1.1, alpha_t = 0.25, tau_init_divisor = 4.0 }
 [backend]
 kind = "pgvector"
-threads = 4
+threads = $best
 nice = 10
 [backend.pgvector]
 url = "$url"
@@ -180,6 +202,15 @@ TOML
           > "$out/$tag-cache$pool-$skew.mem.json"
       kill $akerd; wait $akerd 2>/dev/null || true; akerd=
     done
+    # Equal memory: PostgreSQL alone given the limit plus akerd's resident memory.
+    if [ -n "${limit_group:-}" ] && [ ! -f "$out/$tag-eq-pg-$skew.json" ]; then
+      rss_kb=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['rss_kb'])" "$out/$tag-cache5-$skew.mem.json")
+      unconstrain; constrain_later $((mem_mb * 1024 * 1024 + rss_kb * 1024))
+      lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-ef "$ef" --trace "$t" \
+         --loop -c "$best" -w "${warm}s" -D "${dur}s" --json "$out/$tag-eq-pg-$skew.json" > /dev/null
+      constrained_wait
+      echo "{\"limit_bytes\": $((mem_mb * 1024 * 1024 + rss_kb * 1024))}" > "$out/$tag-eq-pg-$skew.mem.json"
+    fi
   done
 }
 
@@ -187,6 +218,7 @@ TOML
 pg_stop
 cgf=/sys/fs/cgroup/memory/aker-pgbench-free
 mkdir -p "$cgf"
+sync; echo 3 > /proc/sys/vm/drop_caches   # so what it reads is charged to its group
 pg_start 512MB "$cgf"
 run_set free
 cat "$cgf/memory.max_usage_in_bytes" > "$out/free-cgroup-max-usage"
@@ -215,6 +247,10 @@ if [ ! -f "$out/search-while-writes.json" ]; then
   wait $wl || true
   kill $akerd; wait $akerd 2>/dev/null || true; akerd=
 fi
+# The writes leave rows (and dead index entries) behind: the table as loaded again.
+pgsql "DELETE FROM items WHERE id >= 399000" > /dev/null
+pgsql "VACUUM ANALYZE items" > /dev/null
+[ "$(pgsql "SELECT count(*) FROM items")" = 399000 ] || { echo "items is not the loaded table" >&2; exit 1; }
 pg_stop
 rmdir "$cgf" 2>/dev/null || true
 

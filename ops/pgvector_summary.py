@@ -99,8 +99,17 @@ for tag, title in TAGS:
     for skew, pgs, best_c, best in rows:
         base = best["throughput"]
         p50, p99, p999 = lat_us(best)
+        bmem = load(f"{tag}-pg-c{best_c}-{skew}.mem") or {}
+        bdisk = f"{bmem['disk_read_sectors'] * 512 / 2**20:.0f} MiB" if "disk_read_sectors" in bmem else ""
         print(f"| {skew} | PostgreSQL alone ({best_c} conn.) | {base:.0f} | 1.00x | {p50:.0f} | "
-              f"{p99:.0f} | {p999:.0f} | | {fmt(best['recall'], '.3f')} | | | | |")
+              f"{p99:.0f} | {p999:.0f} | | {fmt(best['recall'], '.3f')} | | | | {bdisk} |")
+        eq = load(f"{tag}-eq-pg-{skew}")
+        if eq:
+            eqm = load(f"{tag}-eq-pg-{skew}.mem") or {}
+            e50, e99, e999 = lat_us(eq)
+            print(f"| {skew} | PostgreSQL alone, limit + akerd's RSS ({mib(eqm.get('limit_bytes', 0))}) | "
+                  f"{eq['throughput']:.0f} | {eq['throughput'] / base:.2f}x | {e50:.0f} | {e99:.0f} | "
+                  f"{e999:.0f} | | {fmt(eq['recall'], '.3f')} | | | | |")
         exact = akerd_run(f"{tag}-exact-only-{skew}")
         byp = akerd_run(f"{tag}-bypass-{skew}")
         o = 1.0 / exact["throughput"] if exact else None
@@ -135,21 +144,26 @@ for tag, title in TAGS:
 
 w_pg, w_ak, w_s = load("writes-pg"), akerd_run("writes-akerd"), akerd_run("search-while-writes")
 if w_pg or w_ak:
-    print("## Writes (memory-constrained set-up)\n")
+    print("## Writes (unconstrained set-up, the same GloVe rows on both sides)\n")
     if w_pg:
-        print(f"- Straight into PostgreSQL ({w_pg['connections']} connections, {w_pg['n']} rows): "
-              f"{w_pg['inserts_per_s']:.0f} inserts/s, {w_pg['deletes_per_s']:.0f} deletes/s.")
+        print(f"- Straight into PostgreSQL ({w_pg['connections']} connections, {w_pg['n']} rows inserted, "
+              f"then deleted): {w_pg['inserts_per_s']:.0f} inserts/s, {w_pg['deletes_per_s']:.0f} deletes/s.")
     if w_ak:
         ops = {o["op"]: o for o in w_ak.get("ops", [])}
         ins, dele = ops.get("insert"), ops.get("delete")
-        print(f"- Through akerd (4 connections, 1 deep, half inserts half deletes): "
+        print(f"- Through akerd (4 connections, 1 deep, inserts and deletes of the inserted, mixed): "
               f"{w_ak['throughput']:.0f} writes/s"
               + (f" ({ins['throughput']:.0f} inserts/s, {dele['throughput']:.0f} deletes/s)" if ins and dele else "")
               + ".")
     if w_s:
         p50, p99, p999 = lat_us(w_s)
-        print(f"- Searches (skew 0.99, cache 5%) beside 200 writes/s through akerd: "
+        print(f"- Searches (skew 0.99, cache 5%, 64 in flight) beside 100 writes/s through akerd: "
               f"{w_s['throughput']:.0f} req/s, p50 {p50:.0f} µs, p99 {p99:.0f} µs, p99.9 {p999:.0f} µs.")
+        w_n = akerd_run("search-no-writes")
+        if w_n:
+            n50, n99, n999 = lat_us(w_n)
+            print(f"- The same searches without writes: {w_n['throughput']:.0f} req/s, p50 {n50:.0f} µs, "
+                  f"p99 {n99:.0f} µs, p99.9 {n999:.0f} µs.")
     print()
 
 try:

@@ -151,8 +151,9 @@ pub fn run_searches(
     duration: Duration,
     requests_max: Option<u64>,
 ) -> Result<PgRunResult, String> {
-    let sql = format!(
-        "SELECT {id} FROM {table} ORDER BY {v} {op} $1 LIMIT $2",
+    // The limit in the text, as akerd sends it (a generic plan keeps the index).
+    let sql_prefix = format!(
+        "SELECT {id} FROM {table} ORDER BY {v} {op} $1 LIMIT ",
         id = quote(&t.id_column),
         table = t.table,
         v = quote(&t.vector_column),
@@ -166,12 +167,13 @@ pub fn run_searches(
         std::thread::scope(|s| {
             let handles: Vec<_> = (0..connections.max(1))
                 .map(|i| {
-                    let (sql, counted) = (&sql, &counted);
+                    let (sql_prefix, counted) = (&sql_prefix, &counted);
                     s.spawn(move || {
                         let rt = runtime()?;
                         rt.block_on(async {
                             let c = connect(t).await?;
-                            let st = c.prepare(sql).await.map_err(|e| describe(&e))?;
+                            // One statement per k, prepared on first use (k <= the trace's).
+                            let mut by_k = std::collections::HashMap::new();
                             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
                                 .map_err(|e| e.to_string())?;
                             let (mut n, mut errors, mut recall_sum, mut recall_n) =
@@ -188,8 +190,14 @@ pub fn run_searches(
                                     continue;
                                 }
                                 let q = Vector::from(w.vector(p.vector).to_vec());
+                                if !by_k.contains_key(&p.k) {
+                                    let text = format!("{sql_prefix}{}", p.k);
+                                    let st = c.prepare(&text).await.map_err(|e| describe(&e))?;
+                                    by_k.insert(p.k, st);
+                                }
+                                let st = &by_k[&p.k];
                                 let t0 = Instant::now();
-                                let r = c.query(&st, &[&q, &(p.k as i64)]).await;
+                                let r = c.query(st, &[&q]).await;
                                 let lat = t0.elapsed();
                                 if t0 < count_from {
                                     continue;
@@ -356,16 +364,25 @@ pub fn run_writes(
     let delete = format!("DELETE FROM {} WHERE {} = $1", t.table, quote(&t.id_column));
     let phase = |sql: &str, with_vector: bool| -> Result<f64, String> {
         let next = AtomicU64::new(0);
-        let t0 = Instant::now();
+        let n = connections.max(1);
+        // Timed from when every connection is open and prepared.
+        let ready = std::sync::Barrier::new(n + 1);
+        let mut t0 = Instant::now();
         std::thread::scope(|s| {
-            let hs: Vec<_> = (0..connections.max(1))
+            let hs: Vec<_> = (0..n)
                 .map(|_| {
-                    let next = &next;
+                    let (next, ready) = (&next, &ready);
                     s.spawn(move || -> Result<(), String> {
                         let rt = runtime()?;
                         rt.block_on(async {
-                            let c = connect(t).await?;
-                            let st = c.prepare(sql).await.map_err(|e| describe(&e))?;
+                            let prepared = async {
+                                let c = connect(t).await?;
+                                let st = c.prepare(sql).await.map_err(|e| describe(&e))?;
+                                Ok::<_, String>((c, st))
+                            }
+                            .await;
+                            ready.wait();
+                            let (c, st) = prepared?;
                             loop {
                                 let i = next.fetch_add(1, Ordering::Relaxed) as usize;
                                 if i >= vectors.len() {
@@ -384,6 +401,8 @@ pub fn run_writes(
                     })
                 })
                 .collect();
+            ready.wait();
+            t0 = Instant::now();
             for h in hs {
                 h.join()
                     .unwrap_or_else(|_| Err("a write thread panicked".into()))?;
