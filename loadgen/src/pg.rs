@@ -103,6 +103,9 @@ async fn connect(t: &PgTarget) -> Result<Client, String> {
     Ok(client)
 }
 
+/// One SQL thread's counts: latency, searches, errors, recall sum and count.
+type ThreadTally = (Histogram<u64>, u64, u64, f64, u64);
+
 /// What a closed-loop SQL run measured.
 pub struct PgRunResult {
     pub connections: usize,
@@ -163,78 +166,77 @@ pub fn run_searches(
     let start = Instant::now();
     let count_from = start + warmup;
     let end = count_from + duration;
-    let results: Vec<Result<(Histogram<u64>, u64, u64, f64, u64), String>> =
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..connections.max(1))
-                .map(|i| {
-                    let (sql_prefix, counted) = (&sql_prefix, &counted);
-                    s.spawn(move || {
-                        let rt = runtime()?;
-                        rt.block_on(async {
-                            let c = connect(t).await?;
-                            // One statement per k, prepared on first use (k <= the trace's).
-                            let mut by_k = std::collections::HashMap::new();
-                            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
-                                .map_err(|e| e.to_string())?;
-                            let (mut n, mut errors, mut recall_sum, mut recall_n) =
-                                (0u64, 0u64, 0f64, 0u64);
-                            let mut picker = w.picker(i);
-                            while Instant::now() < end {
-                                if requests_max
-                                    .is_some_and(|m| counted.load(Ordering::Relaxed) >= m)
-                                {
-                                    break;
-                                }
-                                let Some(p) = picker.next(w) else { break };
-                                if p.kind != OpKind::Search {
-                                    continue;
-                                }
-                                let q = Vector::from(w.vector(p.vector).to_vec());
-                                if !by_k.contains_key(&p.k) {
+    let results: Vec<Result<ThreadTally, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..connections.max(1))
+            .map(|i| {
+                let (sql_prefix, counted) = (&sql_prefix, &counted);
+                s.spawn(move || {
+                    let rt = runtime()?;
+                    rt.block_on(async {
+                        let c = connect(t).await?;
+                        // One statement per k, prepared on first use (k <= the trace's).
+                        let mut by_k = std::collections::HashMap::new();
+                        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
+                            .map_err(|e| e.to_string())?;
+                        let (mut n, mut errors, mut recall_sum, mut recall_n) =
+                            (0u64, 0u64, 0f64, 0u64);
+                        let mut picker = w.picker(i);
+                        while Instant::now() < end {
+                            if requests_max.is_some_and(|m| counted.load(Ordering::Relaxed) >= m) {
+                                break;
+                            }
+                            let Some(p) = picker.next(w) else { break };
+                            if p.kind != OpKind::Search {
+                                continue;
+                            }
+                            let q = Vector::from(w.vector(p.vector).to_vec());
+                            let st = match by_k.entry(p.k) {
+                                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                                std::collections::hash_map::Entry::Vacant(e) => {
                                     let text = format!("{sql_prefix}{}", p.k);
                                     let st = c.prepare(&text).await.map_err(|e| describe(&e))?;
-                                    by_k.insert(p.k, st);
+                                    e.insert(st)
                                 }
-                                let st = &by_k[&p.k];
-                                let t0 = Instant::now();
-                                let r = c.query(st, &[&q]).await;
-                                let lat = t0.elapsed();
-                                if t0 < count_from {
-                                    continue;
-                                }
-                                match r {
-                                    Ok(rows) => {
-                                        let got: Vec<Neighbor> = rows
-                                            .iter()
-                                            .map(|r| Neighbor {
-                                                id: r.get::<_, i64>(0) as u64,
-                                                distance: 0.0,
-                                            })
-                                            .collect();
-                                        if let Some(x) = w.recall(&p, &got) {
-                                            recall_sum += x;
-                                            recall_n += 1;
-                                        }
-                                        hist.saturating_record(lat.as_micros() as u64);
-                                        n += 1;
-                                        counted.fetch_add(1, Ordering::Relaxed);
-                                    }
-                                    Err(_) => errors += 1,
-                                }
+                            };
+                            let t0 = Instant::now();
+                            let r = c.query(&*st, &[&q]).await;
+                            let lat = t0.elapsed();
+                            if t0 < count_from {
+                                continue;
                             }
-                            Ok((hist, n, errors, recall_sum, recall_n))
-                        })
+                            match r {
+                                Ok(rows) => {
+                                    let got: Vec<Neighbor> = rows
+                                        .iter()
+                                        .map(|r| Neighbor {
+                                            id: r.get::<_, i64>(0) as u64,
+                                            distance: 0.0,
+                                        })
+                                        .collect();
+                                    if let Some(x) = w.recall(&p, &got) {
+                                        recall_sum += x;
+                                        recall_n += 1;
+                                    }
+                                    hist.saturating_record(lat.as_micros() as u64);
+                                    n += 1;
+                                    counted.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Err(_) => errors += 1,
+                            }
+                        }
+                        Ok((hist, n, errors, recall_sum, recall_n))
                     })
                 })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err("a SQL thread panicked".into()))
-                })
-                .collect()
-        });
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a SQL thread panicked".into()))
+            })
+            .collect()
+    });
     let seconds = (Instant::now().min(end) - count_from.min(Instant::now()))
         .as_secs_f64()
         .max(1e-9);

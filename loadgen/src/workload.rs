@@ -247,7 +247,7 @@ impl Workload {
         params: GenParams,
         pool: &[f32],
     ) -> Result<Workload, String> {
-        if dim == 0 || pool.len() % dim != 0 {
+        if dim == 0 || !pool.len().is_multiple_of(dim) {
             return Err("the vector pool is not a whole number of rows".into());
         }
         let rows = pool.len() / dim;
