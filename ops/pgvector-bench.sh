@@ -211,6 +211,15 @@ TOML
       constrained_wait
       echo "{\"limit_bytes\": $((mem_mb * 1024 * 1024 + rss_kb * 1024))}" > "$out/$tag-eq-pg-$skew.mem.json"
     fi
+    # The memory PostgreSQL alone needs for akerd's throughput: its rate at larger limits.
+    for sweep_mb in ${SWEEP_MB:-200 300 400}; do
+      [ -n "${limit_group:-}" ] || break
+      [ -f "$out/$tag-sweep$sweep_mb-pg-$skew.json" ] && continue
+      unconstrain; constrain_later $((sweep_mb * 1024 * 1024))
+      lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-ef "$ef" --trace "$t" \
+         --loop -c "$best" -w "${warm}s" -D "${dur}s" --json "$out/$tag-sweep$sweep_mb-pg-$skew.json" > /dev/null
+      constrained_wait
+    done
   done
 }
 

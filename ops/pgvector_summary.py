@@ -136,6 +136,35 @@ for tag, title in TAGS:
                   f"{fmt(r.get('recall'), '.3f')} | {of_bound} | {rss} | {pool} | {disk} |")
             figure.setdefault(tag, []).append((skew, label, r["throughput"], r.get("recall")))
         figure.setdefault(tag, []).append((skew, "PostgreSQL alone", base, best["recall"]))
+    sweep = []
+    for skew, pgs, best_c, best in rows:
+        pts = [(100, best["throughput"])]
+        eq = load(f"{tag}-eq-pg-{skew}")
+        if eq:
+            pts.append(((load(f"{tag}-eq-pg-{skew}.mem") or {}).get("limit_bytes", 0) / 2**20, eq["throughput"]))
+        for mb in (200, 300, 400):
+            r = load(f"{tag}-sweep{mb}-pg-{skew}")
+            if r:
+                pts.append((mb, r["throughput"]))
+        if len(pts) > 2:
+            sweep.append((skew, sorted(pts)))
+    if sweep:
+        print("\nPostgreSQL alone by memory limit (searches/s at its best connection count), and the "
+              "limit at which it matches akerd with a 5% pool in front of it at 100 MiB:\n")
+        print("| skew | searches/s at limit (MiB) | matches akerd 5% at |")
+        print("|---:|---|---:|")
+        for skew, pts in sweep:
+            target = (akerd_run(f"{tag}-cache5-{skew}") or {}).get("throughput")
+            need = ""
+            if target:
+                for (m0, t0), (m1, t1) in zip(pts, pts[1:]):
+                    if t0 < target <= t1:
+                        need = f"{m0 + (target - t0) / (t1 - t0) * (m1 - m0):.0f} MiB (interpolated)"
+                        break
+                if not need:
+                    need = "below 100 MiB" if pts[0][1] >= target else f"above {pts[-1][0]:.0f} MiB"
+            cells = ", ".join(f"{t:.0f} at {m:.0f}" for m, t in pts)
+            print(f"| {skew} | {cells} | {need} |")
     usage = os.path.join(out, f"{tag}-cgroup-max-usage")
     if os.path.exists(usage):
         print(f"\nPostgreSQL's memory group, peak usage (processes + page cache): "
