@@ -1,5 +1,5 @@
 //! aker: a cache server that answers nearest-neighbour searches from an approximate
-//! result cache (see `shared/ARCHITECTURE.md`).
+//! result cache (see `docs/ARCHITECTURE.md`).
 //!
 //! - [`protocol`]: the versioned binary wire protocol (`PROTOCOL.md`): parse / compose /
 //!   validate, pure functions over byte buffers.

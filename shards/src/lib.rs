@@ -1,5 +1,5 @@
 //! The Aker cache engine: an approximate result cache for nearest-neighbour search
-//! (Aker, PVLDB 2026; `../shared/ALGORITHM.md` pins down the algorithm). No network I/O.
+//! (Aker, PVLDB 2026; `docs/ALGORITHM.md` pins down the algorithm). No network I/O.
 //!
 //! | mechanism (ALGORITHM.md)                         | where                       |
 //! |--------------------------------------------------|-----------------------------|
