@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use aker::protocol::Neighbor;
+use aker::service::pgvector as pgvector_backend;
+use aker::service::pgvector::{describe, opclass, operator, quote_ident as quote};
 use hdrhistogram::Histogram;
 use pgvector::Vector;
 use shards::Metric;
@@ -44,38 +46,8 @@ pub struct PgTarget {
     pub ef_search: usize,
 }
 
-fn operator(m: Metric) -> &'static str {
-    match m {
-        Metric::L2Sq => "<->",
-        Metric::InnerProduct => "<#>",
-        Metric::Cosine => "<=>",
-    }
-}
-
-fn opclass(m: Metric) -> &'static str {
-    match m {
-        Metric::L2Sq => "vector_l2_ops",
-        Metric::InnerProduct => "vector_ip_ops",
-        Metric::Cosine => "vector_cosine_ops",
-    }
-}
-
-fn quote(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
-}
-
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("tokio runtime: {e}"))
-}
-
-fn describe(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(d) => d.message().to_string(),
-        None => e.to_string(),
-    }
+    pgvector_backend::runtime().map_err(|e| format!("tokio runtime: {e}"))
 }
 
 async fn connect(t: &PgTarget) -> Result<Client, String> {

@@ -104,6 +104,13 @@ pub fn synthetic(n: usize, dim: usize, clusters: usize, seed: u64) -> Dataset {
     Dataset { dim, data }
 }
 
+/// The routing sample when there are no vectors to train on (cache-aside without data,
+/// an empty pgvector table): random centroids still route a query and its near
+/// duplicates to the same shards.
+pub fn random_routing_sample(dim: usize, centroids: usize, seed: u64) -> Dataset {
+    gaussian(centroids.max(1) * 16, dim, seed)
+}
+
 /// `n` standard-normal vectors: a routing sample when there is no collection.
 pub fn gaussian(n: usize, dim: usize, seed: u64) -> Dataset {
     let mut rng = StdRng::seed_from_u64(seed);

@@ -165,9 +165,8 @@ impl Daemon {
                 let DataSource::None { dim } = cfg.backend.data else {
                     unreachable!("only DataSource::None loads nothing")
                 };
-                // No collection to train on: random centroids still route a query and
-                // its near duplicates to the same shards.
-                let ds = data::gaussian(cfg.sharding.centroids.max(1) * 16, dim, cfg.sharding.seed);
+                let ds =
+                    data::random_routing_sample(dim, cfg.sharding.centroids, cfg.sharding.seed);
                 Daemon::start_with_backend(cfg, ds, None)
             }
             (BackendKind::Pgvector, _) => Daemon::start_pgvector(cfg),
@@ -193,7 +192,7 @@ impl Daemon {
         )?;
         let sample = sample.unwrap_or_else(|| {
             tracing::warn!(table = %target.table, "pgvector: the table is empty; routing centroids are random");
-            pgvector::empty_table_sample(target.dim, cfg.sharding.centroids, cfg.sharding.seed)
+            data::random_routing_sample(target.dim, cfg.sharding.centroids, cfg.sharding.seed)
         });
         let mut cfg = cfg.clone();
         cfg.cache.metric = Some(target.metric);
@@ -605,43 +604,52 @@ impl Shared {
         );
         if let Some(pg) = self.backend.pgvector() {
             let st = &pg.stats;
-            let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
             s.gauge(
                 "pg_connections_up",
                 "pgvector: backend threads holding a live database connection.",
-                get(&st.connections_up) as f64,
+                st.connections_up.load(Ordering::Relaxed) as f64,
             );
-            s.counter(
-                "pg_reconnects",
-                "pgvector: connections reopened after one was lost.",
-                get(&st.reconnects),
+            type PgCounter = (
+                &'static str,
+                &'static str,
+                fn(&pgvector::PgStats) -> &AtomicU64,
             );
-            s.counter(
-                "pg_connect_failures",
-                "pgvector: connection attempts that failed.",
-                get(&st.connect_failures),
-            );
-            s.counter(
-                "pg_statement_timeouts",
-                "pgvector: statements cancelled at their request's deadline.",
-                get(&st.statement_timeouts),
-            );
-            s.counter(
-                "pg_rows_skipped",
-                "pgvector: rows left out of answers (a negative id, or no finite distance).",
-                get(&st.rows_skipped),
-            );
-            s.counter(
-                "pg_writes_in_doubt",
-                "pgvector: writes whose commit was in doubt (connection lost, no answer); \
-                 their ids were dropped from the cache and their sessions ended.",
-                get(&st.writes_in_doubt),
-            );
-            s.counter(
-                "pg_writes_unsettled",
-                "pgvector: writes in doubt whose server session could not be confirmed gone.",
-                get(&st.writes_unsettled),
-            );
+            let counters: [PgCounter; 6] = [
+                (
+                    "pg_reconnects",
+                    "pgvector: connections reopened after one was lost.",
+                    |x| &x.reconnects,
+                ),
+                (
+                    "pg_connect_failures",
+                    "pgvector: connection attempts that failed.",
+                    |x| &x.connect_failures,
+                ),
+                (
+                    "pg_statement_timeouts",
+                    "pgvector: statements cancelled at their request's deadline.",
+                    |x| &x.statement_timeouts,
+                ),
+                (
+                    "pg_rows_skipped",
+                    "pgvector: rows left out of answers (a negative id, or no finite distance).",
+                    |x| &x.rows_skipped,
+                ),
+                (
+                    "pg_writes_in_doubt",
+                    "pgvector: writes whose commit was in doubt (connection lost, no answer); \
+                     their ids were dropped from the cache and their sessions ended.",
+                    |x| &x.writes_in_doubt,
+                ),
+                (
+                    "pg_writes_unsettled",
+                    "pgvector: writes in doubt whose server session could not be confirmed gone.",
+                    |x| &x.writes_unsettled,
+                ),
+            ];
+            for (name, help, field) in counters {
+                s.counter(name, help, field(st).load(Ordering::Relaxed));
+            }
         }
 
         type Per = (&'static str, &'static str, fn(&ShardGauges) -> f64);

@@ -35,7 +35,7 @@ use shards::{Candidate, Metric};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls, Statement};
 
-use super::data::{self, Dataset};
+use super::data::Dataset;
 use super::StartError;
 use crate::config::PgvectorSection;
 use crate::protocol::{Rejection, Status};
@@ -121,15 +121,26 @@ pub struct PgAnswer {
 }
 
 /// Double quotes an identifier for SQL text.
-fn quote_ident(s: &str) -> String {
+/// Double-quotes an identifier for SQL text (also the load generator's SQL mode).
+pub fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
 }
 
-fn operator(metric: Metric) -> &'static str {
+/// pgvector's distance operator for `metric`.
+pub fn operator(metric: Metric) -> &'static str {
     match metric {
         Metric::L2Sq => "<->",
         Metric::InnerProduct => "<#>",
         Metric::Cosine => "<=>",
+    }
+}
+
+/// The HNSW operator class of `metric`.
+pub fn opclass(metric: Metric) -> &'static str {
+    match metric {
+        Metric::L2Sq => "vector_l2_ops",
+        Metric::InnerProduct => "vector_ip_ops",
+        Metric::Cosine => "vector_cosine_ops",
     }
 }
 
@@ -150,7 +161,8 @@ fn cache_distance(metric: Metric, d: f64) -> f32 {
     }
 }
 
-fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+/// The current-thread runtime a blocking thread drives its connection on.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -158,7 +170,7 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 /// A message for a database error without the driver's "db error: " prefix.
-fn describe(e: &tokio_postgres::Error) -> String {
+pub fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{}: {}", db.severity(), db.message()),
         None => e.to_string(),
@@ -470,11 +482,6 @@ async fn discover(
             v.join(", ")
         }
     };
-    let ops = |m: Metric| match m {
-        Metric::L2Sq => "vector_l2_ops",
-        Metric::InnerProduct => "vector_ip_ops",
-        Metric::Cosine => "vector_cosine_ops",
-    };
     let (index, metric) = match metric {
         Some(m) => usable
             .iter()
@@ -486,10 +493,10 @@ async fn discover(
                  PostgreSQL would scan the whole table. Found: {}. Create one: CREATE INDEX \
                  ON {table} USING hnsw ({} {})",
                     section.vector_column,
-                    ops(m),
+                    opclass(m),
                     listed(),
                     quote_ident(&section.vector_column),
-                    ops(m)
+                    opclass(m)
                 ))
             })?,
         None => {
@@ -1355,12 +1362,6 @@ impl Drop for PgConn {
                 .fetch_sub(1, Ordering::Relaxed);
         }
     }
-}
-
-/// Random centroids for an empty table: they still route a query and its near
-/// duplicates to the same shards.
-pub fn empty_table_sample(dim: usize, centroids: usize, seed: u64) -> Dataset {
-    data::gaussian(centroids.max(1) * 16, dim, seed)
 }
 
 #[cfg(test)]
