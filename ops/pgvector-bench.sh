@@ -8,11 +8,18 @@
 #   cache5-* / cache1-*   through akerd's cache, paper policy, pool 5% / 1% of the
 #              collection in objects (flushed first)
 #   exact-only all-exact-hit load through akerd: o of the cost bound
+#   open50-* / open90-*   open loop at 50% / 90% of PostgreSQL alone's best throughput,
+#              PostgreSQL alone and akerd (cache 5%) at the same intended rate: latency
+#              from the intended send time on both sides
+#   rep1-3-*   PostgreSQL alone (best connections) and akerd cache 5% again, three
+#              times, REPEAT_S counted each: the run-to-run spread
 # unconstrained (shared_buffers 512MB) and memory-constrained (PostgreSQL in a cgroup v1
 # memory group of MEM_LIMIT_MB, shared_buffers 128kB: searches read from disk), plus
 # writes through akerd against straight into PostgreSQL (unconstrained, the same rows).
 #
 #   bash ops/pgvector-bench.sh [DURATION_S [WARMUP_S]]   # results in target/pgbench/, summary.md
+#   env: MEM_LIMIT_MB (100), SWEEP_MB ("130 180 200 300 400": PostgreSQL alone's extra
+#   limits), REPEAT_S (30)
 #
 # Every search run replays the trace from its start: WARMUP_S uncounted (the cache fills;
 # 20 s by default), then DURATION_S counted (10 s) as the trace goes on. In the
@@ -33,6 +40,7 @@ data=$out/pgdata
 port=${PGPORT_BENCH:-55440}
 aport=7720
 mem_mb=${MEM_LIMIT_MB:-100}
+repeat_s=${REPEAT_S:-30}
 cg=/sys/fs/cgroup/memory/aker-pgbench
 mkdir -p "$out"
 [ -f data/glove-6b-50d.npy ] || bash ops/get-glove.sh
@@ -69,6 +77,27 @@ for line in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5
 PY
 }
 akerd=
+akerd_start() {  # CONFIG LOG: akerd on core 1, back when it says ready
+  taskset -c 1 ./target/release/akerd --config "$1" > "$2" 2>&1 &
+  akerd=$!
+  for _ in $(seq 1 120); do
+    kill -0 $akerd 2>/dev/null || { tail -20 "$2"; exit 1; }
+    grep -q "akerd: ready" "$2" && return 0
+    sleep 1
+  done
+  echo "akerd did not get ready in 120 s ($2)" >&2; exit 1
+}
+akerd_stop() { kill $akerd; wait $akerd 2>/dev/null || true; akerd=; }
+# PostgreSQL alone's best connection count and its throughput in set TAG at SKEW.
+pg_best() {
+  python3 - "$out" "$1" "$2" <<'PY'
+import json, sys
+out, tag, skew = sys.argv[1:]
+runs = [(json.load(open(f"{out}/{tag}-pg-c{c}-{skew}.json"))["throughput"], c) for c in (1, 2, 4, 8)]
+thr, c = max(runs)
+print(c, int(thr))
+PY
+}
 cleanup() {
   [ -n "$akerd" ] && kill "$akerd" 2>/dev/null || true
   bash ops/pg.sh stop "$data" 2>/dev/null || true
@@ -92,7 +121,7 @@ for skew in 0.99 0.30; do
   pick=
   for ef in 40 64 100 160 250 400 640 1000; do
     lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-ef $ef \
-       --trace "$out/glove-$skew.trace" --loop -c 2 -w 1s -D 3s \
+       --trace "$out/glove-$skew.trace" --closed --loop -c 2 -w 1s -D 3s \
        --json "$out/tune-$skew-ef$ef.json" > /dev/null 2>&1
     rec=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['recall'])" "$out/tune-$skew-ef$ef.json")
     echo "skew $skew ef $ef recall $rec"
@@ -134,18 +163,12 @@ run_set() {  # TAG
       unconstrain; constrain_later
       r0=$(disk_sectors)
       lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-ef "$ef" --trace "$t" \
-         --loop -c $c -w "${warm}s" -D "${dur}s" --json "$out/$tag-pg-c$c-$skew.json" > /dev/null
+         --closed --loop -c $c -w "${warm}s" -D "${dur}s" --json "$out/$tag-pg-c$c-$skew.json" > /dev/null
       constrained_wait
       echo "{\"disk_read_sectors\": $(( $(disk_sectors) - r0 ))}" > "$out/$tag-pg-c$c-$skew.mem.json"
     done
     # akerd's pool gets PostgreSQL alone's best connection count (this set, this skew).
-    best=$(python3 - "$out" "$tag" "$skew" <<'PY'
-import json, sys
-out, tag, skew = sys.argv[1:]
-runs = [(json.load(open(f"{out}/{tag}-pg-c{c}-{skew}.json"))["throughput"], c) for c in (1, 2, 4, 8)]
-print(max(runs)[1])
-PY
-)
+    read -r best _ < <(pg_best "$tag" "$skew")
     for pool in 5 1; do
       [ -f "$out/$tag-cache$pool-$skew.mem.json" ] && continue
       objects=$(( 399000 * pool / 100 ))
@@ -173,14 +196,7 @@ ef_search = $ef
 enabled = true
 listen = "127.0.0.1:$((aport + 1))"
 TOML
-      taskset -c 1 ./target/release/akerd --config "$out/$tag-akerd-$skew-$pool.toml" \
-          > "$out/$tag-akerd-$skew-$pool.log" 2>&1 &
-      akerd=$!
-      for _ in $(seq 1 120); do
-        kill -0 $akerd 2>/dev/null || { tail -20 "$out/$tag-akerd-$skew-$pool.log"; exit 1; }
-        grep -q "akerd: ready" "$out/$tag-akerd-$skew-$pool.log" && break
-        sleep 1
-      done
+      akerd_start "$out/$tag-akerd-$skew-$pool.toml" "$out/$tag-akerd-$skew-$pool.log"
       al() { lg -t 127.0.0.1:$aport -c 8 -d 8 -w "${warm}s" -D "${dur}s" -q "$@"; }
       if [ $pool = 5 ]; then
         lg -t 127.0.0.1:$aport -c 8 -d 8 -w 2s -D "${dur}s" -q --closed --mix search=100 \
@@ -200,26 +216,69 @@ TOML
       pool_bytes=$(metric aker_pool_bytes)
       echo "{\"rss_kb\": $rss, \"pool_bytes\": ${pool_bytes:-null}, \"disk_read_sectors\": $((r1 - r0)), \"blks_read\": $((b1 - b0))}" \
           > "$out/$tag-cache$pool-$skew.mem.json"
-      kill $akerd; wait $akerd 2>/dev/null || true; akerd=
+      akerd_stop
     done
     # Equal memory: PostgreSQL alone given the limit plus akerd's resident memory.
     if [ -n "${limit_group:-}" ] && [ ! -f "$out/$tag-eq-pg-$skew.json" ]; then
       rss_kb=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['rss_kb'])" "$out/$tag-cache5-$skew.mem.json")
       unconstrain; constrain_later $((mem_mb * 1024 * 1024 + rss_kb * 1024))
       lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-ef "$ef" --trace "$t" \
-         --loop -c "$best" -w "${warm}s" -D "${dur}s" --json "$out/$tag-eq-pg-$skew.json" > /dev/null
+         --closed --loop -c "$best" -w "${warm}s" -D "${dur}s" --json "$out/$tag-eq-pg-$skew.json" > /dev/null
       constrained_wait
       echo "{\"limit_bytes\": $((mem_mb * 1024 * 1024 + rss_kb * 1024))}" > "$out/$tag-eq-pg-$skew.mem.json"
     fi
     # The memory PostgreSQL alone needs for akerd's throughput: its rate at larger limits.
-    for sweep_mb in ${SWEEP_MB:-200 300 400}; do
+    for sweep_mb in ${SWEEP_MB:-130 180 200 300 400}; do
       [ -n "${limit_group:-}" ] || break
       [ -f "$out/$tag-sweep$sweep_mb-pg-$skew.json" ] && continue
       unconstrain; constrain_later $((sweep_mb * 1024 * 1024))
       lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-ef "$ef" --trace "$t" \
-         --loop -c "$best" -w "${warm}s" -D "${dur}s" --json "$out/$tag-sweep$sweep_mb-pg-$skew.json" > /dev/null
+         --closed --loop -c "$best" -w "${warm}s" -D "${dur}s" --json "$out/$tag-sweep$sweep_mb-pg-$skew.json" > /dev/null
       constrained_wait
     done
+  done
+}
+
+# --- open loop at equal rates: latency that compares (unconstrained) -------------------
+# The same intended rates for PostgreSQL alone (its best connection count) and akerd
+# (cache 5%, 8 x 8): 50% and 90% of PostgreSQL alone's best closed-loop throughput.
+latency_set() {
+  for skew in 0.99 0.30; do
+    local ef best thr t="$out/glove-$skew.trace"
+    ef=$(cat "$out/ef-$skew")
+    read -r best thr < <(pg_best free "$skew")
+    for pct in 50 90; do
+      [ -f "$out/free-open$pct-pg-$skew.json" ] && continue
+      lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-ef "$ef" --trace "$t" \
+         --rate $((thr * pct / 100)) --loop -c "$best" -w "${warm}s" -D "${dur}s" \
+         --json "$out/free-open$pct-pg-$skew.json" > /dev/null
+    done
+    [ -f "$out/free-open90-cache5-$skew.json" ] && continue
+    akerd_start "$out/free-akerd-$skew-5.toml" "$out/free-open-akerd-$skew.log"
+    for pct in 50 90; do
+      lg -t 127.0.0.1:$aport -c 8 -d 8 -w "${warm}s" -D "${dur}s" -q --rate $((thr * pct / 100)) \
+         --trace "$t" --loop --flush --json "$out/free-open$pct-cache5-$skew.json" > /dev/null
+    done
+    akerd_stop
+  done
+}
+
+# --- the headline pair three times more, REPEAT_S counted: the spread between runs -------
+repeat_set() {
+  for skew in 0.99 0.30; do
+    local ef best t="$out/glove-$skew.trace"
+    ef=$(cat "$out/ef-$skew")
+    read -r best _ < <(pg_best free "$skew")
+    [ -f "$out/free-rep3-cache5-$skew.json" ] && continue
+    akerd_start "$out/free-akerd-$skew-5.toml" "$out/free-rep-akerd-$skew.log"
+    for rep in 1 2 3; do
+      lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-ef "$ef" --trace "$t" \
+         --closed --loop -c "$best" -w "${warm}s" -D "${repeat_s}s" \
+         --json "$out/free-rep$rep-pg-$skew.json" > /dev/null
+      lg -t 127.0.0.1:$aport -c 8 -d 8 -w "${warm}s" -D "${repeat_s}s" -q --closed --trace "$t" \
+         --loop --flush --json "$out/free-rep$rep-cache5-$skew.json" > /dev/null
+    done
+    akerd_stop
   done
 }
 
@@ -230,6 +289,8 @@ mkdir -p "$cgf"
 sync; echo 3 > /proc/sys/vm/drop_caches   # so what it reads is charged to its group
 pg_start 512MB "$cgf"
 run_set free
+latency_set
+repeat_set
 cat "$cgf/memory.max_usage_in_bytes" > "$out/free-cgroup-max-usage"
 
 # --- writes: through akerd against straight into PostgreSQL, the same GloVe rows --------
@@ -237,9 +298,7 @@ if [ ! -f "$out/search-while-writes.json" ]; then
   n_w=3000
   lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-writes "$out/glove-base.fvecs" \
      --pg-writes-n $n_w -c 4 --id-base 10000000 --json "$out/writes-pg.json" > /dev/null
-  taskset -c 1 ./target/release/akerd --config "$out/free-akerd-0.99-5.toml" > "$out/writes-akerd.log" 2>&1 &
-  akerd=$!
-  for _ in $(seq 1 120); do grep -q "akerd: ready" "$out/writes-akerd.log" && break; sleep 1; done
+  akerd_start "$out/free-akerd-0.99-5.toml" "$out/writes-akerd.log"
   # Half inserts, half deletes of what this run inserted, 4 connections 1 deep.
   lg -t 127.0.0.1:$aport -c 4 -d 1 -w 1s -D "${dur}s" -q --closed --mix insert=50,delete=50 \
      --vectors $n_w --vectors-from "$out/glove-base.fvecs" --id-base 20000000 \
@@ -254,7 +313,7 @@ if [ ! -f "$out/search-while-writes.json" ]; then
   lg -t 127.0.0.1:$aport -c 8 -d 8 -w "${warm}s" -D "${dur}s" -q --closed --trace "$out/glove-0.99.trace" \
      --loop --flush --json "$out/search-while-writes.json" > /dev/null
   wait $wl || true
-  kill $akerd; wait $akerd 2>/dev/null || true; akerd=
+  akerd_stop
 fi
 # The writes leave rows (and dead index entries) behind: the table as loaded again.
 pgsql "DELETE FROM items WHERE id >= 399000" > /dev/null

@@ -8,8 +8,11 @@ Cost bound (as ops/e2e_summary.py): every request through akerd pays o (1 / the
 all-exact-hit throughput), a miss also pays b (bypass costs o + b); with hit ratio h the
 best a cache can do is (o + b) / (o + (1 - h) b) times the bypass throughput.
 """
+import glob
 import json
 import os
+import re
+import statistics
 import sys
 
 out = sys.argv[1] if len(sys.argv) > 1 else "target/pgbench"
@@ -71,6 +74,58 @@ for skew in SKEWS:
     t = load(f"tune-{skew}-ef{ef}")
     print(f"| {skew} | {ef} | {fmt(t and t['recall'], '.3f')} |")
 print()
+
+def open_loop_tables(rows):
+    """Open loop at 50% / 90% of PostgreSQL alone's best: latency from intended send times."""
+    lines = []
+    for skew, pgs, best_c, best in rows:
+        for pct in (50, 90):
+            pg, ak = load(f"free-open{pct}-pg-{skew}"), akerd_run(f"free-open{pct}-cache5-{skew}")
+            for label, r in ((f"PostgreSQL alone ({best_c} conn.)", pg), ("akerd, cache 5%", ak)):
+                if not r:
+                    continue
+                p50, p99, p999 = lat_us(r)
+                rate = r.get("target_rate") or r.get("rate")
+                hit = r.get("hit_ratio")
+                unsent = r.get("unsent")
+                lines.append(f"| {skew} | {pct}% ({fmt(rate)}/s) | {label} | {r['throughput']:.0f} | "
+                             f"{p50:.0f} | {p99:.0f} | {p999:.0f} | {fmt(hit, '.3f')} | "
+                             f"{fmt(r.get('recall'), '.3f')} | {fmt(unsent)} |")
+    if not lines:
+        return
+    print("\nOpen loop at the same intended rates (50% / 90% of PostgreSQL alone's best closed-loop "
+          "throughput), latency from the intended send time on both sides:\n")
+    print("| skew | rate | set-up | served/s | p50 µs | p99 µs | p99.9 µs | hit ratio | recall@10 | "
+          "unsent |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n".join(lines))
+
+
+def repeat_table(rows):
+    """The headline pair three more times (closed loop): median and range of the ratio."""
+    lines = []
+    for skew, pgs, best_c, best in rows:
+        pairs = []
+        for rep_i in (1, 2, 3):
+            pg, ak = load(f"free-rep{rep_i}-pg-{skew}"), akerd_run(f"free-rep{rep_i}-cache5-{skew}")
+            if pg and ak:
+                pairs.append((pg, ak))
+        if not pairs:
+            continue
+        ratios = [ak["throughput"] / pg["throughput"] for pg, ak in pairs]
+        cells = "; ".join(f"{pg['throughput']:.0f} / {ak['throughput']:.0f} (h {ak.get('hit_ratio', 0):.3f}, "
+                          f"recall {pg['recall']:.3f} / {ak.get('recall') or 0:.3f})" for pg, ak in pairs)
+        lines.append(f"| {skew} | {best_c} | {cells} | {statistics.median(ratios):.2f}x | "
+                     f"{min(ratios):.2f}-{max(ratios):.2f}x |")
+    if not lines:
+        return
+    rs = (load("free-rep1-pg-0.99") or {}).get("seconds")
+    print(f"\nThe headline pair again, three times, {fmt(rs)} s counted each (PostgreSQL alone at its best "
+          "connection count / akerd cache 5%, closed loop, searches/s):\n")
+    print("| skew | PG conn. | runs: PG alone / akerd | median ratio | range |")
+    print("|---:|---:|---|---:|---:|")
+    print("\n".join(lines))
+
 
 figure = {}
 for tag, title in TAGS:
@@ -142,10 +197,9 @@ for tag, title in TAGS:
         eq = load(f"{tag}-eq-pg-{skew}")
         if eq:
             pts.append(((load(f"{tag}-eq-pg-{skew}.mem") or {}).get("limit_bytes", 0) / 2**20, eq["throughput"]))
-        for mb in (200, 300, 400):
-            r = load(f"{tag}-sweep{mb}-pg-{skew}")
-            if r:
-                pts.append((mb, r["throughput"]))
+        for path in glob.glob(os.path.join(out, f"{tag}-sweep*-pg-{skew}.json")):
+            mb = int(re.search(r"sweep(\d+)-pg", path).group(1))
+            pts.append((mb, load(os.path.basename(path)[:-5])["throughput"]))
         if len(pts) > 2:
             sweep.append((skew, sorted(pts)))
     if sweep:
@@ -165,6 +219,9 @@ for tag, title in TAGS:
                     need = "below 100 MiB" if pts[0][1] >= target else f"above {pts[-1][0]:.0f} MiB"
             cells = ", ".join(f"{t:.0f} at {m:.0f}" for m, t in pts)
             print(f"| {skew} | {cells} | {need} |")
+    if tag == "free":
+        open_loop_tables(rows)
+        repeat_table(rows)
     usage = os.path.join(out, f"{tag}-cgroup-max-usage")
     if os.path.exists(usage):
         print(f"\nPostgreSQL's memory group, peak usage (processes + page cache): "

@@ -278,17 +278,29 @@ fn run_pg(cli: &Cli) -> Res<()> {
     let trace = bench::trace::Trace::load(path).map_err(|e| e.to_string())?;
     let metric = trace.metric;
     let w = Workload::from_trace(trace, cli.loop_trace)?;
+    // As against akerd: open loop at --rate unless --closed.
+    let pace = if cli.closed {
+        loadgen::pg::Pace::Closed
+    } else {
+        loadgen::pg::Pace::Open {
+            rate: cli.rate,
+            arrival: cli.arrival,
+            seed: cli.seed,
+        }
+    };
     let r = loadgen::pg::run_searches(
         &w,
         &t,
         metric,
         cli.connections,
+        pace,
         cli.warmup,
         cli.duration,
         cli.requests,
     )?;
     eprintln!(
-        "pgvector SQL, {} connections: {:.0} searches/s, p50 {} µs, p99 {} µs, recall {:?}, {} errors",
+        "pgvector SQL, {:?}, {} connections: {:.0} searches/s, p50 {} µs, p99 {} µs, recall {:?}, {} errors",
+        r.pace,
         r.connections,
         r.throughput(),
         r.latency_us.value_at_quantile(0.5),

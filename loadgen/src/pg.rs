@@ -1,13 +1,19 @@
 //! pgvector SQL mode: the baseline of "aker in front of pgvector against pgvector
 //! alone". The trace's searches go straight to PostgreSQL as SQL (what an application
-//! without aker sends), closed loop, one connection per thread; plus a loader (binary
-//! COPY of an `.fvecs` collection, then the HNSW index) and a direct write load.
+//! without aker sends), one connection per thread, closed loop or open loop; plus a
+//! loader (binary COPY of an `.fvecs` collection, then the HNSW index) and a direct
+//! write load.
 //!
 //! ```text
 //!  thread i ── own connection (SET hnsw.ef_search once per session)
-//!    loop { op = trace[cursor++]; SELECT id ... ORDER BY embedding <op> $1 LIMIT k }
+//!    loop { [open loop: wait for this thread's next intended send time]
+//!           op = trace[cursor++]; SELECT id ... ORDER BY embedding <op> $1 LIMIT k }
 //!    latency (µs) ─► histogram; ids ─► recall against the trace's ground truth
 //! ```
+//!
+//! Open loop measures latency from the intended send time (the schedule of
+//! [`crate::schedule`], as akerd's open-loop runs do), so a run at the same rate against
+//! akerd and against PostgreSQL alone compares the same thing: the time a user waits.
 //!
 //! Every loop is bounded by the run time and a request count; every statement by
 //! `statement_timeout` (set per session).
@@ -26,6 +32,7 @@ use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, NoTls};
 
+use crate::schedule::{Arrival, Schedule};
 use crate::workload::{OpKind, Workload};
 
 /// Longest a single statement may run (statement_timeout, per session).
@@ -75,14 +82,33 @@ async fn connect(t: &PgTarget) -> Result<Client, String> {
     Ok(client)
 }
 
-/// One SQL thread's counts: latency, searches, errors, recall sum and count.
-type ThreadTally = (Histogram<u64>, u64, u64, f64, u64);
+/// One SQL thread's counts: latency, searches, errors, recall sum and count, and (open
+/// loop) the counted intended sends it never made because the run ended first.
+type ThreadTally = (Histogram<u64>, u64, u64, f64, u64, u64);
+
+/// How a SQL run paces its searches.
+#[derive(Clone, Copy, Debug)]
+pub enum Pace {
+    /// Each connection sends its next search when the last one answered.
+    Closed,
+    /// `rate` searches per second over all connections, latency from the intended send
+    /// time (a connection that falls behind sends at once, and its waits count).
+    Open {
+        rate: f64,
+        arrival: Arrival,
+        seed: u64,
+    },
+}
 
 /// What a closed-loop SQL run measured.
 pub struct PgRunResult {
     pub connections: usize,
+    pub pace: Pace,
     pub requests: u64,
     pub errors: u64,
+    /// Open loop: intended sends in the counted window that were still waiting when the
+    /// run ended (the backlog of a server slower than the rate; 0 in closed loop).
+    pub unsent: u64,
     pub seconds: f64,
     /// Latency of counted searches, µs.
     pub latency_us: Histogram<u64>,
@@ -97,12 +123,19 @@ impl PgRunResult {
 
     pub fn to_json(&self, ef_search: usize) -> serde_json::Value {
         let h = &self.latency_us;
+        let (loop_kind, rate) = match self.pace {
+            Pace::Closed => ("closed", None),
+            Pace::Open { rate, .. } => ("open", Some(rate)),
+        };
         serde_json::json!({
             "mode": "pgvector-sql",
+            "loop": loop_kind,
+            "target_rate": rate,
             "connections": self.connections,
             "ef_search": ef_search,
             "requests": self.requests,
             "errors": self.errors,
+            "unsent": self.unsent,
             "seconds": self.seconds,
             "throughput": self.throughput(),
             "p50_us": h.value_at_quantile(0.50),
@@ -114,14 +147,16 @@ impl PgRunResult {
     }
 }
 
-/// The trace's searches as SQL on `connections` connections, closed loop: `warmup`
+/// The trace's searches as SQL on `connections` connections, paced by `pace`: `warmup`
 /// uncounted, then `duration` (or `requests_max` counted searches, whichever first).
 /// Trace writes are skipped (a search-only baseline).
+#[allow(clippy::too_many_arguments)]
 pub fn run_searches(
     w: &Workload,
     t: &PgTarget,
     metric: Metric,
     connections: usize,
+    pace: Pace,
     warmup: Duration,
     duration: Duration,
     requests_max: Option<u64>,
@@ -153,6 +188,21 @@ pub fn run_searches(
                         let (mut n, mut errors, mut recall_sum, mut recall_n) =
                             (0u64, 0u64, 0f64, 0u64);
                         let mut picker = w.picker(i);
+                        let mut schedule = match pace {
+                            Pace::Closed => None,
+                            Pace::Open {
+                                rate,
+                                arrival,
+                                seed,
+                            } => Some(Schedule::new(
+                                start,
+                                rate,
+                                connections.max(1),
+                                i,
+                                arrival,
+                                seed,
+                            )),
+                        };
                         while Instant::now() < end {
                             if requests_max.is_some_and(|m| counted.load(Ordering::Relaxed) >= m) {
                                 break;
@@ -161,6 +211,18 @@ pub fn run_searches(
                             if p.kind != OpKind::Search {
                                 continue;
                             }
+                            // Open loop: the latency clock starts at the intended time.
+                            let intended = match schedule.as_mut() {
+                                None => None,
+                                Some(s) => {
+                                    let at = s.next_instant();
+                                    if at >= end {
+                                        break;
+                                    }
+                                    tokio::time::sleep_until(at.into()).await;
+                                    Some(at)
+                                }
+                            };
                             let q = Vector::from(w.vector(p.vector).to_vec());
                             let st = match by_k.entry(p.k) {
                                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -170,7 +232,7 @@ pub fn run_searches(
                                     e.insert(st)
                                 }
                             };
-                            let t0 = Instant::now();
+                            let t0 = intended.unwrap_or_else(Instant::now);
                             let r = c.query(&*st, &[&q]).await;
                             let lat = t0.elapsed();
                             if t0 < count_from {
@@ -196,7 +258,8 @@ pub fn run_searches(
                                 Err(_) => errors += 1,
                             }
                         }
-                        Ok((hist, n, errors, recall_sum, recall_n))
+                        let unsent = schedule.map_or(0, |mut s| s.count_between(count_from, end));
+                        Ok((hist, n, errors, recall_sum, recall_n, unsent))
                     })
                 })
             })
@@ -213,9 +276,10 @@ pub fn run_searches(
         .as_secs_f64()
         .max(1e-9);
     let mut latency_us = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
-    let (mut requests, mut errors, mut rs, mut rn) = (0, 0, 0.0, 0);
+    let (mut requests, mut errors, mut rs, mut rn, mut unsent) = (0, 0, 0.0, 0, 0);
     for r in results {
-        let (h, n, e, s, c) = r?;
+        let (h, n, e, s, c, u) = r?;
+        unsent += u;
         latency_us.add(&h).map_err(|e| e.to_string())?;
         requests += n;
         errors += e;
@@ -224,8 +288,10 @@ pub fn run_searches(
     }
     Ok(PgRunResult {
         connections,
+        pace,
         requests,
         errors,
+        unsent,
         seconds,
         latency_us,
         recall: (rn > 0).then(|| rs / rn as f64),

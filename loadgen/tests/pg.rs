@@ -59,6 +59,7 @@ fn sql_mode_loads_searches_with_recall_and_writes() {
         &t,
         Metric::L2Sq,
         2,
+        pg::Pace::Closed,
         Duration::ZERO,
         Duration::from_secs(3),
         Some(400),
@@ -73,6 +74,32 @@ fn sql_mode_loads_searches_with_recall_and_writes() {
     let recall = r.recall.unwrap();
     assert!(recall > 0.95, "recall {recall}");
     assert!(r.throughput() > 0.0);
+
+    // Open loop: the intended rate, not the server's pace, sets the count (200 / s for 2 s
+    // counted, after 0.5 s uncounted).
+    let open = pg::run_searches(
+        &w,
+        &t,
+        Metric::L2Sq,
+        2,
+        pg::Pace::Open {
+            rate: 200.0,
+            arrival: loadgen::schedule::Arrival::Fixed,
+            seed: 1,
+        },
+        Duration::from_millis(500),
+        Duration::from_secs(2),
+        None,
+    )
+    .unwrap();
+    assert_eq!(open.errors, 0);
+    assert!(
+        (360..=402).contains(&open.requests),
+        "{} requests at 200/s for 2 s",
+        open.requests
+    );
+    assert!(open.recall.unwrap() > 0.95);
+    assert_eq!(open.to_json(0)["loop"], "open");
 
     // Direct writes: 100 inserts then their 100 deletes leave the table as it was.
     let rows: Vec<Vec<f32>> = (0..100).map(|i| ds.row(i).to_vec()).collect();
