@@ -288,6 +288,12 @@ cgf=/sys/fs/cgroup/memory/aker-pgbench-free
 mkdir -p "$cgf"
 sync; echo 3 > /proc/sys/vm/drop_caches   # so what it reads is charged to its group
 pg_start 512MB "$cgf"
+# A warm database, as one that has served for a while: table and index read into shared
+# buffers (and the page cache) before any run, so no unconstrained run reads from disk.
+pgsql "CREATE EXTENSION IF NOT EXISTS pg_prewarm" > /dev/null
+pgsql "SELECT sum(pg_prewarm(c.oid)) FROM pg_class c WHERE c.oid = 'items'::regclass
+       OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'items'::regclass)" \
+    > "$out/free-prewarm-blocks"
 run_set free
 latency_set
 repeat_set
