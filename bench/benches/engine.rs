@@ -36,9 +36,10 @@ use criterion::{criterion_group, BenchmarkId, Criterion};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use shards::filter::{FilterQuery, FilterStats};
 use shards::{
-    Cache, CacheConfig, Candidate, Capacity, FilterKind, HitKind, Lookup, Metric, MissTicket,
-    PolicyConfig,
+    Cache, CacheConfig, CacheReader, Candidate, Capacity, FilterKind, HitKind, Lookup, Metric,
+    MissTicket, PolicyConfig,
 };
 
 const K: usize = 10;
@@ -259,196 +260,29 @@ fn timed(c: &mut Criterion, f: &mut Fixture, label: &str, prepare: fn(&mut Fixtu
         live[f.rng.gen_range(0..live.len())].to_vec()
     });
     let near: Vec<Vec<f32>> = (0..4096).map(|_| f.near_query()).collect();
+    let mut t = Timed {
+        dim,
+        label,
+        near,
+        i: 0,
+        rng: StdRng::seed_from_u64(5),
+        next_id: 1u64 << 40,
+    };
     // Exact hits first: the approximate-hit inputs are made by admitting fresh
     // queries, whose evictions would take exact inputs away.
-    let mut i = 0usize;
-    let cache = &mut f.cache;
-    g.bench_function(BenchmarkId::new("exact_hit", dim), |b| {
-        b.iter(|| {
-            i = (i + 1) % exact.len();
-            assert!(matches!(
-                cache.lookup(black_box(&exact[i]), K).unwrap(),
-                Lookup::Hit(ref h) if h.kind == HitKind::Exact
-            ))
-        })
-    });
+    t.exact_hit(&mut g, f, &exact);
     prepare(f);
-    // Approximate hits on entries of every age (with two generations, three quarters of
-    // them in the standby): checked untimed, then another near copy timed
-    // (`aged_approximate_hits`). Nothing here admits, so the state holds.
-    // A criterion run draws ~100,000 entries; each may be drawn AGED_USES_MAX times.
-    if n >= FULL_REPS_MIN {
-        let live: Vec<Arc<[f32]>> = f.cache.representatives().map(|r| r.query.clone()).collect();
-        let mut uses = vec![0u8; live.len()];
-        let (mut aged_checked, mut aged_not_approximate) = ((0usize, 0usize), 0usize);
-        g.bench_function(BenchmarkId::new("approximate_hit_aged", dim), |b| {
-            b.iter_custom(|iters| {
-                time_approximate_hits(
-                    f,
-                    iters,
-                    |f| aged_approximate_hits(f, &live, &mut uses, 1024),
-                    &mut aged_checked,
-                    &mut aged_not_approximate,
-                )
-            })
-        });
-        println!(
-            "d{dim} {label}: near copies of {} of {} live entries drawn were approximate hits; \
-             {aged_not_approximate} timed lookups were not",
-            aged_checked.0, aged_checked.1
-        );
-    } else {
-        println!(
-            "d{dim} {label}: approximate_hit_aged skipped, it needs \
-             AKER_BENCH_REPS >= {FULL_REPS_MIN}"
-        );
-    }
-    // Approximate hits are measured on lookups that are answered approximately, each
-    // input timed once (`fresh_approximate_hits`).
-    let mut timed_not_approximate = 0usize;
-    let mut checked = (0usize, 0usize);
-    g.bench_function(BenchmarkId::new("approximate_hit", dim), |b| {
-        b.iter_custom(|iters| {
-            time_approximate_hits(
-                f,
-                iters,
-                |f| {
-                    fresh_approximate_hits(
-                        &mut f.cache,
-                        &f.clusters,
-                        &mut f.rng,
-                        &mut f.next_id,
-                        1024,
-                        8,
-                    )
-                },
-                &mut checked,
-                &mut timed_not_approximate,
-            )
-        })
-    });
-    println!(
-        "d{dim}: near copies of {} of {} freshly admitted queries were approximate hits; \
-             {timed_not_approximate} timed lookups were not; filter after: {:?}",
-        checked.0,
-        checked.1,
-        f.cache.stats().filter
-    );
-    let (mut rng, mut next_id) = (StdRng::seed_from_u64(5), 1u64 << 40);
+    t.approximate_hits(&mut g, f, n);
     prepare(f);
-    // Disjoint borrows: the setup draws from the clusters while the routine admits.
-    let Fixture {
-        cache, clusters, ..
-    } = &mut *f;
-    // The owner's part of a miss: the ticket comes from the lookup that missed
-    // (untimed: a reader's work), a query never seen, admitted with a FIFO eviction.
-    g.bench_function(BenchmarkId::new("miss_admission", dim), |b| {
-        b.iter_custom(|iters| {
-            let mut took = Duration::ZERO;
-            for _ in 0..iters {
-                let t = looked_up_ticket(cache, clusters, &mut rng, K);
-                next_id += 1_000_000;
-                let a = answer(&mut rng, next_id);
-                let started = Instant::now();
-                black_box(cache.admit(t, a).unwrap());
-                took += started.elapsed();
-            }
-            took
-        })
-    });
-    // The same without a lookup (REFRESH, or a caller's own ticket): the admission
-    // searches the filter itself; the ticket is made in the timed part, as before.
-    g.bench_function(BenchmarkId::new("miss_admission_no_lookup", dim), |b| {
-        b.iter_batched(
-            || {
-                let q = clusters.sample(&mut rng);
-                next_id += 1_000_000;
-                (q, answer(&mut rng, next_id))
-            },
-            |(q, a)| {
-                let t = cache.miss_ticket(&q, K, false).unwrap();
-                black_box(cache.admit(t, a).unwrap())
-            },
-            criterion::BatchSize::SmallInput,
-        )
-    });
+    t.admissions(&mut g, f);
     prepare(f);
     println!(
         "d{dim} {label}: filter before the inserts: {:?}",
         f.cache.stats().filter
     );
-    let Fixture {
-        cache, clusters, ..
-    } = &mut *f;
-    // The insert itself (log append, fast path); the slow-path steps that the
-    // risk then asks for are measured on their own below. Two kinds of vector: near
-    // copies of live entries drawn at random (each entry drawn a few times at most, so
-    // its maxD stays above them), which their entry takes if the filter finds it; and
-    // near copies of the fixture's first queries, evicted long ago, which mostly no
-    // entry takes (the filter is searched for one to the end). Counted: how many an
-    // entry took.
-    let live: Vec<Arc<[f32]>> = cache.representatives().map(|r| r.query.clone()).collect();
-    let mut pick = StdRng::seed_from_u64(9);
-    for (name, near_live) in [("insert_fast_path", true), ("insert_untaken", false)] {
-        let (mut inserts, mut taken) = (0u64, 0u64);
-        g.bench_function(BenchmarkId::new(name, dim), |b| {
-            b.iter_batched(
-                || {
-                    next_id += 1;
-                    let v: Arc<[f32]> = if near_live {
-                        let q = &live[pick.gen_range(0..live.len())];
-                        q.iter().map(|x| x + 1e-6).collect()
-                    } else {
-                        i = (i + 1) % near.len();
-                        Arc::from(near[i].as_slice())
-                    };
-                    (next_id, v)
-                },
-                |(id, v)| {
-                    let out = black_box(cache.insert_logged(id, v, true).unwrap());
-                    (inserts, taken) = (inserts + 1, taken + out.fast_path as u64);
-                },
-                criterion::BatchSize::SmallInput,
-            )
-        });
-        println!("d{dim} {label}: {name}: {taken} of {inserts} inserts taken by an entry");
-    }
-    // A step that finds no entry with records to scan does nothing: counted, so that
-    // this row cannot quietly time nothing.
-    let (mut steps, mut worked) = (0u64, 0u64);
-    g.bench_function(BenchmarkId::new("slow_path_step", dim), |b| {
-        b.iter(|| {
-            let did = black_box(cache.slow_path_step());
-            steps += 1;
-            worked += did as u64;
-        })
-    });
-    println!("d{dim} {label}: slow_path_step: {worked} of {steps} steps scanned records");
-    // (No steps: criterion's filter left the group out.)
-    assert!(
-        steps == 0 || worked * 2 > steps,
-        "most slow-path steps found nothing to scan"
-    );
-    // Each timed delete removes an id a live entry holds (found untimed); deletes
-    // invalidate entries, so the cache is refilled (untimed) when it runs low.
-    g.bench_function(BenchmarkId::new("delete", dim), |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                while cache.len() < n / 2 {
-                    let q = clusters.sample(&mut rng);
-                    next_id += 1_000_000;
-                    let t = cache.miss_ticket(&q, K, false).unwrap();
-                    cache.admit(t, answer(&mut rng, next_id)).unwrap();
-                }
-                let victim = engine_fixture::delete_victim(cache, &mut rng);
-                let t = Instant::now();
-                black_box(cache.delete(victim));
-                total += t.elapsed();
-            }
-            total
-        })
-    });
+    t.inserts(&mut g, f);
+    t.slow_path_step(&mut g, f);
+    t.delete(&mut g, f, n);
     g.finish();
     let stats = f.cache.stats();
     println!(
@@ -456,6 +290,227 @@ fn timed(c: &mut Criterion, f: &mut Fixture, label: &str, prepare: fn(&mut Fixtu
          invalidated by its cap",
         stats.filter, stats.insert_log_len, stats.log_cap_invalidations
     );
+}
+
+type Group<'a> = criterion::BenchmarkGroup<'a, criterion::measurement::WallTime>;
+
+/// What the rows of one `timed` group share: the near queries (exact hits and untaken
+/// inserts cycle through them with `i`), and the admissions' and deletes' generator.
+struct Timed<'a> {
+    dim: usize,
+    label: &'a str,
+    near: Vec<Vec<f32>>,
+    i: usize,
+    rng: StdRng,
+    next_id: u64,
+}
+
+impl Timed<'_> {
+    fn exact_hit(&mut self, g: &mut Group<'_>, f: &mut Fixture, exact: &[Vec<f32>]) {
+        let (cache, i) = (&mut f.cache, &mut self.i);
+        g.bench_function(BenchmarkId::new("exact_hit", self.dim), |b| {
+            b.iter(|| {
+                *i = (*i + 1) % exact.len();
+                assert!(matches!(
+                    cache.lookup(black_box(&exact[*i]), K).unwrap(),
+                    Lookup::Hit(ref h) if h.kind == HitKind::Exact
+                ))
+            })
+        });
+    }
+
+    /// Approximate hits on entries of every age (with two generations, three quarters
+    /// of them in the standby): checked untimed, then another near copy timed
+    /// (`aged_approximate_hits`); then on freshly admitted entries, each input timed once
+    /// (`fresh_approximate_hits`). Nothing here admits, so the state holds.
+    fn approximate_hits(&mut self, g: &mut Group<'_>, f: &mut Fixture, n: usize) {
+        let (dim, label) = (self.dim, self.label);
+        // A criterion run draws ~100,000 entries; each may be drawn AGED_USES_MAX times.
+        if n >= FULL_REPS_MIN {
+            let live: Vec<Arc<[f32]>> =
+                f.cache.representatives().map(|r| r.query.clone()).collect();
+            let mut uses = vec![0u8; live.len()];
+            let (mut aged_checked, mut aged_not_approximate) = ((0usize, 0usize), 0usize);
+            g.bench_function(BenchmarkId::new("approximate_hit_aged", dim), |b| {
+                b.iter_custom(|iters| {
+                    time_approximate_hits(
+                        f,
+                        iters,
+                        |f| aged_approximate_hits(f, &live, &mut uses, 1024),
+                        &mut aged_checked,
+                        &mut aged_not_approximate,
+                    )
+                })
+            });
+            println!(
+                "d{dim} {label}: near copies of {} of {} live entries drawn were approximate \
+                 hits; {aged_not_approximate} timed lookups were not",
+                aged_checked.0, aged_checked.1
+            );
+        } else {
+            println!(
+                "d{dim} {label}: approximate_hit_aged skipped, it needs \
+                 AKER_BENCH_REPS >= {FULL_REPS_MIN}"
+            );
+        }
+        let mut timed_not_approximate = 0usize;
+        let mut checked = (0usize, 0usize);
+        g.bench_function(BenchmarkId::new("approximate_hit", dim), |b| {
+            b.iter_custom(|iters| {
+                time_approximate_hits(
+                    f,
+                    iters,
+                    |f| {
+                        fresh_approximate_hits(
+                            &mut f.cache,
+                            &f.clusters,
+                            &mut f.rng,
+                            &mut f.next_id,
+                            1024,
+                            8,
+                        )
+                    },
+                    &mut checked,
+                    &mut timed_not_approximate,
+                )
+            })
+        });
+        println!(
+            "d{dim}: near copies of {} of {} freshly admitted queries were approximate hits; \
+             {timed_not_approximate} timed lookups were not; filter after: {:?}",
+            checked.0,
+            checked.1,
+            f.cache.stats().filter
+        );
+    }
+
+    /// The owner's part of a miss: with the ticket of the lookup that missed, and
+    /// without one (the admission then searches the filter itself).
+    fn admissions(&mut self, g: &mut Group<'_>, f: &mut Fixture) {
+        let dim = self.dim;
+        let (rng, next_id) = (&mut self.rng, &mut self.next_id);
+        // Disjoint borrows: the setup draws from the clusters while the routine admits.
+        let Fixture {
+            cache, clusters, ..
+        } = &mut *f;
+        // The ticket comes from the lookup that missed (untimed: a reader's work), a
+        // query never seen, admitted with a FIFO eviction.
+        g.bench_function(BenchmarkId::new("miss_admission", dim), |b| {
+            b.iter_custom(|iters| {
+                let mut took = Duration::ZERO;
+                for _ in 0..iters {
+                    let t = looked_up_ticket(cache, clusters, rng, K);
+                    *next_id += 1_000_000;
+                    let a = answer(rng, *next_id);
+                    let started = Instant::now();
+                    black_box(cache.admit(t, a).unwrap());
+                    took += started.elapsed();
+                }
+                took
+            })
+        });
+        // The same without a lookup (REFRESH, or a caller's own ticket): the ticket is
+        // made in the timed part, as before.
+        g.bench_function(BenchmarkId::new("miss_admission_no_lookup", dim), |b| {
+            b.iter_batched(
+                || {
+                    let q = clusters.sample(rng);
+                    *next_id += 1_000_000;
+                    (q, answer(rng, *next_id))
+                },
+                |(q, a)| {
+                    let t = cache.miss_ticket(&q, K, false).unwrap();
+                    black_box(cache.admit(t, a).unwrap())
+                },
+                criterion::BatchSize::SmallInput,
+            )
+        });
+    }
+
+    /// The insert itself (log append, fast path); the slow-path steps that the risk then
+    /// asks for are measured on their own. Two kinds of vector: near copies of live
+    /// entries drawn at random (each entry drawn a few times at most, so its maxD stays
+    /// above them), which their entry takes if the filter finds it; and near copies of
+    /// the fixture's first queries, evicted long ago, which mostly no entry takes (the
+    /// filter is searched for one to the end). Counted: how many an entry took.
+    fn inserts(&mut self, g: &mut Group<'_>, f: &mut Fixture) {
+        let (dim, label) = (self.dim, self.label);
+        let cache = &mut f.cache;
+        let live: Vec<Arc<[f32]>> = cache.representatives().map(|r| r.query.clone()).collect();
+        let mut pick = StdRng::seed_from_u64(9);
+        for (name, near_live) in [("insert_fast_path", true), ("insert_untaken", false)] {
+            let (mut inserts, mut taken) = (0u64, 0u64);
+            let (near, i, next_id) = (&self.near, &mut self.i, &mut self.next_id);
+            g.bench_function(BenchmarkId::new(name, dim), |b| {
+                b.iter_batched(
+                    || {
+                        *next_id += 1;
+                        let v: Arc<[f32]> = if near_live {
+                            let q = &live[pick.gen_range(0..live.len())];
+                            q.iter().map(|x| x + 1e-6).collect()
+                        } else {
+                            *i = (*i + 1) % near.len();
+                            Arc::from(near[*i].as_slice())
+                        };
+                        (*next_id, v)
+                    },
+                    |(id, v)| {
+                        let out = black_box(cache.insert_logged(id, v, true).unwrap());
+                        (inserts, taken) = (inserts + 1, taken + out.fast_path as u64);
+                    },
+                    criterion::BatchSize::SmallInput,
+                )
+            });
+            println!("d{dim} {label}: {name}: {taken} of {inserts} inserts taken by an entry");
+        }
+    }
+
+    /// A step that finds no entry with records to scan does nothing: counted, so that
+    /// this row cannot quietly time nothing.
+    fn slow_path_step(&mut self, g: &mut Group<'_>, f: &mut Fixture) {
+        let (dim, label, cache) = (self.dim, self.label, &mut f.cache);
+        let (mut steps, mut worked) = (0u64, 0u64);
+        g.bench_function(BenchmarkId::new("slow_path_step", dim), |b| {
+            b.iter(|| {
+                let did = black_box(cache.slow_path_step());
+                steps += 1;
+                worked += did as u64;
+            })
+        });
+        println!("d{dim} {label}: slow_path_step: {worked} of {steps} steps scanned records");
+        // (No steps: criterion's filter left the group out.)
+        assert!(
+            steps == 0 || worked * 2 > steps,
+            "most slow-path steps found nothing to scan"
+        );
+    }
+
+    /// Each timed delete removes an id a live entry holds (found untimed); deletes
+    /// invalidate entries, so the cache is refilled (untimed) when it runs low.
+    fn delete(&mut self, g: &mut Group<'_>, f: &mut Fixture, n: usize) {
+        let (rng, next_id) = (&mut self.rng, &mut self.next_id);
+        let Fixture {
+            cache, clusters, ..
+        } = &mut *f;
+        g.bench_function(BenchmarkId::new("delete", self.dim), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    while cache.len() < n / 2 {
+                        let q = clusters.sample(rng);
+                        *next_id += 1_000_000;
+                        let t = cache.miss_ticket(&q, K, false).unwrap();
+                        cache.admit(t, answer(rng, *next_id)).unwrap();
+                    }
+                    let victim = engine_fixture::delete_victim(cache, rng);
+                    let t = Instant::now();
+                    black_box(cache.delete(victim));
+                    total += t.elapsed();
+                }
+                total
+            })
+        });
+    }
 }
 
 /// Full again (the delete measurements invalidate entries), and the idle time of a
@@ -742,6 +797,39 @@ fn thread_cpu() -> Duration {
 /// would compete with the readers; the owner admits ~5,000 a second; runs last 0.2-2 s).
 const OWNER_QUERIES: usize = 16_384;
 
+/// What the background owner did during one scaling run.
+struct OwnerRun {
+    admitted: usize,
+    /// Share of the run's wall time spent admitting, and of its thread CPU time.
+    busy_share: f64,
+    cpu_share: f64,
+    longest: Duration,
+    filter: FilterStats,
+}
+
+/// What the readers did during one scaling run.
+struct ReadersRun {
+    hits: usize,
+    done: usize,
+    /// Reader CPU time, summed (`thread_cpu`).
+    cpu: Duration,
+    run_s: f64,
+    /// When the first reader ended, as a share of the run.
+    first_end_share: f64,
+}
+
+/// One round: a 1-reader and a 2-reader run, indexed by reader count - 1.
+struct Round {
+    rates: [f64; 2],
+    /// Lookups per second of reader CPU time.
+    cpu_rates: [f64; 2],
+    hit_shares: [f64; 2],
+    owners: Vec<(usize, OwnerRun)>,
+    /// The 2-reader run's `ReadersRun::first_end_share`.
+    first_end_share: f64,
+    rotations_before: u64,
+}
+
 /// Lookups per second with 1 and 2 reader threads, the owner admitting in the
 /// background (`owner_rate()` a second, woken every `owner_wake_us()`), in
 /// `SCALING_ROUNDS` pairs.
@@ -758,6 +846,7 @@ fn scaling(f: Fixture) -> Fixture {
     let queries = Arc::new(queries);
     let owner = Arc::new(Mutex::new(cache));
     for approximate in [false, true] {
+        let kind = if approximate { "approximate" } else { "exact" };
         let (mut ratios, mut cpu_ratios) = (vec![], vec![]);
         let (mut round, mut attempts) = (0, 0);
         while round < SCALING_ROUNDS {
@@ -766,180 +855,20 @@ fn scaling(f: Fixture) -> Fixture {
                 attempts <= 3 * SCALING_ROUNDS,
                 "the filter rotated in every round"
             );
-            // Indexed by reader count - 1.
-            let (mut rates, mut hit_shares, mut owners) = ([0.0; 2], [0.0; 2], vec![]);
-            // Lookups per second of reader CPU time (`thread_cpu`), per reader count.
-            let mut cpu_rates = [0.0; 2];
-            // The 2-reader run's: when the first reader ended, as a share of the run.
-            let mut first_end_share = 1.0;
-            let mut rotations_before = 0;
             // The first run of a round finds fewer of its entries (hit shares a few to 20
             // points lower, whichever reader count goes first, measured): alternate
             // which goes first, so that the median does not favour one.
             let order = if round % 2 == 0 { [1usize, 2] } else { [2, 1] };
-            for (run, threads) in order.into_iter().enumerate() {
-                // Approximate lookups replay pre-checked hits (`fresh_approximate_hits`, 4
-                // copies per entry), each input 4 times: an entry is hit at most 1 + 4 × 4 = 17
-                // times, within the ~20 τ allows. Built right before each run, so the FIFO
-                // has not evicted them yet: two pools, batch by batch in turn, for either
-                // reader count (one reader replays both, interleaved), so both runs replay
-                // entries of the same ages (later admissions make older entries harder to
-                // find in this fixture's graph).
-                let mut pools: Vec<Vec<Vec<f32>>> = vec![vec![]; 2 * approximate as usize];
-                let mut c = owner.lock().unwrap();
-                if run == 0 {
-                    // One filter generation for both runs (the table's state): empty a
-                    // standby left by an earlier rotation, as an idle owner would. A
-                    // rotation from here to the end of the round has it redone.
-                    while c.maintain(4096) > 0 {}
-                    rotations_before = c.stats().filter.rotations;
-                }
-                while pools.iter().any(|p| p.len() < SCALING_POOL) {
-                    for pool in pools.iter_mut().filter(|p| p.len() < SCALING_POOL) {
-                        let (more, (tried, hit)) = fresh_approximate_hits(
-                            &mut c,
-                            &clusters,
-                            &mut rng,
-                            &mut next_id,
-                            1024,
-                            4,
-                        );
-                        assert!(hit > 0, "none of {tried} fresh queries' near copies hit");
-                        pool.extend(more);
-                    }
-                }
-                drop(c);
-                if threads == 1 && approximate {
-                    // Even inputs of the first, odd of the second: both over their whole
-                    // length (their first halves alone are their oldest batches).
-                    let both = (0..SCALING_POOL).map(|j| pools[j % 2][j].clone());
-                    pools = vec![both.collect()];
-                }
-                let pools: Vec<Arc<Vec<Vec<f32>>>> = pools
-                    .into_iter()
-                    .map(|mut p| {
-                        p.truncate(SCALING_POOL);
-                        Arc::new(p)
-                    })
-                    .collect();
-                let stop = Arc::new(AtomicBool::new(false));
-                // Queries of this run's own: with one seed for every run the second
-                // re-admitted the first's (cached keys), so its owner did less and its
-                // graph changed less under the readers. Traffic like the rest: new
-                // queries from the same clusters.
-                // Made by lookups, as the misses of a server's readers make them: the
-                // lookup is a reader's work, so it is not the owner's here either. Seeds
-                // made before the run are older than a server's (a backend call) by up
-                // to the run's admissions; an admission costs the same.
-                let owner_tickets: Vec<MissTicket> = {
-                    let c = owner.lock().unwrap();
-                    (0..OWNER_QUERIES)
-                        .map(|_| looked_up_ticket(&c, &clusters, &mut rng, K))
-                        .collect()
-                };
-                let bg = {
-                    let (owner, stop, clusters) = (owner.clone(), stop.clone(), clusters.clone());
-                    let seed = rng.gen::<u64>();
-                    let (rate, wake_us) = (owner_rate(), owner_wake_us());
-                    thread::spawn(move || {
-                        let mut rng = StdRng::seed_from_u64(seed);
-                        let mut c = owner.lock().unwrap();
-                        let (mut admitted, mut busy, mut longest) =
-                            (0usize, Duration::ZERO, Duration::ZERO);
-                        let (started, cpu_started) = (Instant::now(), thread_cpu());
-                        let mut tickets = owner_tickets.into_iter();
-                        let (period, mut wake) = (Duration::from_micros(wake_us), started);
-                        while !stop.load(Ordering::Relaxed) {
-                            // The misses that have arrived by now at `rate`.
-                            let due = (started.elapsed().as_secs_f64() * rate as f64) as usize;
-                            while admitted < due && !stop.load(Ordering::Relaxed) {
-                                let t0 = Instant::now();
-                                // Past the ones made before (a slow run): made here,
-                                // without a lookup.
-                                let t = tickets.next().unwrap_or_else(|| {
-                                    let q = clusters.sample(&mut rng);
-                                    c.miss_ticket(&q, K, false).unwrap()
-                                });
-                                let base = rng.gen_range(0..1u64 << 40);
-                                let a = answer(&mut rng, base);
-                                c.admit(t, a).unwrap();
-                                let took = t0.elapsed();
-                                (admitted, busy, longest) =
-                                    (admitted + 1, busy + took, longest.max(took));
-                            }
-                            wake += period;
-                            if let Some(left) = wake.checked_duration_since(Instant::now()) {
-                                thread::sleep(left);
-                            }
-                        }
-                        let wall = started.elapsed().as_secs_f64();
-                        let share = busy.as_secs_f64() / wall;
-                        let cpu_share = (thread_cpu() - cpu_started).as_secs_f64() / wall;
-                        (admitted, share, cpu_share, longest, c.stats().filter)
-                    })
-                };
-                let per_thread = if approximate {
-                    4 * SCALING_POOL
-                } else {
-                    300_000
-                };
-                // Set by the first reader to finish its share (`scaling_stop_at_first`).
-                let first_done = Arc::new(AtomicBool::new(false));
-                let stop_at_first = scaling_stop_at_first();
-                let t = Instant::now();
-                let workers: Vec<_> = (0..threads)
-                    .map(|w| {
-                        let pool = pools.get(w).cloned().unwrap_or_default();
-                        let (reader, queries) = (reader.clone(), queries.clone());
-                        let first_done = first_done.clone();
-                        thread::spawn(move || {
-                            let mut rng = StdRng::seed_from_u64(w as u64);
-                            let (mut hits, mut done) = (0usize, 0usize);
-                            let cpu_started = thread_cpu();
-                            for i in 0..per_thread {
-                                // Read-only until set: the line stays shared, no traffic.
-                                if stop_at_first && first_done.load(Ordering::Relaxed) {
-                                    break;
-                                }
-                                let got = if approximate {
-                                    reader.lookup(&pool[i % pool.len()], K).unwrap()
-                                } else {
-                                    // the newer half: the background admissions evict the oldest
-                                    let q =
-                                        &queries[rng.gen_range(queries.len() / 2..queries.len())];
-                                    reader.lookup(q, K).unwrap()
-                                };
-                                hits += matches!(black_box(got), Lookup::Hit(_)) as usize;
-                                done += 1;
-                            }
-                            first_done.store(true, Ordering::Relaxed);
-                            (hits, done, thread_cpu() - cpu_started, Instant::now())
-                        })
-                    })
-                    .collect();
-                let (mut hits, mut done, mut cpu) = (0usize, 0usize, Duration::ZERO);
-                let mut ends = vec![];
-                for w in workers {
-                    let (h, n, c, end) = w.join().unwrap();
-                    (hits, done, cpu) = (hits + h, done + n, cpu + c);
-                    ends.push(end.duration_since(t).as_secs_f64());
-                }
-                let run_s = t.elapsed().as_secs_f64();
-                // How much of the run the first reader to finish was running for.
-                if threads == 2 {
-                    first_end_share = ends.iter().copied().fold(f64::INFINITY, f64::min) / run_s;
-                }
-                let rate = done as f64 / run_s;
-                cpu_rates[threads - 1] = done as f64 / cpu.as_secs_f64();
-                hit_shares[threads - 1] = hits as f64 / done as f64 * 100.0;
-                stop.store(true, Ordering::Relaxed);
-                owners.push((threads, bg.join().unwrap()));
-                rates[threads - 1] = rate;
-            }
-            let kind = if approximate { "approximate" } else { "exact" };
+            let inputs = ScalingInputs {
+                owner: &owner,
+                reader: &reader,
+                queries: &queries,
+                clusters: &clusters,
+            };
+            let r = inputs.round(&mut rng, &mut next_id, approximate, order);
             // A rotation in between compares two filter states (one generation searched
             // against two): not a scaling figure.
-            if owners[1].1 .4.rotations != rotations_before {
+            if r.owners[1].1.filter.rotations != r.rotations_before {
                 println!(
                     "scaling d{dim:<4} {kind:<12} attempt {attempts}: the filter rotated, redone"
                 );
@@ -948,33 +877,9 @@ fn scaling(f: Fixture) -> Fixture {
             round += 1;
             // Per reader CPU second, two readers against one, times two: the ratio if
             // each reader had a core to itself (what contention between readers leaves).
-            let cpu_ratio = 2.0 * cpu_rates[1] / cpu_rates[0];
-            println!(
-                "scaling d{dim:<4} {kind:<12} round {round}: 1 reader {:>10.0}/s  2 readers \
-             {:>10.0}/s  ratio {:.2}x  per reader CPU {cpu_ratio:.2}x  (hits {:.1}% / {:.1}%; \
-             {} reader(s) first; of 2, the first ended at {:.0}% of the run)",
-                rates[0],
-                rates[1],
-                rates[1] / rates[0],
-                hit_shares[0],
-                hit_shares[1],
-                order[0],
-                first_end_share * 100.0
-            );
-            for (readers, (admitted, share, cpu_share, longest, filter)) in &owners {
-                println!(
-                    "    owner with {readers} reader(s): {admitted} admissions, busy {:.0}% \
-                     (CPU {:.0}%), longest {:.1} ms; filter rotations {}, standby live {}, \
-                     draining {}",
-                    share * 100.0,
-                    cpu_share * 100.0,
-                    longest.as_secs_f64() * 1e3,
-                    filter.rotations,
-                    filter.standby_live,
-                    filter.draining
-                );
-            }
-            ratios.push(rates[1] / rates[0]);
+            let cpu_ratio = 2.0 * r.cpu_rates[1] / r.cpu_rates[0];
+            print_round(dim, kind, round, order, &r, cpu_ratio);
+            ratios.push(r.rates[1] / r.rates[0]);
             cpu_ratios.push(cpu_ratio);
         }
         // An even number of rounds, half of each order: the mean of the middle two.
@@ -984,10 +889,9 @@ fn scaling(f: Fixture) -> Fixture {
             (r[mid - 1] + r[mid]) / 2.0
         };
         println!(
-            "scaling d{dim:<4} {:<12} median ratio {:.2}x of {SCALING_ROUNDS} rounds \
+            "scaling d{dim:<4} {kind:<12} median ratio {:.2}x of {SCALING_ROUNDS} rounds \
              (per reader CPU {:.2}x; owner: {} admissions/s, a wake-up every {} µs; \
              readers stop {})",
-            if approximate { "approximate" } else { "exact" },
             median(ratios),
             median(cpu_ratios),
             owner_rate(),
@@ -1012,6 +916,248 @@ fn scaling(f: Fixture) -> Fixture {
         rng,
         dim,
         next_id,
+    }
+}
+
+fn print_round(dim: usize, kind: &str, round: usize, order: [usize; 2], r: &Round, cpu_ratio: f64) {
+    println!(
+        "scaling d{dim:<4} {kind:<12} round {round}: 1 reader {:>10.0}/s  2 readers \
+     {:>10.0}/s  ratio {:.2}x  per reader CPU {cpu_ratio:.2}x  (hits {:.1}% / {:.1}%; \
+     {} reader(s) first; of 2, the first ended at {:.0}% of the run)",
+        r.rates[0],
+        r.rates[1],
+        r.rates[1] / r.rates[0],
+        r.hit_shares[0],
+        r.hit_shares[1],
+        order[0],
+        r.first_end_share * 100.0
+    );
+    for (readers, o) in &r.owners {
+        println!(
+            "    owner with {readers} reader(s): {} admissions, busy {:.0}% \
+             (CPU {:.0}%), longest {:.1} ms; filter rotations {}, standby live {}, \
+             draining {}",
+            o.admitted,
+            o.busy_share * 100.0,
+            o.cpu_share * 100.0,
+            o.longest.as_secs_f64() * 1e3,
+            o.filter.rotations,
+            o.filter.standby_live,
+            o.filter.draining
+        );
+    }
+}
+
+/// What every scaling run reads and admits into.
+struct ScalingInputs<'a> {
+    owner: &'a Arc<Mutex<Cache>>,
+    reader: &'a Arc<CacheReader>,
+    queries: &'a Arc<Vec<Vec<f32>>>,
+    clusters: &'a Clusters,
+}
+
+impl ScalingInputs<'_> {
+    /// One round: the two reader counts in `order`, each beside a background owner.
+    fn round(
+        &self,
+        rng: &mut StdRng,
+        next_id: &mut u64,
+        approximate: bool,
+        order: [usize; 2],
+    ) -> Round {
+        let mut r = Round {
+            rates: [0.0; 2],
+            cpu_rates: [0.0; 2],
+            hit_shares: [0.0; 2],
+            owners: vec![],
+            first_end_share: 1.0,
+            rotations_before: 0,
+        };
+        for (run, threads) in order.into_iter().enumerate() {
+            if run == 0 {
+                // One filter generation for both runs (the table's state): empty a
+                // standby left by an earlier rotation, as an idle owner would. A
+                // rotation from here to the end of the round has it redone.
+                let mut c = self.owner.lock().unwrap();
+                while c.maintain(4096) > 0 {}
+                r.rotations_before = c.stats().filter.rotations;
+            }
+            let pools = self.approximate_pools(rng, next_id, approximate, threads);
+            let stop = Arc::new(AtomicBool::new(false));
+            let bg = self.spawn_owner(rng, stop.clone());
+            let readers = self.run_readers(&pools, threads, approximate);
+            if threads == 2 {
+                r.first_end_share = readers.first_end_share;
+            }
+            r.cpu_rates[threads - 1] = readers.done as f64 / readers.cpu.as_secs_f64();
+            r.hit_shares[threads - 1] = readers.hits as f64 / readers.done as f64 * 100.0;
+            r.rates[threads - 1] = readers.done as f64 / readers.run_s;
+            stop.store(true, Ordering::Relaxed);
+            r.owners.push((threads, bg.join().unwrap()));
+        }
+        r
+    }
+
+    /// Approximate lookups replay pre-checked hits (`fresh_approximate_hits`, 4 copies
+    /// per entry), each input 4 times: an entry is hit at most 1 + 4 × 4 = 17 times,
+    /// within the ~20 τ allows. Built right before each run, so the FIFO has not evicted
+    /// them yet: two pools, batch by batch in turn, for either reader count (one reader
+    /// replays both, interleaved), so both runs replay entries of the same ages (later
+    /// admissions make older entries harder to find in this fixture's graph). Exact
+    /// runs get none.
+    fn approximate_pools(
+        &self,
+        rng: &mut StdRng,
+        next_id: &mut u64,
+        approximate: bool,
+        threads: usize,
+    ) -> Vec<Arc<Vec<Vec<f32>>>> {
+        let mut pools: Vec<Vec<Vec<f32>>> = vec![vec![]; 2 * approximate as usize];
+        let mut c = self.owner.lock().unwrap();
+        while pools.iter().any(|p| p.len() < SCALING_POOL) {
+            for pool in pools.iter_mut().filter(|p| p.len() < SCALING_POOL) {
+                let (more, (tried, hit)) =
+                    fresh_approximate_hits(&mut c, self.clusters, rng, next_id, 1024, 4);
+                assert!(hit > 0, "none of {tried} fresh queries' near copies hit");
+                pool.extend(more);
+            }
+        }
+        drop(c);
+        if threads == 1 && approximate {
+            // Even inputs of the first, odd of the second: both over their whole
+            // length (their first halves alone are their oldest batches).
+            let both = (0..SCALING_POOL).map(|j| pools[j % 2][j].clone());
+            pools = vec![both.collect()];
+        }
+        pools
+            .into_iter()
+            .map(|mut p| {
+                p.truncate(SCALING_POOL);
+                Arc::new(p)
+            })
+            .collect()
+    }
+
+    /// The owner in the background, admitting the misses that have arrived at
+    /// `owner_rate()` until `stop`.
+    fn spawn_owner(&self, rng: &mut StdRng, stop: Arc<AtomicBool>) -> thread::JoinHandle<OwnerRun> {
+        // Queries of this run's own: with one seed for every run the second
+        // re-admitted the first's (cached keys), so its owner did less and its
+        // graph changed less under the readers. Traffic like the rest: new
+        // queries from the same clusters.
+        // Made by lookups, as the misses of a server's readers make them: the
+        // lookup is a reader's work, so it is not the owner's here either. Seeds
+        // made before the run are older than a server's (a backend call) by up
+        // to the run's admissions; an admission costs the same.
+        let owner_tickets: Vec<MissTicket> = {
+            let c = self.owner.lock().unwrap();
+            (0..OWNER_QUERIES)
+                .map(|_| looked_up_ticket(&c, self.clusters, rng, K))
+                .collect()
+        };
+        let (owner, clusters) = (self.owner.clone(), self.clusters.clone());
+        let seed = rng.gen::<u64>();
+        let (rate, wake_us) = (owner_rate(), owner_wake_us());
+        thread::spawn(move || {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut c = owner.lock().unwrap();
+            let (mut admitted, mut busy, mut longest) = (0usize, Duration::ZERO, Duration::ZERO);
+            let (started, cpu_started) = (Instant::now(), thread_cpu());
+            let mut tickets = owner_tickets.into_iter();
+            let (period, mut wake) = (Duration::from_micros(wake_us), started);
+            while !stop.load(Ordering::Relaxed) {
+                // The misses that have arrived by now at `rate`.
+                let due = (started.elapsed().as_secs_f64() * rate as f64) as usize;
+                while admitted < due && !stop.load(Ordering::Relaxed) {
+                    let t0 = Instant::now();
+                    // Past the ones made before (a slow run): made here, without a lookup.
+                    let t = tickets.next().unwrap_or_else(|| {
+                        let q = clusters.sample(&mut rng);
+                        c.miss_ticket(&q, K, false).unwrap()
+                    });
+                    let base = rng.gen_range(0..1u64 << 40);
+                    let a = answer(&mut rng, base);
+                    c.admit(t, a).unwrap();
+                    let took = t0.elapsed();
+                    (admitted, busy, longest) = (admitted + 1, busy + took, longest.max(took));
+                }
+                wake += period;
+                if let Some(left) = wake.checked_duration_since(Instant::now()) {
+                    thread::sleep(left);
+                }
+            }
+            let wall = started.elapsed().as_secs_f64();
+            OwnerRun {
+                admitted,
+                busy_share: busy.as_secs_f64() / wall,
+                cpu_share: (thread_cpu() - cpu_started).as_secs_f64() / wall,
+                longest,
+                filter: c.stats().filter,
+            }
+        })
+    }
+
+    /// `threads` readers, each its share of lookups (its pool's approximate inputs, or
+    /// exact ones from the newer half of the fixture's queries).
+    fn run_readers(
+        &self,
+        pools: &[Arc<Vec<Vec<f32>>>],
+        threads: usize,
+        approximate: bool,
+    ) -> ReadersRun {
+        let per_thread = if approximate {
+            4 * SCALING_POOL
+        } else {
+            300_000
+        };
+        // Set by the first reader to finish its share (`scaling_stop_at_first`).
+        let first_done = Arc::new(AtomicBool::new(false));
+        let stop_at_first = scaling_stop_at_first();
+        let t = Instant::now();
+        let workers: Vec<_> = (0..threads)
+            .map(|w| {
+                let pool = pools.get(w).cloned().unwrap_or_default();
+                let (reader, queries) = (self.reader.clone(), self.queries.clone());
+                let first_done = first_done.clone();
+                thread::spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(w as u64);
+                    let (mut hits, mut done) = (0usize, 0usize);
+                    let cpu_started = thread_cpu();
+                    for i in 0..per_thread {
+                        // Read-only until set: the line stays shared, no traffic.
+                        if stop_at_first && first_done.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let got = if approximate {
+                            reader.lookup(&pool[i % pool.len()], K).unwrap()
+                        } else {
+                            // the newer half: the background admissions evict the oldest
+                            let q = &queries[rng.gen_range(queries.len() / 2..queries.len())];
+                            reader.lookup(q, K).unwrap()
+                        };
+                        hits += matches!(black_box(got), Lookup::Hit(_)) as usize;
+                        done += 1;
+                    }
+                    first_done.store(true, Ordering::Relaxed);
+                    (hits, done, thread_cpu() - cpu_started, Instant::now())
+                })
+            })
+            .collect();
+        let (mut hits, mut done, mut cpu) = (0usize, 0usize, Duration::ZERO);
+        let mut first_end = f64::INFINITY;
+        for w in workers {
+            let (h, n, c, end) = w.join().unwrap();
+            (hits, done, cpu) = (hits + h, done + n, cpu + c);
+            first_end = first_end.min(end.duration_since(t).as_secs_f64());
+        }
+        let run_s = t.elapsed().as_secs_f64();
+        ReadersRun {
+            hits,
+            done,
+            cpu,
+            run_s,
+            first_end_share: first_end / run_s,
+        }
     }
 }
 
@@ -1066,7 +1212,13 @@ fn filter_only(c: &mut Criterion) {
             let found = probes
                 .iter()
                 .zip(&truth)
-                .filter(|(q, t)| index.search(q, 1, &|_| true).first().map(|x| x.0) == Some(**t))
+                .filter(|(q, t)| {
+                    index
+                        .search(q, FilterQuery::nearest(1, &|_| true))
+                        .first()
+                        .map(|x| x.0)
+                        == Some(**t)
+                })
                 .count();
             println!(
                 "filter d{dim:<4} {name:<8} insert {build_us:>8.1} µs/point (mean)  nearest first {:.1}%",
@@ -1076,7 +1228,10 @@ fn filter_only(c: &mut Criterion) {
             g.bench_function(BenchmarkId::new(format!("{name}_search"), dim), |b| {
                 b.iter(|| {
                     i = (i + 1) % probes.len();
-                    black_box(index.search(black_box(&probes[i]), 2, &|r| r % 7 != 0))
+                    black_box(index.search(
+                        black_box(&probes[i]),
+                        FilterQuery::nearest(2, &|r| r % 7 != 0),
+                    ))
                 })
             });
         }

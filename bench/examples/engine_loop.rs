@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use bench::engine_fixture::{answer, delete_victim, env_usize as env, looked_up_ticket, Clusters};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use shards::{Cache, CacheConfig, Capacity, HitKind, Lookup, Metric, PolicyConfig};
+use shards::{Cache, CacheConfig, Capacity, HitKind, Lookup, Metric, MissTicket, PolicyConfig};
 
 // mimalloc, keeping the memory it frees: see allocator/src/lib.rs.
 #[global_allocator]
@@ -40,47 +40,9 @@ fn main() {
     aker_alloc::keep_freed_memory();
     let (dim, n, iters) = (env("DIM", 768), env("REPS", 100_000), env("ITERS", 200_000));
     let op = std::env::var("OP").unwrap_or_else(|_| "approximate".into());
-    let cfg = CacheConfig {
-        delta: 2,
-        k_max: 100,
-        store_vectors: false,
-        capacity: Capacity::Objects(n * (K + 2)),
-        standby_search: bench::engine_fixture::standby_search(),
-        ..CacheConfig::new(dim, Metric::L2Sq)
-    };
-    let mut cache = Cache::new(cfg, PolicyConfig::default().build()).expect("config");
-    let mut rng = StdRng::seed_from_u64(dim as u64);
-    let clusters = Clusters::new(dim, &mut rng);
-    let mut next_id = 0u64;
-    // TICKETS=lookup: the fixture's and `admit`'s tickets come from lookups (which
-    // leave the admission its filter seeds; queries that hit are drawn again), as in a
-    // server; by default they are made without one, every drawn query admitted.
-    let seeded = std::env::var("TICKETS").is_ok_and(|t| t == "lookup");
-    let mut admit = |cache: &mut Cache, rng: &mut StdRng| -> Vec<f32> {
-        let t = if seeded {
-            looked_up_ticket(cache, &clusters, rng, K)
-        } else {
-            let q = clusters.sample(rng);
-            cache.miss_ticket(&q, K, false).expect("valid")
-        };
-        let q = t.query.to_vec();
-        next_id += 1_000_000;
-        cache.admit(t, answer(rng, next_id, K + 2)).expect("valid");
-        q
-    };
+    let mut e = Engine::new(dim, n);
     let t = Instant::now();
-    let queries: Vec<Vec<f32>> = (0..n).map(|_| admit(&mut cache, &mut rng)).collect();
-    // CHURN more admissions evict the oldest and rotate the filter (the steady state of a
-    // full cache: two generations); the looped queries are then the newest n.
-    let churn = env("CHURN", 0);
-    let mut queries = queries;
-    for i in 0..churn {
-        queries[i % n] = admit(&mut cache, &mut rng);
-    }
-    eprintln!(
-        "filter after {churn} more admissions: {:?}",
-        cache.stats().filter
-    );
+    let queries = e.fixture(n, env("CHURN", 0));
     eprintln!(
         "fixture: {n} reps at d {dim}, {:.1} µs per admission",
         t.elapsed().as_secs_f64() * 1e6 / n as f64
@@ -95,80 +57,160 @@ fn main() {
             took.as_secs_f64() * 1e3
         );
     }
-    let near = |q: &[f32]| -> Vec<f32> { q.iter().map(|x| x + 1e-6).collect() };
-    let (mut hits, mut timed, mut timed_n) = (0usize, Duration::ZERO, 0usize);
-    let mut inserted = 1u64 << 60;
-    // TICKETS_AHEAD=n: admissions take tickets made n lookups earlier (a server's owner
-    // admits a miss a backend call after its lookup, caches cold), not the one just made.
-    let tickets_ahead = env("TICKETS_AHEAD", 0);
-    let mut ahead = std::collections::VecDeque::new();
-    let (pace_us, pace_batch) = (env("PACE_US", 0), env("PACE_BATCH", 5));
+    let mut ops = Ops {
+        op: op.clone(),
+        queries,
+        inserted: 1u64 << 60,
+        // TICKETS_AHEAD=n: admissions take tickets made n lookups earlier (a server's
+        // owner admits a miss a backend call after its lookup, caches cold), not the one
+        // just made.
+        tickets_ahead: env("TICKETS_AHEAD", 0),
+        ahead: std::collections::VecDeque::new(),
+        pace_us: env("PACE_US", 0),
+        pace_batch: env("PACE_BATCH", 5),
+        tally: Tally::default(),
+    };
     let t = Instant::now();
     for i in 0..iters {
-        match op.as_str() {
+        ops.step(&mut e, i);
+    }
+    report(&op, iters, t.elapsed(), &ops.tally, &e.cache);
+}
+
+/// The cache and what admits into it.
+struct Engine {
+    cache: Cache,
+    rng: StdRng,
+    clusters: Clusters,
+    next_id: u64,
+    /// TICKETS=lookup: the fixture's and `admit`'s tickets come from lookups (which
+    /// leave the admission its filter seeds; queries that hit are drawn again), as in a
+    /// server; by default they are made without one, every drawn query admitted.
+    seeded: bool,
+}
+
+impl Engine {
+    fn new(dim: usize, n: usize) -> Engine {
+        let cfg = CacheConfig {
+            delta: 2,
+            k_max: 100,
+            store_vectors: false,
+            capacity: Capacity::Objects(n * (K + 2)),
+            standby_search: bench::engine_fixture::standby_search(),
+            ..CacheConfig::new(dim, Metric::L2Sq)
+        };
+        let cache = Cache::new(cfg, PolicyConfig::default().build()).expect("config");
+        let mut rng = StdRng::seed_from_u64(dim as u64);
+        let clusters = Clusters::new(dim, &mut rng);
+        Engine {
+            cache,
+            rng,
+            clusters,
+            next_id: 0,
+            seeded: std::env::var("TICKETS").is_ok_and(|t| t == "lookup"),
+        }
+    }
+
+    /// Admits a query never seen; returns it.
+    fn admit(&mut self) -> Vec<f32> {
+        let t = if self.seeded {
+            looked_up_ticket(&self.cache, &self.clusters, &mut self.rng, K)
+        } else {
+            let q = self.clusters.sample(&mut self.rng);
+            self.cache.miss_ticket(&q, K, false).expect("valid")
+        };
+        let q = t.query.to_vec();
+        self.next_id += 1_000_000;
+        let a = answer(&mut self.rng, self.next_id, K + 2);
+        self.cache.admit(t, a).expect("valid");
+        q
+    }
+
+    /// `n` admitted queries; `churn` more admissions evict the oldest and rotate the
+    /// filter (the steady state of a full cache: two generations), the looped queries
+    /// then being the newest n.
+    fn fixture(&mut self, n: usize, churn: usize) -> Vec<Vec<f32>> {
+        let mut queries: Vec<Vec<f32>> = (0..n).map(|_| self.admit()).collect();
+        for i in 0..churn {
+            queries[i % n] = self.admit();
+        }
+        eprintln!(
+            "filter after {churn} more admissions: {:?}",
+            self.cache.stats().filter
+        );
+        queries
+    }
+}
+
+/// What the loop counted: hits (or seeded tickets) and the time of the timed part.
+#[derive(Default)]
+struct Tally {
+    hits: usize,
+    timed: Duration,
+    timed_n: usize,
+}
+
+/// The loop's operation and its state.
+struct Ops {
+    op: String,
+    queries: Vec<Vec<f32>>,
+    inserted: u64,
+    tickets_ahead: usize,
+    ahead: std::collections::VecDeque<MissTicket>,
+    pace_us: usize,
+    pace_batch: usize,
+    tally: Tally,
+}
+
+fn near(q: &[f32]) -> Vec<f32> {
+    q.iter().map(|x| x + 1e-6).collect()
+}
+
+impl Ops {
+    fn step(&mut self, e: &mut Engine, i: usize) {
+        let n = self.queries.len();
+        let t = &mut self.tally;
+        let approximate =
+            |got: &Lookup| matches!(got, Lookup::Hit(h) if h.kind == HitKind::Approximate);
+        match self.op.as_str() {
             "exact" => {
-                black_box(cache.lookup(&queries[i % n], K).expect("valid"));
+                black_box(e.cache.lookup(&self.queries[i % n], K).expect("valid"));
             }
             "approximate" => {
-                let q = near(&queries[rng.gen_range(0..n)]);
-                let got = cache.lookup(&q, K).expect("valid");
-                hits +=
-                    matches!(got, Lookup::Hit(ref h) if h.kind == HitKind::Approximate) as usize;
+                let q = near(&self.queries[e.rng.gen_range(0..n)]);
+                let got = e.cache.lookup(&q, K).expect("valid");
+                t.hits += approximate(&got) as usize;
             }
             "fresh" => {
                 // Approximate hits on just-admitted entries (the bench's fresh row): the
                 // admission is untimed, the lookup of a near copy timed.
-                let q = near(&admit(&mut cache, &mut rng));
-                let t = Instant::now();
-                let got = cache.lookup(&q, K).expect("valid");
-                timed += t.elapsed();
-                hits +=
-                    matches!(got, Lookup::Hit(ref h) if h.kind == HitKind::Approximate) as usize;
+                let q = near(&e.admit());
+                let started = Instant::now();
+                let got = e.cache.lookup(&q, K).expect("valid");
+                t.timed += started.elapsed();
+                t.hits += approximate(&got) as usize;
             }
             "insert" => {
-                inserted += 1;
-                let v: Arc<[f32]> = Arc::from(near(&queries[i % n]));
-                black_box(cache.insert_logged(inserted, v, true).expect("valid"));
+                self.inserted += 1;
+                let v: Arc<[f32]> = Arc::from(near(&self.queries[i % n]));
+                black_box(
+                    e.cache
+                        .insert_logged(self.inserted, v, true)
+                        .expect("valid"),
+                );
             }
             "admit" => {
-                black_box(admit(&mut cache, &mut rng));
+                black_box(e.admit());
             }
-            "admit_after_lookup" | "admit_without_lookup" => {
-                // The admission alone timed, its ticket made untimed: by a lookup (its
-                // filter search leaves the insertion its seeds) or without one.
-                let make = |cache: &Cache, rng: &mut StdRng| {
-                    if op == "admit_after_lookup" {
-                        looked_up_ticket(cache, &clusters, rng, K)
-                    } else {
-                        let q = clusters.sample(rng);
-                        cache.miss_ticket(&q, K, false).expect("valid")
-                    }
-                };
-                while ahead.len() <= tickets_ahead {
-                    ahead.push_back(make(&cache, &mut rng));
-                }
-                let ticket = ahead.pop_front().expect("filled");
-                hits += !ticket.seeds.is_empty() as usize;
-                inserted += 1_000_000;
-                let a = answer(&mut rng, inserted, K + 2);
-                let t = Instant::now();
-                black_box(cache.admit(ticket, a).expect("valid"));
-                timed += t.elapsed();
-                timed_n += 1;
-                // PACE_US=p: a sleep of p µs after every PACE_BATCH admissions (5), the
-                // scaling test's owner's pacing (its caches go cold in between).
-                if pace_us > 0 && timed_n % pace_batch == 0 {
-                    std::thread::sleep(Duration::from_micros(pace_us as u64));
-                }
-            }
+            "admit_after_lookup" | "admit_without_lookup" => self.timed_admission(e),
             "delete" => {
-                while cache.len() < n / 2 {
-                    admit(&mut cache, &mut rng);
+                while e.cache.len() < n / 2 {
+                    e.admit();
                 }
-                let victim = delete_victim(&cache, &mut rng);
-                let t = Instant::now();
-                black_box(cache.delete(victim));
-                timed += t.elapsed();
+                let victim = delete_victim(&e.cache, &mut e.rng);
+                let started = Instant::now();
+                black_box(e.cache.delete(victim));
+                t.timed += started.elapsed();
             }
             other => panic!(
                 "OP {other}: exact | approximate | fresh | insert | admit | \
@@ -176,31 +218,64 @@ fn main() {
             ),
         }
     }
-    let per_op_us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+
+    /// The admission alone timed, its ticket made untimed: by a lookup (its filter
+    /// search leaves the insertion its seeds) or without one.
+    fn timed_admission(&mut self, e: &mut Engine) {
+        let after_lookup = self.op == "admit_after_lookup";
+        while self.ahead.len() <= self.tickets_ahead {
+            let ticket = if after_lookup {
+                looked_up_ticket(&e.cache, &e.clusters, &mut e.rng, K)
+            } else {
+                let q = e.clusters.sample(&mut e.rng);
+                e.cache.miss_ticket(&q, K, false).expect("valid")
+            };
+            self.ahead.push_back(ticket);
+        }
+        let ticket = self.ahead.pop_front().expect("filled");
+        let t = &mut self.tally;
+        t.hits += !ticket.seeds.is_empty() as usize;
+        self.inserted += 1_000_000;
+        let a = answer(&mut e.rng, self.inserted, K + 2);
+        let started = Instant::now();
+        black_box(e.cache.admit(ticket, a).expect("valid"));
+        t.timed += started.elapsed();
+        t.timed_n += 1;
+        // PACE_US=p: a sleep of p µs after every PACE_BATCH admissions (5), the scaling
+        // test's owner's pacing (its caches go cold in between).
+        if self.pace_us > 0 && t.timed_n % self.pace_batch == 0 {
+            std::thread::sleep(Duration::from_micros(self.pace_us as u64));
+        }
+    }
+}
+
+fn report(op: &str, iters: usize, took: Duration, t: &Tally, cache: &Cache) {
+    let per_op_us = took.as_secs_f64() * 1e6 / iters as f64;
     eprintln!("{op}: {per_op_us:.2} µs per op over {iters}");
     if op == "fresh" {
         eprintln!(
             "  timed lookups alone: {:.2} µs each",
-            timed.as_secs_f64() * 1e6 / iters as f64
+            t.timed.as_secs_f64() * 1e6 / iters as f64
         );
     }
     if op == "approximate" || op == "fresh" {
         eprintln!(
             "  approximate hits: {:.1}%",
-            hits as f64 / iters as f64 * 100.0
+            t.hits as f64 / iters as f64 * 100.0
         );
     }
     if op.starts_with("admit_") {
         eprintln!(
-            "  timed admissions alone: {:.2} µs each over {timed_n}, {:.1}% of them seeded",
-            timed.as_secs_f64() * 1e6 / timed_n.max(1) as f64,
-            hits as f64 / timed_n.max(1) as f64 * 100.0
+            "  timed admissions alone: {:.2} µs each over {}, {:.1}% of them seeded",
+            t.timed.as_secs_f64() * 1e6 / t.timed_n.max(1) as f64,
+            t.timed_n,
+            t.hits as f64 / t.timed_n.max(1) as f64 * 100.0
         );
     }
     if op == "delete" {
         eprintln!(
             "  timed deletes alone: {:.2} µs each; filter {:?}",
-            timed.as_secs_f64() * 1e6 / iters as f64,
+            t.timed.as_secs_f64() * 1e6 / iters as f64,
             cache.stats().filter
         );
     }

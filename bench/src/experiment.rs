@@ -12,10 +12,12 @@ use std::time::Instant;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shards::entry::RepView;
+use shards::filter::FilterQuery;
+use shards::sharded::{ShardedCache, ShardingConfig};
 use shards::store::HnswStore;
 use shards::{
-    Backend, Cache, CacheConfig, Capacity, FilterKind, HitKind, HitPolicy, Metric, PolicyConfig,
-    Result, StandbySearch,
+    Backend, Cache, CacheConfig, CacheStats, Capacity, FilterKind, HitKind, HitPolicy, Metric,
+    PolicyConfig, Result, SearchOutcome, StandbySearch,
 };
 
 use crate::workload::Workload;
@@ -128,6 +130,8 @@ pub struct RunSpec {
     pub filter_candidates: usize,
     /// Which filter generation answers while there are two (`shards::StandbySearch`).
     pub standby_search: StandbySearch,
+    /// 1: one unsharded `Cache`; more: akerd's sharded path (`shards::sharded`).
+    pub shards: usize,
 }
 
 impl RunSpec {
@@ -284,13 +288,54 @@ pub fn recall_at(got: impl IntoIterator<Item = u64>, truth: &[u64]) -> f64 {
     found as f64 / truth.len() as f64
 }
 
+/// Most collection rows the sharded path's centroids train on (akerd's
+/// `sharding.sample_rows` default).
+const ROUTING_SAMPLE_ROWS: usize = 20_000;
+
+/// Up to [`ROUTING_SAMPLE_ROWS`] rows of `data` (row-major, `dim` wide), evenly strided:
+/// what akerd trains its router on.
+pub fn routing_sample(data: &[f32], dim: usize) -> Vec<f32> {
+    let n = data.len() / dim.max(1);
+    let step = n.div_ceil(ROUTING_SAMPLE_ROWS).max(1);
+    (0..n)
+        .step_by(step)
+        .flat_map(|i| &data[i * dim..(i + 1) * dim])
+        .copied()
+        .collect()
+}
+
+/// The cache a run replays through: one, or akerd's shards.
+#[allow(clippy::large_enum_variant)] // one per run, never moved in a loop
+enum CacheUnderTest {
+    One(Cache),
+    Sharded(ShardedCache),
+}
+
+impl CacheUnderTest {
+    fn search(&mut self, backend: &dyn Backend, q: &[f32], k: usize) -> Result<SearchOutcome> {
+        match self {
+            CacheUnderTest::One(c) => c.search(backend, q, k),
+            CacheUnderTest::Sharded(c) => c.search(backend, q, k),
+        }
+    }
+
+    fn stats(&self) -> CacheStats {
+        match self {
+            CacheUnderTest::One(c) => c.stats(),
+            CacheUnderTest::Sharded(c) => c.stats(),
+        }
+    }
+}
+
 /// Replays `workload` through `spec`'s cache in front of `backend`, scoring request
 /// `i` against `truth[workload.requests[i]]` (the exact top-k ids of its vector).
+/// `routing`: the collection sample the sharded path trains its centroids on.
 /// `progress` is called with the number of requests done since its last call.
 pub fn run(
     spec: &RunSpec,
     workload: &Workload,
     truth: &[Vec<u64>],
+    routing: &[f32],
     backend: &dyn Backend,
     progress: &dyn Fn(u64),
 ) -> Result<RunResult> {
@@ -312,8 +357,20 @@ pub fn run(
                 store_vectors: false,
                 ..CacheConfig::new(workload.dim, backend.metric())
             };
-            let policy = OncePerVerification::new(spec.policy_config().build());
-            Some(Cache::new(cfg, Box::new(policy))?)
+            let policy = || -> Box<dyn HitPolicy> {
+                Box::new(OncePerVerification::new(spec.policy_config().build()))
+            };
+            Some(if spec.shards <= 1 {
+                CacheUnderTest::One(Cache::new(cfg, policy())?)
+            } else {
+                let sharding = ShardingConfig {
+                    shards: spec.shards,
+                    ..ShardingConfig::default()
+                };
+                CacheUnderTest::Sharded(ShardedCache::with_policies(
+                    cfg, &policy, &sharding, routing,
+                )?)
+            })
         }
     };
     for (i, &r) in workload.requests.iter().enumerate() {
@@ -446,7 +503,11 @@ pub fn filter_nearest_share(
                 .map(|i| (metric.distance(q, workload.vector(i as u32)), i as u64))
                 .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
                 .map(|(_, i)| i);
-            index.search(q, 1, &|_| true).first().map(|&(r, _)| r) == nearest
+            index
+                .search(q, FilterQuery::nearest(1, &|_| true))
+                .first()
+                .map(|&(r, _)| r)
+                == nearest
         })
         .count();
     (n, found as f64 / n.max(1) as f64)

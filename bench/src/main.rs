@@ -15,7 +15,7 @@ static ALLOCATOR: aker_alloc::MiMalloc = aker_alloc::MiMalloc;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bench::experiment::{self, Policy, Rule, RunSpec};
@@ -137,6 +137,11 @@ struct RecallArgs {
     /// `active-first` the newer generation first.
     #[arg(long, value_enum, default_value = "nearest")]
     standby_search: StandbyChoice,
+    /// Cache shards: 1 is one unsharded cache (the paper's set-up); more run akerd's
+    /// sharded path (two nearest centroids' shards probed, one global pool budget,
+    /// centroids trained on the collection as akerd trains them).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    shards: u64,
     /// Output folder for report.md, results.csv and the figures.
     #[arg(long, default_value_os_t = default_out_dir())]
     out: PathBuf,
@@ -304,6 +309,8 @@ struct Stream {
     workload: Workload,
     truth: Vec<Vec<u64>>,
     threshold: f32,
+    /// The collection sample the sharded path's centroids train on (shared by streams).
+    routing: Arc<[f32]>,
 }
 
 /// One configuration to run.
@@ -382,9 +389,13 @@ fn run_jobs(
                     potluck_seed: seeds.potluck,
                     filter_candidates: args.filter_candidates,
                     standby_search: args.standby_search.engine(),
+                    shards: args.shards as usize,
                 };
                 let backend = backends[job.stream];
-                match experiment::run(&spec, &st.workload, &st.truth, backend, &|n| b.inc(n)) {
+                let run = experiment::run(&spec, &st.workload, &st.truth, &st.routing, backend, &|n| {
+                    b.inc(n)
+                });
+                match run {
                     Ok(result) => {
                         let row = Row {
                             dataset: dataset.to_string(),
@@ -487,219 +498,24 @@ fn recall(mut args: RecallArgs) -> Fallible<()> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let seeds = Seeds::from_base(args.common.seed);
-    let k = args.common.k;
-    let metric = args.common.metric;
     println!("seeds: {seeds}");
     println!(
-        "k = {k}, Δ = {}, {requests} requests, skews {:?}, {threads} threads",
-        args.delta, args.skews
+        "k = {}, Δ = {}, {requests} requests, skews {:?}, {threads} threads, {} shards",
+        args.common.k, args.delta, args.skews, args.shards
     );
     std::fs::create_dir_all(&args.out)?;
 
     let mut rows: Vec<Row> = Vec::new();
     let mut summaries = Vec::new();
     for source in &sources {
-        let (prep, load_s, gt_s) = prepare(source, &args.common, k + args.delta, seeds)?;
-        let name = prep.name.clone();
-        let mut phases = vec![
-            ("load".to_string(), load_s),
-            ("ground truth".to_string(), gt_s),
-        ];
-
-        let t = Instant::now();
-        let streams: Vec<Stream> = args
-            .skews
-            .iter()
-            .map(|&skew| {
-                let workload = workload::sim_zipf(&prep.groups, requests, skew, seeds.stream);
-                let truth = prep.truth_ids(&workload, k);
-                let threshold = experiment::inter_query_percentile(
-                    &workload,
-                    metric,
-                    THRESHOLD_PAIRS,
-                    THRESHOLD_PERCENTILE,
-                    seeds.threshold,
-                );
-                println!(
-                    "[{name}] skew {skew:.2}: {} distinct vectors, Proximity+ threshold {threshold}",
-                    workload.n_vectors()
-                );
-                Stream {
-                    skew,
-                    workload,
-                    truth,
-                    threshold,
-                }
-            })
-            .collect();
-        phases.push(("streams + thresholds".into(), t.elapsed().as_secs_f64()));
-        let pools: Vec<(f64, usize)> = args
-            .pools
-            .iter()
-            .map(|p| {
-                (
-                    p.0,
-                    ((p.0 * prep.base.n as f64).round() as usize).max(k + args.delta),
-                )
-            })
-            .collect();
-
-        if args.backend != BackendChoice::Hnsw {
-            let t = Instant::now();
-            let exact = PrecomputedBackend::new(
-                prep.base.dim,
-                metric,
-                prep.base.n,
-                &prep.groups.members,
-                prep.member_truth.clone(),
-            );
-            let js = jobs(streams.len(), &pools, &args.policies);
-            let backends = vec![&exact as &(dyn Backend + Sync); streams.len()];
-            rows.extend(run_jobs(
-                &js, &streams, &backends, "exact", &name, &args, seeds, threads,
-            )?);
-            phases.push(("exact-backend runs".into(), t.elapsed().as_secs_f64()));
-        }
-
-        let mut hnsw = None;
-        if args.backend != BackendChoice::Exact {
-            let t = Instant::now();
-            let sp = spinner(&format!(
-                "{name}: building HNSW (m {}, efc {})",
-                args.hnsw_m, args.hnsw_ef_construction
-            ));
-            let mut store = HnswStore::build(
-                prep.base.dim,
-                metric,
-                &prep.base.data,
-                args.hnsw_m,
-                args.hnsw_ef_construction,
-                EF_LADDER[0],
-            )?;
-            sp.finish_and_clear();
-            let build_s = t.elapsed().as_secs_f64();
-            println!("[{name}] HNSW built in {build_s:.1} s");
-            phases.push(("HNSW build".into(), build_s));
-
-            // Per stream, as the paper tunes "for each workload": ef from requests
-            // sampled from the stream (so hot groups weigh as in the stream), then every
-            // distinct vector searched once and the runs served from those answers (a
-            // static index answers a repeated question identically; checked below).
-            let t = Instant::now();
-            let mut tuned = Vec::new();
-            let mut memos = Vec::new();
-            for (i, st) in streams.iter().enumerate() {
-                let picks =
-                    request_samples(&st.workload, args.ef_samples, seeds.ef_sample + i as u64);
-                let samples: Vec<(&[f32], &[u64])> = picks
-                    .iter()
-                    .map(|&r| (st.workload.vector(r), st.truth[r as usize].as_slice()))
-                    .collect();
-                let sweep =
-                    experiment::tune_ef(&mut store, &samples, k, args.target_recall, &EF_LADDER)?;
-                let chosen = *sweep.last().expect("the ladder is not empty");
-                let n = st.workload.n_vectors();
-                let b = bar(n as u64, &format!("{name} {:.2}: HNSW answers", st.skew));
-                let memo = PrecomputedBackend::memoise(
-                    &store,
-                    &st.workload.vectors,
-                    k + args.delta,
-                    threads,
-                    &|n| b.inc(n as u64),
-                )?;
-                b.finish_and_clear();
-                let checked = n.min(DETERMINISM_CHECK);
-                let disagreements = memo.disagreements(
-                    &store,
-                    &st.workload.vectors[..checked * prep.base.dim],
-                    k + args.delta,
-                )?;
-                println!(
-                    "[{name}] skew {:.2}: ef {} (recall@{k} {:.3} on {} sampled requests); {n} vectors searched, {disagreements} of {checked} differ when searched again",
-                    st.skew,
-                    chosen.ef,
-                    chosen.recall,
-                    samples.len()
-                );
-                tuned.push(HnswStream {
-                    skew: st.skew,
-                    sweep,
-                    memoised: n,
-                    checked,
-                    disagreements,
-                });
-                memos.push(memo);
-            }
-            phases.push(("ef sweeps + HNSW answers".into(), t.elapsed().as_secs_f64()));
-
-            let t = Instant::now();
-            let backends: Vec<&(dyn Backend + Sync)> =
-                memos.iter().map(|m| m as &(dyn Backend + Sync)).collect();
-            let js = jobs(streams.len(), &pools, &args.hnsw_policies);
-            rows.extend(run_jobs(
-                &js, &streams, &backends, "hnsw", &name, &args, seeds, threads,
-            )?);
-            phases.push(("HNSW-backend runs".into(), t.elapsed().as_secs_f64()));
-            hnsw = Some(HnswSummary {
-                m: args.hnsw_m,
-                ef_construction: args.hnsw_ef_construction,
-                build_seconds: build_s,
-                samples: args.ef_samples,
-                target: args.target_recall,
-                streams: tuned,
-            });
-        }
-
-        // Why the HNSW filter finds fewer approximate hits than the brute-force one: the
-        // paper's parameters, and a well-connected graph for contrast.
-        let t = Instant::now();
-        let filter_checks: Vec<(FilterKind, usize, f64)> = filter_check_params()
-            .into_iter()
-            .map(|kind| {
-                let (n, share) = experiment::filter_nearest_share(
-                    &streams[0].workload,
-                    metric,
-                    kind,
-                    FILTER_CHECK_ENTRIES,
-                );
-                println!(
-                    "[{name}] filter {kind}: nearest entry first for {:.1}% of {n} look-ups",
-                    100.0 * share
-                );
-                (kind, n, share)
-            })
-            .collect();
-        phases.push(("filter check".into(), t.elapsed().as_secs_f64()));
-
-        summaries.push(DatasetSummary {
-            name: name.clone(),
-            description: source.describe(),
-            collection: prep.base.n,
-            dim: prep.base.dim,
-            metric,
-            members: prep.members(),
-            truth: format!(
-                "exact top-{} by brute force, {} ({})",
-                prep.depth,
-                if prep.truth_loaded {
-                    "loaded from the cache"
-                } else {
-                    "computed"
-                },
-                prep.truth_path.display()
-            ),
-            skews: streams
-                .iter()
-                .map(|s| SkewSummary {
-                    skew: s.skew,
-                    distinct: s.workload.n_vectors(),
-                    threshold: s.threshold,
-                })
-                .collect(),
-            hnsw,
-            filter_checks,
-            phases,
-        });
+        let run = SourceRun {
+            args: &args,
+            seeds,
+            threads,
+        };
+        let (summary, source_rows) = run.all(source, requests)?;
+        summaries.push(summary);
+        rows.extend(source_rows);
         write_outputs(
             &args, &command, seeds, requests, threads, started, &summaries, &rows,
         )?;
@@ -710,6 +526,281 @@ fn recall(mut args: RecallArgs) -> Fallible<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Timed phases of one data set's runs, for the report.
+type Phases = Vec<(String, f64)>;
+
+/// One data set's runs: the settings every step shares.
+struct SourceRun<'a> {
+    args: &'a RecallArgs,
+    seeds: Seeds,
+    threads: usize,
+}
+
+impl SourceRun<'_> {
+    /// Prepare the data set, then its streams, the exact-backend runs, the HNSW-backend
+    /// runs and the filter check; its summary and rows.
+    fn all(&self, source: &Source, requests: usize) -> Fallible<(DatasetSummary, Vec<Row>)> {
+        let (args, k) = (self.args, self.args.common.k);
+        let (prep, load_s, gt_s) = prepare(source, &args.common, k + args.delta, self.seeds)?;
+        let mut phases: Phases = vec![
+            ("load".to_string(), load_s),
+            ("ground truth".to_string(), gt_s),
+        ];
+        let t = Instant::now();
+        let streams = self.streams(&prep, requests);
+        phases.push(("streams + thresholds".into(), t.elapsed().as_secs_f64()));
+        let pools: Vec<(f64, usize)> = args
+            .pools
+            .iter()
+            .map(|p| {
+                let objects = (p.0 * prep.base.n as f64).round() as usize;
+                (p.0, objects.max(k + args.delta))
+            })
+            .collect();
+        let mut rows = Vec::new();
+        if args.backend != BackendChoice::Hnsw {
+            let t = Instant::now();
+            rows.extend(self.exact_runs(&prep, &streams, &pools)?);
+            phases.push(("exact-backend runs".into(), t.elapsed().as_secs_f64()));
+        }
+        let mut hnsw = None;
+        if args.backend != BackendChoice::Exact {
+            let (hnsw_rows, summary) = self.hnsw_runs(&prep, &streams, &pools, &mut phases)?;
+            rows.extend(hnsw_rows);
+            hnsw = Some(summary);
+        }
+        let t = Instant::now();
+        let filter_checks = filter_checks(&prep.name, &streams[0].workload, args.common.metric);
+        phases.push(("filter check".into(), t.elapsed().as_secs_f64()));
+        let summary = dataset_summary(
+            source,
+            &prep,
+            &streams,
+            args.common.metric,
+            hnsw,
+            filter_checks,
+            phases,
+        );
+        Ok((summary, rows))
+    }
+
+    /// The simZipf streams of every skew, with exact truth and Proximity+'s threshold.
+    fn streams(&self, prep: &Prepared, requests: usize) -> Vec<Stream> {
+        let (args, seeds, k) = (self.args, self.seeds, self.args.common.k);
+        let routing: Arc<[f32]> = experiment::routing_sample(&prep.base.data, prep.base.dim).into();
+        args.skews
+            .iter()
+            .map(|&skew| {
+                let workload = workload::sim_zipf(&prep.groups, requests, skew, seeds.stream);
+                let truth = prep.truth_ids(&workload, k);
+                let threshold = experiment::inter_query_percentile(
+                    &workload,
+                    args.common.metric,
+                    THRESHOLD_PAIRS,
+                    THRESHOLD_PERCENTILE,
+                    seeds.threshold,
+                );
+                println!(
+                    "[{}] skew {skew:.2}: {} distinct vectors, Proximity+ threshold {threshold}",
+                    prep.name,
+                    workload.n_vectors()
+                );
+                Stream {
+                    skew,
+                    workload,
+                    truth,
+                    threshold,
+                    routing: routing.clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// Every policy and pool against the precomputed exact answers.
+    fn exact_runs(
+        &self,
+        prep: &Prepared,
+        streams: &[Stream],
+        pools: &[(f64, usize)],
+    ) -> Fallible<Vec<Row>> {
+        let exact = PrecomputedBackend::new(
+            prep.base.dim,
+            self.args.common.metric,
+            prep.base.n,
+            &prep.groups.members,
+            prep.member_truth.clone(),
+        );
+        let js = jobs(streams.len(), pools, &self.args.policies);
+        let backends = vec![&exact as &(dyn Backend + Sync); streams.len()];
+        let (args, seeds, threads) = (self.args, self.seeds, self.threads);
+        run_jobs(
+            &js, streams, &backends, "exact", &prep.name, args, seeds, threads,
+        )
+    }
+
+    /// An HNSW index over the collection, `ef` tuned per stream, its answers memoised,
+    /// then every HNSW policy and pool against them.
+    fn hnsw_runs(
+        &self,
+        prep: &Prepared,
+        streams: &[Stream],
+        pools: &[(f64, usize)],
+        phases: &mut Phases,
+    ) -> Fallible<(Vec<Row>, HnswSummary)> {
+        let (args, name) = (self.args, &prep.name);
+        let t = Instant::now();
+        let sp = spinner(&format!(
+            "{name}: building HNSW (m {}, efc {})",
+            args.hnsw_m, args.hnsw_ef_construction
+        ));
+        let mut store = HnswStore::build(
+            prep.base.dim,
+            args.common.metric,
+            &prep.base.data,
+            args.hnsw_m,
+            args.hnsw_ef_construction,
+            EF_LADDER[0],
+        )?;
+        sp.finish_and_clear();
+        let build_s = t.elapsed().as_secs_f64();
+        println!("[{name}] HNSW built in {build_s:.1} s");
+        phases.push(("HNSW build".into(), build_s));
+
+        let t = Instant::now();
+        let (tuned, memos) = self.tune_and_memoise(prep, streams, &mut store)?;
+        phases.push(("ef sweeps + HNSW answers".into(), t.elapsed().as_secs_f64()));
+
+        let t = Instant::now();
+        let backends: Vec<&(dyn Backend + Sync)> =
+            memos.iter().map(|m| m as &(dyn Backend + Sync)).collect();
+        let js = jobs(streams.len(), pools, &args.hnsw_policies);
+        let (seeds, threads) = (self.seeds, self.threads);
+        let rows = run_jobs(&js, streams, &backends, "hnsw", name, args, seeds, threads)?;
+        phases.push(("HNSW-backend runs".into(), t.elapsed().as_secs_f64()));
+        let summary = HnswSummary {
+            m: args.hnsw_m,
+            ef_construction: args.hnsw_ef_construction,
+            build_seconds: build_s,
+            samples: args.ef_samples,
+            target: args.target_recall,
+            streams: tuned,
+        };
+        Ok((rows, summary))
+    }
+
+    /// Per stream, as the paper tunes "for each workload": ef from requests sampled from
+    /// the stream (so hot groups weigh as in the stream), then every distinct vector
+    /// searched once and the runs served from those answers (a static index answers a
+    /// repeated question identically; checked here on the first vectors).
+    fn tune_and_memoise(
+        &self,
+        prep: &Prepared,
+        streams: &[Stream],
+        store: &mut HnswStore,
+    ) -> Fallible<(Vec<HnswStream>, Vec<PrecomputedBackend>)> {
+        let (args, name, k) = (self.args, &prep.name, self.args.common.k);
+        let mut tuned = Vec::new();
+        let mut memos = Vec::new();
+        for (i, st) in streams.iter().enumerate() {
+            let seed = self.seeds.ef_sample + i as u64;
+            let picks = request_samples(&st.workload, args.ef_samples, seed);
+            let samples: Vec<(&[f32], &[u64])> = picks
+                .iter()
+                .map(|&r| (st.workload.vector(r), st.truth[r as usize].as_slice()))
+                .collect();
+            let sweep = experiment::tune_ef(store, &samples, k, args.target_recall, &EF_LADDER)?;
+            let chosen = *sweep.last().expect("the ladder is not empty");
+            let n = st.workload.n_vectors();
+            let b = bar(n as u64, &format!("{name} {:.2}: HNSW answers", st.skew));
+            let depth = k + args.delta;
+            let memo = PrecomputedBackend::memoise(
+                store,
+                &st.workload.vectors,
+                depth,
+                self.threads,
+                &|n| b.inc(n as u64),
+            )?;
+            b.finish_and_clear();
+            let checked = n.min(DETERMINISM_CHECK);
+            let again = &st.workload.vectors[..checked * prep.base.dim];
+            let disagreements = memo.disagreements(store, again, depth)?;
+            println!(
+                "[{name}] skew {:.2}: ef {} (recall@{k} {:.3} on {} sampled requests); {n} vectors searched, {disagreements} of {checked} differ when searched again",
+                st.skew,
+                chosen.ef,
+                chosen.recall,
+                samples.len()
+            );
+            tuned.push(HnswStream {
+                skew: st.skew,
+                sweep,
+                memoised: n,
+                checked,
+                disagreements,
+            });
+            memos.push(memo);
+        }
+        Ok((tuned, memos))
+    }
+}
+
+/// Why the HNSW filter finds fewer approximate hits than the brute-force one: the
+/// paper's parameters, and a well-connected graph for contrast.
+fn filter_checks(name: &str, w: &Workload, metric: Metric) -> Vec<(FilterKind, usize, f64)> {
+    filter_check_params()
+        .into_iter()
+        .map(|kind| {
+            let (n, share) =
+                experiment::filter_nearest_share(w, metric, kind, FILTER_CHECK_ENTRIES);
+            println!(
+                "[{name}] filter {kind}: nearest entry first for {:.1}% of {n} look-ups",
+                100.0 * share
+            );
+            (kind, n, share)
+        })
+        .collect()
+}
+
+fn dataset_summary(
+    source: &Source,
+    prep: &Prepared,
+    streams: &[Stream],
+    metric: Metric,
+    hnsw: Option<HnswSummary>,
+    filter_checks: Vec<(FilterKind, usize, f64)>,
+    phases: Phases,
+) -> DatasetSummary {
+    let truth_from = if prep.truth_loaded {
+        "loaded from the cache"
+    } else {
+        "computed"
+    };
+    DatasetSummary {
+        name: prep.name.clone(),
+        description: source.describe(),
+        collection: prep.base.n,
+        dim: prep.base.dim,
+        metric,
+        members: prep.members(),
+        truth: format!(
+            "exact top-{} by brute force, {truth_from} ({})",
+            prep.depth,
+            prep.truth_path.display()
+        ),
+        skews: streams
+            .iter()
+            .map(|s| SkewSummary {
+                skew: s.skew,
+                distinct: s.workload.n_vectors(),
+                threshold: s.threshold,
+            })
+            .collect(),
+        hnsw,
+        filter_checks,
+        phases,
+    }
 }
 
 /// `n` request positions of `w` drawn uniformly with replacement: the vectors they
@@ -746,6 +837,7 @@ fn write_outputs(
         delta: args.delta,
         filter_candidates: args.filter_candidates,
         standby_search: args.standby_search.engine(),
+        shards: args.shards as usize,
         potluck: (args.potluck_grow, args.potluck_shrink),
         requests,
         pools: args.pools.iter().map(|p| p.0).collect(),

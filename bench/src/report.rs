@@ -288,6 +288,8 @@ pub struct Header {
     pub delta: usize,
     pub filter_candidates: usize,
     pub standby_search: shards::StandbySearch,
+    /// Cache shards (1: one unsharded cache).
+    pub shards: usize,
     /// Potluck+'s (grow, shrink).
     pub potluck: (f32, f32),
     pub requests: usize,
@@ -306,7 +308,7 @@ pub fn markdown(h: &Header, sets: &[DatasetSummary], rows: &[Row]) -> String {
         s,
         "k = {}, Δ = {}, {} requests per stream, simZipf groups of 50 with λ ~ U(0, 0.5) and \
          partners drawn from the 1,000 held-out bases, YCSB scrambled Zipfian over groups. \
-         Pools (objects, ids only): {}. Filter candidates checked per lookup: {}; filter generations: {:?}. Potluck+ factors: grow ×{}, shrink ×{}. Paper-Aker: \
+         Pools (objects, ids only): {}. Filter candidates checked per lookup: {}; filter generations: {:?}; cache shards: {}. Potluck+ factors: grow ×{}, shrink ×{}. Paper-Aker: \
          α_L = 1.1, α_T = 0.25, τ₀ = minD / 4. Seeds: {}. {} worker threads; total wall \
          time {:.0} s.\n",
         h.k,
@@ -315,6 +317,7 @@ pub fn markdown(h: &Header, sets: &[DatasetSummary], rows: &[Row]) -> String {
         h.pools.iter().map(|&p| pct_label(p)).collect::<Vec<_>>().join(", "),
         h.filter_candidates,
         h.standby_search,
+        h.shards,
         h.potluck.0,
         h.potluck.1,
         h.seeds,

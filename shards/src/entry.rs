@@ -7,13 +7,11 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::exact_table::QueryKey;
+use crate::keys::QueryKey;
+pub use crate::keys::RepId;
 
 /// Fixed-point scale of risk factors.
 pub const RISK_SCALE: f64 = 4_294_967_296.0;
-
-/// Representatives are numbered in admission order, so the FIFO is ascending `RepId`.
-pub type RepId = u64;
 
 /// `NRL`: up to `k + Δ` results ascending by (distance to `RQ`, id). Each result's
 /// vector rides along (when the cache stores vectors) so a hit can re-rank for the

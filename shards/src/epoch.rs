@@ -14,9 +14,10 @@ pub struct EpochCell<T> {
     ptr: AtomicPtr<T>,
 }
 
-// Safety: the cell hands out `&T` to many threads and drops `T` on whichever thread
+// SAFETY: the cell hands out `&T` to many threads and drops `T` on whichever thread
 // reclaims it, so `T` must be both.
 unsafe impl<T: Send + Sync> Send for EpochCell<T> {}
+// SAFETY: as for `Send`: shared `&T` across threads needs `T: Sync`.
 unsafe impl<T: Send + Sync> Sync for EpochCell<T> {}
 
 impl<T> EpochCell<T> {
@@ -32,7 +33,7 @@ impl<T> EpochCell<T> {
     pub fn read<R>(&self, f: impl FnOnce(&T) -> R) -> R {
         let guard = self.collector.enter();
         let p = guard.protect(&self.ptr, Ordering::Acquire);
-        // Safety: `p` came from `Box::into_raw` and is retired only through the
+        // SAFETY: `p` came from `Box::into_raw` and is retired only through the
         // collector, which waits for this guard.
         f(unsafe { &*p })
     }
@@ -42,7 +43,7 @@ impl<T> EpochCell<T> {
         let old = self
             .ptr
             .swap(Box::into_raw(Box::new(value)), Ordering::AcqRel);
-        // Safety: `old` is unreachable for new readers; seize defers the free until
+        // SAFETY: `old` is unreachable for new readers; seize defers the free until
         // every guard that could have loaded it is gone.
         unsafe { self.collector.retire(old, reclaim::boxed::<T>) };
     }
@@ -61,7 +62,7 @@ impl<T> EpochCell<T> {
 
 impl<T> Drop for EpochCell<T> {
     fn drop(&mut self) {
-        // Safety: `&mut self`: no reader is left; retired values are freed by the
+        // SAFETY: `&mut self`: no reader is left; retired values are freed by the
         // collector's own drop.
         unsafe { drop(Box::from_raw(self.ptr.load(Ordering::Acquire))) };
     }

@@ -75,6 +75,7 @@ pub(crate) fn l2sq(a: &[f32], b: &[f32]) -> Option<f32> {
         // SAFETY: the level says the CPU has these features; pointers cover n floats.
         #[cfg(target_arch = "x86_64")]
         Level::Avx512 => Some(unsafe { x86::l2sq_avx512(a.as_ptr(), b.as_ptr(), n) }),
+        // SAFETY: as for the AVX-512 arm.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 => Some(unsafe { x86::l2sq_avx2(a.as_ptr(), b.as_ptr(), n) }),
         _ => None,
@@ -90,6 +91,7 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> Option<f32> {
         // SAFETY: as in `l2sq`.
         #[cfg(target_arch = "x86_64")]
         Level::Avx512 => Some(unsafe { x86::dot_avx512(a.as_ptr(), b.as_ptr(), n) }),
+        // SAFETY: as for the AVX-512 arm.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 => Some(unsafe { x86::dot_avx2(a.as_ptr(), b.as_ptr(), n) }),
         _ => None,
@@ -107,6 +109,7 @@ pub(crate) fn dot_i8i8(a: &[i8], b: &[i8]) -> i32 {
         // SAFETY: as in `l2sq`; both hold n bytes.
         #[cfg(target_arch = "x86_64")]
         Level::Avx512 => unsafe { x86::dot_i8i8_avx512(a.as_ptr(), b.as_ptr(), n) },
+        // SAFETY: as for the AVX-512 arm.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 => unsafe { x86::dot_i8i8_avx2(a.as_ptr(), b.as_ptr(), n) },
         _ => dot_i8i8_scalar(&a[..n], &b[..n]),
@@ -122,6 +125,7 @@ pub(crate) fn quantize_i8(v: &[f32], out: &mut [i8]) -> f32 {
         // SAFETY: as in `l2sq`; both hold v.len() elements.
         #[cfg(target_arch = "x86_64")]
         Level::Avx512 => unsafe { x86::quantize_i8_avx512(v, out) },
+        // SAFETY: as for the AVX-512 arm.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 => unsafe { x86::quantize_i8_avx2(v, out) },
         _ => quantize_i8_scalar(v, out),
@@ -160,31 +164,36 @@ mod x86 {
         ($name:ident, $step:expr) => {
             #[target_feature(enable = "avx512f")]
             pub(super) unsafe fn $name(a: *const f32, b: *const f32, n: usize) -> f32 {
-                let step = $step;
-                let mut acc = [_mm512_setzero_ps(); 4];
-                let mut i = 0;
-                while i + 64 <= n {
-                    for (j, acc) in acc.iter_mut().enumerate() {
-                        let o = i + 16 * j;
-                        *acc = step(*acc, _mm512_loadu_ps(a.add(o)), _mm512_loadu_ps(b.add(o)));
+                // SAFETY: the caller (the dispatch above) ran the CPU check for this
+                // function's target features, and its pointers cover `n` elements.
+                unsafe {
+                    let step = $step;
+                    let mut acc = [_mm512_setzero_ps(); 4];
+                    let mut i = 0;
+                    while i + 64 <= n {
+                        for (j, acc) in acc.iter_mut().enumerate() {
+                            let o = i + 16 * j;
+                            *acc = step(*acc, _mm512_loadu_ps(a.add(o)), _mm512_loadu_ps(b.add(o)));
+                        }
+                        i += 64;
                     }
-                    i += 64;
+                    while i + 16 <= n {
+                        acc[0] = step(acc[0], _mm512_loadu_ps(a.add(i)), _mm512_loadu_ps(b.add(i)));
+                        i += 16;
+                    }
+                    if i < n {
+                        // Masked lanes load as zero and add nothing.
+                        let mask: __mmask16 = (1u32 << (n - i)) as u16 - 1;
+                        let (va, vb) = (
+                            _mm512_maskz_loadu_ps(mask, a.add(i)),
+                            _mm512_maskz_loadu_ps(mask, b.add(i)),
+                        );
+                        acc[1] = step(acc[1], va, vb);
+                    }
+                    let s =
+                        _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+                    _mm512_reduce_add_ps(s)
                 }
-                while i + 16 <= n {
-                    acc[0] = step(acc[0], _mm512_loadu_ps(a.add(i)), _mm512_loadu_ps(b.add(i)));
-                    i += 16;
-                }
-                if i < n {
-                    // Masked lanes load as zero and add nothing.
-                    let mask: __mmask16 = (1u32 << (n - i)) as u16 - 1;
-                    let (va, vb) = (
-                        _mm512_maskz_loadu_ps(mask, a.add(i)),
-                        _mm512_maskz_loadu_ps(mask, b.add(i)),
-                    );
-                    acc[1] = step(acc[1], va, vb);
-                }
-                let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-                _mm512_reduce_add_ps(s)
             }
         };
     }
@@ -193,30 +202,35 @@ mod x86 {
         ($name:ident, $step:expr, $scalar:expr) => {
             #[target_feature(enable = "avx2,fma")]
             pub(super) unsafe fn $name(a: *const f32, b: *const f32, n: usize) -> f32 {
-                let step = $step;
-                let mut acc = [_mm256_setzero_ps(); 4];
-                let mut i = 0;
-                while i + 32 <= n {
-                    for (j, acc) in acc.iter_mut().enumerate() {
-                        let o = i + 8 * j;
-                        *acc = step(*acc, _mm256_loadu_ps(a.add(o)), _mm256_loadu_ps(b.add(o)));
+                // SAFETY: the caller (the dispatch above) ran the CPU check for this
+                // function's target features, and its pointers cover `n` elements.
+                unsafe {
+                    let step = $step;
+                    let mut acc = [_mm256_setzero_ps(); 4];
+                    let mut i = 0;
+                    while i + 32 <= n {
+                        for (j, acc) in acc.iter_mut().enumerate() {
+                            let o = i + 8 * j;
+                            *acc = step(*acc, _mm256_loadu_ps(a.add(o)), _mm256_loadu_ps(b.add(o)));
+                        }
+                        i += 32;
                     }
-                    i += 32;
+                    while i + 8 <= n {
+                        acc[0] = step(acc[0], _mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)));
+                        i += 8;
+                    }
+                    let s =
+                        _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+                    let mut lanes = [0f32; 8];
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), s);
+                    let mut total: f32 = lanes.iter().sum();
+                    let scalar = $scalar;
+                    while i < n {
+                        total += scalar(*a.add(i), *b.add(i));
+                        i += 1;
+                    }
+                    total
                 }
-                while i + 8 <= n {
-                    acc[0] = step(acc[0], _mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)));
-                    i += 8;
-                }
-                let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-                let mut lanes = [0f32; 8];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), s);
-                let mut total: f32 = lanes.iter().sum();
-                let scalar = $scalar;
-                while i < n {
-                    total += scalar(*a.add(i), *b.add(i));
-                    i += 1;
-                }
-                total
             }
         };
     }
@@ -242,128 +256,148 @@ mod x86 {
 
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn dot_i8i8_avx512(a: *const i8, b: *const i8, n: usize) -> i32 {
-        // 32 bytes sign-extended to 32 i16; madd multiplies and adds pairs into 16 i32.
-        let wide = |p: *const i8| _mm512_cvtepi8_epi16(_mm256_loadu_si256(p.cast::<__m256i>()));
-        let mut acc = [_mm512_setzero_si512(); 2];
-        let mut i = 0;
-        while i + 64 <= n {
-            acc[0] = _mm512_add_epi32(acc[0], _mm512_madd_epi16(wide(a.add(i)), wide(b.add(i))));
-            acc[1] = _mm512_add_epi32(
-                acc[1],
-                _mm512_madd_epi16(wide(a.add(i + 32)), wide(b.add(i + 32))),
-            );
-            i += 64;
+        // SAFETY: the caller (the dispatch above) ran the CPU check for this
+        // function's target features, and its pointers (slices) cover `n` elements.
+        unsafe {
+            // 32 bytes sign-extended to 32 i16; madd multiplies and adds pairs into 16 i32.
+            let wide = |p: *const i8| _mm512_cvtepi8_epi16(_mm256_loadu_si256(p.cast::<__m256i>()));
+            let mut acc = [_mm512_setzero_si512(); 2];
+            let mut i = 0;
+            while i + 64 <= n {
+                acc[0] =
+                    _mm512_add_epi32(acc[0], _mm512_madd_epi16(wide(a.add(i)), wide(b.add(i))));
+                acc[1] = _mm512_add_epi32(
+                    acc[1],
+                    _mm512_madd_epi16(wide(a.add(i + 32)), wide(b.add(i + 32))),
+                );
+                i += 64;
+            }
+            while i + 32 <= n {
+                acc[0] =
+                    _mm512_add_epi32(acc[0], _mm512_madd_epi16(wide(a.add(i)), wide(b.add(i))));
+                i += 32;
+            }
+            let mut total = _mm512_reduce_add_epi32(_mm512_add_epi32(acc[0], acc[1]));
+            while i < n {
+                total += *a.add(i) as i32 * *b.add(i) as i32;
+                i += 1;
+            }
+            total
         }
-        while i + 32 <= n {
-            acc[0] = _mm512_add_epi32(acc[0], _mm512_madd_epi16(wide(a.add(i)), wide(b.add(i))));
-            i += 32;
-        }
-        let mut total = _mm512_reduce_add_epi32(_mm512_add_epi32(acc[0], acc[1]));
-        while i < n {
-            total += *a.add(i) as i32 * *b.add(i) as i32;
-            i += 1;
-        }
-        total
     }
 
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn dot_i8i8_avx2(a: *const i8, b: *const i8, n: usize) -> i32 {
-        let wide = |p: *const i8| _mm256_cvtepi8_epi16(_mm_loadu_si128(p.cast::<__m128i>()));
-        let mut acc = [_mm256_setzero_si256(); 2];
-        let mut i = 0;
-        while i + 32 <= n {
-            acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(wide(a.add(i)), wide(b.add(i))));
-            acc[1] = _mm256_add_epi32(
-                acc[1],
-                _mm256_madd_epi16(wide(a.add(i + 16)), wide(b.add(i + 16))),
+        // SAFETY: the caller (the dispatch above) ran the CPU check for this
+        // function's target features, and its pointers (slices) cover `n` elements.
+        unsafe {
+            let wide = |p: *const i8| _mm256_cvtepi8_epi16(_mm_loadu_si128(p.cast::<__m128i>()));
+            let mut acc = [_mm256_setzero_si256(); 2];
+            let mut i = 0;
+            while i + 32 <= n {
+                acc[0] =
+                    _mm256_add_epi32(acc[0], _mm256_madd_epi16(wide(a.add(i)), wide(b.add(i))));
+                acc[1] = _mm256_add_epi32(
+                    acc[1],
+                    _mm256_madd_epi16(wide(a.add(i + 16)), wide(b.add(i + 16))),
+                );
+                i += 32;
+            }
+            while i + 16 <= n {
+                acc[0] =
+                    _mm256_add_epi32(acc[0], _mm256_madd_epi16(wide(a.add(i)), wide(b.add(i))));
+                i += 16;
+            }
+            let mut lanes = [0i32; 8];
+            _mm256_storeu_si256(
+                lanes.as_mut_ptr().cast::<__m256i>(),
+                _mm256_add_epi32(acc[0], acc[1]),
             );
-            i += 32;
+            let mut total: i32 = lanes.iter().sum();
+            while i < n {
+                total += *a.add(i) as i32 * *b.add(i) as i32;
+                i += 1;
+            }
+            total
         }
-        while i + 16 <= n {
-            acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(wide(a.add(i)), wide(b.add(i))));
-            i += 16;
-        }
-        let mut lanes = [0i32; 8];
-        _mm256_storeu_si256(
-            lanes.as_mut_ptr().cast::<__m256i>(),
-            _mm256_add_epi32(acc[0], acc[1]),
-        );
-        let mut total: i32 = lanes.iter().sum();
-        while i < n {
-            total += *a.add(i) as i32 * *b.add(i) as i32;
-            i += 1;
-        }
-        total
     }
 
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn quantize_i8_avx512(v: &[f32], out: &mut [i8]) -> f32 {
-        let (n, p) = (v.len(), v.as_ptr());
-        let mut m = _mm512_setzero_ps();
-        let mut i = 0;
-        while i + 16 <= n {
-            m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(p.add(i))));
-            i += 16;
+        // SAFETY: the caller (the dispatch above) ran the CPU check for this
+        // function's target features, and its pointers (slices) cover `n` elements.
+        unsafe {
+            let (n, p) = (v.len(), v.as_ptr());
+            let mut m = _mm512_setzero_ps();
+            let mut i = 0;
+            while i + 16 <= n {
+                m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(p.add(i))));
+                i += 16;
+            }
+            let mut max_abs = _mm512_reduce_max_ps(m);
+            for &x in &v[i..] {
+                max_abs = if x.abs() > max_abs { x.abs() } else { max_abs };
+            }
+            let (scale, inv) = super::scale_of(max_abs);
+            let vinv = _mm512_set1_ps(inv);
+            let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+            let mut i = 0;
+            while i + 16 <= n {
+                let x = _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), vinv);
+                // cvtps rounds to nearest even (the default MXCSR mode); the clamp keeps
+                // float slop from reaching 128.
+                let q = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(x, lo), hi));
+                _mm_storeu_si128(out.as_mut_ptr().add(i).cast(), _mm512_cvtsepi32_epi8(q));
+                i += 16;
+            }
+            for (c, &x) in out[i..].iter_mut().zip(&v[i..]) {
+                *c = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+            }
+            scale
         }
-        let mut max_abs = _mm512_reduce_max_ps(m);
-        for &x in &v[i..] {
-            max_abs = if x.abs() > max_abs { x.abs() } else { max_abs };
-        }
-        let (scale, inv) = super::scale_of(max_abs);
-        let vinv = _mm512_set1_ps(inv);
-        let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
-        let mut i = 0;
-        while i + 16 <= n {
-            let x = _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), vinv);
-            // cvtps rounds to nearest even (the default MXCSR mode); the clamp keeps
-            // float slop from reaching 128.
-            let q = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(x, lo), hi));
-            _mm_storeu_si128(out.as_mut_ptr().add(i).cast(), _mm512_cvtsepi32_epi8(q));
-            i += 16;
-        }
-        for (c, &x) in out[i..].iter_mut().zip(&v[i..]) {
-            *c = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
-        }
-        scale
     }
 
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn quantize_i8_avx2(v: &[f32], out: &mut [i8]) -> f32 {
-        let (n, p) = (v.len(), v.as_ptr());
-        let sign = _mm256_set1_ps(-0.0);
-        let mut m = _mm256_setzero_ps();
-        let mut i = 0;
-        while i + 8 <= n {
-            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(i))));
-            i += 8;
+        // SAFETY: the caller (the dispatch above) ran the CPU check for this
+        // function's target features, and its pointers (slices) cover `n` elements.
+        unsafe {
+            let (n, p) = (v.len(), v.as_ptr());
+            let sign = _mm256_set1_ps(-0.0);
+            let mut m = _mm256_setzero_ps();
+            let mut i = 0;
+            while i + 8 <= n {
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(i))));
+                i += 8;
+            }
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+            let mut max_abs = 0f32;
+            for &x in lanes.iter().chain(&v[i..]) {
+                max_abs = if x.abs() > max_abs { x.abs() } else { max_abs };
+            }
+            let (scale, inv) = super::scale_of(max_abs);
+            let vinv = _mm256_set1_ps(inv);
+            let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+            let conv = |j: usize| {
+                let x = _mm256_mul_ps(_mm256_loadu_ps(p.add(j)), vinv);
+                _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(x, lo), hi))
+            };
+            // packs interleave 128-bit lanes; the permute puts the 32 bytes back in order.
+            let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            let mut i = 0;
+            while i + 32 <= n {
+                let ab = _mm256_packs_epi32(conv(i), conv(i + 8));
+                let cd = _mm256_packs_epi32(conv(i + 16), conv(i + 24));
+                let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), order);
+                _mm256_storeu_si256(out.as_mut_ptr().add(i).cast(), bytes);
+                i += 32;
+            }
+            for (c, &x) in out[i..].iter_mut().zip(&v[i..]) {
+                *c = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+            }
+            scale
         }
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
-        let mut max_abs = 0f32;
-        for &x in lanes.iter().chain(&v[i..]) {
-            max_abs = if x.abs() > max_abs { x.abs() } else { max_abs };
-        }
-        let (scale, inv) = super::scale_of(max_abs);
-        let vinv = _mm256_set1_ps(inv);
-        let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
-        let conv = |j: usize| {
-            let x = _mm256_mul_ps(_mm256_loadu_ps(p.add(j)), vinv);
-            _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(x, lo), hi))
-        };
-        // packs interleave 128-bit lanes; the permute puts the 32 bytes back in order.
-        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-        let mut i = 0;
-        while i + 32 <= n {
-            let ab = _mm256_packs_epi32(conv(i), conv(i + 8));
-            let cd = _mm256_packs_epi32(conv(i + 16), conv(i + 24));
-            let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), order);
-            _mm256_storeu_si256(out.as_mut_ptr().add(i).cast(), bytes);
-            i += 32;
-        }
-        for (c, &x) in out[i..].iter_mut().zip(&v[i..]) {
-            *c = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
-        }
-        scale
     }
 
     #[cfg(test)]

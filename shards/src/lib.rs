@@ -4,7 +4,8 @@
 //! | mechanism (ALGORITHM.md)                         | where                       |
 //! |--------------------------------------------------|-----------------------------|
 //! | distances (squared L2, 1 - cos, -dot)            | [`metric`], `kernels`       |
-//! | exact table, 128-bit keys, representative/alias  | [`exact_table`], [`entry`]  |
+//! | 128-bit query keys, representative ids           | [`keys`]                    |
+//! | exact table slots, representatives and aliases   | [`exact_table`], [`entry`]  |
 //! | lookup (lock-free read side)                     | [`read`]                    |
 //! | admission, FIFO eviction, deletes (owner)        | [`cache`]                   |
 //! | epoch-published values (seize)                   | [`epoch`]                   |
@@ -18,8 +19,13 @@
 //! | routing by centroid, load-based assignment       | [`router`]                  |
 //! | global pool budget, shares follow admissions     | [`budget`]                  |
 //! | owner messages (bounded channel, hints dropped)  | [`owner`]                   |
-//! | many shards behind one call (runner, tests)      | [`sharded`]                 |
+//! | lookup across shards, one constructor, rebalance | [`sharded`]                 |
 //! | the maps' hasher (foldhash)                      | [`hash`]                    |
+// Every unsafe block says why it is sound, and an unsafe fn's body is not one implicit
+// unsafe block (CI runs clippy with these as errors).
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod backend;
 pub mod budget;
 pub mod cache;
@@ -33,6 +39,7 @@ pub mod filter;
 pub mod hash;
 pub mod insert_log;
 mod kernels;
+pub mod keys;
 pub mod metric;
 pub mod owner;
 pub mod policy;

@@ -3,6 +3,18 @@
 //! two nearest centroids, probes both (exact tables, then filters, nearest shard
 //! first), and a miss is admitted by the nearest one. Inserts are logged by every
 //! shard, with the fast path on the two nearest; deletes reach every shard.
+//!
+//! The three steps akerd shares with [`ShardedCache`] live here once: building the
+//! shards ([`ShardSet::build`]), the lookup across them ([`lookup_across`]) and a
+//! rebalance ([`rebalance`]). akerd runs them on its executors and owner tasks;
+//! `ShardedCache` runs them in one thread.
+//!
+//! ```text
+//!  q ─► Router::route_probes ─► [s1, s2, (shards a rebalance moved them from)]
+//!        exact table of each, in order ─► hit?
+//!        filter of each, in order ─────► hit?   (s1's search leaves admission seeds)
+//!        miss: ticket from s1 ─► backend ─► s1 admits
+//! ```
 
 use std::sync::Arc;
 
@@ -13,9 +25,9 @@ use crate::config::{CacheConfig, Capacity};
 use crate::error::Result;
 use crate::exact_table::QueryKey;
 use crate::filter::InsertSeeds;
-use crate::policy::PolicyConfig;
-use crate::read::{Lookup, MissTicket};
-use crate::router::{Retirements, Router};
+use crate::policy::{HitPolicy, PolicyConfig};
+use crate::read::{CacheReader, Lookup, MissTicket};
+use crate::router::{Probes, Retirements, Router};
 
 #[derive(Clone, Debug)]
 pub struct ShardingConfig {
@@ -37,6 +49,97 @@ impl Default for ShardingConfig {
     }
 }
 
+/// Router, global budget and one cache per shard, built from one configuration.
+pub struct ShardSet {
+    pub router: Router,
+    pub budget: Arc<GlobalBudget>,
+    pub caches: Vec<Cache>,
+}
+
+impl ShardSet {
+    /// `sample`: row-major vectors of the collection to train the centroids on;
+    /// `policy`: each shard's hit policy (a fresh one per shard: thresholds are per entry,
+    /// but a policy may keep state, as Potluck+'s global threshold does).
+    pub fn build(
+        cfg: &CacheConfig,
+        policy: &dyn Fn() -> Box<dyn HitPolicy>,
+        sharding: &ShardingConfig,
+        sample: &[f32],
+    ) -> Result<ShardSet> {
+        cfg.validate()?;
+        let router = Router::train(
+            sample,
+            cfg.dim,
+            cfg.metric,
+            sharding.centroids,
+            sharding.shards,
+            sharding.seed,
+        )?;
+        let total = match cfg.capacity {
+            Capacity::Objects(n) | Capacity::Bytes(n) => n,
+        };
+        let budget = Arc::new(GlobalBudget::new(total, sharding.shards));
+        let caches = (0..sharding.shards)
+            .map(|s| Cache::with_budget(cfg.clone(), policy(), budget.clone(), s))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ShardSet {
+            router,
+            budget,
+            caches,
+        })
+    }
+}
+
+/// Algorithm 1 across shards: the exact tables of `probes` in order, then their filters
+/// in order; the first that serves answers. A miss is the nearest shard's, with what
+/// its filter search found for admitting `q` (`MissTicket::seeds`). `q` and `k` are
+/// already validated (the protocol's validation, or the caller's).
+pub fn lookup_across<'a>(
+    probes: &Probes,
+    reader: impl Fn(usize) -> &'a CacheReader,
+    q: &[f32],
+    k: usize,
+) -> (usize, Lookup) {
+    let (s1, probe) = (probes.first(), probes.as_slice());
+    let key = QueryKey::new(q, k);
+    let nearest = reader(s1);
+    nearest.counters.lookups.bump();
+    let exact = probe
+        .iter()
+        .find_map(|&s| reader(s).probe_exact(q, k, key).map(|l| (s, l)));
+    if let Some(found) = exact {
+        return found;
+    }
+    let mut seeds = InsertSeeds::default();
+    for &s in probe {
+        let for_admission = (s == s1).then_some(&mut seeds);
+        if let Some(l) = reader(s).probe_filter_seeded(q, k, key, for_admission) {
+            return (s, l);
+        }
+    }
+    nearest.counters.misses.bump();
+    let ticket = nearest.ticket(q, k, key, None, false);
+    (s1, Lookup::Miss(MissTicket { seeds, ..ticket }))
+}
+
+/// One rebalance: centroids move to the shards that balance the load (the router),
+/// the shards they left stay probed until their entries age out (`retirements`), and
+/// pool shares follow demand (the budget). `evictions` and `entries` read a shard's
+/// eviction count and live entries. Returns the centroids moved.
+pub fn rebalance(
+    router: &Router,
+    budget: &GlobalBudget,
+    retirements: &mut Retirements,
+    evictions: impl Fn(usize) -> u64,
+    entries: impl Fn(usize) -> u64,
+) -> usize {
+    let moves = router.rebalance();
+    retirements.moved(&moves, &evictions, entries);
+    retirements.retire(router, &evictions);
+    budget.rebalance();
+    moves.len()
+}
+
 pub struct ShardedCache {
     router: Router,
     shards: Vec<Cache>,
@@ -55,26 +158,21 @@ impl ShardedCache {
         sharding: &ShardingConfig,
         sample: &[f32],
     ) -> Result<Self> {
-        cfg.validate()?;
-        let router = Router::train(
-            sample,
-            cfg.dim,
-            cfg.metric,
-            sharding.centroids,
-            sharding.shards,
-            sharding.seed,
-        )?;
-        let total = match cfg.capacity {
-            Capacity::Objects(n) | Capacity::Bytes(n) => n,
-        };
-        let budget = Arc::new(GlobalBudget::new(total, sharding.shards));
-        let shards = (0..sharding.shards)
-            .map(|s| Cache::with_budget(cfg.clone(), policy.build(), budget.clone(), s))
-            .collect::<Result<Vec<_>>>()?;
+        Self::with_policies(cfg, &|| policy.build(), sharding, sample)
+    }
+
+    /// [`ShardedCache::new`] with each shard's policy made by `policy`.
+    pub fn with_policies(
+        cfg: CacheConfig,
+        policy: &dyn Fn() -> Box<dyn HitPolicy>,
+        sharding: &ShardingConfig,
+        sample: &[f32],
+    ) -> Result<Self> {
+        let set = ShardSet::build(&cfg, policy, sharding, sample)?;
         Ok(ShardedCache {
-            router,
-            shards,
-            budget,
+            router: set.router,
+            shards: set.caches,
+            budget: set.budget,
             every: sharding.rebalance_every.max(1),
             since_rebalance: 0,
             retirements: Retirements::default(),
@@ -96,50 +194,22 @@ impl ShardedCache {
     pub fn search(&mut self, backend: &dyn Backend, q: &[f32], k: usize) -> Result<SearchOutcome> {
         self.shards[0].read.validate_request(q, k)?;
         let probes = self.router.route_probes(q);
-        let (s1, probe) = (probes.first(), probes.as_slice());
-        let key = QueryKey::new(q, k);
-        self.shards[s1].read.counters.lookups.bump();
-        let mut found = None;
-        for &s in probe {
-            if let Some(l) = self.shards[s].read.probe_exact(q, k, key) {
-                found = Some((s, l));
-                break;
-            }
-        }
-        // What the nearest shard's filter search finds for admitting q, should it miss.
-        let mut seeds = InsertSeeds::default();
-        if found.is_none() {
-            for &s in probe {
-                let for_admission = (s == s1).then_some(&mut seeds);
-                let read = &self.shards[s].read;
-                if let Some(l) = read.probe_filter_seeded(q, k, key, for_admission) {
-                    found = Some((s, l));
-                    break;
-                }
-            }
-        }
-        let (s, lookup) = match found {
-            Some(x) => x,
-            None => {
-                let read = &self.shards[s1].read;
-                read.counters.misses.bump();
-                let ticket = read.ticket(q, k, key, None, false);
-                (s1, Lookup::Miss(MissTicket { seeds, ..ticket }))
-            }
-        };
+        let shards = &self.shards;
+        let (s, lookup) = lookup_across(&probes, |s| &*shards[s].read, q, k);
         let shard = &mut self.shards[s];
         let out = shard.complete(backend, lookup)?;
         shard.run_slow_path();
         self.since_rebalance += 1;
         if self.since_rebalance >= self.every {
             self.since_rebalance = 0;
-            let moves = self.router.rebalance();
             let shards = &self.shards;
-            let evictions = |s: usize| shards[s].read.counters.evictions.get();
-            self.retirements
-                .moved(&moves, evictions, |s| shards[s].len() as u64);
-            self.retirements.retire(&self.router, evictions);
-            self.budget.rebalance();
+            rebalance(
+                &self.router,
+                &self.budget,
+                &mut self.retirements,
+                |s| shards[s].read.counters.evictions.get(),
+                |s| shards[s].len() as u64,
+            );
         }
         Ok(out)
     }

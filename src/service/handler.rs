@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use shards::exact_table::QueryKey;
-use shards::filter::InsertSeeds;
 use shards::owner::OwnerMsg;
+use shards::sharded::lookup_across;
 use shards::{Admission, Candidate, Lookup, MissTicket};
 
 use super::backend::{BackendAnswer, Job};
@@ -139,25 +139,9 @@ impl AkerService {
             return self.resolve_miss(s1, ticket, ctx).await;
         }
         // The hit path: lock-free reads of the two nearest centroids' shards (and those a
-        // rebalance moved them from) on this core, exact tables first, then filters,
-        // nearest shard first (ShardedCache::search's order).
-        let key = QueryKey::new(q, k);
-        sh.shards[s1].reader.counters().lookups.bump();
-        let probe = probes.as_slice();
-        // What the nearest shard's filter search finds for admitting q, should it miss.
-        let mut seeds = InsertSeeds::default();
-        let found = probe
-            .iter()
-            .find_map(|&s| sh.shards[s].reader.probe_exact(q, k, key).map(|l| (s, l)))
-            .or_else(|| {
-                probe.iter().find_map(|&s| {
-                    let seeds = (s == s1).then_some(&mut seeds);
-                    let reader = &sh.shards[s].reader;
-                    reader.probe_filter_seeded(q, k, key, seeds).map(|l| (s, l))
-                })
-            });
-        match found {
-            Some((s, Lookup::Hit(hit))) => {
+        // rebalance moved them from) on this core (the protocol validated q and k).
+        match lookup_across(&probes, |s| &*sh.shards[s].reader, q, k) {
+            (s, Lookup::Hit(hit)) => {
                 let h = &sh.shards[s];
                 // Owner work is optional here: dropped and counted when its queue is full.
                 if let Some(key) = hit.link {
@@ -178,17 +162,8 @@ impl AkerService {
                         .collect(),
                 }))
             }
-            // A sampled verification (Potluck+): answered by the backend like a miss.
-            Some((s, Lookup::Miss(ticket))) => self.resolve_miss(s, ticket, ctx).await,
-            None => {
-                let r = &sh.shards[s1].reader;
-                r.counters().misses.bump();
-                let ticket = MissTicket {
-                    seeds,
-                    ..r.miss_ticket(q, k, false)?
-                };
-                self.resolve_miss(s1, ticket, ctx).await
-            }
+            // A miss, or a sampled verification (Potluck+): answered by the backend.
+            (s, Lookup::Miss(ticket)) => self.resolve_miss(s, ticket, ctx).await,
         }
     }
 

@@ -66,8 +66,9 @@ use std::time::{Duration, Instant};
 use shards::budget::GlobalBudget;
 use shards::owner::{OwnerMsg, ShardHandle};
 use shards::router::{Retirements, Router};
+use shards::sharded::ShardSet;
 use shards::store::{ExactStore, HnswStore};
-use shards::{Cache, CacheConfig, Capacity};
+use shards::{Cache, CacheConfig};
 
 use crate::config::{BackendKind, Config, DataSource, IndexKind};
 use crate::metrics::{self, ExecutorMetrics, Latency, Op, SampleKind, Snapshot, KIND_NAMES};
@@ -260,30 +261,19 @@ impl Daemon {
         let cache_cfg = cfg.cache.engine_config(dim).map_err(StartError::Config)?;
         let executors = cfg.server.executors;
         let n_shards = cfg.sharding.shard_count(executors);
-        let router = Arc::new(Router::train(
+        let set = ShardSet::build(
+            &cache_cfg,
+            &|| cfg.cache.policy.build(),
+            &cfg.sharding.engine(n_shards),
             &sample.sample(cfg.sharding.sample_rows),
-            dim,
-            cfg.cache.metric_or_default(),
-            cfg.sharding.centroids,
-            n_shards,
-            cfg.sharding.seed,
-        )?);
+        )?;
         drop(sample);
-        let total = match cache_cfg.capacity {
-            Capacity::Objects(n) | Capacity::Bytes(n) => n,
-        };
-        let budget = Arc::new(GlobalBudget::new(total, n_shards));
+        let (router, budget) = (Arc::new(set.router), set.budget);
 
         let mut handles = Vec::with_capacity(n_shards);
         let mut gauges = Vec::with_capacity(n_shards);
         let mut per_executor: Vec<Vec<OwnerParts>> = (0..executors).map(|_| Vec::new()).collect();
-        for s in 0..n_shards {
-            let cache = Cache::with_budget(
-                cache_cfg.clone(),
-                cfg.cache.policy.build(),
-                budget.clone(),
-                s,
-            )?;
+        for (s, cache) in set.caches.into_iter().enumerate() {
             let (h, rx) = shards::owner::channel(&cache, cfg.cache.owner_queue_depth);
             let g = Arc::new(ShardGauges::default());
             handles.push(h);
@@ -356,14 +346,14 @@ impl Daemon {
                     let mut retirements = Retirements::default();
                     loop {
                         glommio::timer::Timer::new(rebalance).await;
-                        let moves = sh.router.rebalance();
-                        let evictions = |s: usize| sh.shards[s].reader.counters().evictions.get();
-                        let entries = |s: usize| ShardGauges::get(&sh.gauges[s].representatives);
-                        retirements.moved(&moves, evictions, entries);
-                        retirements.retire(&sh.router, evictions);
-                        sh.budget.rebalance();
-                        sh.centroid_moves
-                            .fetch_add(moves.len() as u64, Ordering::Relaxed);
+                        let moved = shards::sharded::rebalance(
+                            &sh.router,
+                            &sh.budget,
+                            &mut retirements,
+                            |s| sh.shards[s].reader.counters().evictions.get(),
+                            |s| ShardGauges::get(&sh.gauges[s].representatives),
+                        );
+                        sh.centroid_moves.fetch_add(moved as u64, Ordering::Relaxed);
                     }
                 })
                 .detach();

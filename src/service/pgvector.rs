@@ -364,23 +364,56 @@ struct Found {
     index: String,
 }
 
+/// The table as akerd needs it: its name, dimension, metric and HNSW index, each
+/// checked (a refusal names what to change).
 async fn discover(
     c: &Client,
     section: &PgvectorSection,
     metric: Option<Metric>,
 ) -> Result<Found, StartError> {
-    let refuse = |m: String| StartError::Backend(format!("pgvector: {m}"));
-    let db = |e: tokio_postgres::Error| refuse(describe(&e));
     let name = section.table.as_str();
     let row = c
         .query_one("SELECT to_regclass($1)::text", &[&name])
         .await
-        .map_err(db)?;
+        .map_err(refuse_db)?;
     let table: String = row
         .get::<_, Option<String>>(0)
         .ok_or_else(|| refuse(format!("table {name} does not exist")))?;
+    let dim = check_columns(c, section, &table).await?;
+    if let Some(want) = section.dim {
+        if want != dim {
+            return Err(refuse(format!(
+                "column {} of {table} holds {dim}-d vectors; backend.pgvector.dim is {want}",
+                section.vector_column
+            )));
+        }
+    }
+    check_unique_id(c, section).await?;
+    let (index, metric) = choose_index(c, section, &table, metric).await?;
+    Ok(Found {
+        table,
+        dim,
+        metric,
+        index,
+    })
+}
 
-    let (id_type, _, id_not_null) = column_type(c, name, &table, &section.id_column).await?;
+fn refuse(m: String) -> StartError {
+    StartError::Backend(format!("pgvector: {m}"))
+}
+
+fn refuse_db(e: tokio_postgres::Error) -> StartError {
+    refuse(describe(&e))
+}
+
+/// The id, vector and payload columns' types; the vectors' dimension.
+async fn check_columns(
+    c: &Client,
+    section: &PgvectorSection,
+    table: &str,
+) -> Result<usize, StartError> {
+    let name = section.table.as_str();
+    let (id_type, _, id_not_null) = column_type(c, name, table, &section.id_column).await?;
     if id_type != "int8" {
         return Err(refuse(format!(
             "id column {} is {id_type}, not bigint: ids are the protocol's u64 up to i64::MAX",
@@ -393,7 +426,7 @@ async fn discover(
             section.id_column
         )));
     }
-    let (vec_type, typmod, _) = column_type(c, name, &table, &section.vector_column).await?;
+    let (vec_type, typmod, _) = column_type(c, name, table, &section.vector_column).await?;
     if vec_type != "vector" {
         return Err(refuse(format!(
             "column {} is {vec_type}, not pgvector's vector",
@@ -401,40 +434,31 @@ async fn discover(
         )));
     }
     if let Some(p) = &section.payload_column {
-        let (t, _, _) = column_type(c, name, &table, p).await?;
+        let (t, _, _) = column_type(c, name, table, p).await?;
         if t != "bytea" {
             return Err(refuse(format!("payload column {p} is {t}, not bytea")));
         }
     }
-    let dim = if typmod > 0 {
-        typmod as usize
-    } else {
-        // An untyped `vector` column: the dimension of a stored row.
-        let q = format!(
-            "SELECT vector_dims({v}) FROM {table} WHERE {v} IS NOT NULL LIMIT 1",
-            v = quote_ident(&section.vector_column)
-        );
-        match c.query_opt(q.as_str(), &[]).await.map_err(db)? {
-            Some(r) => r.get::<_, i32>(0) as usize,
-            None => {
-                return Err(refuse(format!(
-                    "column {} has no dimension (vector, not vector(n)) and the table \
-                     no row to take one from",
-                    section.vector_column
-                )))
-            }
-        }
-    };
-
-    if let Some(want) = section.dim {
-        if want != dim {
-            return Err(refuse(format!(
-                "column {} of {table} holds {dim}-d vectors; backend.pgvector.dim is {want}",
-                section.vector_column
-            )));
-        }
+    if typmod > 0 {
+        return Ok(typmod as usize);
     }
+    // An untyped `vector` column: the dimension of a stored row.
+    let q = format!(
+        "SELECT vector_dims({v}) FROM {table} WHERE {v} IS NOT NULL LIMIT 1",
+        v = quote_ident(&section.vector_column)
+    );
+    match c.query_opt(q.as_str(), &[]).await.map_err(refuse_db)? {
+        Some(r) => Ok(r.get::<_, i32>(0) as usize),
+        None => Err(refuse(format!(
+            "column {} has no dimension (vector, not vector(n)) and the table \
+             no row to take one from",
+            section.vector_column
+        ))),
+    }
+}
 
+/// INSERT replaces a row by id: the id needs a unique index of its own.
+async fn check_unique_id(c: &Client, section: &PgvectorSection) -> Result<(), StartError> {
     let unique: bool = c
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_index i \
@@ -442,10 +466,10 @@ async fn discover(
              WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indnkeyatts = 1 \
                AND i.indisvalid AND i.indimmediate \
                AND a.attname = $2 AND i.indpred IS NULL AND i.indexprs IS NULL)",
-            &[&name, &section.id_column],
+            &[&section.table, &section.id_column],
         )
         .await
-        .map_err(db)?
+        .map_err(refuse_db)?
         .get(0);
     if !unique {
         return Err(refuse(format!(
@@ -453,7 +477,17 @@ async fn discover(
             section.id_column
         )));
     }
+    Ok(())
+}
 
+/// The valid HNSW index on the vector column for `metric`, or, unset, the one metric
+/// the column's indexes agree on.
+async fn choose_index(
+    c: &Client,
+    section: &PgvectorSection,
+    table: &str,
+    metric: Option<Metric>,
+) -> Result<(String, Metric), StartError> {
     let indexes = c
         .query(
             "SELECT ci.relname::text, opc.opcname::text, i.indisvalid FROM pg_index i \
@@ -465,10 +499,10 @@ async fn discover(
                AND i.indnkeyatts = 1 AND a.attname = $2 \
                AND i.indpred IS NULL AND i.indexprs IS NULL \
              ORDER BY ci.relname",
-            &[&name, &section.vector_column],
+            &[&section.table, &section.vector_column],
         )
         .await
-        .map_err(db)?;
+        .map_err(refuse_db)?;
     let usable: Vec<(String, Metric)> = indexes
         .iter()
         .filter(|r| r.get::<_, bool>(2))
@@ -482,54 +516,39 @@ async fn discover(
             v.join(", ")
         }
     };
-    let (index, metric) = match metric {
-        Some(m) => usable
+    let column = &section.vector_column;
+    if let Some(m) = metric {
+        return usable
             .iter()
             .find(|(_, x)| *x == m)
             .cloned()
             .ok_or_else(|| {
                 refuse(format!(
-                    "no valid HNSW index on {table} ({}) for metric {m} (operator class {}); \
+                "no valid HNSW index on {table} ({column}) for metric {m} (operator class {}); \
                  PostgreSQL would scan the whole table. Found: {}. Create one: CREATE INDEX \
                  ON {table} USING hnsw ({} {})",
-                    section.vector_column,
-                    opclass(m),
-                    listed(),
-                    quote_ident(&section.vector_column),
-                    opclass(m)
-                ))
-            })?,
-        None => {
-            let mut metrics: Vec<Metric> = usable.iter().map(|(_, m)| *m).collect();
-            metrics.dedup();
-            match metrics.len() {
-                1 => usable[0].clone(),
-                0 => {
-                    return Err(refuse(format!(
-                        "no valid HNSW index on {table} ({}) with vector_l2_ops, vector_ip_ops \
-                         or vector_cosine_ops; PostgreSQL would scan the whole table",
-                        section.vector_column
-                    )))
-                }
-                _ => {
-                    return Err(refuse(format!(
-                        "HNSW indexes for several metrics on {table} ({}): {}; set cache.metric",
-                        section.vector_column,
-                        listed()
-                    )))
-                }
-            }
-        }
-    };
-    Ok(Found {
-        table,
-        dim,
-        metric,
-        index,
-    })
+                opclass(m),
+                listed(),
+                quote_ident(column),
+                opclass(m)
+            ))
+            });
+    }
+    let mut metrics: Vec<Metric> = usable.iter().map(|(_, m)| *m).collect();
+    metrics.dedup();
+    match metrics.len() {
+        1 => Ok(usable[0].clone()),
+        0 => Err(refuse(format!(
+            "no valid HNSW index on {table} ({column}) with vector_l2_ops, vector_ip_ops \
+             or vector_cosine_ops; PostgreSQL would scan the whole table"
+        ))),
+        _ => Err(refuse(format!(
+            "HNSW indexes for several metrics on {table} ({column}): {}; set cache.metric",
+            listed()
+        ))),
+    }
 }
 
-/// A column's type name and type modifier.
 /// A column's type name, type modifier and NOT NULL.
 async fn column_type(
     c: &Client,

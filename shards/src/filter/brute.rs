@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::FilterIndex;
+use super::{FilterIndex, FilterQuery};
 use crate::entry::RepId;
 use crate::metric::Metric;
 
@@ -27,7 +27,8 @@ impl FilterIndex for BruteForceIndex {
         self.points.pin().insert(rep, Arc::from(v));
     }
 
-    fn search(&self, q: &[f32], n: usize, accept: &dyn Fn(RepId) -> bool) -> Vec<(RepId, f32)> {
+    fn search(&self, q: &[f32], want: FilterQuery<'_>) -> Vec<(RepId, f32)> {
+        let (n, accept) = (want.n, want.accept);
         let mut best: Vec<(RepId, f32)> = Vec::with_capacity(n + 1);
         for (rep, v) in self.points.pin().iter() {
             if !accept(*rep) {

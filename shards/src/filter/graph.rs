@@ -40,7 +40,7 @@ use std::cmp::{Ordering as CmpOrdering, Reverse};
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
-use super::{FilterIndex, InsertSeeds};
+use super::{FilterIndex, FilterQuery, InsertSeeds};
 use crate::entry::RepId;
 use crate::kernels::prefetch;
 use crate::metric::Metric;
@@ -901,30 +901,15 @@ impl FilterIndex for GraphIndex {
         self.insert_node(rep, v, seeds);
     }
 
-    fn search(&self, q: &[f32], n: usize, accept: &dyn Fn(RepId) -> bool) -> Vec<(RepId, f32)> {
-        self.search_bounded(q, n, accept, f32::INFINITY)
-    }
-
-    fn search_bounded(
-        &self,
-        q: &[f32],
-        n: usize,
-        accept: &dyn Fn(RepId) -> bool,
-        bound: f32,
-    ) -> Vec<(RepId, f32)> {
-        self.search_with(q, n, accept, bound, None, None)
-    }
-
-    fn search_serving(
-        &self,
-        q: &[f32],
-        n: usize,
-        accept: &dyn Fn(RepId) -> bool,
-        serves: &mut dyn FnMut(RepId) -> Option<f32>,
-        bound: f32,
-        seeds: Option<&mut InsertSeeds>,
-    ) -> Vec<(RepId, f32)> {
-        self.search_with(q, n, accept, bound, Some(serves), seeds)
+    fn search(&self, q: &[f32], want: FilterQuery<'_>) -> Vec<(RepId, f32)> {
+        let FilterQuery {
+            n,
+            accept,
+            bound,
+            serves,
+            seeds,
+        } = want;
+        self.search_with(q, n, accept, bound, serves, seeds)
     }
 
     fn len(&self) -> usize {
@@ -941,6 +926,53 @@ mod tests {
     thread_local! {
         /// Distances this thread's searches computed (`GraphIndex::dist`).
         pub(super) static DISTANCES: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// The searches the tests ask for, spelled out (`FilterQuery` in one line each).
+    impl GraphIndex {
+        fn nearest(
+            &self,
+            q: &[f32],
+            n: usize,
+            accept: &dyn Fn(RepId) -> bool,
+        ) -> Vec<(RepId, f32)> {
+            self.search(q, FilterQuery::nearest(n, accept))
+        }
+
+        fn search_bounded(
+            &self,
+            q: &[f32],
+            n: usize,
+            accept: &dyn Fn(RepId) -> bool,
+            bound: f32,
+        ) -> Vec<(RepId, f32)> {
+            self.search(
+                q,
+                FilterQuery {
+                    bound,
+                    ..FilterQuery::nearest(n, accept)
+                },
+            )
+        }
+
+        fn search_serving(
+            &self,
+            q: &[f32],
+            n: usize,
+            accept: &dyn Fn(RepId) -> bool,
+            serves: &mut dyn FnMut(RepId) -> Option<f32>,
+            bound: f32,
+            seeds: Option<&mut InsertSeeds>,
+        ) -> Vec<(RepId, f32)> {
+            let want = FilterQuery {
+                n,
+                accept,
+                bound,
+                serves: Some(serves),
+                seeds,
+            };
+            self.search(q, want)
+        }
     }
 
     fn distances_during<R>(f: impl FnOnce() -> R) -> (R, usize) {
@@ -999,7 +1031,7 @@ mod tests {
                 })
                 .unwrap()
                 .0 as RepId;
-            let got = g.search(&q, 1, &|_| true);
+            let got = g.nearest(&q, 1, &|_| true);
             assert_eq!(got.len(), 1);
             hits += (got[0].0 == truth) as usize;
         }
@@ -1026,7 +1058,8 @@ mod tests {
         for (i, p) in pts.iter().enumerate() {
             let mut q = p.clone();
             q[0] = q[0].next_up();
-            found += (g.search(&q, 1, &|_| true).first().map(|r| r.0) == Some(i as RepId)) as usize;
+            found +=
+                (g.nearest(&q, 1, &|_| true).first().map(|r| r.0) == Some(i as RepId)) as usize;
         }
         found
     }
@@ -1132,7 +1165,7 @@ mod tests {
             assert!(offered.iter().all(|&r| accept(r)), "a tombstone offered");
             offers_max = offers_max.max(offered.len());
             offers_sum += offered.len();
-            let (plain, plain_distances) = distances_during(|| g.search(&q, 2, &accept));
+            let (plain, plain_distances) = distances_during(|| g.nearest(&q, 2, &accept));
             plain_self += (plain.first().map(|x| x.0) == Some((i * 7) as RepId)) as usize;
             if got.first().is_some_and(|&(r, _)| exact(r) < 0.05) {
                 found_self += (got[0].0 == (i * 7) as RepId) as usize;
@@ -1175,16 +1208,16 @@ mod tests {
         for r in 0..500u64 {
             let q = [(r % 25) as f32, (r / 25) as f32];
             // Codes are approximate: the point itself first, at (nearly) zero.
-            let got = g.search(&q, 1, &|_| true)[0];
+            let got = g.nearest(&q, 1, &|_| true)[0];
             assert_eq!(got.0, r);
             assert!(got.1 < 0.5, "{got:?}");
-            let got = g.search(&q, 3, &|x| x % 2 == 1);
+            let got = g.nearest(&q, 3, &|x| x % 2 == 1);
             assert_eq!(got.len(), 3);
             assert!(got.iter().all(|(x, _)| x % 2 == 1));
             assert!(got.windows(2).all(|w| w[0].1 <= w[1].1));
         }
         // Nothing accepted: empty, not a hang.
-        assert!(g.search(&[1.0, 1.0], 2, &|_| false).is_empty());
+        assert!(g.nearest(&[1.0, 1.0], 2, &|_| false).is_empty());
         // A bound keeps only what lies within it (the point itself, not its neighbours
         // at distance 1), and an infinite bound is the plain search.
         for r in (0..500u64).step_by(37) {
@@ -1194,7 +1227,7 @@ mod tests {
             assert_eq!(got[0].0, r);
             assert_eq!(
                 g.search_bounded(&q, 3, &|_| true, f32::INFINITY),
-                g.search(&q, 3, &|_| true)
+                g.nearest(&q, 3, &|_| true)
             );
         }
     }
@@ -1213,7 +1246,7 @@ mod tests {
                     while !stop.load(Ordering::Relaxed) && searches < 1_000_000 {
                         let q: Vec<f32> = (0..8).map(|_| lcg(&mut seed)).collect();
                         let n = g.len();
-                        let got = g.search(&q, 2, &|_| true);
+                        let got = g.nearest(&q, 2, &|_| true);
                         assert!(got.len() <= 2);
                         // len >= 2 means the entry point was set (after node 0).
                         assert!(n <= 1 || !got.is_empty());

@@ -4,7 +4,7 @@
 use hnsw_rs::anndists::dist::Distance;
 use hnsw_rs::hnsw::Hnsw;
 
-use super::FilterIndex;
+use super::{FilterIndex, FilterQuery};
 use crate::entry::RepId;
 use crate::metric::Metric;
 
@@ -61,7 +61,8 @@ impl FilterIndex for HnswIndex {
         self.len.fetch_add(1, std::sync::atomic::Ordering::Release);
     }
 
-    fn search(&self, q: &[f32], n: usize, accept: &dyn Fn(RepId) -> bool) -> Vec<(RepId, f32)> {
+    fn search(&self, q: &[f32], want: FilterQuery<'_>) -> Vec<(RepId, f32)> {
+        let (n, accept) = (want.n, want.accept);
         if self.len() == 0 {
             return Vec::new();
         }

@@ -24,7 +24,7 @@
 //!             that serves, or (StandbySearch::Learned, akerd's default) as ActiveFirst
 //!             with the two in the order hits have been coming from (GenerationOrder);
 //!             each search ends early once it has found a candidate that serves
-//!             (FilterIndex::search_serving)
+//!             (FilterIndex::search, FilterQuery::serves)
 //! ```
 //!
 //! Two generations are searched from a rotation until the standby is empty: under FIFO
@@ -71,42 +71,10 @@ use crate::metric::Metric;
 /// business: searches take a predicate and return only accepted ids.
 pub trait FilterIndex: Send + Sync {
     fn insert(&self, rep: RepId, v: &[f32]);
-    /// Up to `n` accepted reps near `q`, nearest first. The distances may be approximate
-    /// (the graph's are over int8 codes): callers recompute exact ones.
-    fn search(&self, q: &[f32], n: usize, accept: &dyn Fn(RepId) -> bool) -> Vec<(RepId, f32)>;
-    /// As `search`, but candidates whose (index-own) distance exceeds `bound` may be left
-    /// out, and the search may stop early because of it. The default ignores the bound.
-    fn search_bounded(
-        &self,
-        q: &[f32],
-        n: usize,
-        accept: &dyn Fn(RepId) -> bool,
-        bound: f32,
-    ) -> Vec<(RepId, f32)> {
-        let _ = bound;
-        self.search(q, n, accept)
-    }
-    /// As `search_bounded`, for a caller that wants the nearest candidate that serves
-    /// (`serves(r)`: its exact distance when `r` would answer): an index may offer
-    /// candidates to `serves` while it searches and stop once nothing nearer than a
-    /// serving one can turn up. Whatever it offered may be offered again by the caller.
-    /// The default searches as `search_bounded` and offers nothing.
-    ///
-    /// With `seeds`, a search that found nothing serving and ran to its end may leave
-    /// there what an insertion of `q` into this index would search for
-    /// (`insert_seeded`); the default leaves nothing.
-    fn search_serving(
-        &self,
-        q: &[f32],
-        n: usize,
-        accept: &dyn Fn(RepId) -> bool,
-        serves: &mut dyn FnMut(RepId) -> Option<f32>,
-        bound: f32,
-        seeds: Option<&mut InsertSeeds>,
-    ) -> Vec<(RepId, f32)> {
-        let _ = (serves, seeds);
-        self.search_bounded(q, n, accept, bound)
-    }
+    /// Up to `want.n` accepted reps near `q`, nearest first, as [`FilterQuery`] asks.
+    /// The distances may be approximate (the graph's are over int8 codes): callers
+    /// recompute exact ones.
+    fn search(&self, q: &[f32], want: FilterQuery<'_>) -> Vec<(RepId, f32)>;
     /// As `insert`, starting from what a search of the same vector in this index left
     /// in `seeds` (seeds of another index are ignored). The default inserts as `insert`.
     fn insert_seeded(&self, rep: RepId, v: &[f32], seeds: &InsertSeeds) {
@@ -117,6 +85,40 @@ pub trait FilterIndex: Send + Sync {
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// What a [`FilterIndex::search`] is asked for. Only `n` and `accept` bind every index;
+/// the rest are permissions an index may use to stop early (the graph does; brute force
+/// and hnsw_rs ignore them).
+pub struct FilterQuery<'a> {
+    /// Most candidates returned.
+    pub n: usize,
+    /// Only accepted reps are returned (tombstones are the caller's business).
+    pub accept: &'a dyn Fn(RepId) -> bool,
+    /// Candidates whose (index-own) distance exceeds it may be left out, and the search
+    /// may stop early because of it (`f32::INFINITY`: no bound).
+    pub bound: f32,
+    /// For a caller that wants the nearest candidate that serves (`serves(r)`: its exact
+    /// distance when `r` would answer): the index may offer candidates while it searches
+    /// and stop once nothing nearer than a serving one can turn up. Whatever it offered
+    /// may be offered again by the caller.
+    pub serves: Option<&'a mut dyn FnMut(RepId) -> Option<f32>>,
+    /// A search that found nothing serving and ran to its end may leave here what an
+    /// insertion of `q` into this index would search for (`insert_seeded`).
+    pub seeds: Option<&'a mut InsertSeeds>,
+}
+
+impl<'a> FilterQuery<'a> {
+    /// The `n` nearest accepted reps, no bound, nothing offered or left.
+    pub fn nearest(n: usize, accept: &'a dyn Fn(RepId) -> bool) -> FilterQuery<'a> {
+        FilterQuery {
+            n,
+            accept,
+            bound: f32::INFINITY,
+            serves: None,
+            seeds: None,
+        }
     }
 }
 
@@ -301,7 +303,7 @@ impl FilterSet {
     /// less) is only searched for something nearer still, or (`ActiveFirst`, `Learned`)
     /// not at all when the first has a candidate that serves. With `seeds`, the active
     /// generation's search may leave there what admitting `q` needs
-    /// (`FilterIndex::search_serving`).
+    /// (`FilterIndex::search` with `FilterQuery::serves`).
     pub fn candidates(
         &self,
         q: &[f32],
@@ -342,9 +344,16 @@ impl FilterSet {
             // whose only place is there until they migrate.
             let limit = if i == 2 { reach } else { bound };
             // Each generation stops once it has found a candidate that serves and
-            // nothing nearer can turn up (`search_serving`).
+            // nothing nearer can turn up (`FilterQuery::serves`).
             let seeds = if i == active { seeds.take() } else { None };
-            let found = gen.search_serving(q, n, accept, serves, limit, seeds);
+            let want = FilterQuery {
+                n,
+                accept,
+                bound: limit,
+                serves: Some(&mut *serves),
+                seeds,
+            };
+            let found = gen.search(q, want);
             if found.len() >= n {
                 bound = bound.min(index_slack(found[n - 1].1));
             }
