@@ -364,14 +364,14 @@ fn us(h: &Histogram<u64>, q: f64) -> String {
 
 /// Server-side percentile in µs from the snapshot's latency lines.
 fn server_us(s: &Snapshot, kind: Option<&str>, q: f64) -> String {
-    s.latencies
-        .iter()
-        .find(|l| match kind {
-            Some("backend_search") => l.op == "backend_search",
-            _ => l.op == "search" && l.kind == kind,
-        })
-        .filter(|l| !l.hist.is_empty())
-        .map(|l| format!("{:.1}", l.hist.value_at_quantile(q) as f64 / 1e3))
+    let labels: &[&str] = match kind {
+        Some("backend_search") => &["backend_search"],
+        Some(k) => &["search", k],
+        None => &["search"],
+    };
+    s.latency(labels)
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("{:.1}", h.value_at_quantile(q) as f64 / 1e3))
         .unwrap_or_else(|| "-".into())
 }
 

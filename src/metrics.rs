@@ -184,178 +184,210 @@ pub fn merge_all<'a>(all: impl IntoIterator<Item = &'a ExecutorMetrics>) -> Reco
     out
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SampleKind {
-    Counter,
-    Gauge,
+/// A sample's kind and value.
+#[derive(Clone, Debug)]
+pub enum Value {
+    Counter(u64),
+    Gauge(f64),
+    /// Nanoseconds. STATS shows the count and quantiles in µs; Prometheus a summary in
+    /// seconds.
+    Latency(Histogram<u64>),
 }
 
-/// One number with its family and labels. STATS writes it as
-/// `family[_labelvalue...] value`; Prometheus as `aker_family[_total]{labels} value`.
+/// One metric with its family, help and labels. STATS names it
+/// `family[_labelvalue...]`; Prometheus `aker_family[_total|_seconds]{labels}`.
 #[derive(Clone, Debug)]
 pub struct Sample {
     pub family: &'static str,
     pub help: &'static str,
-    pub kind: SampleKind,
     pub labels: Vec<(&'static str, String)>,
-    pub value: f64,
+    pub value: Value,
 }
 
-/// A latency distribution with its labels (`op`, and `kind` for SEARCH by hit kind).
-#[derive(Clone, Debug)]
-pub struct Latency {
-    pub op: &'static str,
-    pub kind: Option<&'static str>,
-    pub hist: Histogram<u64>,
+impl Sample {
+    pub fn new(family: &'static str, help: &'static str, value: Value) -> Sample {
+        Sample {
+            family,
+            help,
+            labels: Vec::new(),
+            value,
+        }
+    }
+
+    pub fn counter(family: &'static str, help: &'static str, value: u64) -> Sample {
+        Sample::new(family, help, Value::Counter(value))
+    }
+
+    pub fn gauge(family: &'static str, help: &'static str, value: f64) -> Sample {
+        Sample::new(family, help, Value::Gauge(value))
+    }
+
+    pub fn label(mut self, key: &'static str, value: impl Into<String>) -> Sample {
+        self.labels.push((key, value.into()));
+        self
+    }
+
+    /// `family_labelvalue...`, the STATS name.
+    fn stats_name(&self) -> String {
+        let mut name = self.family.to_string();
+        for (_, v) in &self.labels {
+            name.push('_');
+            name.push_str(v);
+        }
+        name
+    }
 }
 
 /// Everything STATS and /metrics show, taken at one moment.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     pub samples: Vec<Sample>,
-    pub latencies: Vec<Latency>,
 }
 
 const QUANTILES: [(f64, &str); 4] = [(0.5, "p50"), (0.9, "p90"), (0.99, "p99"), (0.999, "p999")];
 
 impl Snapshot {
-    pub fn push(
-        &mut self,
-        family: &'static str,
-        help: &'static str,
-        kind: SampleKind,
-        labels: Vec<(&'static str, String)>,
-        value: f64,
-    ) {
-        self.samples.push(Sample {
-            family,
-            help,
-            kind,
-            labels,
-            value,
-        });
+    pub fn push(&mut self, sample: Sample) {
+        self.samples.push(sample);
     }
 
     pub fn counter(&mut self, family: &'static str, help: &'static str, value: u64) {
-        self.push(family, help, SampleKind::Counter, vec![], value as f64);
+        self.push(Sample::counter(family, help, value));
     }
 
     pub fn gauge(&mut self, family: &'static str, help: &'static str, value: f64) {
-        self.push(family, help, SampleKind::Gauge, vec![], value);
+        self.push(Sample::gauge(family, help, value));
     }
 
-    /// The value of an unlabelled sample (tests, the demo).
+    /// The sample of `family` whose label values are `labels`.
+    pub fn find(&self, family: &str, labels: &[&str]) -> Option<&Sample> {
+        self.samples.iter().find(|s| {
+            s.family == family
+                && s.labels.len() == labels.len()
+                && s.labels.iter().zip(labels).all(|((_, v), l)| v == l)
+        })
+    }
+
+    /// The value of an unlabelled counter or gauge (tests, the demo).
     pub fn value(&self, family: &str) -> Option<f64> {
-        self.samples
-            .iter()
-            .find(|s| s.family == family && s.labels.is_empty())
-            .map(|s| s.value)
+        match self.find(family, &[])?.value {
+            Value::Counter(v) => Some(v as f64),
+            Value::Gauge(v) => Some(v),
+            Value::Latency(_) => None,
+        }
     }
 
-    /// `name value` lines (STATS). Latencies in microseconds.
+    /// The `latency` histogram with these label values (`["search", "exact"]`).
+    pub fn latency(&self, labels: &[&str]) -> Option<&Histogram<u64>> {
+        match &self.find("latency", labels)?.value {
+            Value::Latency(h) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// `name value` lines (STATS).
     pub fn render_stats(&self) -> String {
         let mut out = String::with_capacity(4096);
-        for s in &self.samples {
-            out.push_str(s.family);
-            for (_, v) in &s.labels {
-                out.push('_');
-                out.push_str(v);
-            }
-            let _ = writeln!(out, " {}", number(s.value));
-        }
-        for l in &self.latencies {
-            let mut name = format!("latency_{}", l.op);
-            if let Some(k) = l.kind {
-                name.push('_');
-                name.push_str(k);
-            }
-            let _ = writeln!(out, "{name}_count {}", l.hist.len());
-            if l.hist.is_empty() {
-                continue;
-            }
-            for (q, label) in QUANTILES {
-                let _ = writeln!(
-                    out,
-                    "{name}_{label}_us {:.1}",
-                    l.hist.value_at_quantile(q) as f64 / 1e3
-                );
-            }
-            let _ = writeln!(out, "{name}_max_us {:.1}", l.hist.max() as f64 / 1e3);
-        }
+        write_stats(&mut out, &self.samples);
         out
     }
 
-    /// The Prometheus text exposition format (version 0.0.4), `extra` appended as
-    /// `aker_`-prefixed lines (the connection layer's counters).
-    pub fn render_prometheus(&self, extra: &[(String, SampleKind, f64)]) -> String {
+    /// The Prometheus text exposition format (version 0.0.4).
+    pub fn render_prometheus(&self) -> String {
         let mut out = String::with_capacity(8192);
-        let mut seen: Vec<&str> = Vec::new();
-        for (i, s) in self.samples.iter().enumerate() {
-            if seen.contains(&s.family) {
-                continue;
-            }
-            seen.push(s.family);
-            let (name, ty) = prom_name(s.family, s.kind);
-            let _ = writeln!(out, "# HELP {name} {}", s.help);
-            let _ = writeln!(out, "# TYPE {name} {ty}");
-            for t in self.samples[i..].iter().filter(|t| t.family == s.family) {
-                out.push_str(&name);
-                write_labels(&mut out, t.labels.iter().map(|(k, v)| (*k, v.as_str())));
-                let _ = writeln!(out, " {}", number(t.value));
-            }
-        }
-        if !self.latencies.is_empty() {
-            out.push_str(
-                "# HELP aker_latency_seconds Service time per operation and SEARCH hit kind.\n",
-            );
-            out.push_str("# TYPE aker_latency_seconds summary\n");
-            for l in &self.latencies {
-                let mut labels: Vec<(&str, &str)> = vec![("op", l.op)];
-                if let Some(k) = l.kind {
-                    labels.push(("kind", k));
-                }
-                for (q, _) in QUANTILES {
-                    out.push_str("aker_latency_seconds");
-                    let qs = q.to_string();
-                    write_labels(
-                        &mut out,
-                        labels.iter().copied().chain([("quantile", qs.as_str())]),
-                    );
-                    let v = if l.hist.is_empty() {
-                        f64::NAN
-                    } else {
-                        l.hist.value_at_quantile(q) as f64 / 1e9
-                    };
-                    let _ = writeln!(out, " {}", number(v));
-                }
-                let n = l.hist.len();
-                out.push_str("aker_latency_seconds_sum");
-                write_labels(&mut out, labels.iter().copied());
-                let _ = writeln!(out, " {}", number(l.hist.mean() * n as f64 / 1e9));
-                out.push_str("aker_latency_seconds_count");
-                write_labels(&mut out, labels.iter().copied());
-                let _ = writeln!(out, " {n}");
-            }
-        }
-        for (name, kind, v) in extra {
-            let (name, ty) = prom_name(name, *kind);
-            let _ = writeln!(out, "# TYPE {name} {ty}");
-            let _ = writeln!(out, "{name} {}", number(*v));
-        }
+        write_prometheus(&mut out, &self.samples);
         out
     }
 }
 
-fn prom_name(family: &str, kind: SampleKind) -> (String, &'static str) {
-    match kind {
-        SampleKind::Counter => (format!("aker_{family}_total"), "counter"),
-        SampleKind::Gauge => (format!("aker_{family}"), "gauge"),
+/// Appends `name value` lines (STATS), latencies in microseconds.
+pub fn write_stats(out: &mut String, samples: &[Sample]) {
+    for s in samples {
+        let name = s.stats_name();
+        match &s.value {
+            Value::Counter(v) => {
+                let _ = writeln!(out, "{name} {v}");
+            }
+            Value::Gauge(v) => {
+                let _ = writeln!(out, "{name} {}", number(*v));
+            }
+            Value::Latency(h) => {
+                let _ = writeln!(out, "{name}_count {}", h.len());
+                if h.is_empty() {
+                    continue;
+                }
+                for (q, label) in QUANTILES {
+                    let us = h.value_at_quantile(q) as f64 / 1e3;
+                    let _ = writeln!(out, "{name}_{label}_us {us:.1}");
+                }
+                let _ = writeln!(out, "{name}_max_us {:.1}", h.max() as f64 / 1e3);
+            }
+        }
     }
 }
 
-fn write_labels<'a>(out: &mut String, labels: impl Iterator<Item = (&'a str, &'a str)>) {
+/// Appends the Prometheus text: one HELP and TYPE per family, at its first sample, then
+/// all of that family's samples.
+pub fn write_prometheus(out: &mut String, samples: &[Sample]) {
+    let mut seen: Vec<&str> = Vec::new();
+    for (i, s) in samples.iter().enumerate() {
+        if seen.contains(&s.family) {
+            continue;
+        }
+        seen.push(s.family);
+        let (name, ty) = prom_name(s);
+        let _ = writeln!(out, "# HELP {name} {}", s.help);
+        let _ = writeln!(out, "# TYPE {name} {ty}");
+        for t in samples[i..].iter().filter(|t| t.family == s.family) {
+            let v = match &t.value {
+                Value::Counter(v) => v.to_string(),
+                Value::Gauge(v) => number(*v),
+                Value::Latency(h) => {
+                    write_summary(out, &name, &t.labels, h);
+                    continue;
+                }
+            };
+            out.push_str(&name);
+            write_labels(out, &t.labels, None);
+            let _ = writeln!(out, " {v}");
+        }
+    }
+}
+
+fn prom_name(s: &Sample) -> (String, &'static str) {
+    match s.value {
+        Value::Counter(_) => (format!("aker_{}_total", s.family), "counter"),
+        Value::Gauge(_) => (format!("aker_{}", s.family), "gauge"),
+        Value::Latency(_) => (format!("aker_{}_seconds", s.family), "summary"),
+    }
+}
+
+/// A summary's quantiles (NaN while empty), sum and count, in seconds.
+fn write_summary(out: &mut String, name: &str, labels: &[(&str, String)], h: &Histogram<u64>) {
+    for (q, _) in QUANTILES {
+        let v = if h.is_empty() {
+            f64::NAN
+        } else {
+            h.value_at_quantile(q) as f64 / 1e9
+        };
+        out.push_str(name);
+        write_labels(out, labels, Some(("quantile", q.to_string().as_str())));
+        let _ = writeln!(out, " {}", number(v));
+    }
+    let n = h.len();
+    let _ = write!(out, "{name}_sum");
+    write_labels(out, labels, None);
+    let _ = writeln!(out, " {}", number(h.mean() * n as f64 / 1e9));
+    let _ = write!(out, "{name}_count");
+    write_labels(out, labels, None);
+    let _ = writeln!(out, " {n}");
+}
+
+/// `{k="v",...}`, `last` after the sample's own labels; nothing when there are none.
+fn write_labels(out: &mut String, labels: &[(&str, String)], last: Option<(&str, &str)>) {
+    let pairs = labels.iter().map(|(k, v)| (*k, v.as_str())).chain(last);
     let mut first = true;
-    for (k, v) in labels {
+    for (k, v) in pairs {
         out.push(if first { '{' } else { ',' });
         first = false;
         let _ = write!(out, "{k}=\"");
@@ -406,30 +438,36 @@ mod tests {
 
         let mut s = Snapshot::default();
         s.counter("hits", "Hits.", 5);
-        s.push(
-            "shard_pool_objects",
-            "Objects per shard.",
-            SampleKind::Gauge,
-            vec![("shard", "0".into())],
-            7.0,
-        );
-        s.latencies.push(Latency {
-            op: "search",
-            kind: Some("exact"),
-            hist: all.kinds[1].clone(),
-        });
+        s.push(Sample::gauge("shard_pool_objects", "Objects per shard.", 7.0).label("shard", "0"));
+        let latency = |kind: &'static str, h: &Histogram<u64>| {
+            Sample::new("latency", "Latency.", Value::Latency(h.clone()))
+                .label("op", "search")
+                .label("kind", kind)
+        };
+        s.push(latency("exact", &all.kinds[1]));
+        s.push(latency("alias", &all.kinds[2]));
+        s.counter("server_requests", "Requests.", 3);
+        assert_eq!(s.value("hits"), Some(5.0));
+        assert_eq!(s.latency(&["search", "exact"]).map(|h| h.len()), Some(100));
+
         let text = s.render_stats();
         assert!(text.contains("hits 5\n"), "{text}");
         assert!(text.contains("shard_pool_objects_0 7\n"));
         assert!(text.contains("latency_search_exact_count 100\n"));
         assert!(text.contains("latency_search_exact_p50_us 5"));
-        let prom = s.render_prometheus(&[("server_requests".into(), SampleKind::Counter, 3.0)]);
+        assert!(text.contains("latency_search_alias_count 0\nserver_requests 3\n"));
+        let prom = s.render_prometheus();
         assert!(prom.contains("# TYPE aker_hits_total counter\naker_hits_total 5\n"));
         assert!(prom.contains("aker_shard_pool_objects{shard=\"0\"} 7\n"));
+        assert!(prom.contains(
+            "# HELP aker_latency_seconds Latency.\n# TYPE aker_latency_seconds summary\n"
+        ));
         assert!(
             prom.contains("aker_latency_seconds{op=\"search\",kind=\"exact\",quantile=\"0.99\"}")
         );
         assert!(prom.contains("aker_latency_seconds_count{op=\"search\",kind=\"exact\"} 100\n"));
+        assert!(prom
+            .contains("aker_latency_seconds{op=\"search\",kind=\"alias\",quantile=\"0.5\"} NaN\n"));
         assert!(prom.contains("aker_server_requests_total 3\n"));
     }
 }

@@ -15,10 +15,11 @@ use futures_lite::{future, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, F
 use glommio::net::TcpStream;
 use glommio::timer::Timer;
 
-use super::listener::ExecutorCtx;
+use super::state::ExecutorCtx;
 use super::stats::ServerStats;
 use super::sync::Signal;
 use super::{RequestContext, ServiceResult};
+use crate::metrics;
 use crate::protocol::{
     self, encode_reply, validate, Opcode, Reply, ReplyFrame, Request, RequestFrame, Status,
     CONNECTION_OP, HEADER_LEN,
@@ -461,7 +462,7 @@ async fn run_request(
             if !text.is_empty() && !text.ends_with('\n') {
                 text.push('\n');
             }
-            stats.render(&mut text);
+            metrics::write_stats(&mut text, &stats.samples());
             Reply::Stats(text)
         }
         r => r,

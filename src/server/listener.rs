@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,9 +15,10 @@ use glommio::timer::Timer;
 use glommio::{LocalExecutorBuilder, Placement};
 
 use super::conn::{linger_close, serve_connection, Io};
+use super::state::{ExecutorCtx, Server};
 use super::stats::ServerStats;
 use super::sync::Latch;
-use super::{ServerConfig, Service};
+use super::Service;
 use crate::protocol::{
     encode_reply, HelloReply, Limits, Reply, ReplyFrame, Status, CONNECTION_OP, VERSION,
     VERSION_MIN,
@@ -28,54 +29,7 @@ use crate::protocol::{
 const MAX_REJECTING: usize = 64;
 const REJECT_WRITE_TIMEOUT: Duration = Duration::from_millis(200);
 
-struct Inner {
-    config: ServerConfig,
-    stats: Arc<ServerStats>,
-    shutdown: AtomicBool,
-}
-
-/// The part of a server that all executors share: configuration, counters, the
-/// connection gate and the shutdown flag. Cheap to clone, `Send + Sync`.
-#[derive(Clone)]
-pub struct Server {
-    inner: Arc<Inner>,
-}
-
 impl Server {
-    pub fn new(config: ServerConfig) -> Result<Server, String> {
-        config.validate()?;
-        Ok(Server {
-            inner: Arc::new(Inner {
-                config,
-                stats: Arc::new(ServerStats::default()),
-                shutdown: AtomicBool::new(false),
-            }),
-        })
-    }
-
-    pub fn config(&self) -> &ServerConfig {
-        &self.inner.config
-    }
-
-    pub fn stats(&self) -> &ServerStats {
-        &self.inner.stats
-    }
-
-    pub(crate) fn stats_arc(&self) -> Arc<ServerStats> {
-        self.inner.stats.clone()
-    }
-
-    /// Asks every executor to stop: each stops accepting within `shutdown_poll_ms`, lets
-    /// in-flight requests answer (at most `shutdown_grace_ms`), sends SHUTTING_DOWN and
-    /// closes its connections, and `serve` returns.
-    pub fn shutdown(&self) {
-        self.inner.shutdown.store(true, Ordering::Release);
-    }
-
-    pub fn is_shutting_down(&self) -> bool {
-        self.inner.shutdown.load(Ordering::Acquire)
-    }
-
     /// Binds `addr` with SO_REUSEPORT (glommio sets it), so each executor can bind the
     /// same port and the kernel spreads connections over them. Call on an executor.
     pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
@@ -216,18 +170,6 @@ async fn reject(stream: TcpStream, max: u64) {
     if w.write_all(&bytes).await.is_ok() {
         linger_close(&io).await;
     }
-}
-
-/// Per-executor state every connection task shares.
-pub(crate) struct ExecutorCtx {
-    pub(crate) server: Server,
-    pub(crate) service: Rc<dyn Service>,
-    pub(crate) limits: Limits,
-    pub(crate) hello: HelloReply,
-    /// Set when the executor shuts down; every reader races its reads against it.
-    pub(crate) shutdown: Latch,
-    live: Cell<usize>,
-    rejecting: Cell<usize>,
 }
 
 /// Executors started by [`Server::start`].

@@ -45,11 +45,13 @@
 mod config;
 mod conn;
 mod listener;
+mod state;
 mod stats;
 mod sync;
 
 pub use config::ServerConfig;
-pub use listener::{Running, Server};
+pub use listener::Running;
+pub use state::Server;
 pub use stats::ServerStats;
 
 use std::future::Future;

@@ -1,8 +1,9 @@
 //! Connection-layer counters, shared by all executors (relaxed atomics: they are counts,
 //! nothing is ordered by them). STATS replies carry them after the service's own lines.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::metrics::Sample;
 
 #[derive(Debug, Default)]
 pub struct ServerStats {
@@ -28,29 +29,77 @@ pub struct ServerStats {
     pub output_stalls: AtomicU64,
 }
 
+type Row = (&'static str, &'static str, fn(&ServerStats) -> &AtomicU64);
+
+/// Every counter but the one gauge, `server_connections_current`.
+const COUNTERS: [Row; 11] = [
+    (
+        "server_connections_accepted",
+        "Connections accepted.",
+        |s| &s.connections_accepted,
+    ),
+    (
+        "server_connections_rejected",
+        "Connections refused past max_connections.",
+        |s| &s.connections_rejected,
+    ),
+    ("server_requests", "Request frames decoded.", |s| {
+        &s.requests
+    }),
+    ("server_replies", "Replies encoded.", |s| &s.replies),
+    (
+        "server_busy_inflight",
+        "Requests refused with BUSY past max_inflight.",
+        |s| &s.busy_inflight,
+    ),
+    (
+        "server_framing_errors",
+        "Frames that lost framing (BAD_FRAME, TOO_LARGE); the connection was closed.",
+        |s| &s.framing_errors,
+    ),
+    (
+        "server_frame_errors",
+        "Bad frames answered with an error; the connection was kept.",
+        |s| &s.frame_errors,
+    ),
+    (
+        "server_invalid_requests",
+        "Requests refused by validation (dimension, finiteness, k).",
+        |s| &s.invalid_requests,
+    ),
+    (
+        "server_deadline_exceeded",
+        "Requests answered DEADLINE_EXCEEDED.",
+        |s| &s.deadline_exceeded,
+    ),
+    (
+        "server_internal_errors",
+        "Service panics, wrong reply kinds, unencodable or oversized replies.",
+        |s| &s.internal_errors,
+    ),
+    (
+        "server_output_stalls",
+        "Times a reader stopped reading because its peer was not reading its replies.",
+        |s| &s.output_stalls,
+    ),
+];
+
 impl ServerStats {
     pub(crate) fn inc(c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// `name value` lines, prefixed `server_`.
-    pub fn render(&self, out: &mut String) {
-        let rows = [
-            ("connections_current", &self.connections_current),
-            ("connections_accepted", &self.connections_accepted),
-            ("connections_rejected", &self.connections_rejected),
-            ("requests", &self.requests),
-            ("replies", &self.replies),
-            ("busy_inflight", &self.busy_inflight),
-            ("framing_errors", &self.framing_errors),
-            ("frame_errors", &self.frame_errors),
-            ("invalid_requests", &self.invalid_requests),
-            ("deadline_exceeded", &self.deadline_exceeded),
-            ("internal_errors", &self.internal_errors),
-            ("output_stalls", &self.output_stalls),
-        ];
-        for (name, v) in rows {
-            let _ = writeln!(out, "server_{name} {}", v.load(Ordering::Relaxed));
-        }
+    /// The counters as samples, named `server_...`.
+    pub fn samples(&self) -> Vec<Sample> {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let current = Sample::gauge(
+            "server_connections_current",
+            "Open connections.",
+            get(&self.connections_current) as f64,
+        );
+        let counters = COUNTERS
+            .iter()
+            .map(|&(name, help, c)| Sample::counter(name, help, get(c(self))));
+        std::iter::once(current).chain(counters).collect()
     }
 }

@@ -1,0 +1,391 @@
+//! What STATS and `/metrics` show: tables of metrics (name, help, how to read it), read
+//! into one [`Snapshot`] that each format renders (`crate::metrics`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use shards::counter::Counter;
+use shards::read::Counters;
+
+use super::owner::ShardGauges;
+use super::pgvector::PgStats;
+use super::Shared;
+use crate::metrics::{self, Op, Recorded, Sample, ServiceCounters, Snapshot, Value, KIND_NAMES};
+
+/// Name, help, and how to read the value from a `T`.
+type Row<T> = (&'static str, &'static str, fn(&T) -> Value);
+
+/// The same for every shard, labelled `shard`.
+type ShardRow = (&'static str, &'static str, fn(&Shared, usize) -> Value);
+
+/// An engine counter, summed over shards.
+type EngineRow = (&'static str, &'static str, fn(&Counters) -> &Counter);
+
+const DAEMON: [Row<Shared>; 3] = [
+    ("executors", "Executors (cores) serving.", |s| {
+        Value::Gauge(s.info.executors as f64)
+    }),
+    ("shards", "Cache shards.", |s| {
+        Value::Gauge(s.shards.len() as f64)
+    }),
+    ("uptime_seconds", "Seconds since start.", |s| {
+        Value::Gauge(s.started.elapsed().as_secs_f64().floor())
+    }),
+];
+
+const ENGINE: [EngineRow; 16] = [
+    (
+        "lookups",
+        "Cache lookups (SEARCH without BYPASS_CACHE / REFRESH_ENTRY).",
+        |c| &c.lookups,
+    ),
+    ("hits_exact", "Equality hits on a representative.", |c| {
+        &c.exact_hits
+    }),
+    ("hits_alias", "Hits through an alias.", |c| &c.alias_hits),
+    (
+        "hits_approximate",
+        "Approximate hits (a near representative within its threshold).",
+        |c| &c.approximate_hits,
+    ),
+    (
+        "misses",
+        "Lookups answered by the backend (or, cache-aside, by the client).",
+        |c| &c.misses,
+    ),
+    (
+        "verifications",
+        "Hits turned into verifying misses (Potluck+).",
+        |c| &c.verifications,
+    ),
+    ("admissions", "Representatives admitted.", |c| &c.admissions),
+    (
+        "admissions_refused",
+        "Admissions refused (too few results left, stale, too large).",
+        |c| &c.admissions_refused,
+    ),
+    ("evictions", "FIFO evictions.", |c| &c.evictions),
+    (
+        "invalidations",
+        "Entries invalidated (deletes, replacement, FLUSH).",
+        |c| &c.invalidations,
+    ),
+    (
+        "log_cap_invalidations",
+        "Entries invalidated by the insert log's length cap.",
+        |c| &c.log_cap_invalidations,
+    ),
+    (
+        "delete_repairs",
+        "Entries that promoted a reserve result after a delete.",
+        |c| &c.delete_repairs,
+    ),
+    (
+        "fast_path_updates",
+        "Inserts merged by the fast path.",
+        |c| &c.fast_path_updates,
+    ),
+    ("slow_path_steps", "Slow-path refresh steps.", |c| {
+        &c.slow_path_steps
+    }),
+    (
+        "slow_path_merges",
+        "Inserts merged by the slow path.",
+        |c| &c.slow_path_merges,
+    ),
+    (
+        "aliases_linked",
+        "Aliases linked after approximate hits.",
+        |c| &c.aliases_linked,
+    ),
+];
+
+/// The owners' gauges summed over shards, the queues and the router.
+const OWNERS: [Row<Shared>; 10] = [
+    ("pool_objects", "Neighbour objects held, all shards.", |s| {
+        total(s, |g| &g.objects)
+    }),
+    (
+        "pool_bytes",
+        "Bytes held (objects, representatives, aliases), all shards.",
+        |s| total(s, |g| &g.bytes),
+    ),
+    (
+        "pool_capacity",
+        "The global pool budget (bytes or objects, per the config).",
+        |s| Value::Gauge(s.budget.total() as f64),
+    ),
+    (
+        "representatives",
+        "Representative entries, all shards.",
+        |s| total(s, |g| &g.representatives),
+    ),
+    ("aliases", "Alias entries, all shards.", |s| {
+        total(s, |g| &g.aliases)
+    }),
+    (
+        "hints_dropped",
+        "Owner hints (alias links, slow-path credit, admissions) dropped on a full queue.",
+        |s| Value::Counter(s.shards.iter().map(|h| h.dropped()).sum()),
+    ),
+    ("backend_queue_len", "Backend requests queued.", |s| {
+        Value::Gauge(s.backend.queue_len() as f64)
+    }),
+    (
+        "router_rebalances",
+        "Load-based centroid reassignments.",
+        |s| Value::Counter(s.router.rebalances()),
+    ),
+    (
+        "router_centroids_moved",
+        "Centroids moved to another shard by rebalancing.",
+        |s| count(&s.centroid_moves),
+    ),
+    (
+        "router_previous_shards",
+        "Moved centroids whose old shard lookups still probe (until its entries age out).",
+        |s| Value::Gauge(s.router.previous_count() as f64),
+    ),
+];
+
+/// Service counters besides requests and errors by operation.
+const SERVICE: [Row<ServiceCounters>; 6] = [
+    ("searches_bypass", "SEARCH with BYPASS_CACHE.", |c| {
+        Value::Counter(c.searches_bypass)
+    }),
+    ("searches_refresh", "SEARCH with REFRESH_ENTRY.", |c| {
+        Value::Counter(c.searches_refresh)
+    }),
+    (
+        "backend_busy",
+        "Requests refused with BUSY: backend queue full.",
+        |c| Value::Counter(c.backend_busy),
+    ),
+    ("backend_errors", "Backend calls that failed.", |c| {
+        Value::Counter(c.backend_errors)
+    }),
+    ("fills_admitted", "FILLs the cache admitted.", |c| {
+        Value::Counter(c.fills_admitted)
+    }),
+    (
+        "backend_short_answers",
+        "Misses the backend answered with fewer rows than asked (served, not admitted).",
+        |c| Value::Counter(c.backend_short_answers),
+    ),
+];
+
+/// The pgvector backend's connection pool.
+const PG: [Row<PgStats>; 7] = [
+    (
+        "pg_connections_up",
+        "pgvector: backend threads holding a live database connection.",
+        |p| Value::Gauge(p.connections_up.load(Ordering::Relaxed) as f64),
+    ),
+    (
+        "pg_reconnects",
+        "pgvector: connections reopened after one was lost.",
+        |p| count(&p.reconnects),
+    ),
+    (
+        "pg_connect_failures",
+        "pgvector: connection attempts that failed.",
+        |p| count(&p.connect_failures),
+    ),
+    (
+        "pg_statement_timeouts",
+        "pgvector: statements cancelled at their request's deadline.",
+        |p| count(&p.statement_timeouts),
+    ),
+    (
+        "pg_rows_skipped",
+        "pgvector: rows left out of answers (a negative id, or no finite distance).",
+        |p| count(&p.rows_skipped),
+    ),
+    (
+        "pg_writes_in_doubt",
+        "pgvector: writes whose commit was in doubt (connection lost, no answer); \
+         their ids were dropped from the cache and their sessions ended.",
+        |p| count(&p.writes_in_doubt),
+    ),
+    (
+        "pg_writes_unsettled",
+        "pgvector: writes in doubt whose server session could not be confirmed gone.",
+        |p| count(&p.writes_unsettled),
+    ),
+];
+
+const PER_SHARD: [ShardRow; 15] = [
+    (
+        "shard_pool_objects",
+        "Neighbour objects per shard.",
+        |s, i| gauge(&s.gauges[i].objects),
+    ),
+    ("shard_pool_bytes", "Bytes held per shard.", |s, i| {
+        gauge(&s.gauges[i].bytes)
+    }),
+    (
+        "shard_representatives",
+        "Representatives per shard.",
+        |s, i| gauge(&s.gauges[i].representatives),
+    ),
+    ("shard_aliases", "Aliases per shard.", |s, i| {
+        gauge(&s.gauges[i].aliases)
+    }),
+    (
+        "shard_insert_log_len",
+        "Insert log records held per shard.",
+        |s, i| gauge(&s.gauges[i].insert_log_len),
+    ),
+    ("shard_risk", "Refresh risk R per shard.", |s, i| {
+        Value::Gauge(s.gauges[i].risk())
+    }),
+    (
+        "shard_filter_live",
+        "Live filter points per shard.",
+        |s, i| gauge(&s.gauges[i].filter_live),
+    ),
+    (
+        "shard_filter_tombstones",
+        "Filter tombstones per shard.",
+        |s, i| gauge(&s.gauges[i].filter_tombstones),
+    ),
+    (
+        "shard_filter_rotations",
+        "Filter generation rotations per shard.",
+        |s, i| gauge(&s.gauges[i].filter_rotations),
+    ),
+    (
+        "shard_filter_standby_live",
+        "Live entries of the standby filter generation per shard (above 0, \
+         lookups search two generations).",
+        |s, i| gauge(&s.gauges[i].filter_standby_live),
+    ),
+    (
+        "shard_filter_standby_moved",
+        "Standby filter entries moved into the active generation in idle time.",
+        |s, i| gauge(&s.gauges[i].filter_standby_moved),
+    ),
+    ("shard_share", "Pool budget share per shard.", |s, i| {
+        Value::Gauge(s.budget.share(i) as f64)
+    }),
+    (
+        "shard_queue_len",
+        "Owner queue length per shard.",
+        |s, i| Value::Gauge(s.shards[i].queue_len() as f64),
+    ),
+    ("shard_hints_dropped", "Hints dropped per shard.", |s, i| {
+        Value::Counter(s.shards[i].dropped())
+    }),
+    (
+        "shard_messages",
+        "Owner messages applied per shard.",
+        |s, i| count(&s.gauges[i].messages),
+    ),
+];
+
+const LATENCY_HELP: &str = "Service time per operation and SEARCH hit kind.";
+
+fn count(c: &AtomicU64) -> Value {
+    Value::Counter(c.load(Ordering::Relaxed))
+}
+
+fn gauge(g: &AtomicU64) -> Value {
+    Value::Gauge(ShardGauges::get(g) as f64)
+}
+
+fn total(s: &Shared, field: fn(&ShardGauges) -> &AtomicU64) -> Value {
+    let sum: u64 = s.gauges.iter().map(|g| ShardGauges::get(field(g))).sum();
+    Value::Gauge(sum as f64)
+}
+
+fn read<T>(s: &mut Snapshot, from: &T, rows: &[Row<T>]) {
+    for &(name, help, value) in rows {
+        s.push(Sample::new(name, help, value(from)));
+    }
+}
+
+impl Shared {
+    /// Every metric of the service at one moment, in STATS order (the connection layer
+    /// appends its own).
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        let mut s = Snapshot::default();
+        read(&mut s, self, &DAEMON);
+        self.engine_counters(&mut s);
+        read(&mut s, self, &OWNERS);
+        let recorded = metrics::merge_all(self.metrics.iter().map(|m| &**m));
+        service_counters(&mut s, &recorded.counters);
+        if let Some(pg) = self.backend.pgvector() {
+            read(&mut s, &pg.stats, &PG);
+        }
+        self.per_shard(&mut s);
+        latencies(&mut s, recorded);
+        s
+    }
+
+    /// Prometheus text: the snapshot, then the connection layer's counters.
+    pub(crate) fn prometheus(&self) -> String {
+        let mut s = self.snapshot();
+        if let Some(server) = self.server.get() {
+            s.samples.extend(server.stats().samples());
+        }
+        s.render_prometheus()
+    }
+
+    fn engine_counters(&self, s: &mut Snapshot) {
+        for (name, help, field) in ENGINE {
+            let sum = self
+                .shards
+                .iter()
+                .map(|h| field(h.reader.counters()).get())
+                .sum();
+            s.counter(name, help, sum);
+        }
+    }
+
+    /// One family at a time, every shard.
+    fn per_shard(&self, s: &mut Snapshot) {
+        for (name, help, value) in PER_SHARD {
+            for i in 0..self.shards.len() {
+                s.push(Sample::new(name, help, value(self, i)).label("shard", i.to_string()));
+            }
+        }
+    }
+}
+
+fn service_counters(s: &mut Snapshot, c: &ServiceCounters) {
+    let by_op = [
+        (
+            "requests",
+            "Requests the service handled, by operation.",
+            &c.requests,
+        ),
+        (
+            "errors",
+            "Requests answered with an error, by operation.",
+            &c.errors,
+        ),
+    ];
+    for (name, help, counts) in by_op {
+        for op in Op::ALL {
+            s.push(Sample::counter(name, help, counts[op as usize]).label("op", op.name()));
+        }
+    }
+    read(s, c, &SERVICE);
+}
+
+/// Per operation, SEARCH per hit kind, and the backend calls.
+fn latencies(s: &mut Snapshot, recorded: Recorded) {
+    let latency = |h| Sample::new("latency", LATENCY_HELP, Value::Latency(h));
+    let Recorded {
+        ops,
+        kinds,
+        backend,
+        ..
+    } = recorded;
+    for (op, h) in Op::ALL.into_iter().zip(ops) {
+        s.push(latency(h).label("op", op.name()));
+    }
+    for (kind, h) in KIND_NAMES.into_iter().zip(kinds) {
+        s.push(latency(h).label("op", "search").label("kind", kind));
+    }
+    s.push(latency(backend).label("op", "backend_search"));
+}
