@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use ::pgvector::Vector;
 use aker::config::PgvectorSection;
-use aker::service::{data, pgvector};
+use aker::service::pgvector;
+use aker_formats::data;
 use criterion::{criterion_group, criterion_main, Criterion};
 
 const N: usize = 20_000;

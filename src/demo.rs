@@ -24,7 +24,7 @@ use crate::client::{ClientOptions, Pipeline};
 use crate::config::{Config, IndexKind};
 use crate::metrics::Snapshot;
 use crate::protocol::{HitKind, Reply, Request, SearchRequest};
-use crate::service::{data, Daemon, Dataset};
+use crate::service::{Daemon, Dataset};
 
 #[derive(Clone, Debug)]
 pub struct DemoOptions {
@@ -276,7 +276,7 @@ fn client(
 /// Runs the demo and returns its measurements (no printing).
 pub fn measure(o: &DemoOptions) -> Result<DemoReport, String> {
     let t0 = Instant::now();
-    let all = data::synthetic(o.n + o.groups, o.dim, o.clusters, o.seed);
+    let all = aker_formats::data::synthetic(o.n + o.groups, o.dim, o.clusters, o.seed);
     let collection = Dataset::new(o.dim, all.data[..o.n * o.dim].to_vec())?;
     let bases = Dataset::new(o.dim, all.data[o.n * o.dim..].to_vec())?;
     let exact =

@@ -7,12 +7,11 @@ use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
+use aker_formats::binio;
+use aker_formats::data::Dataset;
 use shards::backend::sort_candidates;
 use shards::{Candidate, Metric};
 use xxhash_rust::xxh3::Xxh3;
-
-use crate::binio;
-use crate::data::Dataset;
 
 /// Queries scanned together over the base: each base row is then fetched from memory
 /// once per block instead of once per query, which is what bounds a scan this size.
@@ -256,7 +255,7 @@ fn read_cache(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::synthetic;
+    use aker_formats::data::synthetic;
 
     fn naive(base: &Dataset, q: &[f32], metric: Metric, n: usize) -> Vec<(u64, f32)> {
         let mut all: Vec<Candidate> = base

@@ -1,10 +1,8 @@
-//! Experiment building blocks: data sets, exact ground truth, the simZipf workload, the
-//! trace file that the experiment runner writes and the load generator replays, and the
-//! recall experiment itself (paper §5.2) with its report and figures. The `bench`
-//! binary (`src/main.rs`) is the command line over them.
+//! Experiment building blocks: exact ground truth, the simZipf workload, and the recall
+//! experiment itself (paper §5.2) with its report and figures. Data sets and the trace
+//! file it writes for the load generator are `aker_formats`'. The `bench` binary
+//! (`src/main.rs`) is the command line over them.
 
-mod binio;
-pub mod data;
 pub mod engine_fixture;
 pub mod experiment;
 pub mod groundtruth;
@@ -12,5 +10,4 @@ pub mod plot;
 pub mod precomputed;
 pub mod prepare;
 pub mod report;
-pub mod trace;
 pub mod workload;

@@ -6,7 +6,7 @@
 //!   no cache, at pools of 1% and 5% of the collection, over simZipf streams. Writes
 //!   `report.md`, `results.csv` and PNG figures to `--out`.
 //! - `bench trace`: writes one simZipf stream with exact ground truth as a trace file
-//!   (`TRACE.md`) for the load generator.
+//!   (`formats/TRACE.md`) for the load generator.
 
 // mimalloc, keeping the memory it frees: see allocator/src/lib.rs.
 #[global_allocator]
@@ -18,12 +18,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use aker_formats::data::write_fvecs;
 use bench::experiment::{self, Policy, Rule, RunSpec};
 use bench::plot::{self, Figure};
 use bench::precomputed::PrecomputedBackend;
 use bench::prepare::{Prepared, Seeds, Source, SYNTHETIC, SYNTHETIC_QUICK};
 use bench::report::{self, DatasetSummary, Header, HnswStream, HnswSummary, Row, SkewSummary};
-use bench::trace::Trace;
 use bench::workload::{self, Workload};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -893,11 +893,11 @@ fn trace(args: TraceArgs) -> Fallible<()> {
     println!("seeds: {seeds}");
     let (prep, _, _) = prepare(&args.dataset, c, c.k, seeds)?;
     let w = workload::sim_zipf(&prep.groups, args.requests, args.skew, seeds.stream);
-    let mut t = Trace::from_workload(&w, c.metric, u32::try_from(c.k)?);
+    let mut t = w.to_trace(c.metric, u32::try_from(c.k)?);
     t.set_ground_truth(&prep.truth_lists(&w));
     t.save(&args.out)?;
     if let Some(path) = &args.base_out {
-        bench::data::write_fvecs(path, &prep.base)?;
+        write_fvecs(path, &prep.base)?;
         println!(
             "wrote {}: the collection, {} x {}",
             path.display(),

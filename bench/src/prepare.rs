@@ -7,9 +7,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use aker_formats::data::{self, Dataset};
 use shards::{Candidate, Metric};
 
-use crate::data::{self, Dataset};
 use crate::groundtruth;
 use crate::workload::{Groups, Workload, GROUP_SIZE};
 

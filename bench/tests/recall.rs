@@ -1,7 +1,7 @@
 //! The recall experiment's core loop end to end on a small synthetic set: exact
 //! backend, simZipf stream, every policy of the report.
 
-use bench::data::{split_queries, synthetic};
+use aker_formats::data::{split_queries, synthetic};
 use bench::experiment::{self, Policy, Rule, RunResult, RunSpec};
 use bench::groundtruth::exact_top_n;
 use bench::precomputed::PrecomputedBackend;

@@ -2,7 +2,7 @@
 //! each request's intended send time (coordinated-omission corrected, as wrk2 does).
 //!
 //! - [`schedule`]: intended send instants, Poisson or fixed spacing.
-//! - [`workload`]: trace replay (`bench/TRACE.md`) or a generated SEARCH / INSERT /
+//! - [`workload`]: trace replay (`formats/TRACE.md`) or a generated SEARCH / INSERT /
 //!   DELETE mix, optionally with the cache bypassed.
 //! - [`worker`]: sender threads owning connections, a receiver per connection, the
 //!   per-second lines; open and closed loop.

@@ -84,7 +84,7 @@ struct Cli {
     #[arg(long, value_parser = parse_duration, default_value = "0s")]
     spin: Duration,
 
-    /// Replay this trace (bench/TRACE.md) instead of generating a workload.
+    /// Replay this trace (formats/TRACE.md) instead of generating a workload.
     #[arg(long)]
     trace: Option<PathBuf>,
     /// Start the trace over when it ends (otherwise the run stops there).
@@ -261,7 +261,7 @@ fn run_pg(cli: &Cli) -> Res<()> {
         }));
     }
     if let Some(fvecs) = &cli.pg_writes {
-        let data = bench::data::read_fvecs(fvecs).map_err(|e| e.to_string())?;
+        let data = aker_formats::data::read_fvecs(fvecs).map_err(|e| e.to_string())?;
         let n = cli.pg_writes_n.min(data.n);
         let vectors: Vec<Vec<f32>> = (0..n).map(|i| data.row(i).to_vec()).collect();
         let (ins, del) =
@@ -275,7 +275,7 @@ fn run_pg(cli: &Cli) -> Res<()> {
         .trace
         .as_ref()
         .ok_or("--pg needs --trace (or --pg-load / --pg-writes)")?;
-    let trace = bench::trace::Trace::load(path).map_err(|e| e.to_string())?;
+    let trace = aker_formats::trace::Trace::load(path).map_err(|e| e.to_string())?;
     let metric = trace.metric;
     let w = Workload::from_trace(trace, cli.loop_trace)?;
     // As against akerd: open loop at --rate unless --closed.
@@ -322,7 +322,7 @@ fn control(addr: SocketAddr) -> Res<Client> {
 fn build_workload(cli: &Cli, hello: &HelloReply) -> Res<Workload> {
     let mut w = match &cli.trace {
         Some(path) => {
-            let trace = bench::trace::Trace::load(path).map_err(|e| e.to_string())?;
+            let trace = aker_formats::trace::Trace::load(path).map_err(|e| e.to_string())?;
             let w = Workload::from_trace(trace, cli.loop_trace)?;
             if w.dim != hello.dim as usize {
                 return Err(format!(
@@ -363,7 +363,7 @@ fn build_workload(cli: &Cli, hello: &HelloReply) -> Res<Workload> {
             let dim = hello.dim as usize;
             let mut w = match &cli.vectors_from {
                 Some(path) => {
-                    let d = bench::data::read_fvecs(path).map_err(|e| e.to_string())?;
+                    let d = aker_formats::data::read_fvecs(path).map_err(|e| e.to_string())?;
                     if d.dim != dim {
                         return Err(format!(
                             "{}: {}-d, the server's {dim}-d",

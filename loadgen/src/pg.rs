@@ -318,7 +318,7 @@ pub fn load(
     m: usize,
     ef_construction: usize,
 ) -> Result<LoadReport, String> {
-    let data = bench::data::read_fvecs(fvecs).map_err(|e| e.to_string())?;
+    let data = aker_formats::data::read_fvecs(fvecs).map_err(|e| e.to_string())?;
     let rt = runtime()?;
     rt.block_on(async {
         let c = connect(t).await?;

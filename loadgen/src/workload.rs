@@ -1,5 +1,5 @@
 //! What the load generator sends: a trace from the experiment runner replayed in file
-//! order (`bench/TRACE.md`), or a generated workload (random or clustered vectors, a
+//! order (`formats/TRACE.md`), or a generated workload (random or clustered vectors, a
 //! Zipfian choice of query so that repeats reach the cache, a SEARCH / INSERT / DELETE
 //! mix). Both can set BYPASS_CACHE on every SEARCH, so the same operations measure the
 //! backend alone.
@@ -11,8 +11,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use aker::protocol::{DeleteRequest, InsertRequest, Neighbor, Request, SearchRequest};
-use bench::trace::{Op, Trace};
-use bench::workload::ZipfianGenerator;
+use aker_formats::trace::{Op, Trace};
+use aker_formats::zipf::ZipfianGenerator;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};

@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use aker::server::Running;
-use bench::trace::{Op, Trace};
+use aker_formats::trace::{Op, Trace};
 use serde_json::Value;
 use shards::Metric;
 

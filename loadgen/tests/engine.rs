@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use aker::protocol::HitKind;
 use aker::server::Running;
-use bench::trace::{Op, Trace};
+use aker_formats::trace::{Op, Trace};
 use loadgen::schedule::Arrival;
 use loadgen::stats::{Phase, Summary};
 use loadgen::worker::{self, EngineConfig, Mode, StopReason};

@@ -8,7 +8,7 @@ mod pg_common;
 
 use std::time::Duration;
 
-use bench::trace::{Op, Trace};
+use aker_formats::trace::{Op, Trace};
 use loadgen::pg::{self, PgTarget};
 use loadgen::workload::Workload;
 use shards::store::ExactStore;
@@ -20,10 +20,9 @@ fn sql_mode_loads_searches_with_recall_and_writes() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let ds = aker::service::data::synthetic(2000, 8, 8, 3);
-    let base = bench::data::Dataset::new(8, ds.data.clone()).unwrap();
+    let ds = aker_formats::data::synthetic(2000, 8, 8, 3);
     let fvecs = dir.path().join("base.fvecs");
-    bench::data::write_fvecs(&fvecs, &base).unwrap();
+    aker_formats::data::write_fvecs(&fvecs, &ds).unwrap();
     let t = PgTarget {
         url: server.url(),
         password: Some(server.password()),

@@ -134,7 +134,7 @@ pub fn load_data(source: &DataSource) -> Result<Option<Dataset>, StartError> {
             dim,
             clusters,
             seed,
-        } => Some(data::synthetic(*n, *dim, *clusters, *seed)),
+        } => Some(aker_formats::data::synthetic(*n, *dim, *clusters, *seed)),
         DataSource::File { path, limit } => {
             let mut ds = data::load(path).map_err(StartError::Data)?;
             if *limit > 0 {

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use aker::client::{Client, ClientOptions};
 use aker::config::{Config, DataSource, IndexKind};
 use aker::protocol::{HitKind, SearchReply};
-use aker::service::{data, Daemon, Dataset, Store};
+use aker::service::{Daemon, Dataset, Store};
+use aker_formats::data;
 use shards::store::ExactStore;
 use shards::{Backend, Candidate, FilterKind, Metric};
 

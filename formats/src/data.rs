@@ -1,7 +1,7 @@
 //! Vector collections: an in-memory row-major `Dataset`, readers for `.npy` and `.fvecs`,
-//! an `.fvecs` writer, a seeded synthetic generator of unevenly populated Gaussian
-//! clusters, and the deterministic split of a collection into base vectors and held-out
-//! queries.
+//! an `.fvecs` writer, seeded generators (unevenly populated Gaussian clusters, plain
+//! standard-normal vectors), and the deterministic split of a collection into base
+//! vectors and held-out queries.
 
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
@@ -14,7 +14,8 @@ use rand_distr::StandardNormal;
 
 use crate::binio;
 
-/// `n` vectors of `dim` floats, stored row after row.
+/// `n` vectors of `dim` floats, stored row after row; row `i` has id `i`. `data` holds
+/// exactly `n * dim` floats.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Dataset {
     pub dim: usize,
@@ -35,7 +36,9 @@ pub enum DataError {
 }
 
 impl Dataset {
-    /// A dataset over `data`, which must hold a whole number of `dim`-float rows.
+    /// A dataset over `data`, which must hold a whole number of `dim`-float rows, every
+    /// float finite. (The file readers take values as they are; see
+    /// [`Dataset::check_finite`].)
     pub fn new(dim: usize, data: Vec<f32>) -> Result<Dataset, String> {
         if dim == 0 {
             return Err("dimension must be positive".into());
@@ -46,11 +49,34 @@ impl Dataset {
                 data.len()
             ));
         }
-        Ok(Dataset {
+        let ds = Dataset {
             dim,
             n: data.len() / dim,
             data,
-        })
+        };
+        ds.check_finite()?;
+        Ok(ds)
+    }
+
+    /// An error naming the first component that is NaN or infinite, if any.
+    pub fn check_finite(&self) -> Result<(), String> {
+        match self.data.iter().position(|x| !x.is_finite()) {
+            Some(i) => Err(format!(
+                "row {} component {} is not finite",
+                i / self.dim,
+                i % self.dim
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The number of rows, `n`.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
     }
 
     pub fn row(&self, i: usize) -> &[f32] {
@@ -61,19 +87,40 @@ impl Dataset {
         self.data.chunks_exact(self.dim)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.n == 0
+    /// At most `max` rows, evenly strided, row-major (the daemon's router trains its
+    /// k-means on this sample).
+    pub fn sample(&self, max: usize) -> Vec<f32> {
+        let n = self.n;
+        if n <= max {
+            return self.data.clone();
+        }
+        let mut out = Vec::with_capacity(max * self.dim);
+        for j in 0..max {
+            out.extend_from_slice(self.row(j * n / max));
+        }
+        out
+    }
+
+    /// Keeps the first `n` rows (all of them when there are fewer).
+    pub fn truncate(&mut self, n: usize) {
+        self.n = self.n.min(n);
+        self.data.truncate(self.n * self.dim);
     }
 }
 
-/// Reads a `.npy` or `.fvecs` file, chosen by extension.
+/// Reads a `.npy` or `.fvecs` file, chosen by extension (in any case).
 pub fn load(path: &Path) -> Result<Dataset, DataError> {
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("npy") => read_npy(path),
-        Some("fvecs") => read_fvecs(path),
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    match ext.as_str() {
+        "npy" => read_npy(path),
+        "fvecs" => read_fvecs(path),
         _ => Err(DataError::Format {
             path: path.to_owned(),
-            msg: "unknown extension (expected .npy or .fvecs)".into(),
+            msg: format!("unknown extension '{ext}' (expected .npy or .fvecs)"),
         }),
     }
 }
@@ -122,7 +169,8 @@ fn open(path: &Path) -> Result<BufReader<File>, DataError> {
 
 // ---------------------------------------------------------------------------- .npy
 
-/// Reads a 2-D float32 or float16 little-endian `.npy` array (format versions 1–3).
+/// Reads a 2-D float32 or float16 little-endian `.npy` array (format versions 1–3;
+/// native byte order, `=`, counts as little-endian on a little-endian host).
 ///
 /// Fortran-ordered arrays are accepted and transposed into rows: the GloVe array that
 /// `ops/get-glove.sh` fetches is stored that way.
@@ -255,6 +303,8 @@ fn parse_npy_header(text: &str) -> Result<NpyHeader, String> {
         PyValue::Str(d) => match d.as_str() {
             "<f4" => NpyType::F32,
             "<f2" => NpyType::F16,
+            "=f4" if cfg!(target_endian = "little") => NpyType::F32,
+            "=f2" if cfg!(target_endian = "little") => NpyType::F16,
             ">f4" | ">f2" => return Err(format!("big-endian dtype '{d}' is not supported")),
             other => {
                 return Err(format!(
@@ -547,6 +597,14 @@ fn synthetic_labelled(n: usize, dim: usize, clusters: usize, seed: u64) -> (Data
     (Dataset { dim, n, data }, labels)
 }
 
+/// `n` standard-normal vectors of `dim` components, deterministic in `seed` (the
+/// daemon's routing sample when it has no collection).
+pub fn gaussian(n: usize, dim: usize, seed: u64) -> Dataset {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let data = (0..n * dim).map(|_| rng.sample(StandardNormal)).collect();
+    Dataset { dim, n, data }
+}
+
 // ---------------------------------------------------------------------------- split
 
 /// Splits `ds` into `(base, queries)`: `n_queries` distinct rows chosen uniformly with
@@ -819,7 +877,161 @@ mod tests {
         assert!(Dataset::new(0, vec![]).is_err());
         let ds = Dataset::new(2, vec![1.0, 2.0, 3.0, 4.0]).unwrap();
         assert_eq!(ds.n, 2);
+        assert_eq!(ds.len(), 2);
         assert_eq!(ds.row(1), &[3.0, 4.0]);
         assert!(!ds.is_empty());
+    }
+
+    #[test]
+    fn dataset_new_rejects_non_finite_values_the_readers_keep() {
+        let err = Dataset::new(2, vec![1.0, 2.0, 3.0, f32::NAN]).unwrap_err();
+        assert_eq!(err, "row 1 component 1 is not finite");
+        assert!(Dataset::new(1, vec![f32::INFINITY]).is_err());
+
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(
+            dir.path(),
+            "nan.npy",
+            &npy_bytes(
+                "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2), }",
+                &f32_payload(&[0.5, f32::NAN]),
+            ),
+        );
+        let ds = read_npy(&p).unwrap();
+        assert!(ds.data[1].is_nan());
+        assert_eq!(
+            ds.check_finite().unwrap_err(),
+            "row 0 component 1 is not finite"
+        );
+    }
+
+    #[test]
+    fn sample_strides_and_truncate_keeps_a_prefix() {
+        let a = synthetic(500, 8, 4, 3);
+        assert_eq!(a, synthetic(500, 8, 4, 3));
+        assert_eq!(a.len(), 500);
+        let s = a.sample(100);
+        assert_eq!(s.len(), 100 * 8);
+        assert_eq!(&s[8..16], a.row(5));
+        assert_eq!(a.sample(1000), a.data);
+
+        let mut t = a.clone();
+        t.truncate(10);
+        assert_eq!((t.n, t.data.len()), (10, 80));
+        assert_eq!(t.row(9), a.row(9));
+        t.truncate(50);
+        assert_eq!(t.n, 10);
+        t.truncate(0);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn gaussian_is_standard_normal_and_seeded() {
+        let g = gaussian(2_000, 4, 9);
+        assert_eq!((g.n, g.dim, g.data.len()), (2_000, 4, 8_000));
+        assert_eq!(gaussian(2_000, 4, 9), g);
+        assert_ne!(gaussian(2_000, 4, 10), g);
+        let mean = g.data.iter().map(|&x| x as f64).sum::<f64>() / 8_000.0;
+        let var = g
+            .data
+            .iter()
+            .map(|&x| (x as f64 - mean).powi(2))
+            .sum::<f64>()
+            / 8_000.0;
+        assert!(mean.abs() < 0.05 && (var - 1.0).abs() < 0.1, "{mean} {var}");
+    }
+
+    /// Reads `.npy` bytes from memory, as a file at `mem.npy` would be read.
+    fn npy_from(bytes: &[u8]) -> Result<Dataset, DataError> {
+        parse_npy(&mut &bytes[..]).map_err(|f| f.at(Path::new("mem.npy")))
+    }
+
+    fn fvecs_from(bytes: &[u8]) -> Result<Dataset, DataError> {
+        parse_fvecs(&mut &bytes[..]).map_err(|f| f.at(Path::new("mem.fvecs")))
+    }
+
+    #[test]
+    fn npy_c_and_fortran_order_and_f16_from_a_stream() {
+        let c = npy_bytes(
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+            &f32_payload(&[1., 2., 3., 4., 5., 6.]),
+        );
+        let ds = npy_from(&c).unwrap();
+        assert_eq!((ds.dim, ds.len()), (3, 2));
+        assert_eq!(ds.row(1), &[4., 5., 6.]);
+        let f = npy_bytes(
+            "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }",
+            &f32_payload(&[1., 4., 2., 5., 3., 6.]),
+        );
+        assert_eq!(npy_from(&f).unwrap(), ds);
+        let halves: Vec<u8> = [0x3c00u16, 0xc000, 0x3800, 0x0000]
+            .iter()
+            .flat_map(|h| h.to_le_bytes())
+            .collect();
+        let h = npy_bytes(
+            "{'descr': '<f2', 'fortran_order': False, 'shape': (2, 2), }",
+            &halves,
+        );
+        assert_eq!(npy_from(&h).unwrap().data, vec![1.0, -2.0, 0.5, 0.0]);
+        let short = npy_bytes(
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+            &f32_payload(&[1., 2.]),
+        );
+        assert!(npy_from(&short).is_err());
+        let i8s = npy_bytes(
+            "{'descr': '|i1', 'fortran_order': False, 'shape': (1, 1), }",
+            &[1],
+        );
+        assert!(npy_from(&i8s).is_err());
+    }
+
+    #[test]
+    fn npy_native_byte_order_and_extension_case() {
+        let native = npy_bytes(
+            "{'descr': '=f4', 'fortran_order': False, 'shape': (1, 2), }",
+            &f32_payload(&[1.5, -2.0]),
+        );
+        let halves: Vec<u8> = [0x3c00u16, 0x3800]
+            .iter()
+            .flat_map(|h| h.to_le_bytes())
+            .collect();
+        let native_f16 = npy_bytes(
+            "{'descr': '=f2', 'fortran_order': False, 'shape': (2, 1), }",
+            &halves,
+        );
+        if cfg!(target_endian = "little") {
+            assert_eq!(npy_from(&native).unwrap().data, vec![1.5, -2.0]);
+            assert_eq!(npy_from(&native_f16).unwrap().data, vec![1.0, 0.5]);
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        let upper = write(
+            dir.path(),
+            "A.NPY",
+            &npy_bytes(
+                "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2), }",
+                &f32_payload(&[3.0, 4.0]),
+            ),
+        );
+        assert_eq!(load(&upper).unwrap().data, vec![3.0, 4.0]);
+        let ds = synthetic(3, 2, 1, 0);
+        let fv = dir.path().join("b.FVecs");
+        write_fvecs(&fv, &ds).unwrap();
+        assert_eq!(load(&fv).unwrap(), ds);
+        let other = write(dir.path(), "c.bin", b"");
+        assert!(format_error(load(&other)).contains("unknown extension 'bin'"));
+    }
+
+    #[test]
+    fn fvecs_from_a_stream_and_a_dangling_dimension_word() {
+        let mut b = Vec::new();
+        for row in [[1f32, 2.], [3., 4.]] {
+            b.extend_from_slice(&2i32.to_le_bytes());
+            b.extend_from_slice(&f32_payload(&row));
+        }
+        let ds = fvecs_from(&b).unwrap();
+        assert_eq!(ds.data, vec![1., 2., 3., 4.]);
+        b.extend_from_slice(&3i32.to_le_bytes());
+        assert!(fvecs_from(&b).is_err());
     }
 }

@@ -1,6 +1,7 @@
-//! Little-endian helpers shared by the binary formats of this crate (ground-truth cache,
-//! trace). Bulk reads grow their output as bytes arrive instead of trusting a count from
-//! a header, so a corrupt count ends in an `UnexpectedEof`, never in a huge allocation.
+//! Little-endian helpers shared by the binary formats (`.npy`, `.fvecs` and the trace
+//! here; `bench`'s ground-truth cache). Bulk reads grow their output as bytes arrive
+//! instead of trusting a count from a header, so a corrupt count ends in an
+//! `UnexpectedEof`, never in a huge allocation.
 
 use std::io::{self, Read, Write};
 

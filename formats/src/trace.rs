@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use shards::{Candidate, Metric};
 
 use crate::binio;
-use crate::workload::Workload;
 
 pub const MAGIC: &[u8; 8] = b"AKERTRC\0";
 pub const VERSION: u32 = 1;
@@ -90,15 +89,21 @@ fn eof(section: &'static str) -> impl Fn(io::Error) -> TraceError {
 }
 
 impl Trace {
-    /// A search-only trace replaying `w` with `k` results per request.
-    pub fn from_workload(w: &Workload, metric: Metric, k: u32) -> Trace {
+    /// A search-only trace over `vectors` (row-major, `dim` floats each): one search
+    /// with `k` results for each index in `requests`, in order.
+    pub fn searches(
+        dim: usize,
+        metric: Metric,
+        k: u32,
+        vectors: Vec<f32>,
+        requests: &[u32],
+    ) -> Trace {
         Trace {
-            dim: w.dim,
+            dim,
             metric,
             k,
-            vectors: w.vectors.clone(),
-            ops: w
-                .requests
+            vectors,
+            ops: requests
                 .iter()
                 .map(|&vector| Op::Search { vector, k })
                 .collect(),
@@ -458,16 +463,11 @@ mod tests {
     }
 
     #[test]
-    fn from_workload_searches_every_request() {
-        let w = Workload {
-            dim: 2,
-            vectors: vec![0.0, 1.0, 2.0, 3.0],
-            requests: vec![0, 1, 1, 0],
-            members: vec![7, 3],
-        };
-        let mut t = Trace::from_workload(&w, Metric::L2Sq, 5);
+    fn searches_cover_every_request() {
+        let mut t = Trace::searches(2, Metric::L2Sq, 5, vec![0.0, 1.0, 2.0, 3.0], &[0, 1, 1, 0]);
         assert_eq!(t.n_vectors(), 2);
         assert_eq!(t.vector(1), &[2.0, 3.0]);
+        assert_eq!(t.ops.len(), 4);
         assert_eq!(t.ops[2], Op::Search { vector: 1, k: 5 });
         let lists: Vec<Vec<Candidate>> = (0..2)
             .map(|v| {
