@@ -289,20 +289,8 @@ pub fn recall_at(got: impl IntoIterator<Item = u64>, truth: &[u64]) -> f64 {
 }
 
 /// Most collection rows the sharded path's centroids train on (akerd's
-/// `sharding.sample_rows` default).
-const ROUTING_SAMPLE_ROWS: usize = 20_000;
-
-/// Up to [`ROUTING_SAMPLE_ROWS`] rows of `data` (row-major, `dim` wide), evenly strided:
-/// what akerd trains its router on.
-pub fn routing_sample(data: &[f32], dim: usize) -> Vec<f32> {
-    let n = data.len() / dim.max(1);
-    let step = n.div_ceil(ROUTING_SAMPLE_ROWS).max(1);
-    (0..n)
-        .step_by(step)
-        .flat_map(|i| &data[i * dim..(i + 1) * dim])
-        .copied()
-        .collect()
-}
+/// `sharding.sample_rows` default; `Dataset::sample` strides them as akerd does).
+pub const ROUTING_SAMPLE_ROWS: usize = 20_000;
 
 /// The cache a run replays through: one, or akerd's shards.
 #[allow(clippy::large_enum_variant)] // one per run, never moved in a loop

@@ -589,7 +589,7 @@ impl SourceRun<'_> {
     /// The simZipf streams of every skew, with exact truth and Proximity+'s threshold.
     fn streams(&self, prep: &Prepared, requests: usize) -> Vec<Stream> {
         let (args, seeds, k) = (self.args, self.seeds, self.args.common.k);
-        let routing: Arc<[f32]> = experiment::routing_sample(&prep.base.data, prep.base.dim).into();
+        let routing: Arc<[f32]> = prep.base.sample(experiment::ROUTING_SAMPLE_ROWS).into();
         args.skews
             .iter()
             .map(|&skew| {

@@ -37,7 +37,7 @@ fn setup() -> Setup {
         backend,
         pool: base.n / 20,
         threshold,
-        routing: experiment::routing_sample(&base.data, base.dim),
+        routing: base.sample(experiment::ROUTING_SAMPLE_ROWS),
     }
 }
 
