@@ -402,7 +402,37 @@ fn run(cli: &Cli) -> Res<()> {
     let mut ctl = control(target)?;
     let hello = ctl.hello().map_err(|e| format!("HELLO to {target}: {e}"))?;
     let workload = Arc::new(build_workload(cli, &hello)?);
+    let cfg = engine_config(cli, target, &hello);
+    println!(
+        "target {target}: dim {}, {}, k_max {}, max_inflight {}, {} executors, {} shards",
+        hello.dim, hello.metric, hello.k_max, hello.max_inflight, hello.executors, hello.shards
+    );
+    println!("workload {}", workload.describe());
 
+    let mut doc = Document {
+        tool: "aker-loadgen",
+        target: target.to_string(),
+        workload: workload.describe(),
+        server: ServerInfo::from(&hello),
+        run: None,
+        sweep: None,
+    };
+    match cli.sweep {
+        Some(spec) => doc.sweep = Some(run_sweep(cli, spec, &cfg, &workload, &mut ctl)?),
+        None => doc.run = Some(run_once(cli, &cfg, &workload, &mut ctl)?),
+    }
+    if cli.server_stats {
+        let stats = ctl.stats().map_err(|e| format!("STATS: {e}"))?;
+        println!("server STATS:\n{stats}");
+    }
+    if let Some(path) = &cli.json {
+        report::write_json(path, &doc).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The run's shape from the command line, within the server's limits.
+fn engine_config(cli: &Cli, target: SocketAddr, hello: &HelloReply) -> EngineConfig {
     let depth = cli.depth.clamp(1, hello.max_inflight.max(1) as usize);
     if depth < cli.depth {
         eprintln!(
@@ -421,7 +451,7 @@ fn run(cli: &Cli) -> Res<()> {
             arrival: cli.arrival,
         }
     };
-    let cfg = EngineConfig {
+    EngineConfig {
         target,
         mode,
         connections,
@@ -436,159 +466,140 @@ fn run(cli: &Cli) -> Res<()> {
         max_frame_bytes: 64 << 20,
         spin: cli.spin,
         seed: cli.seed,
-    };
-    println!(
-        "target {target}: dim {}, {}, k_max {}, max_inflight {}, {} executors, {} shards",
-        hello.dim, hello.metric, hello.k_max, hello.max_inflight, hello.executors, hello.shards
-    );
-    println!("workload {}", workload.describe());
+    }
+}
 
-    let mut doc = Document {
-        tool: "aker-loadgen",
-        target: target.to_string(),
-        workload: workload.describe(),
-        server: ServerInfo::from(&hello),
-        run: None,
-        sweep: None,
-    };
-    let quiet = cli.quiet;
-    let on_line = |l: &loadgen::stats::IntervalLine| {
+/// Per-second lines, unless --quiet.
+fn line_printer(quiet: bool) -> impl Fn(&loadgen::stats::IntervalLine) + Copy {
+    move |l| {
         if !quiet {
             println!("{l}");
         }
+    }
+}
+
+/// `--sweep`: open-loop steps until p99 passes --p99.
+fn run_sweep(
+    cli: &Cli,
+    spec: SweepSpec,
+    cfg: &EngineConfig,
+    workload: &Arc<Workload>,
+    ctl: &mut Client,
+) -> Res<SweepReport> {
+    let (bound, quiet, flush) = (cli.p99.as_secs_f64() * 1000.0, cli.quiet, cli.flush);
+    let base = EngineConfig {
+        mode: Mode::Open {
+            rate: spec.from,
+            arrival: cli.arrival,
+        },
+        ..cfg.clone()
     };
-
-    if let Some(spec) = cli.sweep {
-        let bound = cli.p99.as_secs_f64() * 1000.0;
-        let base = EngineConfig {
-            mode: Mode::Open {
-                rate: spec.from,
-                arrival: cli.arrival,
-            },
-            ..cfg
-        };
+    println!(
+        "sweep {}..{} step {} req/s, {} arrivals, {} connections x depth {}, {} threads, warm-up {:?}, {:?} per step, p99 bound {}",
+        spec.from, spec.to, spec.step, arrival_name(cli.arrival), cfg.connections, cfg.depth,
+        cfg.threads, cli.warmup, cli.duration, fmt_ms(bound)
+    );
+    let plan = SweepPlan {
+        spec,
+        p99_bound_ms: bound,
+        pause: cli.sweep_pause,
+    };
+    let before_step = |rate| {
+        if !quiet {
+            println!("--- {rate} req/s");
+        }
+        if flush {
+            ctl.flush()
+                .map_err(|e| std::io::Error::other(format!("FLUSH: {e}")))?;
+        }
+        Ok(())
+    };
+    let outcome = sweep::sweep(&base, plan, workload, before_step, line_printer(quiet), |step| {
+        let s = Summary::of(&step.result.stats.all);
         println!(
-            "sweep {}..{} step {} req/s, {} arrivals, {connections} connections x depth {depth}, {threads} threads, warm-up {:?}, {:?} per step, p99 bound {}",
-            spec.from, spec.to, spec.step, arrival_name(cli.arrival), cli.warmup, cli.duration, fmt_ms(bound)
+            "step {:>9.0} req/s: achieved {:>9.1}  p50 {:>8}  p99 {:>8}  p99.9 {:>8}  max {:>8}  errors {}  {}",
+            step.rate,
+            step.result.stats.ok() as f64 / step.result.measured_secs.max(1e-9),
+            fmt_ms(s.p50_ms),
+            fmt_ms(s.p99_ms),
+            fmt_ms(s.p999_ms),
+            fmt_ms(s.max_ms),
+            step.result.stats.total_errors(),
+            if step.pass { "pass" } else { "FAIL" }
         );
-        let flush = cli.flush;
-        let plan = SweepPlan {
-            spec,
-            p99_bound_ms: bound,
-            pause: cli.sweep_pause,
-        };
-        let outcome = sweep::sweep(
-            &base,
-            plan,
-            &workload,
-            |rate| {
-                if !quiet {
-                    println!("--- {rate} req/s");
-                }
-                if flush {
-                    ctl.flush().map_err(|e| std::io::Error::other(format!("FLUSH: {e}")))?;
-                }
-                Ok(())
-            },
-            on_line,
-            |step| {
-                let s = Summary::of(&step.result.stats.all);
-                println!(
-                    "step {:>9.0} req/s: achieved {:>9.1}  p50 {:>8}  p99 {:>8}  p99.9 {:>8}  max {:>8}  errors {}  {}",
-                    step.rate,
-                    step.result.stats.ok() as f64 / step.result.measured_secs.max(1e-9),
-                    fmt_ms(s.p50_ms),
-                    fmt_ms(s.p99_ms),
-                    fmt_ms(s.p999_ms),
-                    fmt_ms(s.max_ms),
-                    step.result.stats.total_errors(),
-                    if step.pass { "pass" } else { "FAIL" }
-                );
-            },
-        )
-        .map_err(|e| format!("sweep: {e}"))?;
-        match outcome.best_rate {
-            Some(r) => println!("highest rate with p99 <= {}: {r} req/s", fmt_ms(bound)),
-            None => println!("no rate kept p99 <= {}", fmt_ms(bound)),
-        }
-        if let Some(prefix) = &cli.hgrm {
-            for s in &outcome.steps {
-                report::write_hgrms(&format!("{prefix}.{}", s.rate), &s.result.stats)
-                    .map_err(|e| format!("writing .hgrm: {e}"))?;
-            }
-        }
-        let reports = outcome.reports();
-        if let Some(png) = &cli.png {
-            let pts: Vec<Point> = reports.iter().map(|(_, _, r)| Point::of_run(r)).collect();
-            plot(
-                png,
-                &format!("aker-loadgen sweep, {target}"),
-                &pts,
-                true,
-                Some(bound),
-            )?;
-        }
-        doc.sweep = Some(SweepReport {
-            p99_bound_ms: bound,
-            best_rate: outcome.best_rate,
-            steps: reports
-                .into_iter()
-                .map(|(rate, pass, run)| SweepStepReport { rate, pass, run })
-                .collect(),
-        });
-    } else {
-        if cli.flush {
-            ctl.flush().map_err(|e| format!("FLUSH: {e}"))?;
-        }
-        match mode {
-            Mode::Open { rate, arrival } => println!(
-                "open loop {rate} req/s, {} arrivals, {connections} connections x depth {depth}, {threads} threads, warm-up {:?}, duration {:?}",
-                arrival_name(arrival), cli.warmup, cli.duration
-            ),
-            Mode::Closed => println!(
-                "closed loop, {connections} connections x depth {depth}, {threads} threads, warm-up {:?}, duration {:?}",
-                cli.warmup, cli.duration
-            ),
-        }
-        let result = worker::run(&cfg, &workload, on_line).map_err(|e| format!("run: {e}"))?;
-        println!();
-        print!("{}", final_table(&result.stats, result.measured_secs));
-        println!(
-            "stopped       {:?}; {} counted requests sent over {:.2} s",
-            result.stop, result.sent, result.measured_secs
-        );
-        if let Some(prefix) = &cli.hgrm {
-            let files = report::write_hgrms(prefix, &result.stats)
+    })
+    .map_err(|e| format!("sweep: {e}"))?;
+    match outcome.best_rate {
+        Some(r) => println!("highest rate with p99 <= {}: {r} req/s", fmt_ms(bound)),
+        None => println!("no rate kept p99 <= {}", fmt_ms(bound)),
+    }
+    if let Some(prefix) = &cli.hgrm {
+        for s in &outcome.steps {
+            report::write_hgrms(&format!("{prefix}.{}", s.rate), &s.result.stats)
                 .map_err(|e| format!("writing .hgrm: {e}"))?;
-            println!("wrote {}", files.join(", "));
         }
-        let run = RunReport::new(&cfg, &result);
-        if let Some(png) = &cli.png {
-            let pts: Vec<Point> = result
-                .intervals
-                .iter()
-                .filter(|l| l.phase == Phase::Run && l.rate > 0.0)
-                .map(Point::of_line)
-                .collect();
-            plot(
-                png,
-                &format!("aker-loadgen, {target}, per second"),
-                &pts,
-                false,
-                None,
-            )?;
-        }
-        doc.run = Some(run);
     }
+    let reports = outcome.reports();
+    if let Some(png) = &cli.png {
+        let pts: Vec<Point> = reports.iter().map(|(_, _, r)| Point::of_run(r)).collect();
+        let title = format!("aker-loadgen sweep, {}", cfg.target);
+        plot(png, &title, &pts, true, Some(bound))?;
+    }
+    Ok(SweepReport {
+        p99_bound_ms: bound,
+        best_rate: outcome.best_rate,
+        steps: reports
+            .into_iter()
+            .map(|(rate, pass, run)| SweepStepReport { rate, pass, run })
+            .collect(),
+    })
+}
 
-    if cli.server_stats {
-        let stats = ctl.stats().map_err(|e| format!("STATS: {e}"))?;
-        println!("server STATS:\n{stats}");
+/// One run, open or closed loop, with its final table.
+fn run_once(
+    cli: &Cli,
+    cfg: &EngineConfig,
+    workload: &Arc<Workload>,
+    ctl: &mut Client,
+) -> Res<RunReport> {
+    if cli.flush {
+        ctl.flush().map_err(|e| format!("FLUSH: {e}"))?;
     }
-    if let Some(path) = &cli.json {
-        report::write_json(path, &doc).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    let (connections, depth, threads) = (cfg.connections, cfg.depth, cfg.threads);
+    match cfg.mode {
+        Mode::Open { rate, arrival } => println!(
+            "open loop {rate} req/s, {} arrivals, {connections} connections x depth {depth}, {threads} threads, warm-up {:?}, duration {:?}",
+            arrival_name(arrival), cli.warmup, cli.duration
+        ),
+        Mode::Closed => println!(
+            "closed loop, {connections} connections x depth {depth}, {threads} threads, warm-up {:?}, duration {:?}",
+            cli.warmup, cli.duration
+        ),
     }
-    Ok(())
+    let result =
+        worker::run(cfg, workload, line_printer(cli.quiet)).map_err(|e| format!("run: {e}"))?;
+    println!();
+    print!("{}", final_table(&result.stats, result.measured_secs));
+    println!(
+        "stopped       {:?}; {} counted requests sent over {:.2} s",
+        result.stop, result.sent, result.measured_secs
+    );
+    if let Some(prefix) = &cli.hgrm {
+        let files = report::write_hgrms(prefix, &result.stats)
+            .map_err(|e| format!("writing .hgrm: {e}"))?;
+        println!("wrote {}", files.join(", "));
+    }
+    if let Some(png) = &cli.png {
+        let pts: Vec<Point> = result
+            .intervals
+            .iter()
+            .filter(|l| l.phase == Phase::Run && l.rate > 0.0)
+            .map(Point::of_line)
+            .collect();
+        let title = format!("aker-loadgen, {}, per second", cfg.target);
+        plot(png, &title, &pts, false, None)?;
+    }
+    Ok(RunReport::new(cfg, &result))
 }
 
 fn arrival_name(a: Arrival) -> &'static str {

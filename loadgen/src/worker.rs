@@ -616,17 +616,8 @@ pub fn run(
 ) -> std::io::Result<RunResult> {
     let connections = cfg.connections.max(1);
     let threads = cfg.threads.clamp(1, connections);
-    let depth = cfg.depth.max(1);
-
     // Connect everything before the clock starts.
-    let mut streams = Vec::with_capacity(connections);
-    for _ in 0..connections {
-        let s = TcpStream::connect_timeout(&cfg.target, cfg.connect_timeout)?;
-        s.set_nodelay(true)?;
-        s.set_write_timeout(Some(cfg.write_timeout.max(Duration::from_millis(1))))?;
-        streams.push(s);
-    }
-
+    let streams = connect_all(cfg, connections)?;
     // A short lead so every thread is up before the first intended instant.
     let start = Instant::now() + Duration::from_millis(20);
     let measure_from = start + cfg.warmup;
@@ -642,163 +633,25 @@ pub fn run(
         measured_sent: AtomicU64::new(0),
         finished: AtomicBool::new(false),
     });
-
-    let recorders: Vec<Arc<Mutex<Recorder>>> = (0..threads)
-        .map(|_| Arc::new(Mutex::new(Recorder::default())))
-        .collect();
-    let notifies: Vec<Arc<Notify>> = (0..threads).map(|_| Arc::new(Notify::default())).collect();
-    let mut per_thread: Vec<Vec<SendConn>> = (0..threads).map(|_| Vec::new()).collect();
-    let mut conn_shared = Vec::with_capacity(connections);
-    let mut receivers = Vec::with_capacity(connections);
-    let mut closers = Vec::with_capacity(connections);
-    for (i, stream) in streams.into_iter().enumerate() {
-        let t = i % threads;
-        let cs = Arc::new(ConnShared {
-            pending: Mutex::new(HashMap::with_capacity(depth)),
-            in_flight: AtomicUsize::new(0),
-            dead: AtomicBool::new(false),
-            notify: notifies[t].clone(),
-            recorder: recorders[t].clone(),
-        });
-        let read_half = stream.try_clone()?;
-        closers.push(stream.try_clone()?);
-        let (c, w, s, mf) = (
-            cs.clone(),
-            workload.clone(),
-            shared.clone(),
-            cfg.max_frame_bytes,
-        );
-        receivers.push(
-            thread::Builder::new()
-                .name(format!("loadgen-recv-{i}"))
-                .spawn(move || receive(read_half, c, w, s, mf))?,
-        );
-        per_thread[t].push(SendConn {
-            stream,
-            shared: cs.clone(),
-            wbuf: Vec::new(),
-            next_id: 1,
-        });
-        conn_shared.push(cs);
-    }
-    let mut senders = Vec::with_capacity(threads);
-    for (t, conns) in per_thread.into_iter().enumerate() {
-        let s = Sender {
-            index: t,
-            threads,
-            conns,
-            notify: notifies[t].clone(),
-            recorder: recorders[t].clone(),
-            workload: workload.clone(),
-            shared: shared.clone(),
-            mode: cfg.mode,
-            depth,
-            spin: cfg.spin,
-            seed: cfg.seed,
-            rr: 0,
-        };
-        senders.push(
-            thread::Builder::new()
-                .name(format!("loadgen-send-{t}"))
-                .spawn(move || s.run())?,
-        );
-    }
-
-    // Per-second lines until every sender is done and nothing is in flight, or the
-    // drain deadline. Ticks are whole seconds from the start during the warm-up, with a
-    // short one ending exactly where counting begins, so no line mixes the two.
-    let mut intervals = Vec::new();
-    let mut tick_start = start;
-    let tick_after = |t: Instant| {
-        let next = t + Duration::from_secs(1);
-        if t < measure_from {
-            next.min(measure_from)
-        } else if t < end {
-            next.min(end)
-        } else {
-            next
-        }
+    let load = Load {
+        cfg,
+        workload,
+        shared: &shared,
+        threads,
+        depth: cfg.depth.max(1),
+        recorders: (0..threads)
+            .map(|_| Arc::new(Mutex::new(Recorder::default())))
+            .collect(),
+        notifies: (0..threads).map(|_| Arc::new(Notify::default())).collect(),
     };
-    loop {
-        let now = Instant::now();
-        let senders_done = senders.iter().all(|h| h.is_finished());
-        let idle = conn_shared
-            .iter()
-            .all(|c| c.in_flight.load(Ordering::SeqCst) == 0);
-        let over = (senders_done && idle) || now >= shared.clock.drain_deadline;
-        let tick_end = tick_after(tick_start);
-        if now >= tick_end || (over && now > tick_start) {
-            let at = tick_end.min(now);
-            let mut merged = crate::stats::Interval::default();
-            for r in &recorders {
-                let i = std::mem::take(&mut lock(r).interval);
-                merged.hist.add(&i.hist).expect("same bounds");
-                merged.errors += i.errors;
-            }
-            let phase = if at <= measure_from {
-                Phase::Warmup
-            } else if tick_start >= end {
-                Phase::Drain
-            } else {
-                Phase::Run
-            };
-            let line = IntervalLine::from_interval(
-                at.saturating_duration_since(start).as_secs_f64(),
-                phase,
-                at.saturating_duration_since(tick_start).as_secs_f64(),
-                &merged,
-            );
-            // A final partial interval with nothing in it is not worth a line.
-            if at == tick_end || !merged.hist.is_empty() || merged.errors > 0 {
-                on_line(&line);
-                intervals.push(line);
-            }
-            tick_start = at;
-        }
-        if over {
-            break;
-        }
-        let next = tick_after(tick_start).min(now + Duration::from_millis(20));
-        thread::sleep(next.saturating_duration_since(Instant::now()));
-    }
-
-    shared.finished.store(true, Ordering::SeqCst);
-    let no_reply = |conn: &ConnShared| {
-        let left: Vec<Pending> = lock(&conn.pending).drain().map(|(_, p)| p).collect();
-        conn.in_flight.fetch_sub(left.len(), Ordering::SeqCst);
-        record_failures(&conn.recorder, &left, ERR_NO_REPLY);
-    };
-    for c in &conn_shared {
-        no_reply(c);
-        c.dead.store(true, Ordering::SeqCst);
-        c.notify.wake();
-    }
-    // Unblocks a sender stuck in a write and every receiver.
-    for s in &closers {
-        let _ = s.shutdown(Shutdown::Both);
-    }
-    let mut stop = StopReason::Duration;
-    let mut covered_until = measure_from;
-    for h in senders {
-        let (why, until) = h
-            .join()
-            .map_err(|_| std::io::Error::other("a sender thread panicked"))?;
-        if why.rank() > stop.rank() {
-            stop = why;
-        }
-        covered_until = covered_until.max(until);
-    }
-    for h in receivers {
-        h.join()
-            .map_err(|_| std::io::Error::other("a receiver thread panicked"))?;
-    }
-    // A request queued after the first sweep above (a sender racing the deadline).
-    for c in &conn_shared {
-        no_reply(c);
-    }
+    let wired = load.wire(streams)?;
+    let senders = load.spawn_senders(wired.per_thread)?;
+    let intervals = load.report_intervals(&senders, &wired.conns, &mut on_line);
+    let (stop, covered_until) =
+        load.wind_down(&wired.conns, &wired.closers, senders, wired.receivers)?;
 
     let mut stats = RunStats::default();
-    for r in &recorders {
+    for r in &load.recorders {
         stats.merge(&lock(r).run);
     }
     let measured_secs = covered_until
@@ -812,4 +665,227 @@ pub fn run(
         sent: shared.measured_sent.load(Ordering::Relaxed),
         stop,
     })
+}
+
+fn connect_all(cfg: &EngineConfig, connections: usize) -> std::io::Result<Vec<TcpStream>> {
+    let mut streams = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let s = TcpStream::connect_timeout(&cfg.target, cfg.connect_timeout)?;
+        s.set_nodelay(true)?;
+        s.set_write_timeout(Some(cfg.write_timeout.max(Duration::from_millis(1))))?;
+        streams.push(s);
+    }
+    Ok(streams)
+}
+
+/// One run's threads and what they share: a recorder and a wake-up per sender thread.
+struct Load<'a> {
+    cfg: &'a EngineConfig,
+    workload: &'a Arc<Workload>,
+    shared: &'a Arc<Shared>,
+    threads: usize,
+    depth: usize,
+    recorders: Vec<Arc<Mutex<Recorder>>>,
+    notifies: Vec<Arc<Notify>>,
+}
+
+/// The connections once wired: each one's sending half (by sender thread), its shared
+/// state, its receiver thread, and a handle to close it with.
+struct Wired {
+    per_thread: Vec<Vec<SendConn>>,
+    conns: Vec<Arc<ConnShared>>,
+    receivers: Vec<thread::JoinHandle<()>>,
+    closers: Vec<TcpStream>,
+}
+
+type SenderHandle = thread::JoinHandle<(StopReason, Instant)>;
+
+impl Load<'_> {
+    /// Connection `i` goes to sender thread `i % threads`; each gets a receiver thread.
+    fn wire(&self, streams: Vec<TcpStream>) -> std::io::Result<Wired> {
+        let n = streams.len();
+        let mut w = Wired {
+            per_thread: (0..self.threads).map(|_| Vec::new()).collect(),
+            conns: Vec::with_capacity(n),
+            receivers: Vec::with_capacity(n),
+            closers: Vec::with_capacity(n),
+        };
+        for (i, stream) in streams.into_iter().enumerate() {
+            let t = i % self.threads;
+            let cs = Arc::new(ConnShared {
+                pending: Mutex::new(HashMap::with_capacity(self.depth)),
+                in_flight: AtomicUsize::new(0),
+                dead: AtomicBool::new(false),
+                notify: self.notifies[t].clone(),
+                recorder: self.recorders[t].clone(),
+            });
+            let read_half = stream.try_clone()?;
+            w.closers.push(stream.try_clone()?);
+            let (c, wl, s, mf) = (
+                cs.clone(),
+                self.workload.clone(),
+                self.shared.clone(),
+                self.cfg.max_frame_bytes,
+            );
+            w.receivers.push(
+                thread::Builder::new()
+                    .name(format!("loadgen-recv-{i}"))
+                    .spawn(move || receive(read_half, c, wl, s, mf))?,
+            );
+            w.per_thread[t].push(SendConn {
+                stream,
+                shared: cs.clone(),
+                wbuf: Vec::new(),
+                next_id: 1,
+            });
+            w.conns.push(cs);
+        }
+        Ok(w)
+    }
+
+    fn spawn_senders(&self, per_thread: Vec<Vec<SendConn>>) -> std::io::Result<Vec<SenderHandle>> {
+        let mut senders = Vec::with_capacity(self.threads);
+        for (t, conns) in per_thread.into_iter().enumerate() {
+            let s = Sender {
+                index: t,
+                threads: self.threads,
+                conns,
+                notify: self.notifies[t].clone(),
+                recorder: self.recorders[t].clone(),
+                workload: self.workload.clone(),
+                shared: self.shared.clone(),
+                mode: self.cfg.mode,
+                depth: self.depth,
+                spin: self.cfg.spin,
+                seed: self.cfg.seed,
+                rr: 0,
+            };
+            senders.push(
+                thread::Builder::new()
+                    .name(format!("loadgen-send-{t}"))
+                    .spawn(move || s.run())?,
+            );
+        }
+        Ok(senders)
+    }
+
+    /// Per-second lines until every sender is done and nothing is in flight, or the
+    /// drain deadline. Ticks are whole seconds from the start during the warm-up, with
+    /// a short one ending exactly where counting begins, so no line mixes the two.
+    fn report_intervals(
+        &self,
+        senders: &[SenderHandle],
+        conns: &[Arc<ConnShared>],
+        on_line: &mut impl FnMut(&IntervalLine),
+    ) -> Vec<IntervalLine> {
+        let c = &self.shared.clock;
+        let (start, measure_from, end) = (c.start, c.measure_from, c.end);
+        let mut intervals = Vec::new();
+        let mut tick_start = start;
+        let tick_after = |t: Instant| {
+            let next = t + Duration::from_secs(1);
+            if t < measure_from {
+                next.min(measure_from)
+            } else if t < end {
+                next.min(end)
+            } else {
+                next
+            }
+        };
+        loop {
+            let now = Instant::now();
+            let senders_done = senders.iter().all(|h| h.is_finished());
+            let idle = conns
+                .iter()
+                .all(|c| c.in_flight.load(Ordering::SeqCst) == 0);
+            let over = (senders_done && idle) || now >= c.drain_deadline;
+            let tick_end = tick_after(tick_start);
+            if now >= tick_end || (over && now > tick_start) {
+                let at = tick_end.min(now);
+                let line = self.interval_line(tick_start, at);
+                // A final partial interval with nothing in it is not worth a line.
+                if at == tick_end || line.rate > 0.0 || line.errors > 0 {
+                    on_line(&line);
+                    intervals.push(line);
+                }
+                tick_start = at;
+            }
+            if over {
+                return intervals;
+            }
+            let next = tick_after(tick_start).min(now + Duration::from_millis(20));
+            thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+    }
+
+    /// The line of the interval `from..at`: every sender thread's interval, merged.
+    fn interval_line(&self, from: Instant, at: Instant) -> IntervalLine {
+        let c = &self.shared.clock;
+        let (start, measure_from, end) = (c.start, c.measure_from, c.end);
+        let mut merged = crate::stats::Interval::default();
+        for r in &self.recorders {
+            let i = std::mem::take(&mut lock(r).interval);
+            merged.hist.add(&i.hist).expect("same bounds");
+            merged.errors += i.errors;
+        }
+        let phase = if at <= measure_from {
+            Phase::Warmup
+        } else if from >= end {
+            Phase::Drain
+        } else {
+            Phase::Run
+        };
+        IntervalLine::from_interval(
+            at.saturating_duration_since(start).as_secs_f64(),
+            phase,
+            at.saturating_duration_since(from).as_secs_f64(),
+            &merged,
+        )
+    }
+
+    /// Ends the run: what never got a reply is counted, every connection closed, every
+    /// thread joined. Returns why the senders stopped and how far they covered.
+    fn wind_down(
+        &self,
+        conns: &[Arc<ConnShared>],
+        closers: &[TcpStream],
+        senders: Vec<SenderHandle>,
+        receivers: Vec<thread::JoinHandle<()>>,
+    ) -> std::io::Result<(StopReason, Instant)> {
+        self.shared.finished.store(true, Ordering::SeqCst);
+        let no_reply = |conn: &ConnShared| {
+            let left: Vec<Pending> = lock(&conn.pending).drain().map(|(_, p)| p).collect();
+            conn.in_flight.fetch_sub(left.len(), Ordering::SeqCst);
+            record_failures(&conn.recorder, &left, ERR_NO_REPLY);
+        };
+        for c in conns {
+            no_reply(c);
+            c.dead.store(true, Ordering::SeqCst);
+            c.notify.wake();
+        }
+        // Unblocks a sender stuck in a write and every receiver.
+        for s in closers {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        let mut stop = StopReason::Duration;
+        let mut covered_until = self.shared.clock.measure_from;
+        for h in senders {
+            let (why, until) = h
+                .join()
+                .map_err(|_| std::io::Error::other("a sender thread panicked"))?;
+            if why.rank() > stop.rank() {
+                stop = why;
+            }
+            covered_until = covered_until.max(until);
+        }
+        for h in receivers {
+            h.join()
+                .map_err(|_| std::io::Error::other("a receiver thread panicked"))?;
+        }
+        // A request queued after the first sweep above (a sender racing the deadline).
+        for c in conns {
+            no_reply(c);
+        }
+        Ok((stop, covered_until))
+    }
 }
