@@ -8,6 +8,22 @@
 //! bytes read so far, so a slow reply can still be collected by a later call; a failed or
 //! timed-out write, lost framing or a closed socket makes the client [`ClientError::Broken`].
 //! Request ids start at 1: id 0 is what the server uses for connection-level replies.
+//!
+//! The README's example (kept compiling here):
+//!
+//! ```no_run
+//! # fn main() -> Result<(), aker::client::ClientError> {
+//! use aker::client::Client;
+//!
+//! let mut c = Client::connect("127.0.0.1:7700")?;          // HELLO: dim, metric, k_max
+//! let dim = c.server_info().map_or(32, |h| h.dim as usize);
+//! c.insert(1_000_000, &vec![0.5; dim])?;                  // acknowledged once every shard knows
+//! let r = c.search(10, &vec![0.5; dim])?;                 // 10 nearest
+//! println!("{:?}: {:?}", r.hit, r.neighbors.first());     // Miss, then Exact / Approximate
+//! assert!(c.delete(1_000_000)?);                           // never served again
+//! # Ok(())
+//! # }
+//! ```
 
 mod blocking;
 mod conn;
