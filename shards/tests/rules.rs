@@ -512,3 +512,71 @@ fn rerank_serves_the_best_k_of_the_reserve_to_a_near_query() {
         assert_eq!(ids(&r), want, "{}", c.policy().name());
     }
 }
+
+#[test]
+fn aliases_stop_at_max_aliases_per_rep() {
+    let cfg = CacheConfig {
+        max_aliases_per_rep: 2,
+        filter: FilterKind::BruteForce,
+        k_max: 4,
+        ..CacheConfig::new(1, Metric::L2Sq)
+    };
+    let (mut c, s) = (
+        Cache::new(cfg, PolicyConfig::default().build()).unwrap(),
+        store(),
+    );
+    // q = 1.0: minD = 1; equality hits grow τ to minD = 1.
+    for _ in 0..40 {
+        c.search(&s, &[1.0], 2).unwrap();
+    }
+    assert!(close(tau(&c, 1.0, 2), 1.0));
+    // Three approximate hits, each within the τ the one before left (τ ← τ · 0.25):
+    // 1.9 (d 0.81 < 1), 1.45 (d 0.2025 < 0.25), 1.2 (d 0.04 < 0.0625).
+    for q in [1.9, 1.45, 1.2] {
+        assert_eq!(
+            c.search(&s, &[q], 2).unwrap().kind,
+            HitKind::Approximate,
+            "{q}"
+        );
+    }
+    assert_eq!(c.aliases(), 2, "the third hit is served but not linked");
+    for q in [1.9, 1.45] {
+        assert_eq!(c.search(&s, &[q], 2).unwrap().kind, HitKind::Alias, "{q}");
+    }
+    // 1.2's key was not linked: d 0.04 is no longer < τ = 0.015625, so it misses.
+    assert_eq!(c.search(&s, &[1.2], 2).unwrap().kind, HitKind::Miss);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn a_ticket_older_than_the_delete_log_is_stale() {
+    let cfg = CacheConfig {
+        delete_log_cap: 2,
+        filter: FilterKind::BruteForce,
+        k_max: 4,
+        ..CacheConfig::new(1, Metric::L2Sq)
+    };
+    let (mut c, s) = (
+        Cache::new(cfg, PolicyConfig::default().build()).unwrap(),
+        store(),
+    );
+    let answer = s.search(&[1.0], 2).unwrap();
+    // Within the window: two deletes after the ticket, still checkable.
+    let ticket = c.miss_ticket(&[1.0], 2, false).unwrap();
+    c.delete(5);
+    c.delete(6);
+    assert!(matches!(
+        c.admit(ticket, answer).unwrap(),
+        Admission::Admitted(_)
+    ));
+    // Past it: three deletes after the ticket, one of them fell out of the log, so what
+    // the answer may hold of it cannot be stripped: refused.
+    let ticket = c.miss_ticket(&[3.0], 2, false).unwrap();
+    for id in [4, 5, 6] {
+        c.delete(id);
+    }
+    let answer = s.search(&[3.0], 2).unwrap();
+    assert_eq!(c.admit(ticket, answer).unwrap(), Admission::Stale);
+    assert!(c.slot(&[3.0], 2).is_none(), "nothing was admitted");
+    c.check_invariants().unwrap();
+}
