@@ -400,6 +400,8 @@ fn run_jobs(
                         let row = Row {
                             dataset: dataset.to_string(),
                             backend: backend_name.to_string(),
+                            k: args.common.k,
+                            metric: args.common.metric,
                             skew: st.skew,
                             pool: job.pool,
                             policy: job.policy,

@@ -14,6 +14,9 @@ pub struct Row {
     pub dataset: String,
     /// `exact` (precomputed exact answers) or `hnsw`.
     pub backend: String,
+    /// Neighbours per request (recall is recall@k) and the metric, of every row.
+    pub k: usize,
+    pub metric: shards::Metric,
     pub skew: f64,
     /// Pool as a fraction of the collection and in objects; `None` for no cache.
     pub pool: Option<(f64, usize)>,
@@ -68,9 +71,11 @@ pub fn table(rows: &[Row], dataset: &str, backend: &str, pool: f64) -> String {
         .collect();
     sel.sort_by(|a, b| a.skew.total_cmp(&b.skew));
     let mut s = String::new();
-    s.push_str(
-        "| skew | policy | recall@10 | hit % | exact % | alias % | approx % | approx-hit recall \
-         | approx-hit < 0.8 % | backend calls | entries | aliases | objects | s |\n",
+    let k = sel.first().map_or(0, |r| r.k);
+    let _ = writeln!(
+        s,
+        "| skew | policy | recall@{k} | hit % | exact % | alias % | approx % | approx-hit recall \
+         | approx-hit < 0.8 % | backend calls | entries | aliases | objects | s |"
     );
     s.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for r in sel {
@@ -97,7 +102,8 @@ pub fn table(rows: &[Row], dataset: &str, backend: &str, pool: f64) -> String {
     s
 }
 
-pub const CSV_HEADER: &str = "dataset,backend,skew,pool_pct,pool_objects,policy,filter,requests,\
+pub const CSV_HEADER: &str =
+    "dataset,backend,k,metric,skew,pool_pct,pool_objects,policy,filter,requests,\
 recall,hit_ratio,exact_ratio,alias_ratio,approx_ratio,miss_ratio,approx_hit_recall,\
 approx_hit_below_0.8,alias_hit_recall,backend_calls,verifications,entries,aliases,objects,\
 evictions,global_threshold,seconds";
@@ -126,9 +132,11 @@ pub fn csv(rows: &[Row]) -> String {
         };
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{},{},{},{:.3}",
+            "{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{},{},{},{:.3}",
             r.dataset,
             r.backend,
+            r.k,
+            r.metric.name(),
             r.skew,
             pool_pct,
             pool_objects,
@@ -325,7 +333,7 @@ pub fn markdown(h: &Header, sets: &[DatasetSummary], rows: &[Row]) -> String {
         h.total_seconds,
     );
     s.push_str(
-        "Columns: recall@10 against exact neighbours over all requests; hit % split into \
+        "Columns: recall@k against exact neighbours over all requests; hit % split into \
          exact (equality), alias and approximate (filter) hits; the mean recall of \
          approximate hits and the share of them below 0.8; backend calls (misses, Potluck+ \
          verifications included); entries (representatives), aliases and objects at the \
@@ -355,14 +363,16 @@ pub fn markdown(h: &Header, sets: &[DatasetSummary], rows: &[Row]) -> String {
                 s,
                 "HNSW backend: m = {}, ef_construction = {}, built in {:.0} s. As in the paper \
                  (\"for each workload ... 0.9 recall at k = 10 without approximate caches\"), \
-                 ef_search is tuned per stream: the smallest ef whose recall@10 over {} \
+                 ef_search is tuned per stream: the smallest ef whose recall@{} over {} \
                  requests sampled from the stream reaches {}. Each distinct vector of a stream \
                  is searched once and its answer reused by every run of that stream.\n",
-                hn.m, hn.ef_construction, hn.build_seconds, hn.samples, hn.target
+                hn.m, hn.ef_construction, hn.build_seconds, h.k, hn.samples, hn.target
             );
-            s.push_str(
-                "| skew | ef | sampled recall@10 | sweep | vectors searched | searched again: differ |\n\
-                 |---:|---:|---:|---|---:|---:|\n",
+            let _ = writeln!(
+                s,
+                "| skew | ef | sampled recall@{} | sweep | vectors searched | searched again: differ |\n\
+                 |---:|---:|---:|---|---:|---:|",
+                h.k
             );
             for st in &hn.streams {
                 let last = st.sweep.last().copied().unwrap_or(EfPoint {
@@ -455,6 +465,8 @@ mod tests {
         Row {
             dataset: "glove".into(),
             backend: "exact".into(),
+            k: 10,
+            metric: shards::Metric::L2Sq,
             skew,
             pool,
             policy: policy.parse().unwrap(),
@@ -493,7 +505,8 @@ mod tests {
             .lines()
             .nth(3)
             .unwrap()
-            .starts_with("glove,exact,0.3,,,none,,1000,"));
+            .starts_with("glove,exact,10,l2sq,0.3,,,none,,1000,"));
+        assert!(t.starts_with("| skew | policy | recall@10 |"), "{t}");
     }
 
     #[test]
