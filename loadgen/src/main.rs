@@ -286,6 +286,7 @@ fn run_pg(cli: &Cli) -> Res<()> {
             rate: cli.rate,
             arrival: cli.arrival,
             seed: cli.seed,
+            drain: cli.drain,
         }
     };
     let r = loadgen::pg::run_searches(

@@ -53,6 +53,15 @@ pub struct PgTarget {
     pub ef_search: usize,
 }
 
+/// Sleeps until `at`. A thread's sleep, not tokio's timer (millisecond ticks: up to 1 ms
+/// of lag counted as latency): the thread's one connection has nothing in flight here.
+fn wait_until(at: Instant) {
+    let left = at.saturating_duration_since(Instant::now());
+    if !left.is_zero() {
+        std::thread::sleep(left);
+    }
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
     pgvector_backend::runtime().map_err(|e| format!("tokio runtime: {e}"))
 }
@@ -92,11 +101,14 @@ pub enum Pace {
     /// Each connection sends its next search when the last one answered.
     Closed,
     /// `rate` searches per second over all connections, latency from the intended send
-    /// time (a connection that falls behind sends at once, and its waits count).
+    /// time (a connection that falls behind sends at once, and its waits count). The
+    /// searches due before the end are still sent, for up to `drain` after it (the
+    /// backlog of a slow server is measured, not dropped); what is left then is `unsent`.
     Open {
         rate: f64,
         arrival: Arrival,
         seed: u64,
+        drain: Duration,
     },
 }
 
@@ -188,48 +200,55 @@ pub fn run_searches(
                         let (mut n, mut errors, mut recall_sum, mut recall_n) =
                             (0u64, 0u64, 0f64, 0u64);
                         let mut picker = w.picker(i);
-                        let mut schedule = match pace {
-                            Pace::Closed => None,
+                        let (mut schedule, stop_at) = match pace {
+                            Pace::Closed => (None, end),
                             Pace::Open {
                                 rate,
                                 arrival,
                                 seed,
-                            } => Some(Schedule::new(
-                                start,
-                                rate,
-                                connections.max(1),
-                                i,
-                                arrival,
-                                seed,
-                            )),
+                                drain,
+                            } => {
+                                let n = connections.max(1);
+                                let s = Schedule::new(start, rate, n, i, arrival, seed);
+                                (Some(s), end + drain)
+                            }
                         };
-                        while Instant::now() < end {
+                        // Whether the loop ended owing the schedule nothing (the budget or
+                        // the trace ran out, or every instant before `end` was sent).
+                        let mut owes_nothing = false;
+                        while Instant::now() < stop_at {
                             if requests_max.is_some_and(|m| counted.load(Ordering::Relaxed) >= m) {
+                                owes_nothing = true;
                                 break;
                             }
-                            let Some(p) = picker.next(w) else { break };
+                            let Some(p) = picker.next(w) else {
+                                owes_nothing = true;
+                                break;
+                            };
                             if p.kind != OpKind::Search {
                                 continue;
                             }
-                            // Open loop: the latency clock starts at the intended time.
-                            let intended = match schedule.as_mut() {
-                                None => None,
-                                Some(s) => {
-                                    let at = s.next_instant();
-                                    if at >= end {
-                                        break;
-                                    }
-                                    tokio::time::sleep_until(at.into()).await;
-                                    Some(at)
-                                }
-                            };
                             let q = Vector::from(w.vector(p.vector).to_vec());
+                            // Prepared before the wait: a first use's prepare is not latency.
                             let st = match by_k.entry(p.k) {
                                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                                 std::collections::hash_map::Entry::Vacant(e) => {
                                     let text = format!("{sql_prefix}{}", p.k);
                                     let st = c.prepare(&text).await.map_err(|e| describe(&e))?;
                                     e.insert(st)
+                                }
+                            };
+                            // Open loop: the latency clock starts at the intended time.
+                            let intended = match schedule.as_mut() {
+                                None => None,
+                                Some(s) => {
+                                    let at = s.next_instant();
+                                    if at >= end {
+                                        owes_nothing = true;
+                                        break;
+                                    }
+                                    wait_until(at);
+                                    Some(at)
                                 }
                             };
                             let t0 = intended.unwrap_or_else(Instant::now);
@@ -258,7 +277,10 @@ pub fn run_searches(
                                 Err(_) => errors += 1,
                             }
                         }
-                        let unsent = schedule.map_or(0, |mut s| s.count_between(count_from, end));
+                        let unsent = match schedule {
+                            Some(mut s) if !owes_nothing => s.count_between(count_from, end),
+                            _ => 0,
+                        };
                         Ok((hist, n, errors, recall_sum, recall_n, unsent))
                     })
                 })

@@ -85,6 +85,7 @@ fn sql_mode_loads_searches_with_recall_and_writes() {
             rate: 200.0,
             arrival: loadgen::schedule::Arrival::Fixed,
             seed: 1,
+            drain: Duration::from_secs(5),
         },
         Duration::from_millis(500),
         Duration::from_secs(2),
