@@ -15,8 +15,8 @@
 //! # fn main() -> Result<(), aker::client::ClientError> {
 //! use aker::client::Client;
 //!
-//! let mut c = Client::connect("127.0.0.1:7700")?;          // HELLO: dim, metric, k_max
-//! let dim = c.server_info().map_or(32, |h| h.dim as usize);
+//! let mut c = Client::connect("127.0.0.1:7700")?;
+//! let dim = c.hello()?.dim as usize;                     // the server's dimension
 //! c.insert(1_000_000, &vec![0.5; dim])?;                  // acknowledged once every shard knows
 //! let r = c.search(10, &vec![0.5; dim])?;                 // 10 nearest
 //! println!("{:?}: {:?}", r.hit, r.neighbors.first());     // Miss, then Exact / Approximate

@@ -619,7 +619,7 @@ impl GraphIndex {
         (out, bound, served, cut)
     }
 
-    /// `search_bounded` and `search_serving`: one pass under a bound (given, or set by a
+    /// `FilterIndex::search`. With a bound or `serves`: one pass under a bound (given, or set by a
     /// node that serves), never widened, keeping what lies within it and the serving
     /// node; without either, the plain search that widens past tombstones (reusing a
     /// pass that offered nothing when it found enough).
