@@ -19,7 +19,7 @@
 #
 #   bash ops/pgvector-bench.sh [DURATION_S [WARMUP_S]]   # results in target/pgbench/, summary.md
 #   env: MEM_LIMIT_MB (100), SWEEP_MB ("130 180 200 300 400": PostgreSQL alone's extra
-#   limits), REPEAT_S (30)
+#   limits), REPEAT_S (30), SEARCH_RATE (400: searches/s beside the writes)
 #
 # Every search run replays the trace from its start: WARMUP_S uncounted (the cache fills;
 # 20 s by default), then DURATION_S counted (10 s) as the trace goes on. In the
@@ -41,6 +41,7 @@ port=${PGPORT_BENCH:-55440}
 aport=7720
 mem_mb=${MEM_LIMIT_MB:-100}
 repeat_s=${REPEAT_S:-30}
+search_rate=${SEARCH_RATE:-400}
 cg=/sys/fs/cgroup/memory/aker-pgbench
 mkdir -p "$out"
 [ -f data/glove-6b-50d.npy ] || bash ops/get-glove.sh
@@ -309,15 +310,16 @@ if [ ! -f "$out/search-while-writes.json" ]; then
   lg -t 127.0.0.1:$aport -c 4 -d 1 -w 1s -D "${dur}s" -q --closed --mix insert=50,delete=50 \
      --vectors $n_w --vectors-from "$out/glove-base.fvecs" --id-base 20000000 \
      --json "$out/writes-akerd.json" > /dev/null
-  # Searches (the 0.99 trace, warm cache) with and without 100 writes/s beside them.
-  lg -t 127.0.0.1:$aport -c 8 -d 8 -w "${warm}s" -D "${dur}s" -q --closed --trace "$out/glove-0.99.trace" \
-     --loop --flush --json "$out/search-no-writes.json" > /dev/null
+  # Searches (the 0.99 trace, warm cache) with and without 100 writes/s beside them, open
+  # loop at SEARCH_RATE (400/s: half of what akerd serves closed loop), so p99 is latency.
+  lg -t 127.0.0.1:$aport -c 8 -d 8 -w "${warm}s" -D "${dur}s" -q --rate "$search_rate" \
+     --trace "$out/glove-0.99.trace" --loop --flush --json "$out/search-no-writes.json" > /dev/null
   lg -t 127.0.0.1:$aport -c 2 -d 1 -w "${warm}s" -D "${dur}s" -q --rate 100 --mix insert=50,delete=50 \
      --vectors $n_w --vectors-from "$out/glove-base.fvecs" --id-base 30000000 \
      --json "$out/writes-beside.json" > /dev/null &
   wl=$!
-  lg -t 127.0.0.1:$aport -c 8 -d 8 -w "${warm}s" -D "${dur}s" -q --closed --trace "$out/glove-0.99.trace" \
-     --loop --flush --json "$out/search-while-writes.json" > /dev/null
+  lg -t 127.0.0.1:$aport -c 8 -d 8 -w "${warm}s" -D "${dur}s" -q --rate "$search_rate" \
+     --trace "$out/glove-0.99.trace" --loop --flush --json "$out/search-while-writes.json" > /dev/null
   wait $wl || true
   akerd_stop
 fi

@@ -243,7 +243,8 @@ if w_pg or w_ak:
               + ".")
     if w_s:
         p50, p99, p999 = lat_us(w_s)
-        print(f"- Searches (skew 0.99, cache 5%, 64 in flight) beside 100 writes/s through akerd: "
+        loop = f"open loop at {w_s['rate']:.0f}/s" if w_s.get("mode") == "open" else "closed loop, 64 in flight"
+        print(f"- Searches (skew 0.99, cache 5%, {loop}) beside 100 writes/s through akerd: "
               f"{w_s['throughput']:.0f} req/s, p50 {p50:.0f} µs, p99 {p99:.0f} µs, p99.9 {p999:.0f} µs.")
         w_n = akerd_run("search-no-writes")
         if w_n:
