@@ -251,6 +251,9 @@ pub struct RunResult {
     pub representatives: usize,
     pub aliases: usize,
     pub objects: usize,
+    /// Bytes the pool and its entries take at the end (`CacheStats::bytes`: objects,
+    /// representatives, aliases), what a byte budget counts.
+    pub bytes: usize,
     pub evictions: u64,
     pub seconds: f64,
 }
@@ -402,6 +405,7 @@ pub fn run(
         out.representatives = s.representatives;
         out.aliases = s.aliases;
         out.objects = s.objects;
+        out.bytes = s.bytes;
         out.evictions = s.evictions;
     }
     out.seconds = start.elapsed().as_secs_f64();

@@ -75,14 +75,14 @@ pub fn table(rows: &[Row], dataset: &str, backend: &str, pool: f64) -> String {
     let _ = writeln!(
         s,
         "| skew | policy | recall@{k} | hit % | exact % | alias % | approx % | approx-hit recall \
-         | approx-hit < 0.8 % | backend calls | entries | aliases | objects | s |"
+         | approx-hit < 0.8 % | backend calls | entries | aliases | objects | pool MiB | s |"
     );
-    s.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    s.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for r in sel {
         let x = &r.result;
         let _ = writeln!(
             s,
-            "| {:.2} | {} | {:.3} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
+            "| {:.2} | {} | {:.3} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} |",
             r.skew,
             r.policy,
             x.recall(),
@@ -96,6 +96,7 @@ pub fn table(rows: &[Row], dataset: &str, backend: &str, pool: f64) -> String {
             x.representatives,
             x.aliases,
             x.objects,
+            x.bytes as f64 / (1 << 20) as f64,
             x.seconds,
         );
     }
@@ -106,7 +107,7 @@ pub const CSV_HEADER: &str =
     "dataset,backend,k,metric,skew,pool_pct,pool_objects,policy,filter,requests,\
 recall,hit_ratio,exact_ratio,alias_ratio,approx_ratio,miss_ratio,approx_hit_recall,\
 approx_hit_below_0.8,alias_hit_recall,backend_calls,verifications,entries,aliases,objects,\
-evictions,global_threshold,seconds";
+pool_bytes,evictions,global_threshold,seconds";
 
 /// All rows as CSV (ratios as fractions; empty cells where a value does not apply).
 pub fn csv(rows: &[Row]) -> String {
@@ -132,7 +133,7 @@ pub fn csv(rows: &[Row]) -> String {
         };
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{},{},{},{:.3}",
+            "{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{},{},{},{},{:.3}",
             r.dataset,
             r.backend,
             r.k,
@@ -157,6 +158,7 @@ pub fn csv(rows: &[Row]) -> String {
             x.representatives,
             x.aliases,
             x.objects,
+            x.bytes,
             x.evictions,
             r.threshold.map_or(String::new(), |t| t.to_string()),
             x.seconds,
@@ -336,8 +338,8 @@ pub fn markdown(h: &Header, sets: &[DatasetSummary], rows: &[Row]) -> String {
         "Columns: recall@k against exact neighbours over all requests; hit % split into \
          exact (equality), alias and approximate (filter) hits; the mean recall of \
          approximate hits and the share of them below 0.8; backend calls (misses, Potluck+ \
-         verifications included); entries (representatives), aliases and objects at the \
-         end; the run's wall time. Policies: `aker` = paper-Aker with the HNSW filter \
+         verifications included); entries (representatives), aliases, objects and the bytes they take (pool MiB) at \
+         the end; the run's wall time. Policies: `aker` = paper-Aker with the HNSW filter \
          (m 4, efc 8, efs 16), `-bf` = the brute-force filter, `prx` = Proximity+, `plNN` = \
          Potluck+ with p = NN %, `none` = no cache.\n\n",
     );
@@ -501,6 +503,8 @@ mod tests {
         assert!(t.contains("| none |"));
         let c = csv(&rows);
         assert_eq!(c.lines().count(), 4);
+        let fields = |l: &str| l.split(',').count();
+        assert!(c.lines().all(|l| fields(l) == fields(CSV_HEADER)), "{c}");
         assert!(c
             .lines()
             .nth(3)

@@ -89,6 +89,11 @@ fn check_accounting(name: &str, r: &RunResult) {
         r.exact.recall_sum, r.exact.count as f64,
         "{name}: exact-hit recall"
     );
+    assert_eq!(
+        r.bytes > 0,
+        r.objects > 0,
+        "{name}: a pool with objects takes bytes"
+    );
     assert!(
         r.objects <= 1_000,
         "{name}: pool over capacity ({})",
