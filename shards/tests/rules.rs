@@ -22,13 +22,21 @@ fn store() -> ExactStore {
     s
 }
 
+/// The tests' one-dimensional configuration: brute-force filter, k up to 4.
+fn line_config() -> CacheConfig {
+    CacheConfig {
+        filter: FilterKind::BruteForce,
+        k_max: 4,
+        ..CacheConfig::new(1, Metric::L2Sq)
+    }
+}
+
 fn cache_with(delta: usize, capacity: usize, filter: FilterKind, policy: PolicyConfig) -> Cache {
     let cfg = CacheConfig {
         delta,
         capacity: Capacity::Objects(capacity),
         filter,
-        k_max: 4,
-        ..CacheConfig::new(1, Metric::L2Sq)
+        ..line_config()
     };
     Cache::new(cfg, policy.build()).unwrap()
 }
@@ -517,9 +525,7 @@ fn rerank_serves_the_best_k_of_the_reserve_to_a_near_query() {
 fn aliases_stop_at_max_aliases_per_rep() {
     let cfg = CacheConfig {
         max_aliases_per_rep: 2,
-        filter: FilterKind::BruteForce,
-        k_max: 4,
-        ..CacheConfig::new(1, Metric::L2Sq)
+        ..line_config()
     };
     let (mut c, s) = (
         Cache::new(cfg, PolicyConfig::default().build()).unwrap(),
@@ -552,9 +558,7 @@ fn aliases_stop_at_max_aliases_per_rep() {
 fn a_ticket_older_than_the_delete_log_is_stale() {
     let cfg = CacheConfig {
         delete_log_cap: 2,
-        filter: FilterKind::BruteForce,
-        k_max: 4,
-        ..CacheConfig::new(1, Metric::L2Sq)
+        ..line_config()
     };
     let (mut c, s) = (
         Cache::new(cfg, PolicyConfig::default().build()).unwrap(),
