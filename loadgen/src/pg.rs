@@ -185,104 +185,25 @@ pub fn run_searches(
     let start = Instant::now();
     let count_from = start + warmup;
     let end = count_from + duration;
+    let run = SqlRun {
+        w,
+        t,
+        pace,
+        connections,
+        start,
+        count_from,
+        end,
+        requests_max,
+        sql_prefix: &sql_prefix,
+        counted: &counted,
+    };
     let results: Vec<Result<ThreadTally, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..connections.max(1))
             .map(|i| {
-                let (sql_prefix, counted) = (&sql_prefix, &counted);
+                let run = &run;
                 s.spawn(move || {
                     let rt = runtime()?;
-                    rt.block_on(async {
-                        let c = connect(t).await?;
-                        // One statement per k, prepared on first use (k <= the trace's).
-                        let mut by_k = std::collections::HashMap::new();
-                        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
-                            .map_err(|e| e.to_string())?;
-                        let (mut n, mut errors, mut recall_sum, mut recall_n) =
-                            (0u64, 0u64, 0f64, 0u64);
-                        let mut picker = w.picker(i);
-                        let (mut schedule, stop_at) = match pace {
-                            Pace::Closed => (None, end),
-                            Pace::Open {
-                                rate,
-                                arrival,
-                                seed,
-                                drain,
-                            } => {
-                                let n = connections.max(1);
-                                let s = Schedule::new(start, rate, n, i, arrival, seed);
-                                (Some(s), end + drain)
-                            }
-                        };
-                        // Whether the loop ended owing the schedule nothing (the budget or
-                        // the trace ran out, or every instant before `end` was sent).
-                        let mut owes_nothing = false;
-                        while Instant::now() < stop_at {
-                            if requests_max.is_some_and(|m| counted.load(Ordering::Relaxed) >= m) {
-                                owes_nothing = true;
-                                break;
-                            }
-                            let Some(p) = picker.next(w) else {
-                                owes_nothing = true;
-                                break;
-                            };
-                            if p.kind != OpKind::Search {
-                                continue;
-                            }
-                            let q = Vector::from(w.vector(p.vector).to_vec());
-                            // Prepared before the wait: a first use's prepare is not latency.
-                            let st = match by_k.entry(p.k) {
-                                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                                std::collections::hash_map::Entry::Vacant(e) => {
-                                    let text = format!("{sql_prefix}{}", p.k);
-                                    let st = c.prepare(&text).await.map_err(|e| describe(&e))?;
-                                    e.insert(st)
-                                }
-                            };
-                            // Open loop: the latency clock starts at the intended time.
-                            let intended = match schedule.as_mut() {
-                                None => None,
-                                Some(s) => {
-                                    let at = s.next_instant();
-                                    if at >= end {
-                                        owes_nothing = true;
-                                        break;
-                                    }
-                                    wait_until(at);
-                                    Some(at)
-                                }
-                            };
-                            let t0 = intended.unwrap_or_else(Instant::now);
-                            let r = c.query(&*st, &[&q]).await;
-                            let lat = t0.elapsed();
-                            if t0 < count_from {
-                                continue;
-                            }
-                            match r {
-                                Ok(rows) => {
-                                    let got: Vec<Neighbor> = rows
-                                        .iter()
-                                        .map(|r| Neighbor {
-                                            id: r.get::<_, i64>(0) as u64,
-                                            distance: 0.0,
-                                        })
-                                        .collect();
-                                    if let Some(x) = w.recall(&p, &got) {
-                                        recall_sum += x;
-                                        recall_n += 1;
-                                    }
-                                    hist.saturating_record(lat.as_micros() as u64);
-                                    n += 1;
-                                    counted.fetch_add(1, Ordering::Relaxed);
-                                }
-                                Err(_) => errors += 1,
-                            }
-                        }
-                        let unsent = match schedule {
-                            Some(mut s) if !owes_nothing => s.count_between(count_from, end),
-                            _ => 0,
-                        };
-                        Ok((hist, n, errors, recall_sum, recall_n, unsent))
-                    })
+                    rt.block_on(async { search_connection(run, i).await })
                 })
             })
             .collect();
@@ -318,6 +239,128 @@ pub fn run_searches(
         latency_us,
         recall: (rn > 0).then(|| rs / rn as f64),
     })
+}
+
+/// What every SQL connection of one run shares.
+#[derive(Clone, Copy)]
+struct SqlRun<'a> {
+    w: &'a Workload,
+    t: &'a PgTarget,
+    pace: Pace,
+    connections: usize,
+    start: Instant,
+    count_from: Instant,
+    end: Instant,
+    requests_max: Option<u64>,
+    /// The search's text up to its limit (one statement per k is prepared from it).
+    sql_prefix: &'a str,
+    /// Counted searches over all connections (`requests_max`).
+    counted: &'a AtomicU64,
+}
+
+/// Connection `i`'s part of the run: its searches, paced, with their latency and recall.
+async fn search_connection(run: &SqlRun<'_>, i: usize) -> Result<ThreadTally, String> {
+    let SqlRun {
+        w,
+        t,
+        pace,
+        connections,
+        start,
+        count_from,
+        end,
+        requests_max,
+        sql_prefix,
+        counted,
+    } = *run;
+    let c = connect(t).await?;
+    // One statement per k, prepared on first use (k <= the trace's).
+    let mut by_k = std::collections::HashMap::new();
+    let mut hist =
+        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
+    let (mut n, mut errors, mut recall_sum, mut recall_n) = (0u64, 0u64, 0f64, 0u64);
+    let mut picker = w.picker(i);
+    let (mut schedule, stop_at) = match pace {
+        Pace::Closed => (None, end),
+        Pace::Open {
+            rate,
+            arrival,
+            seed,
+            drain,
+        } => {
+            let n = connections.max(1);
+            let s = Schedule::new(start, rate, n, i, arrival, seed);
+            (Some(s), end + drain)
+        }
+    };
+    // Whether the loop ended owing the schedule nothing (the budget or
+    // the trace ran out, or every instant before `end` was sent).
+    let mut owes_nothing = false;
+    while Instant::now() < stop_at {
+        if requests_max.is_some_and(|m| counted.load(Ordering::Relaxed) >= m) {
+            owes_nothing = true;
+            break;
+        }
+        let Some(p) = picker.next(w) else {
+            owes_nothing = true;
+            break;
+        };
+        if p.kind != OpKind::Search {
+            continue;
+        }
+        let q = Vector::from(w.vector(p.vector).to_vec());
+        // Prepared before the wait: a first use's prepare is not latency.
+        let st = match by_k.entry(p.k) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let text = format!("{sql_prefix}{}", p.k);
+                let st = c.prepare(&text).await.map_err(|e| describe(&e))?;
+                e.insert(st)
+            }
+        };
+        // Open loop: the latency clock starts at the intended time.
+        let intended = match schedule.as_mut() {
+            None => None,
+            Some(s) => {
+                let at = s.next_instant();
+                if at >= end {
+                    owes_nothing = true;
+                    break;
+                }
+                wait_until(at);
+                Some(at)
+            }
+        };
+        let t0 = intended.unwrap_or_else(Instant::now);
+        let r = c.query(&*st, &[&q]).await;
+        let lat = t0.elapsed();
+        if t0 < count_from {
+            continue;
+        }
+        match r {
+            Ok(rows) => {
+                let got: Vec<Neighbor> = rows
+                    .iter()
+                    .map(|r| Neighbor {
+                        id: r.get::<_, i64>(0) as u64,
+                        distance: 0.0,
+                    })
+                    .collect();
+                if let Some(x) = w.recall(&p, &got) {
+                    recall_sum += x;
+                    recall_n += 1;
+                }
+                hist.saturating_record(lat.as_micros() as u64);
+                n += 1;
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    let unsent = match schedule {
+        Some(mut s) if !owes_nothing => s.count_between(count_from, end),
+        _ => 0,
+    };
+    Ok((hist, n, errors, recall_sum, recall_n, unsent))
 }
 
 /// What loading took.
