@@ -68,7 +68,8 @@ pub struct CacheSection {
     pub insert_log_bytes: usize,
     pub delete_log_cap: usize,
     /// `{ kind = "aker", alpha_l = 1.1, alpha_t = 0.25, tau_init_divisor = 4.0 }`,
-    /// `{ kind = "proximity", threshold = .. }` or `{ kind = "potluck", .. }`.
+    /// `{ kind = "proximity", threshold = .. }` or `{ kind = "potluck", .. }`; a threshold
+    /// is a gap (`shards::gap`): the metric's distance, on `ip` the angle `1 - cos`.
     pub policy: PolicyConfig,
     /// Messages queued to one shard's owner; hints past it are dropped and counted,
     /// writes wait for room.

@@ -13,6 +13,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shards::entry::RepView;
 use shards::filter::FilterQuery;
+use shards::gap::Gauge;
 use shards::sharded::{ShardedCache, ShardingConfig};
 use shards::store::HnswStore;
 use shards::{
@@ -412,7 +413,7 @@ pub fn run(
     Ok(out)
 }
 
-/// The `percentile` (in `0..=1`) of distances between `pairs` random pairs of distinct
+/// The `percentile` (in `0..=1`) of gaps (`shards::gap`) between `pairs` random pairs of distinct
 /// vectors of `workload` (Proximity+'s threshold: the 1st percentile, §5 "Baselines").
 /// Deterministic in `seed`.
 pub fn inter_query_percentile(
@@ -430,7 +431,8 @@ pub fn inter_query_percentile(
             let a = rng.gen_range(0..n);
             // Uniform over the other n - 1 vectors.
             let b = (a + rng.gen_range(1..n)) % n;
-            metric.distance(workload.vector(a as u32), workload.vector(b as u32))
+            // In the thresholds' unit (`shards::gap`): angular on ip.
+            Gauge(metric).gap_between(workload.vector(a as u32), workload.vector(b as u32))
         })
         .collect();
     let at = ((pairs - 1) as f64 * percentile.clamp(0.0, 1.0)).round() as usize;

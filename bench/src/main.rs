@@ -633,7 +633,8 @@ impl SourceRun<'_> {
             prep.base.n,
             &prep.groups.members,
             prep.member_truth.clone(),
-        );
+        )
+        .with_vectors(Arc::from(&prep.base.data[..]));
         let js = jobs(streams.len(), pools, &self.args.policies);
         let backends = vec![&exact as &(dyn Backend + Sync); streams.len()];
         let (args, seeds, threads) = (self.args, self.seeds, self.threads);
@@ -705,6 +706,7 @@ impl SourceRun<'_> {
         let (args, name, k) = (self.args, &prep.name, self.args.common.k);
         let mut tuned = Vec::new();
         let mut memos = Vec::new();
+        let rows: Arc<[f32]> = Arc::from(&prep.base.data[..]);
         for (i, st) in streams.iter().enumerate() {
             let seed = self.seeds.ef_sample + i as u64;
             let picks = request_samples(&st.workload, args.ef_samples, seed);
@@ -723,7 +725,8 @@ impl SourceRun<'_> {
                 depth,
                 self.threads,
                 &|n| b.inc(n as u64),
-            )?;
+            )?
+            .with_vectors(rows.clone());
             b.finish_and_clear();
             let checked = n.min(DETERMINISM_CHECK);
             let again = &st.workload.vectors[..checked * prep.base.dim];

@@ -10,6 +10,7 @@
 //! A vector it was not prepared for is an error, never a silently wrong answer.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use shards::{Backend, Candidate, Error, Metric, Result};
 
@@ -23,6 +24,9 @@ pub struct PrecomputedBackend {
     /// stay distinct keys exactly as they are distinct requests for the cache.
     index: HashMap<Box<[u32]>, u32>,
     lists: Vec<Vec<Candidate>>,
+    /// The collection, row-major (id = row), when answers carry their vectors
+    /// ([`PrecomputedBackend::with_vectors`]).
+    rows: Option<Arc<[f32]>>,
 }
 
 impl PrecomputedBackend {
@@ -52,7 +56,17 @@ impl PrecomputedBackend {
             collection,
             index,
             lists,
+            rows: None,
         }
+    }
+
+    /// Answers carry each result's vector, as the engine's own stores' do (a cache that
+    /// keeps vectors re-ranks with them; on `ip` a threshold is the angle to the best
+    /// result's). `rows`: the collection the lists' ids are row numbers of.
+    pub fn with_vectors(mut self, rows: Arc<[f32]>) -> PrecomputedBackend {
+        assert_eq!(rows.len(), self.collection * self.dim, "one row per id");
+        self.rows = Some(rows);
+        self
     }
 
     /// `backend`'s top `n` for each row of `vectors`, searched on `threads` threads
@@ -144,7 +158,14 @@ impl Backend for PrecomputedBackend {
                 list.len()
             )));
         }
-        Ok(list[..n.min(list.len())].to_vec())
+        let mut out = list[..n.min(list.len())].to_vec();
+        if let Some(rows) = &self.rows {
+            for c in &mut out {
+                let at = c.id as usize * self.dim;
+                c.vector = Some(Arc::from(&rows[at..at + self.dim]));
+            }
+        }
+        Ok(out)
     }
 
     fn insert(&mut self, _id: u64, _v: &[f32]) -> Result<()> {
@@ -198,6 +219,15 @@ mod tests {
             "bit patterns, not values"
         );
         assert!(b.search(&[0.0, 1.0], 4).is_err(), "deeper than prepared");
+        assert!(b.search(&[2.0, 3.0], 2).unwrap()[0].vector.is_none());
+        let rows: Vec<f32> = (0..200).map(|x| x as f32).collect();
+        let b = b.with_vectors(Arc::from(rows));
+        let got = b.search(&[2.0, 3.0], 2).unwrap();
+        assert_eq!(
+            got[1].vector.as_deref(),
+            Some(&[18.0, 19.0][..]),
+            "id 9's row"
+        );
         assert_eq!(b.len(), 100);
     }
 

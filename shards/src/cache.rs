@@ -23,6 +23,7 @@ use crate::entry::{AtomicF32, NeighborList, RepId, RepView, Representative};
 use crate::error::{validate_k, validate_vector, Result};
 use crate::exact_table::{QueryKey, Slot};
 use crate::filter::{DualFilter, FilterStats};
+use crate::gap::{self, Gauge};
 use crate::hash::{HashMap, HashSet, SharedMap};
 use crate::insert_log::{DeleteLog, InsertLog};
 use crate::policy::HitPolicy;
@@ -170,9 +171,10 @@ pub struct Cache {
     /// (LC, rep): the oldest cursor first, for head trimming and the length cap.
     pub(crate) cursors: BTreeSet<(u64, RepId)>,
     pub(crate) risk: RiskSums,
-    /// Every live list's `maxD`: the insert fast path's reach (`reach.rs`).
+    /// Every live list's `maxD` in the filter's unit (`Gauge::filter_max_d`): the
+    /// insert fast path's reach (`reach.rs`).
     pub(crate) max_ds: MaxDistances,
-    /// Each live representative's `maxD`, for the insert fast path's "does it take the
+    /// Each live representative's `maxD` in the filter's unit, for the insert fast path's "does it take the
     /// vector?" asked of every candidate its filter search offers: one hash probe where
     /// `reps` (a B-tree of 100,000 entries, then the list behind two pointers) cost
     /// several dependent cache misses.
@@ -422,6 +424,13 @@ impl Cache {
         let id = self.next_rep;
         self.next_rep += 1;
         self.pool.warm(answer.iter().map(|c| c.id));
+        let gauge = self.gauge();
+        let query_norm = gap::norm(&ticket.query);
+        // ip's minD is an angle: it needs the results' vectors, kept or not.
+        let min_gap = gauge.min_gap(
+            query_norm,
+            answer.iter().map(|c| (c.distance, c.vector.as_deref())),
+        );
         let mut nrl = NeighborList::default();
         for c in answer {
             let v = if self.cfg.store_vectors {
@@ -444,12 +453,17 @@ impl Cache {
             id,
             k,
             query: ticket.query.clone(),
-            tau: Arc::new(AtomicF32::new(self.policy.initial_tau(nrl.min_d()))),
+            tau: Arc::new(AtomicF32::new(
+                self.policy.initial_tau(min_gap.unwrap_or(0.0)),
+            )),
+            query_norm,
+            min_gap: min_gap.unwrap_or(0.0),
             nrl: Arc::new(nrl),
         };
-        self.risk.sum_r += view.nrl.risk_fixed(k);
-        self.max_ds.add(view.nrl.max_d());
-        self.max_d_by_rep.insert(id, view.nrl.max_d());
+        self.risk.sum_r += view.nrl.risk_fixed(k, gauge);
+        let max_d = gauge.filter_max_d(view.nrl.max_d(), query_norm);
+        self.max_ds.add(max_d);
+        self.max_d_by_rep.insert(id, max_d);
         self.risk.sum_cursor += cursor as u128;
         self.cursors.insert((cursor, id));
         self.entry_bytes += self.rep_bytes(k);
@@ -460,7 +474,8 @@ impl Cache {
             .table
             .pin()
             .insert(ticket.key, Slot::Representative(id));
-        self.filter.insert_seeded(id, ticket.query, &ticket.seeds);
+        self.filter
+            .insert_seeded(id, gauge.filter_point(&ticket.query), &ticket.seeds);
         self.reps.insert(
             id,
             Representative {
@@ -544,10 +559,13 @@ impl Cache {
         self.alias_count -= rep.aliases.len();
         self.entry_bytes -= rep.aliases.len() * ALIAS_BYTES + self.rep_bytes(rep.k);
         self.cursors.remove(&(rep.cursor, id));
-        self.risk.sum_r -= rep.nrl.risk_fixed(rep.k);
+        self.risk.sum_r -= rep.nrl.risk_fixed(rep.k, self.gauge());
         self.risk.sum_cursor -= rep.cursor as u128;
-        self.max_ds.remove(rep.nrl.max_d());
-        self.max_d_by_rep.remove(&id);
+        let max_d = self
+            .max_d_by_rep
+            .remove(&id)
+            .expect("every representative has its maxD");
+        self.max_ds.remove(max_d);
         if self.reps.is_empty() {
             self.risk = RiskSums::default();
             debug_assert!(self.max_ds.is_empty());
@@ -581,16 +599,40 @@ impl Cache {
         self.log.trim_to(upto);
     }
 
-    /// Replaces `rep`'s list and publishes it, keeping the risk sums current.
-    pub(crate) fn set_nrl(&mut self, id: RepId, nrl: NeighborList) {
+    /// The thresholds' unit and the filter's view of vectors for this cache's metric.
+    pub(crate) fn gauge(&self) -> Gauge {
+        Gauge(self.cfg.metric)
+    }
+
+    /// Replaces `rep`'s list and publishes it, keeping the risk sums, `maxD`s and
+    /// `minD` current. `merged`: the result a merge added (distance, vector). On `ip`
+    /// with vectors kept, `minD` is recomputed over the list; without them it can only
+    /// fall to the merged result's angle, and a delete keeps it (the smallest angle
+    /// only grows when a result leaves: what is kept is tighter than the truth).
+    pub(crate) fn set_nrl(&mut self, id: RepId, nrl: NeighborList, merged: Option<(f32, &[f32])>) {
+        let gauge = self.gauge();
         let rep = self
             .reps
             .get_mut(&id)
             .expect("set_nrl on a live representative");
         debug_assert!(nrl.is_sorted());
-        self.risk.sum_r = self.risk.sum_r + nrl.risk_fixed(rep.k) - rep.nrl.risk_fixed(rep.k);
-        self.max_ds.replace(rep.nrl.max_d(), nrl.max_d());
-        self.max_d_by_rep.insert(id, nrl.max_d());
+        self.risk.sum_r =
+            self.risk.sum_r + nrl.risk_fixed(rep.k, gauge) - rep.nrl.risk_fixed(rep.k, gauge);
+        let max_d = gauge.filter_max_d(nrl.max_d(), rep.query_norm);
+        let old = self.max_d_by_rep.insert(id, max_d);
+        self.max_ds
+            .replace(old.expect("every representative has its maxD"), max_d);
+        let listed = nrl.dists.iter().zip(&nrl.vectors);
+        let min_gap = if !gauge.angular() || self.cfg.store_vectors {
+            gauge.min_gap(rep.query_norm, listed.map(|(&d, v)| (d, v.as_deref())))
+        } else {
+            let merged = merged.map(|(d, v)| (d, Some(v)));
+            let known = gauge.min_gap(rep.query_norm, merged);
+            known.map(|g| g.min(rep.view.min_gap))
+        };
+        if let Some(g) = min_gap {
+            rep.view.min_gap = g;
+        }
         rep.view.nrl = Arc::new(nrl);
         let view = rep.view.clone();
         self.publish_view(view);
@@ -619,14 +661,15 @@ impl Cache {
                 if nrl.len() < k {
                     // Unpublish without publishing the short list first; its other
                     // references are released by remove_rep (the deleted one is gone).
+                    let gauge = self.gauge();
                     let rep = self.reps.get_mut(&rid).expect("live");
-                    self.risk.sum_r = self.risk.sum_r + nrl.risk_fixed(k) - rep.nrl.risk_fixed(k);
-                    self.max_ds.replace(rep.nrl.max_d(), nrl.max_d());
+                    self.risk.sum_r =
+                        self.risk.sum_r + nrl.risk_fixed(k, gauge) - rep.nrl.risk_fixed(k, gauge);
                     rep.view.nrl = Arc::new(nrl);
                     self.remove_rep(rid, Removal::Invalidated);
                     out.invalidated += 1;
                 } else {
-                    self.set_nrl(rid, nrl);
+                    self.set_nrl(rid, nrl, None);
                     self.read.counters.delete_repairs.bump();
                     out.repaired += 1;
                 }
@@ -734,7 +777,8 @@ impl Cache {
             if rep.id != id {
                 return Err(ctx("id mismatch"));
             }
-            if self.max_d_by_rep.get(&id) != Some(&nrl.max_d()) {
+            let max_d = self.gauge().filter_max_d(nrl.max_d(), rep.query_norm);
+            if self.max_d_by_rep.get(&id) != Some(&max_d) {
                 return Err(ctx("maxD map out of date"));
             }
             if nrl.len() < rep.k || nrl.len() > self.answer_len(rep.k) {
@@ -785,7 +829,12 @@ impl Cache {
             }
             sum_cursor += rep.cursor as u128;
         }
-        let max_d = self.reps.values().map(|r| r.nrl.max_d()).reduce(f32::max);
+        let gauge = self.gauge();
+        let max_d = self
+            .reps
+            .values()
+            .map(|r| gauge.filter_max_d(r.nrl.max_d(), r.query_norm))
+            .reduce(f32::max);
         if self.max_ds.max() != max_d {
             return Err(format!(
                 "fast-path reach {:?}, largest maxD {max_d:?}",

@@ -7,6 +7,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+use crate::gap::Gauge;
 use crate::keys::QueryKey;
 pub use crate::keys::RepId;
 
@@ -41,17 +42,10 @@ impl NeighborList {
     pub fn position(&self, id: u64) -> Option<usize> {
         self.ids.iter().position(|&x| x == id)
     }
-    /// Risk factor `r(e) = d_k / d_(k+Δ)` (1 when the list holds no reserve).
-    pub fn risk_factor(&self, k: usize) -> f64 {
-        if self.len() <= k || k == 0 {
-            return 1.0;
-        }
-        let (dk, dlast) = (self.dists[k - 1] as f64, self.max_d() as f64);
-        if dlast <= 0.0 {
-            1.0
-        } else {
-            (dk / dlast).clamp(0.0, 1.0)
-        }
+    /// Risk factor `r(e)` (`Gauge::risk_factor`: `d_k / d_(k+Δ)` but on `ip`; 1 when the
+    /// list holds no reserve).
+    pub fn risk_factor(&self, k: usize, gauge: Gauge) -> f64 {
+        gauge.risk_factor(&self.dists, k)
     }
     /// Inserts `(id, d)` at its sorted place; returns the place.
     pub fn insert_sorted(&mut self, id: u64, d: f32, v: Option<Arc<[f32]>>) -> usize {
@@ -69,8 +63,8 @@ impl NeighborList {
     }
     /// `r(e)` in fixed point (units of 2^-32), so the running sum over all entries
     /// is exact: no drift however many updates it sees.
-    pub fn risk_fixed(&self, k: usize) -> u64 {
-        (self.risk_factor(k) * RISK_SCALE).round() as u64
+    pub fn risk_fixed(&self, k: usize, gauge: Gauge) -> u64 {
+        (self.risk_factor(k, gauge) * RISK_SCALE).round() as u64
     }
     /// Index at which `(d, id)` belongs in ascending order.
     pub fn sorted_place(&self, d: f32, id: u64) -> usize {
@@ -132,6 +126,11 @@ pub struct RepView {
     pub nrl: Arc<NeighborList>,
     /// `τ`, the per-entry similarity threshold, shared by every view of the entry.
     pub tau: Arc<AtomicF32>,
+    /// `|RQ|` (on `ip` the filter's distances are per unit of it: `gap.rs`).
+    pub query_norm: f32,
+    /// `minD` in the thresholds' unit (`gap.rs`): `minD` itself on `l2sq` and `cosine`,
+    /// the angle to the nearest result on `ip`. Set by the owner with each new list.
+    pub min_gap: f32,
 }
 
 impl RepView {

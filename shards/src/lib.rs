@@ -4,6 +4,7 @@
 //! | mechanism (ALGORITHM.md)                         | where                       |
 //! |--------------------------------------------------|-----------------------------|
 //! | distances (squared L2, 1 - cos, -dot)            | [`metric`], `kernels`       |
+//! | the thresholds' unit (angular on ip)             | [`gap`]                     |
 //! | 128-bit query keys, representative ids           | [`keys`]                    |
 //! | exact table slots, representatives and aliases   | [`exact_table`], [`entry`]  |
 //! | lookup (lock-free read side)                     | [`read`]                    |
@@ -36,6 +37,7 @@ pub mod epoch;
 pub mod error;
 pub mod exact_table;
 pub mod filter;
+pub mod gap;
 pub mod hash;
 pub mod insert_log;
 mod kernels;

@@ -25,6 +25,7 @@ use crate::epoch::EpochCell;
 use crate::error::{validate_k, validate_vector, Result};
 use crate::exact_table::{QueryKey, Slot};
 use crate::filter::{CandidateSearch, DistanceMemo, FilterSet, InsertSeeds};
+use crate::gap::Gauge;
 use crate::hash::SharedMap;
 use crate::policy::HitPolicy;
 
@@ -216,11 +217,15 @@ impl CacheReader {
         // Exact distances computed while the filter asks whether a candidate serves
         // (`FilterSet::candidates`), kept for the merge below.
         let mut exact = DistanceMemo::with_capacity(n);
-        let distance = |view: &RepView| Some(self.cfg.metric.distance(q, &view.query));
+        // Distances in the filter's unit; thresholds compare their gap (`gap.rs`).
+        let gauge = Gauge(self.cfg.metric);
+        let fq = gauge.filter_query(q);
+        let distance =
+            |view: &RepView| Some(gauge.filter_distance(&fq, &view.query, view.query_norm));
         let mut serves = |r: RepId| {
             let view = reps.get(&r)?;
             let d = exact.get_or_compute(r, || distance(view))?;
-            (d < self.policy.threshold(view)).then_some(d)
+            (gauge.gap(d) < self.policy.threshold(view)).then_some(d)
         };
         let want = CandidateSearch {
             mode: self.cfg.standby_search,
@@ -228,7 +233,7 @@ impl CacheReader {
             ..CandidateSearch::nearest(n)
         };
         self.filter
-            .read(|set| set.candidates(q, want, &same_k, &mut serves, &mut ids, seeds));
+            .read(|set| set.candidates(&fq, want, &same_k, &mut serves, &mut ids, seeds));
         let mut cands: Vec<(f32, RepId, &RepView)> = Vec::with_capacity(ids.len());
         for r in ids {
             if let Some(view) = reps.get(&r) {
@@ -240,7 +245,7 @@ impl CacheReader {
         }
         cands.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         for &(d, _, rep) in cands.iter().take(n) {
-            if d < self.policy.threshold(rep) {
+            if gauge.gap(d) < self.policy.threshold(rep) {
                 if self.policy.sample_verification() {
                     self.counters.verifications.bump();
                     self.counters.misses.bump();

@@ -88,6 +88,7 @@ impl Cache {
     }
 
     /// The nearest representative to `v` takes it if it is closer than its `maxD`.
+    /// (Distances and `maxD`s here are the filter's: `Gauge::filter_max_d`.)
     fn fast_path(&mut self, id: u64, v: &Arc<[f32]>) -> bool {
         let max_d = &self.max_d_by_rep;
         let takes = |r: RepId, d: f32| max_d.get(&r).is_some_and(|&m| d < m);
@@ -95,10 +96,19 @@ impl Cache {
         let Some(reach) = self.max_ds.max() else {
             return false;
         };
-        let Some((rid, d)) = self.filter.nearest_taker(v, reach, &takes) else {
+        let Some((rid, df)) = self.filter.nearest_taker(v, reach, &takes) else {
             return false;
         };
-        if d < self.max_d_by_rep[&rid] && self.merge(rid, id, d, v) {
+        if df >= self.max_d_by_rep[&rid] {
+            return false;
+        }
+        // The list keeps the metric's own distance, which the filter's is not on `ip`.
+        let d = if self.gauge().angular() {
+            self.cfg.metric.distance(v, &self.reps[&rid].query)
+        } else {
+            df
+        };
+        if d < self.reps[&rid].max_d() && self.merge(rid, id, d, v) {
             self.read.counters.fast_path_updates.bump();
             return true;
         }
@@ -114,7 +124,8 @@ impl Cache {
         let cap = self.answer_len(rep.k);
         let mut nrl = (*rep.nrl).clone();
         let vector = self.cfg.store_vectors.then(|| v.clone());
-        if nrl.insert_sorted(id, d, vector.clone()) >= cap {
+        let at = nrl.insert_sorted(id, d, vector.clone());
+        if at >= cap {
             return false;
         }
         self.pool.acquire(id, rid, vector, None);
@@ -122,7 +133,7 @@ impl Cache {
             let dropped = nrl.remove_at(nrl.len() - 1);
             self.pool.release(dropped, rid);
         }
-        self.set_nrl(rid, nrl);
+        self.set_nrl(rid, nrl, Some((d, &**v)));
         // A merged id can be a new object: make room the way admission does (FIFO).
         self.evict_to_budget();
         true

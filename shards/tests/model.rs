@@ -3,9 +3,15 @@
 //! sequences of searches, inserts, deletes, evictions and in-flight misses. With the
 //! engine on its brute-force filter, both must agree step for step: the same hit kind
 //! and the same ids in the same order. Invariants are checked after every step.
+//!
+//! Every run picks a metric. The model computes the thresholds' unit (`gap.rs`: the
+//! angular gap and `minD` on `ip`) with the engine's own numeric helpers
+//! (`shards::gap::Gauge`, unit-tested there), so that the two agree to the bit at
+//! near-ties; all else is its own.
 
 use proptest::prelude::*;
 
+use shards::gap::{norm, Gauge};
 use shards::store::ExactStore;
 use shards::{
     Admission, Backend, Cache, CacheConfig, Capacity, FilterKind, HitKind, Lookup, Metric,
@@ -36,6 +42,7 @@ struct Params {
     risk_threshold: f64,
     log_cap: usize,
     proximity: Option<f32>,
+    metric: Metric,
 }
 
 struct Model {
@@ -48,10 +55,6 @@ struct Model {
     head: u64,
     rr_last: u64,
     deletes: Vec<(u64, u64)>,
-}
-
-fn dist(a: &[f32], b: &[f32]) -> f32 {
-    Metric::L2Sq.distance(a, b)
 }
 
 fn before(a: (f32, u64), b: (f32, u64)) -> bool {
@@ -70,6 +73,27 @@ impl Model {
             rr_last: 0,
             deletes: vec![],
         }
+    }
+
+    fn dist(&self, a: &[f32], b: &[f32]) -> f32 {
+        self.p.metric.distance(a, b)
+    }
+
+    fn gauge(&self) -> Gauge {
+        Gauge(self.p.metric)
+    }
+
+    /// `minD` in the thresholds' unit: on `ip` the smallest angle to a result.
+    fn min_gap(&self, r: &MRep) -> f32 {
+        let listed = r.list.iter().map(|(_, d, v)| (*d, Some(&v[..])));
+        self.gauge().min_gap(norm(&r.q), listed).unwrap()
+    }
+
+    /// The filter's distance from request `q` to `r` (ranks candidates) and its gap.
+    fn lookup_distance(&self, q: &[f32], r: &MRep) -> (f32, f32) {
+        let g = self.gauge();
+        let d = g.filter_distance(&g.filter_query(q), &r.q, norm(&r.q));
+        (d, g.gap(d))
     }
 
     fn objects(&self) -> usize {
@@ -108,8 +132,9 @@ impl Model {
     fn lookup(&mut self, q: &[f32], k: usize) -> (HitKind, Vec<u64>, Option<usize>) {
         if let Some(i) = self.reps.iter().position(|r| r.k == k && r.q == q) {
             if self.p.proximity.is_none() {
+                let cap = self.min_gap(&self.reps[i]);
                 let r = &mut self.reps[i];
-                r.tau = (r.tau * 1.1).min(r.list[0].1);
+                r.tau = (r.tau * 1.1).min(cap);
             }
             let ids = self.reps[i].list[..k].iter().map(|x| x.0).collect();
             return (HitKind::Exact, ids, None);
@@ -121,16 +146,19 @@ impl Model {
         {
             return (HitKind::Alias, self.rerank(i, q, k), None);
         }
-        let mut cands: Vec<(f32, u64, usize)> = self
+        let mut cands: Vec<(f32, u64, usize, f32)> = self
             .reps
             .iter()
             .enumerate()
             .filter(|(_, r)| r.k == k)
-            .map(|(i, r)| (dist(q, &r.q), r.id, i))
+            .map(|(i, r)| {
+                let (d, gap) = self.lookup_distance(q, r);
+                (d, r.id, i, gap)
+            })
             .collect();
         cands.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        for &(d, _, i) in cands.iter().take(self.p.candidates) {
-            if d < self.threshold(&self.reps[i]) {
+        for &(_, _, i, gap) in cands.iter().take(self.p.candidates) {
+            if gap < self.threshold(&self.reps[i]) {
                 if self.p.proximity.is_none() {
                     self.reps[i].tau *= 0.25;
                 }
@@ -143,7 +171,7 @@ impl Model {
     fn rerank(&self, i: usize, q: &[f32], k: usize) -> Vec<u64> {
         let mut v: Vec<(f32, u64)> = self.reps[i].list[..k]
             .iter()
-            .map(|x| (dist(q, &x.2), x.0))
+            .map(|x| (self.dist(q, &x.2), x.0))
             .collect();
         v.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         v.into_iter().map(|x| x.1).collect()
@@ -197,16 +225,17 @@ impl Model {
         let id = self.next_id;
         self.next_id += 1;
         let cursor = seq.max(self.head - 1).min(self.last_seq);
-        let tau = self.p.proximity.unwrap_or(list[0].1 / 4.0);
-        self.reps.push(MRep {
+        let mut rep = MRep {
             id,
             q: q.to_vec(),
             k,
             list,
-            tau,
+            tau: 0.0,
             cursor,
             aliases: vec![],
-        });
+        };
+        rep.tau = self.p.proximity.unwrap_or(self.min_gap(&rep) / 4.0);
+        self.reps.push(rep);
         Admission::Admitted(id)
     }
 
@@ -234,7 +263,12 @@ impl Model {
         if n == 0 || w == 0 {
             return 0.0;
         }
-        // r in fixed point, units of 2^-32 (the engine sums it exactly that way)
+        // r in fixed point, units of 2^-32 (the engine sums it exactly that way); on
+        // ip, distances are measured from the list's best
+        let zero = |r: &MRep| match self.p.metric {
+            Metric::InnerProduct => r.list[0].1 as f64,
+            _ => 0.0,
+        };
         let sum_r: u64 = self
             .reps
             .iter()
@@ -242,11 +276,11 @@ impl Model {
                 let f = if r.list.len() <= r.k {
                     1.0
                 } else {
-                    let last = r.list.last().unwrap().1 as f64;
+                    let last = r.list.last().unwrap().1 as f64 - zero(r);
                     if last <= 0.0 {
                         1.0
                     } else {
-                        (r.list[r.k - 1].1 as f64 / last).clamp(0.0, 1.0)
+                        ((r.list[r.k - 1].1 as f64 - zero(r)) / last).clamp(0.0, 1.0)
                     }
                 };
                 (f * 4_294_967_296.0).round() as u64
@@ -284,7 +318,7 @@ impl Model {
                 let Some(i) = self.reps.iter().position(|r| r.id == rid) else {
                     break;
                 };
-                let d = dist(&v, &self.reps[i].q);
+                let d = self.dist(&v, &self.reps[i].q);
                 if d < self.reps[i].list.last().unwrap().1 {
                     self.merge(i, id, d, &v);
                 }
@@ -340,15 +374,23 @@ impl Model {
             let head = self.head;
             self.log.retain(|r| r.0 >= head);
         }
+        // The fast path: the nearest representative as the filter sees it (on ip, by
+        // -dot with RQ's direction, against maxD per unit of |RQ|).
+        let g = self.gauge();
         let mut near: Vec<(f32, u64, usize)> = self
             .reps
             .iter()
             .enumerate()
-            .map(|(i, r)| (dist(v, &r.q), r.id, i))
+            .map(|(i, r)| {
+                let p = g.filter_point(&std::sync::Arc::from(&r.q[..]));
+                (self.dist(v, &p), r.id, i)
+            })
             .collect();
         near.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        if let Some(&(d, _, i)) = near.first() {
-            if d < self.reps[i].list.last().unwrap().1 {
+        if let Some(&(df, _, i)) = near.first() {
+            let max_d = self.reps[i].list.last().unwrap().1;
+            let d = self.dist(v, &self.reps[i].q);
+            if df < g.filter_max_d(max_d, norm(&self.reps[i].q)) && d < max_d {
                 self.merge(i, id, d, v);
             }
         }
@@ -401,6 +443,11 @@ fn params() -> impl Strategy<Value = Params> {
         prop_oneof![Just(0.1), Just(0.3), Just(0.7)],
         2..12usize,
         proptest::option::weighted(0.25, 2.0f32..20.0),
+        prop_oneof![
+            Just(Metric::L2Sq),
+            Just(Metric::Cosine),
+            Just(Metric::InnerProduct)
+        ],
     )
         .prop_map(
             |(
@@ -412,6 +459,7 @@ fn params() -> impl Strategy<Value = Params> {
                 risk_threshold,
                 log_cap,
                 proximity,
+                metric,
             )| Params {
                 delta,
                 capacity,
@@ -420,20 +468,49 @@ fn params() -> impl Strategy<Value = Params> {
                 max_steps,
                 risk_threshold,
                 log_cap,
-                proximity,
+                // Proximity+'s threshold is a gap: on cosine and ip, at most 2.
+                proximity: proximity.map(|t| match metric {
+                    Metric::L2Sq => t,
+                    _ => t / 40.0,
+                }),
+                metric,
             },
         )
 }
 
-/// Query pool: grid points and points between them, quarter units, so repeats and near
-/// misses are both common and every distance is exact in f32.
-fn queries() -> Vec<Vec<f32>> {
-    (0..40)
-        .map(|i| {
-            vec![
-                (i / 2 % 5) as f32 * 2.75 + (i % 2) as f32 * 0.25,
-                (i / 10) as f32 * 2.5,
-            ]
+/// Query pool. Squared L2: grid points and points between them, quarter units, so
+/// repeats and near misses are both common and every distance is exact in f32. Cosine
+/// and ip: 20 directions off any grid, each with a twin slightly turned and stretched
+/// (twins: near misses; no two directions tie by symmetry, which floats would break
+/// differently in the model and the engine's filter).
+fn queries(metric: Metric) -> Vec<Vec<f32>> {
+    if metric == Metric::L2Sq {
+        return (0..40)
+            .map(|i| {
+                vec![
+                    (i / 2 % 5) as f32 * 2.75 + (i % 2) as f32 * 0.25,
+                    (i / 10) as f32 * 2.5,
+                ]
+            })
+            .collect();
+    }
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (x >> 40) as f32 / (1u64 << 24) as f32
+    };
+    (0..20)
+        .flat_map(|_| {
+            let (a, r) = (next() * 2.2 - 0.3, 1.0 + next() * 12.0);
+            let (turn, stretch) = (0.01 + next() * 0.08, 0.7 + next() * 0.6);
+            let base = vec![r * a.cos(), r * a.sin()];
+            let twin = vec![
+                r * stretch * (a + turn).cos(),
+                r * stretch * (a + turn).sin(),
+            ];
+            [base, twin]
         })
         .collect()
 }
@@ -449,7 +526,7 @@ fn run(p: Params, ops: Vec<Op>) -> Result<shards::CacheStats, TestCaseError> {
         risk_threshold: p.risk_threshold,
         insert_log_cap: p.log_cap,
         k_max: 3,
-        ..CacheConfig::new(2, Metric::L2Sq)
+        ..CacheConfig::new(2, p.metric)
     };
     let policy = match p.proximity {
         Some(t) => PolicyConfig::Proximity { threshold: t },
@@ -457,12 +534,12 @@ fn run(p: Params, ops: Vec<Op>) -> Result<shards::CacheStats, TestCaseError> {
     };
     let mut cache = Cache::new(cfg, policy.build()).unwrap();
     let mut model = Model::new(p.clone());
-    let mut db = ExactStore::new(2, Metric::L2Sq);
+    let mut db = ExactStore::new(2, p.metric);
     for id in 0..40u64 {
         db.insert(id, &[(id % 7) as f32 * 2.0, (id / 7) as f32 * 2.0])
             .unwrap();
     }
-    let qs = queries();
+    let qs = queries(p.metric);
     let mut deleted_ids: Vec<u64> = vec![];
     let to_model = |a: &[shards::Candidate]| -> Vec<(u64, f32, Vec<f32>)> {
         a.iter()
@@ -638,9 +715,15 @@ proptest! {
     }
 }
 
-/// One long fixed run, to show the random runs reach every mechanism.
+/// One long fixed run per metric, to show the random runs reach every mechanism.
 #[test]
 fn a_long_run_reaches_every_mechanism() {
+    for metric in [Metric::L2Sq, Metric::Cosine, Metric::InnerProduct] {
+        long_run(metric);
+    }
+}
+
+fn long_run(metric: Metric) {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
     let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]);
@@ -657,19 +740,20 @@ fn a_long_run_reaches_every_mechanism() {
         risk_threshold: 0.3,
         log_cap: 6,
         proximity: None,
+        metric,
     };
     let st = run(p, ops).unwrap();
     assert!(
         st.exact_hits > 0 && st.alias_hits > 0 && st.approximate_hits > 0 && st.misses > 0,
-        "{st:?}"
+        "{metric}: {st:?}"
     );
     assert!(
         st.evictions > 0 && st.invalidations > 0 && st.delete_repairs > 0,
-        "{st:?}"
+        "{metric}: {st:?}"
     );
     assert!(
         st.fast_path_updates > 0 && st.slow_path_merges > 0 && st.log_cap_invalidations > 0,
-        "{st:?}"
+        "{metric}: {st:?}"
     );
-    assert!(st.filter.rotations > 0, "{st:?}");
+    assert!(st.filter.rotations > 0, "{metric}: {st:?}");
 }

@@ -297,8 +297,11 @@ pub fn start(
              SET LOCAL statement_timeout = ",
             section.iterative_scan.as_sql()
         );
+        // On ip the cache's thresholds are angles to each answer's best result, which
+        // take that result's vector even where the cache keeps none (shards/src/gap.rs).
+        let with_vectors = store_vectors || found.metric == Metric::InnerProduct;
         let target = PgTarget {
-            sql: sql(&found, section, store_vectors),
+            sql: sql(&found, section, with_vectors),
             dim: found.dim,
             metric: found.metric,
             index: found.index,
@@ -307,7 +310,7 @@ pub fn start(
             search_prelude,
             statement_timeout: Duration::from_millis(section.statement_timeout_ms),
             reconnect_max: Duration::from_millis(section.reconnect_max_ms),
-            with_vectors: store_vectors,
+            with_vectors,
             has_payload: section.payload_column.is_some(),
             stats: PgStats::default(),
         };

@@ -43,7 +43,7 @@ impl HitPolicy for AkerPolicy {
         rep.tau.load()
     }
     fn on_equality_hit(&self, rep: &RepView) {
-        let cap = rep.min_d();
+        let cap = rep.min_gap;
         rep.tau.update(|t| (t * self.alpha_l).min(cap));
     }
     fn on_approximate_hit(&self, rep: &RepView) {

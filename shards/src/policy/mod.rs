@@ -23,9 +23,11 @@ use crate::entry::RepView;
 
 pub trait HitPolicy: Send + Sync {
     fn name(&self) -> &'static str;
-    /// `τ` of a newly admitted entry, given its `minD`.
-    fn initial_tau(&self, min_d: f32) -> f32;
-    /// A query at distance `d` from `rep.query` is an approximate hit iff `d < threshold`.
+    /// `τ` of a newly admitted entry, given its `minD` in the thresholds' unit
+    /// (`RepView::min_gap`).
+    fn initial_tau(&self, min_gap: f32) -> f32;
+    /// A query whose gap to `rep.query` is `g` (`gap.rs`: the metric's distance, the
+    /// angular `1 − cos` on `ip`) is an approximate hit iff `g < threshold`.
     fn threshold(&self, rep: &RepView) -> f32;
     /// After an equality hit on `rep`.
     fn on_equality_hit(&self, rep: &RepView);
