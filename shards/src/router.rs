@@ -168,7 +168,14 @@ impl Router {
         }
         Ok(Router {
             dim,
-            metric,
+            // On ip a request's answer depends only on its direction, and the largest
+            // dot product would send most requests to the longest centroids: route by
+            // angle, as the query filter ranks (`gap.rs`).
+            metric: if metric == Metric::InnerProduct {
+                Metric::Cosine
+            } else {
+                metric
+            },
             assignment: (0..c)
                 .map(|j| AtomicU32::new((j % shards) as u32))
                 .collect(),
