@@ -10,7 +10,9 @@
 //! A vector it was not prepared for is an error, never a silently wrong answer.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use aker_formats::data::Dataset;
 use shards::{Backend, Candidate, Error, Metric, Result};
 
 pub struct PrecomputedBackend {
@@ -168,6 +170,63 @@ impl Backend for PrecomputedBackend {
     }
 }
 
+/// `inner`'s answers with each neighbour's vector attached from the collection (ids are
+/// row numbers), as akerd's embedded stores return them: what a `store_vectors` cache
+/// keeps and re-ranks its hits with. The lists themselves are `inner`'s.
+pub struct WithVectors<'a> {
+    inner: &'a (dyn Backend + Sync),
+    collection: &'a Dataset,
+}
+
+impl<'a> WithVectors<'a> {
+    pub fn new(inner: &'a (dyn Backend + Sync), collection: &'a Dataset) -> WithVectors<'a> {
+        assert_eq!(inner.dim(), collection.dim, "one dimension");
+        WithVectors { inner, collection }
+    }
+}
+
+impl Backend for WithVectors<'_> {
+    fn dim(&self) -> usize {
+        self.inner.dim()
+    }
+
+    fn metric(&self) -> Metric {
+        self.inner.metric()
+    }
+
+    fn search(&self, q: &[f32], n: usize) -> Result<Vec<Candidate>> {
+        let mut list = self.inner.search(q, n)?;
+        for c in &mut list {
+            let row = usize::try_from(c.id)
+                .ok()
+                .filter(|&i| i < self.collection.n)
+                .ok_or_else(|| Error::Backend(format!("id {} is not a collection row", c.id)))?;
+            c.vector = Some(Arc::from(self.collection.row(row)));
+        }
+        Ok(list)
+    }
+
+    fn insert(&mut self, _id: u64, _v: &[f32]) -> Result<()> {
+        Err(Error::Backend(
+            "precomputed backend: read-only (answers are fixed in advance)".into(),
+        ))
+    }
+
+    fn delete(&mut self, _id: u64) -> Result<bool> {
+        Err(Error::Backend(
+            "precomputed backend: read-only (answers are fixed in advance)".into(),
+        ))
+    }
+
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,6 +258,28 @@ mod tests {
         );
         assert!(b.search(&[0.0, 1.0], 4).is_err(), "deeper than prepared");
         assert_eq!(b.len(), 100);
+    }
+
+    #[test]
+    fn with_vectors_attaches_each_neighbour_s_row() {
+        let collection = Dataset::new(2, (0..20).map(|i| i as f32).collect()).unwrap();
+        let b = PrecomputedBackend::new(
+            2,
+            Metric::L2Sq,
+            10,
+            &[0.5, 0.5, 9.0, 9.0],
+            vec![list(&[3, 1]), list(&[2, 12])],
+        );
+        let v = WithVectors::new(&b, &collection);
+        let got = v.search(&[0.5, 0.5], 2).unwrap();
+        assert_eq!(got.iter().map(|c| c.id).collect::<Vec<_>>(), vec![3, 1]);
+        assert_eq!(got[0].vector.as_deref(), Some(&[6.0, 7.0][..]));
+        assert_eq!(got[1].vector.as_deref(), Some(&[2.0, 3.0][..]));
+        assert!(
+            v.search(&[9.0, 9.0], 2).is_err(),
+            "id 12 is past the collection"
+        );
+        assert_eq!((v.len(), v.dim(), v.name()), (10, 2, b.name()));
     }
 
     #[test]
