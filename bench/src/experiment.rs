@@ -17,10 +17,11 @@ use shards::gap::Gauge;
 use shards::sharded::{ShardedCache, ShardingConfig};
 use shards::store::HnswStore;
 use shards::{
-    Backend, Cache, CacheConfig, CacheStats, Capacity, FilterKind, HitKind, HitPolicy, Metric,
-    PolicyConfig, Result, SearchOutcome, StandbySearch,
+    Backend, Cache, CacheConfig, CacheStats, Capacity, Error, FilterKind, HitKind, HitPolicy,
+    Metric, PolicyConfig, Result, SearchOutcome, StandbySearch,
 };
 
+use crate::akerd::AkerdSetup;
 use crate::workload::Workload;
 
 /// The hit rule of a configuration; `NoCache` sends every request to the backend.
@@ -35,6 +36,9 @@ pub enum Rule {
         p: f64,
     },
     NoCache,
+    /// akerd's effective configuration (`--akerd-config`): the file's `[cache]` and
+    /// `[sharding]`, its policy, filter and shards (`RunSpec::akerd`).
+    Akerd,
 }
 
 /// A policy column of the report: a hit rule and the query filter it runs with.
@@ -56,7 +60,7 @@ impl Policy {
 }
 
 /// Names as the CLI takes them: `aker`, `prx`, `pl10`, `pl25` (any `plNN`: p = NN %),
-/// `none`; a `-bf` suffix selects the brute-force filter.
+/// `none`, `akerd`; a `-bf` suffix selects the brute-force filter.
 impl FromStr for Policy {
     type Err = String;
     fn from_str(s: &str) -> Result<Policy, String> {
@@ -69,6 +73,7 @@ impl FromStr for Policy {
             "aker" => Rule::Aker,
             "prx" | "proximity" => Rule::Proximity,
             "none" | "nocache" => Rule::NoCache,
+            "akerd" => Rule::Akerd,
             _ => match name.strip_prefix("pl").map(str::parse::<u32>) {
                 Some(Ok(pct)) if (1..=100).contains(&pct) => Rule::Potluck {
                     p: f64::from(pct) / 100.0,
@@ -82,6 +87,9 @@ impl FromStr for Policy {
         };
         if rule == Rule::NoCache && brute_force_filter {
             return Err("'none' has no filter".into());
+        }
+        if rule == Rule::Akerd && brute_force_filter {
+            return Err("'akerd' runs the file's own filter (cache.filter)".into());
         }
         Ok(Policy {
             rule,
@@ -97,6 +105,7 @@ impl fmt::Display for Policy {
             Rule::Proximity => write!(f, "prx")?,
             Rule::Potluck { p } => write!(f, "pl{}", (p * 100.0).round())?,
             Rule::NoCache => return write!(f, "none"),
+            Rule::Akerd => return write!(f, "akerd"),
         }
         if self.brute_force_filter {
             write!(f, "-bf")?;
@@ -114,8 +123,10 @@ pub const POTLUCK_SHRINK: f32 = 0.5;
 #[derive(Clone, Debug)]
 pub struct RunSpec {
     pub policy: Policy,
-    /// Pool capacity in distinct neighbour objects.
-    pub pool_objects: usize,
+    /// The pool budget: in distinct neighbour objects for every `--pools` share (akerd
+    /// rows included, so that rows compare at the same object count); the akerd file's
+    /// own for `--pools config`.
+    pub pool: Capacity,
     pub k: usize,
     /// Reserve results per entry (Δ).
     pub delta: usize,
@@ -133,11 +144,53 @@ pub struct RunSpec {
     pub standby_search: StandbySearch,
     /// 1: one unsharded `Cache`; more: akerd's sharded path (`shards::sharded`).
     pub shards: usize,
+    /// akerd's configuration, for `Rule::Akerd` (the paper's settings above are then
+    /// unused, `k` and the pool excepted).
+    pub akerd: Option<AkerdSetup>,
 }
 
 impl RunSpec {
-    fn policy_config(&self) -> PolicyConfig {
-        match self.policy.rule {
+    fn akerd(&self) -> Result<&AkerdSetup> {
+        self.akerd
+            .as_ref()
+            .ok_or_else(|| Error::Config("an akerd row needs --akerd-config".into()))
+    }
+
+    /// The engine configuration of this run's cache for a `dim`-d collection under
+    /// `metric` (the backend's). The paper configuration: Δ, filter candidates and
+    /// standby search as given, the policy's filter, ids-only objects. An akerd row:
+    /// exactly the file's `cache.engine_config(dim)` but for the capacity, `self.pool`.
+    pub fn cache_config(&self, dim: usize, metric: Metric) -> Result<CacheConfig> {
+        if self.policy.rule == Rule::Akerd {
+            let a = self.akerd()?;
+            if (a.cache.dim, a.cache.metric) != (dim, metric) {
+                return Err(Error::Config(format!(
+                    "akerd config for {}-d {}, the backend is {dim}-d {metric}",
+                    a.cache.dim, a.cache.metric
+                )));
+            }
+            return Ok(CacheConfig {
+                capacity: self.pool,
+                ..a.cache.clone()
+            });
+        }
+        Ok(CacheConfig {
+            delta: self.delta,
+            capacity: self.pool,
+            filter: self.policy.filter(),
+            filter_candidates: self.filter_candidates,
+            standby_search: self.standby_search,
+            k_max: self.k.max(100),
+            // Ids-only objects, as in the reference simulation (ALGORITHM.md): no
+            // policy here re-ranks with stored vectors.
+            store_vectors: false,
+            ..CacheConfig::new(dim, metric)
+        })
+    }
+
+    fn policy_config(&self) -> Result<PolicyConfig> {
+        Ok(match self.policy.rule {
+            Rule::Akerd => self.akerd()?.policy.clone(),
             Rule::Aker | Rule::NoCache => PolicyConfig::default(),
             Rule::Proximity => PolicyConfig::Proximity {
                 threshold: self.global_threshold,
@@ -149,6 +202,26 @@ impl RunSpec {
                 shrink: self.potluck_shrink,
                 seed: self.potluck_seed,
             },
+        })
+    }
+
+    /// The global threshold the run's policy uses (Proximity+'s) or starts from
+    /// (Potluck+'s); `None` for the per-entry rules.
+    pub fn global_threshold_used(&self) -> Option<f32> {
+        match self.policy_config().ok()? {
+            PolicyConfig::Proximity { threshold } | PolicyConfig::Potluck { threshold, .. } => {
+                Some(threshold)
+            }
+            PolicyConfig::Aker { .. } | PolicyConfig::AkerRerank { .. } => None,
+        }
+    }
+
+    /// The query filter the run's cache uses; `None` without a cache.
+    pub fn filter_used(&self) -> Option<FilterKind> {
+        match self.policy.rule {
+            Rule::NoCache => None,
+            Rule::Akerd => self.akerd.as_ref().map(|a| a.cache.filter),
+            _ => Some(self.policy.filter()),
         }
     }
 }
@@ -321,7 +394,8 @@ impl CacheUnderTest {
 
 /// Replays `workload` through `spec`'s cache in front of `backend`, scoring request
 /// `i` against `truth[workload.requests[i]]` (the exact top-k ids of its vector).
-/// `routing`: the collection sample the sharded path trains its centroids on.
+/// `routing`: the collection sample the sharded path trains its centroids on (for an
+/// akerd row, `AkerdSetup::sample_rows` of them).
 /// `progress` is called with the number of requests done since its last call.
 pub fn run(
     spec: &RunSpec,
@@ -337,22 +411,19 @@ pub fn run(
     let mut cache = match spec.policy.rule {
         Rule::NoCache => None,
         _ => {
-            let cfg = CacheConfig {
-                delta: spec.delta,
-                capacity: Capacity::Objects(spec.pool_objects),
-                filter: spec.policy.filter(),
-                filter_candidates: spec.filter_candidates,
-                standby_search: spec.standby_search,
-                k_max: spec.k.max(100),
-                // Ids-only objects, as in the reference simulation (ALGORITHM.md): no
-                // policy here re-ranks with stored vectors.
-                store_vectors: false,
-                ..CacheConfig::new(workload.dim, backend.metric())
-            };
+            let cfg = spec.cache_config(workload.dim, backend.metric())?;
+            let policy_config = spec.policy_config()?;
+            // Every row's policy, akerd's included, learns once per verification.
             let policy = || -> Box<dyn HitPolicy> {
-                Box::new(OncePerVerification::new(spec.policy_config().build()))
+                Box::new(OncePerVerification::new(policy_config.build()))
             };
-            Some(if spec.shards <= 1 {
+            Some(if spec.policy.rule == Rule::Akerd {
+                // akerd always runs the sharded path (one shard too), with its sharding.
+                let sharding = &spec.akerd()?.sharding;
+                CacheUnderTest::Sharded(ShardedCache::with_policies(
+                    cfg, &policy, sharding, routing,
+                )?)
+            } else if spec.shards <= 1 {
                 CacheUnderTest::One(Cache::new(cfg, policy())?)
             } else {
                 let sharding = ShardingConfig {
@@ -524,8 +595,97 @@ mod tests {
             Rule::Potluck { p: 0.25 }
         );
         assert!("none-bf".parse::<Policy>().is_err());
+        assert_eq!("akerd".parse::<Policy>().unwrap().rule, Rule::Akerd);
+        assert_eq!("akerd".parse::<Policy>().unwrap().to_string(), "akerd");
+        assert!("akerd-bf".parse::<Policy>().is_err());
         assert!("pl0".parse::<Policy>().is_err());
         assert!("lru".parse::<Policy>().is_err());
+    }
+
+    fn spec(policy: &str, pool: Capacity, akerd: Option<AkerdSetup>) -> RunSpec {
+        RunSpec {
+            policy: policy.parse().unwrap(),
+            pool,
+            k: 10,
+            delta: 0,
+            global_threshold: 0.5,
+            potluck_grow: POTLUCK_GROW,
+            potluck_shrink: POTLUCK_SHRINK,
+            potluck_seed: 1,
+            filter_candidates: 1,
+            standby_search: StandbySearch::Nearest,
+            shards: 1,
+            akerd,
+        }
+    }
+
+    #[test]
+    fn an_akerd_row_runs_the_file_s_engine_config_but_for_the_capacity() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/akerd.toml");
+        let file = crate::akerd::AkerdFile::load(&path, Metric::L2Sq).unwrap();
+        let dim = 16;
+        let s = spec(
+            "akerd",
+            Capacity::Objects(1234),
+            Some(file.setup(dim).unwrap()),
+        );
+        let got = s.cache_config(dim, Metric::L2Sq).unwrap();
+        let want = aker::config::Config::load(&path)
+            .unwrap()
+            .cache
+            .engine_config(dim)
+            .unwrap();
+        assert_ne!(
+            want.capacity,
+            Capacity::Objects(1234),
+            "the file's is bytes"
+        );
+        assert_eq!(
+            got,
+            CacheConfig {
+                capacity: Capacity::Objects(1234),
+                ..want.clone()
+            }
+        );
+        // The akerd config's settings, not the paper's the spec also carries.
+        assert_eq!((got.delta, got.filter_candidates), (10, 2));
+        assert!(got.store_vectors);
+        assert_eq!(got.standby_search, StandbySearch::Learned);
+        assert_eq!(s.filter_used(), Some(want.filter));
+        assert_eq!(s.global_threshold_used(), None);
+        // `--pools config`: the file's own capacity as well.
+        let own = spec("akerd", want.capacity, s.akerd.clone());
+        assert_eq!(own.cache_config(dim, Metric::L2Sq).unwrap(), want);
+        // A backend of another dimension or metric is refused, not silently run.
+        assert!(s.cache_config(dim + 1, Metric::L2Sq).is_err());
+        assert!(s.cache_config(dim, Metric::Cosine).is_err());
+        assert!(spec("akerd", Capacity::Objects(10), None)
+            .cache_config(dim, Metric::L2Sq)
+            .is_err());
+    }
+
+    #[test]
+    fn the_paper_configuration_is_unchanged() {
+        let s = spec("aker", Capacity::Objects(500), None);
+        let c = s.cache_config(8, Metric::L2Sq).unwrap();
+        assert_eq!(
+            c,
+            CacheConfig {
+                delta: 0,
+                capacity: Capacity::Objects(500),
+                filter: FilterKind::default(),
+                filter_candidates: 1,
+                standby_search: StandbySearch::Nearest,
+                k_max: 100,
+                store_vectors: false,
+                ..CacheConfig::new(8, Metric::L2Sq)
+            }
+        );
+        assert_eq!(
+            spec("prx", Capacity::Objects(500), None).global_threshold_used(),
+            Some(0.5)
+        );
+        assert_eq!(spec("none", Capacity::Objects(1), None).filter_used(), None);
     }
 
     /// Records what reaches it.

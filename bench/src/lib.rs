@@ -3,6 +3,7 @@
 //! file it writes for the load generator are `aker_formats`'. The `bench` binary
 //! (`src/main.rs`) is the command line over them.
 
+pub mod akerd;
 pub mod engine_fixture;
 pub mod experiment;
 pub mod groundtruth;

@@ -4,7 +4,9 @@
 //!   synthetic set and any `.npy`/`.fvecs` file: recall@10 against exact neighbours and
 //!   hit ratios for paper-Aker (HNSW and brute-force filters), Proximity+, Potluck+ and
 //!   no cache, at pools of 1% and 5% of the collection, over simZipf streams. Writes
-//!   `report.md`, `results.csv` and PNG figures to `--out`.
+//!   `report.md`, `results.csv` and PNG figures to `--out`. With `--akerd-config FILE`
+//!   each data set x skew x pool also runs an `akerd` row per backend: akerd's effective
+//!   cache configuration from FILE (`bench::akerd`).
 //! - `bench trace`: writes one simZipf stream with exact ground truth as a trace file
 //!   (`formats/TRACE.md`) for the load generator.
 
@@ -13,24 +15,26 @@
 static ALLOCATOR: aker_alloc::MiMalloc = aker_alloc::MiMalloc;
 
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use aker_formats::data::write_fvecs;
+use bench::akerd::{AkerdFile, AkerdSetup};
 use bench::experiment::{self, Policy, Rule, RunSpec};
 use bench::plot::{self, Figure};
-use bench::precomputed::PrecomputedBackend;
-use bench::prepare::{Prepared, Seeds, Source, SYNTHETIC, SYNTHETIC_QUICK};
-use bench::report::{self, DatasetSummary, Header, HnswStream, HnswSummary, Row, SkewSummary};
+use bench::precomputed::{PrecomputedBackend, WithVectors};
+use bench::prepare::{self as prep_mod, Prepared, Seeds, Source, SYNTHETIC, SYNTHETIC_QUICK};
+use bench::report::{
+    self, DatasetSummary, Header, HnswStream, HnswSummary, PoolSpec, Row, SkewSummary,
+};
 use bench::workload::{self, Workload};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shards::store::HnswStore;
-use shards::{Backend, FilterKind, Metric, StandbySearch};
+use shards::{Backend, Capacity, FilterKind, Metric, StandbySearch};
 
 type Fallible<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -67,6 +71,10 @@ struct Common {
     /// Where exact ground truth is cached between runs.
     #[arg(long, default_value_os_t = default_data_dir().join("cache"))]
     cache_dir: PathBuf,
+    /// Scale every vector of the data set to unit L2 norm (a zero vector stays zero)
+    /// before the hold-out, groups and ground truth; the set is named e.g. `glove/unit`.
+    #[arg(long)]
+    normalize: bool,
 }
 
 /// `shards::StandbySearch` on the command line.
@@ -105,9 +113,10 @@ struct RecallArgs {
     /// Zipfian exponents of the streams.
     #[arg(long, value_delimiter = ',', default_value = "0.30,0.60,0.99")]
     skews: Vec<f64>,
-    /// Pool sizes as shares of the collection ("1%" or "0.01").
+    /// Pool sizes as shares of the collection ("1%" or "0.01"), in objects; "config":
+    /// the --akerd-config file's own capacity (akerd rows only; the others skip it).
     #[arg(long, value_delimiter = ',', default_value = "1%,5%")]
-    pools: Vec<PoolShare>,
+    pools: Vec<PoolSpec>,
     /// Policies on the exact backend: aker, prx, pl10, pl25 (plNN), none; "-bf" suffix =
     /// brute-force filter.
     #[arg(
@@ -169,6 +178,12 @@ struct RecallArgs {
     /// Small smoke configuration: a 20,000 x 16 synthetic set and 10,000 requests.
     #[arg(long)]
     quick: bool,
+    /// An akerd configuration file (e.g. ops/akerd.toml): each data set x skew x pool
+    /// also runs an `akerd` row per backend with the file's [cache] and [sharding] as
+    /// akerd runs them (its pool follows --pools unless the pool is "config"; --delta,
+    /// --filter-candidates, --standby-search and --shards are the paper rows' only).
+    #[arg(long)]
+    akerd_config: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -191,27 +206,6 @@ struct TraceArgs {
     /// .fvecs, for a server to load (the held-out bases are not in it).
     #[arg(long)]
     base_out: Option<PathBuf>,
-}
-
-/// A pool size as a share of the collection.
-#[derive(Clone, Copy, Debug)]
-struct PoolShare(f64);
-
-impl FromStr for PoolShare {
-    type Err = String;
-    fn from_str(s: &str) -> Result<PoolShare, String> {
-        let s = s.trim();
-        let share = match s.strip_suffix('%') {
-            Some(p) => p.parse::<f64>().map(|p| p / 100.0),
-            None => s.parse::<f64>(),
-        }
-        .map_err(|e| format!("pool '{s}': {e}"))?;
-        if share > 0.0 && share <= 1.0 {
-            Ok(PoolShare(share))
-        } else {
-            Err(format!("pool '{s}' is not a share in (0, 100%]"))
-        }
-    }
 }
 
 fn workspace_root() -> PathBuf {
@@ -270,17 +264,27 @@ fn prepare(
     seeds: Seeds,
 ) -> Fallible<(Prepared, f64, f64)> {
     let t = Instant::now();
-    let all = source.load(&c.data_dir, seeds.synthetic)?;
+    let mut all = source.load(&c.data_dir, seeds.synthetic)?;
+    if c.normalize {
+        all.normalize_rows();
+    }
     let load_s = t.elapsed().as_secs_f64();
+    let name = prep_mod::dataset_name(source, c.normalize);
     println!(
-        "[{source}] {} vectors x {}-d loaded in {load_s:.1} s",
-        all.n, all.dim
+        "[{name}] {} vectors x {}-d loaded{} in {load_s:.1} s",
+        all.n,
+        all.dim,
+        if c.normalize {
+            " and unit-normalised"
+        } else {
+            ""
+        }
     );
     let t = Instant::now();
     let members = bench::prepare::HELD_OUT * workload::GROUP_SIZE;
-    let b = bar(members as u64, &format!("{source}: exact top-{depth}"));
+    let b = bar(members as u64, &format!("{name}: exact top-{depth}"));
     let prep = Prepared::new(
-        source.to_string(),
+        name.clone(),
         &all,
         c.metric,
         depth,
@@ -291,7 +295,7 @@ fn prepare(
     b.finish_and_clear();
     let gt_s = t.elapsed().as_secs_f64();
     println!(
-        "[{source}] ground truth for {} members: {} {} in {gt_s:.1} s",
+        "[{name}] ground truth for {} members: {} {} in {gt_s:.1} s",
         prep.members(),
         if prep.truth_loaded {
             "loaded from"
@@ -311,19 +315,25 @@ struct Stream {
     threshold: f32,
     /// The collection sample the sharded path's centroids train on (shared by streams).
     routing: Arc<[f32]>,
+    /// The sample akerd rows' centroids train on (`sharding.sample_rows` rows).
+    akerd_routing: Arc<[f32]>,
 }
+
+/// A pool as `--pools` names it and the budget its runs get.
+type Pool = (PoolSpec, Capacity);
 
 /// One configuration to run.
 #[derive(Clone, Copy)]
 struct Job {
     stream: usize,
-    pool: Option<(f64, usize)>,
+    pool: Option<Pool>,
     policy: Policy,
 }
 
-/// The jobs of `policies` over every stream and pool (no-cache once per stream), the
-/// slowest first so that the last ones to finish are short.
-fn jobs(streams: usize, pools: &[(f64, usize)], policies: &[Policy]) -> Vec<Job> {
+/// The jobs of `policies` over every stream and pool (no-cache once per stream; the
+/// `config` pool for akerd rows only), the slowest first so that the last ones to
+/// finish are short.
+fn jobs(streams: usize, pools: &[Pool], policies: &[Policy]) -> Vec<Job> {
     let mut out = Vec::new();
     for stream in 0..streams {
         for &policy in policies {
@@ -334,27 +344,46 @@ fn jobs(streams: usize, pools: &[(f64, usize)], policies: &[Policy]) -> Vec<Job>
                     policy,
                 });
             } else {
-                out.extend(pools.iter().map(|&p| Job {
-                    stream,
-                    pool: Some(p),
-                    policy,
-                }));
+                out.extend(
+                    pools
+                        .iter()
+                        .filter(|(p, _)| *p != PoolSpec::Config || policy.rule == Rule::Akerd)
+                        .map(|&p| Job {
+                            stream,
+                            pool: Some(p),
+                            policy,
+                        }),
+                );
             }
         }
     }
     out.sort_by_key(|j| {
-        std::cmp::Reverse((j.policy.brute_force_filter, j.pool.map_or(0, |(_, n)| n)))
+        let size = match j.pool {
+            None => 0,
+            Some((_, Capacity::Objects(n))) => n,
+            Some((_, Capacity::Bytes(_))) => usize::MAX,
+        };
+        std::cmp::Reverse((j.policy.brute_force_filter, size))
     });
     out
 }
 
+/// What one stream's runs search: the paper rows' backend, and the akerd rows' (as
+/// deep as `k + Δ` of the file, neighbour vectors attached when it stores them).
+#[derive(Clone, Copy)]
+struct StreamBackends<'a> {
+    paper: &'a (dyn Backend + Sync),
+    akerd: &'a (dyn Backend + Sync),
+}
+
 /// Runs `jobs` on `threads` workers, stream `i`'s against `backends[i]`; rows in job
-/// order.
+/// order. `akerd`: the setup akerd rows run (`--akerd-config`).
 #[allow(clippy::too_many_arguments)]
 fn run_jobs(
     jobs: &[Job],
     streams: &[Stream],
-    backends: &[&(dyn Backend + Sync)],
+    backends: &[StreamBackends],
+    akerd: Option<&AkerdSetup>,
     backend_name: &str,
     dataset: &str,
     args: &RecallArgs,
@@ -378,9 +407,10 @@ fn run_jobs(
                 }
                 let job = jobs[i];
                 let st = &streams[job.stream];
+                let is_akerd = job.policy.rule == Rule::Akerd;
                 let spec = RunSpec {
                     policy: job.policy,
-                    pool_objects: job.pool.map_or(1, |(_, n)| n),
+                    pool: job.pool.map_or(Capacity::Objects(1), |(_, c)| c),
                     k: args.common.k,
                     delta: args.delta,
                     global_threshold: st.threshold,
@@ -390,9 +420,14 @@ fn run_jobs(
                     filter_candidates: args.filter_candidates,
                     standby_search: args.standby_search.engine(),
                     shards: args.shards as usize,
+                    akerd: akerd.filter(|_| is_akerd).cloned(),
                 };
-                let backend = backends[job.stream];
-                let run = experiment::run(&spec, &st.workload, &st.truth, &st.routing, backend, &|n| {
+                let (backend, routing) = if is_akerd {
+                    (backends[job.stream].akerd, &st.akerd_routing)
+                } else {
+                    (backends[job.stream].paper, &st.routing)
+                };
+                let run = experiment::run(&spec, &st.workload, &st.truth, routing, backend, &|n| {
                     b.inc(n)
                 });
                 match run {
@@ -405,11 +440,8 @@ fn run_jobs(
                             skew: st.skew,
                             pool: job.pool,
                             policy: job.policy,
-                            threshold: matches!(
-                                job.policy.rule,
-                                Rule::Proximity | Rule::Potluck { .. }
-                            )
-                            .then_some(st.threshold),
+                            filter: spec.filter_used(),
+                            threshold: spec.global_threshold_used(),
                             result,
                         };
                         // Printed whether or not the bar is drawn (it is not off a terminal).
@@ -499,12 +531,16 @@ fn recall(mut args: RecallArgs) -> Fallible<()> {
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let akerd = akerd_rows(&mut args)?;
     let seeds = Seeds::from_base(args.common.seed);
     println!("seeds: {seeds}");
     println!(
         "k = {}, Δ = {}, {requests} requests, skews {:?}, {threads} threads, {} shards",
         args.common.k, args.delta, args.skews, args.shards
     );
+    if let Some(a) = &akerd {
+        println!("akerd rows: {}", a.settings());
+    }
     std::fs::create_dir_all(&args.out)?;
 
     let mut rows: Vec<Row> = Vec::new();
@@ -514,13 +550,13 @@ fn recall(mut args: RecallArgs) -> Fallible<()> {
             args: &args,
             seeds,
             threads,
+            akerd: akerd.as_ref(),
         };
         let (summary, source_rows) = run.all(source, requests)?;
         summaries.push(summary);
         rows.extend(source_rows);
-        write_outputs(
-            &args, &command, seeds, requests, threads, started, &summaries, &rows,
-        )?;
+        let header = header(&args, &command, seeds, requests, threads, started, &akerd);
+        write_outputs(&args, &header, &summaries, &rows)?;
     }
     println!(
         "report: {} ({:.0} s in all)",
@@ -528,6 +564,36 @@ fn recall(mut args: RecallArgs) -> Fallible<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// `--akerd-config`'s file, loaded and checked against the other options, with an
+/// `akerd` policy added to both backends' lists; `None` without it. `--pools config`
+/// and an `akerd` policy need the file.
+fn akerd_rows(args: &mut RecallArgs) -> Fallible<Option<AkerdFile>> {
+    let asks_akerd = args
+        .policies
+        .iter()
+        .chain(&args.hnsw_policies)
+        .any(|p| p.rule == Rule::Akerd);
+    let Some(path) = &args.akerd_config else {
+        if args.pools.contains(&PoolSpec::Config) {
+            return Err("--pools config is the akerd file's own capacity: it needs \
+                        --akerd-config FILE (the paper's policies have no config pool)"
+                .into());
+        }
+        if asks_akerd {
+            return Err("the akerd policy needs --akerd-config FILE".into());
+        }
+        return Ok(None);
+    };
+    let file = AkerdFile::load(path, args.common.metric)?;
+    let akerd: Policy = "akerd".parse()?;
+    for list in [&mut args.policies, &mut args.hnsw_policies] {
+        if !list.contains(&akerd) {
+            list.push(akerd);
+        }
+    }
+    Ok(Some(file))
 }
 
 /// Timed phases of one data set's runs, for the report.
@@ -538,38 +604,64 @@ struct SourceRun<'a> {
     args: &'a RecallArgs,
     seeds: Seeds,
     threads: usize,
+    /// `--akerd-config`: akerd rows run beside the paper's.
+    akerd: Option<&'a AkerdFile>,
 }
 
 impl SourceRun<'_> {
+    /// Neighbours per answer the paper rows' backend gives (`k + Δ`).
+    fn paper_depth(&self) -> usize {
+        self.args.common.k + self.args.delta
+    }
+
+    /// Neighbours per answer the akerd rows' backend gives (`k +` the file's Δ).
+    fn akerd_depth(&self) -> Option<usize> {
+        self.akerd.map(|a| self.args.common.k + a.delta())
+    }
+
     /// Prepare the data set, then its streams, the exact-backend runs, the HNSW-backend
     /// runs and the filter check; its summary and rows.
     fn all(&self, source: &Source, requests: usize) -> Fallible<(DatasetSummary, Vec<Row>)> {
         let (args, k) = (self.args, self.args.common.k);
-        let (prep, load_s, gt_s) = prepare(source, &args.common, k + args.delta, self.seeds)?;
+        // Exact truth as deep as any row's backend answers (the paper rows read a prefix:
+        // the lists are sorted by distance, then id, whatever their depth).
+        let depth = self.paper_depth().max(self.akerd_depth().unwrap_or(0));
+        let (prep, load_s, gt_s) = prepare(source, &args.common, depth, self.seeds)?;
+        let akerd = self
+            .akerd
+            .map(|a| a.setup(prep.base.dim))
+            .transpose()
+            .map_err(|e| format!("{}: {e}", prep.name))?;
         let mut phases: Phases = vec![
             ("load".to_string(), load_s),
             ("ground truth".to_string(), gt_s),
         ];
         let t = Instant::now();
-        let streams = self.streams(&prep, requests);
+        let streams = self.streams(&prep, requests, akerd.as_ref());
         phases.push(("streams + thresholds".into(), t.elapsed().as_secs_f64()));
-        let pools: Vec<(f64, usize)> = args
+        // Every share in objects, the same for every policy (akerd's too); `config`: the
+        // akerd file's own budget.
+        let pools: Vec<Pool> = args
             .pools
             .iter()
-            .map(|p| {
-                let objects = (p.0 * prep.base.n as f64).round() as usize;
-                (p.0, objects.max(k + args.delta))
+            .filter_map(|&p| match p {
+                PoolSpec::Share(share) => {
+                    let objects = (share * prep.base.n as f64).round() as usize;
+                    Some((p, Capacity::Objects(objects.max(k + args.delta))))
+                }
+                PoolSpec::Config => akerd.as_ref().map(|a| (p, a.cache.capacity)),
             })
             .collect();
         let mut rows = Vec::new();
         if args.backend != BackendChoice::Hnsw {
             let t = Instant::now();
-            rows.extend(self.exact_runs(&prep, &streams, &pools)?);
+            rows.extend(self.exact_runs(&prep, &streams, &pools, akerd.as_ref())?);
             phases.push(("exact-backend runs".into(), t.elapsed().as_secs_f64()));
         }
         let mut hnsw = None;
         if args.backend != BackendChoice::Exact {
-            let (hnsw_rows, summary) = self.hnsw_runs(&prep, &streams, &pools, &mut phases)?;
+            let (hnsw_rows, summary) =
+                self.hnsw_runs(&prep, &streams, &pools, akerd.as_ref(), &mut phases)?;
             rows.extend(hnsw_rows);
             hnsw = Some(summary);
         }
@@ -589,9 +681,15 @@ impl SourceRun<'_> {
     }
 
     /// The simZipf streams of every skew, with exact truth and Proximity+'s threshold.
-    fn streams(&self, prep: &Prepared, requests: usize) -> Vec<Stream> {
+    fn streams(&self, prep: &Prepared, requests: usize, akerd: Option<&AkerdSetup>) -> Vec<Stream> {
         let (args, seeds, k) = (self.args, self.seeds, self.args.common.k);
         let routing: Arc<[f32]> = prep.base.sample(experiment::ROUTING_SAMPLE_ROWS).into();
+        let akerd_routing: Arc<[f32]> = match akerd {
+            Some(a) if a.sample_rows != experiment::ROUTING_SAMPLE_ROWS => {
+                prep.base.sample(a.sample_rows).into()
+            }
+            _ => routing.clone(),
+        };
         args.skews
             .iter()
             .map(|&skew| {
@@ -615,6 +713,7 @@ impl SourceRun<'_> {
                     truth,
                     threshold,
                     routing: routing.clone(),
+                    akerd_routing: akerd_routing.clone(),
                 }
             })
             .collect()
@@ -625,7 +724,8 @@ impl SourceRun<'_> {
         &self,
         prep: &Prepared,
         streams: &[Stream],
-        pools: &[(f64, usize)],
+        pools: &[Pool],
+        akerd: Option<&AkerdSetup>,
     ) -> Fallible<Vec<Row>> {
         let exact = PrecomputedBackend::new(
             prep.base.dim,
@@ -633,13 +733,24 @@ impl SourceRun<'_> {
             prep.base.n,
             &prep.groups.members,
             prep.member_truth.clone(),
-        )
-        .with_vectors(Arc::from(&prep.base.data[..]));
+        );
+        // On ip a threshold is an angle to the answer's results, which takes their
+        // vectors at admission whether the cache keeps them or not (`shards::gap`).
+        let ip = self.args.common.metric == Metric::InnerProduct;
+        let with_vectors = WithVectors::new(&exact, &prep.base);
+        let both = StreamBackends {
+            paper: if ip { &with_vectors } else { &exact },
+            akerd: if ip || akerd.is_some_and(|a| a.cache.store_vectors) {
+                &with_vectors
+            } else {
+                &exact
+            },
+        };
         let js = jobs(streams.len(), pools, &self.args.policies);
-        let backends = vec![&exact as &(dyn Backend + Sync); streams.len()];
+        let backends = vec![both; streams.len()];
         let (args, seeds, threads) = (self.args, self.seeds, self.threads);
         run_jobs(
-            &js, streams, &backends, "exact", &prep.name, args, seeds, threads,
+            &js, streams, &backends, akerd, "exact", &prep.name, args, seeds, threads,
         )
     }
 
@@ -649,7 +760,8 @@ impl SourceRun<'_> {
         &self,
         prep: &Prepared,
         streams: &[Stream],
-        pools: &[(f64, usize)],
+        pools: &[Pool],
+        akerd: Option<&AkerdSetup>,
         phases: &mut Phases,
     ) -> Fallible<(Vec<Row>, HnswSummary)> {
         let (args, name) = (self.args, &prep.name);
@@ -676,11 +788,36 @@ impl SourceRun<'_> {
         phases.push(("ef sweeps + HNSW answers".into(), t.elapsed().as_secs_f64()));
 
         let t = Instant::now();
-        let backends: Vec<&(dyn Backend + Sync)> =
-            memos.iter().map(|m| m as &(dyn Backend + Sync)).collect();
+        // akerd rows: the HNSW answers at their own depth, vectors attached if stored.
+        let akerd_memos: Vec<&(dyn Backend + Sync)> = memos
+            .iter()
+            .map(|(paper, deeper)| deeper.as_ref().unwrap_or(paper) as &(dyn Backend + Sync))
+            .collect();
+        let with_vectors: Vec<WithVectors> = akerd_memos
+            .iter()
+            .map(|&m| WithVectors::new(m, &prep.base))
+            .collect();
+        let paper_vectors: Vec<WithVectors> = memos
+            .iter()
+            .map(|(paper, _)| WithVectors::new(paper, &prep.base))
+            .collect();
+        // Vectors where the cache keeps them, and on ip always (see `exact_runs`).
+        let ip = args.common.metric == Metric::InnerProduct;
+        let stores_vectors = ip || akerd.is_some_and(|a| a.cache.store_vectors);
+        let backends: Vec<StreamBackends> = memos
+            .iter()
+            .zip(&akerd_memos)
+            .zip(with_vectors.iter().zip(&paper_vectors))
+            .map(|(((paper, _), &deeper), (vectors, paper_vectors))| StreamBackends {
+                paper: if ip { paper_vectors } else { paper },
+                akerd: if stores_vectors { vectors } else { deeper },
+            })
+            .collect();
         let js = jobs(streams.len(), pools, &args.hnsw_policies);
         let (seeds, threads) = (self.seeds, self.threads);
-        let rows = run_jobs(&js, streams, &backends, "hnsw", name, args, seeds, threads)?;
+        let rows = run_jobs(
+            &js, streams, &backends, akerd, "hnsw", name, args, seeds, threads,
+        )?;
         phases.push(("HNSW-backend runs".into(), t.elapsed().as_secs_f64()));
         let summary = HnswSummary {
             m: args.hnsw_m,
@@ -696,17 +833,23 @@ impl SourceRun<'_> {
     /// Per stream, as the paper tunes "for each workload": ef from requests sampled from
     /// the stream (so hot groups weigh as in the stream), then every distinct vector
     /// searched once and the runs served from those answers (a static index answers a
-    /// repeated question identically; checked here on the first vectors).
+    /// repeated question identically; checked here on the first vectors). With akerd
+    /// rows whose `k + Δ` differs from the paper rows', their answers are searched
+    /// once more at that depth (an HNSW search for more results is not a prefix of
+    /// one for fewer: it searches with `ef` at least the results asked for).
+    #[allow(clippy::type_complexity)]
     fn tune_and_memoise(
         &self,
         prep: &Prepared,
         streams: &[Stream],
         store: &mut HnswStore,
-    ) -> Fallible<(Vec<HnswStream>, Vec<PrecomputedBackend>)> {
+    ) -> Fallible<(
+        Vec<HnswStream>,
+        Vec<(PrecomputedBackend, Option<PrecomputedBackend>)>,
+    )> {
         let (args, name, k) = (self.args, &prep.name, self.args.common.k);
         let mut tuned = Vec::new();
         let mut memos = Vec::new();
-        let rows: Arc<[f32]> = Arc::from(&prep.base.data[..]);
         for (i, st) in streams.iter().enumerate() {
             let seed = self.seeds.ef_sample + i as u64;
             let picks = request_samples(&st.workload, args.ef_samples, seed);
@@ -725,8 +868,7 @@ impl SourceRun<'_> {
                 depth,
                 self.threads,
                 &|n| b.inc(n as u64),
-            )?
-            .with_vectors(rows.clone());
+            )?;
             b.finish_and_clear();
             let checked = n.min(DETERMINISM_CHECK);
             let again = &st.workload.vectors[..checked * prep.base.dim];
@@ -745,7 +887,22 @@ impl SourceRun<'_> {
                 checked,
                 disagreements,
             });
-            memos.push(memo);
+            let deeper = match self.akerd_depth().filter(|&d| d != depth) {
+                Some(d) => {
+                    let b = bar(n as u64, &format!("{name} {:.2}: akerd answers", st.skew));
+                    let m = PrecomputedBackend::memoise(
+                        store,
+                        &st.workload.vectors,
+                        d,
+                        self.threads,
+                        &|n| b.inc(n as u64),
+                    )?;
+                    b.finish_and_clear();
+                    Some(m)
+                }
+                None => None,
+            };
+            memos.push((memo, deeper));
         }
         Ok((tuned, memos))
     }
@@ -817,25 +974,28 @@ fn request_samples(w: &Workload, n: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// Writes report.md, results.csv and the figures for everything measured so far (after
-/// each data set, so a long run leaves its finished part behind).
+/// The backends a run reports on, in order.
+fn backend_names(b: BackendChoice) -> Vec<String> {
+    match b {
+        BackendChoice::Exact => vec!["exact".into()],
+        BackendChoice::Hnsw => vec!["hnsw".into()],
+        BackendChoice::Both => vec!["exact".into(), "hnsw".into()],
+    }
+}
+
+/// The report's header: the paper configuration's settings, and akerd's when its rows
+/// ran.
 #[allow(clippy::too_many_arguments)]
-fn write_outputs(
+fn header(
     args: &RecallArgs,
     command: &str,
     seeds: Seeds,
     requests: usize,
     threads: usize,
     started: Instant,
-    summaries: &[DatasetSummary],
-    rows: &[Row],
-) -> Fallible<()> {
-    let backends: Vec<String> = match args.backend {
-        BackendChoice::Exact => vec!["exact".into()],
-        BackendChoice::Hnsw => vec!["hnsw".into()],
-        BackendChoice::Both => vec!["exact".into(), "hnsw".into()],
-    };
-    let header = Header {
+    akerd: &Option<AkerdFile>,
+) -> Header {
+    Header {
         command: command.to_string(),
         seeds: seeds.to_string(),
         k: args.common.k,
@@ -845,18 +1005,29 @@ fn write_outputs(
         shards: args.shards as usize,
         potluck: (args.potluck_grow, args.potluck_shrink),
         requests,
-        pools: args.pools.iter().map(|p| p.0).collect(),
-        backends: backends.clone(),
+        pools: args.pools.clone(),
+        akerd: akerd.as_ref().map(AkerdFile::settings),
+        backends: backend_names(args.backend),
         threads,
         total_seconds: started.elapsed().as_secs_f64(),
-    };
+    }
+}
+
+/// Writes report.md, results.csv and the figures for everything measured so far (after
+/// each data set, so a long run leaves its finished part behind).
+fn write_outputs(
+    args: &RecallArgs,
+    header: &Header,
+    summaries: &[DatasetSummary],
+    rows: &[Row],
+) -> Fallible<()> {
     std::fs::write(
         args.out.join("report.md"),
-        report::markdown(&header, summaries, rows),
+        report::markdown(header, summaries, rows),
     )?;
     std::fs::write(args.out.join("results.csv"), report::csv(rows))?;
     for d in summaries {
-        for backend in &backends {
+        for backend in &header.backends {
             let policies: Vec<String> = if backend == "exact" {
                 &args.policies
             } else {
@@ -879,14 +1050,10 @@ fn write_outputs(
                 pools: &header.pools,
                 policies: &policies,
             };
-            plot::recall_figure(
-                &fig,
-                &args.out.join(format!("recall-{}-{backend}.png", d.name)),
-            )?;
-            plot::hits_figure(
-                &fig,
-                &args.out.join(format!("hits-{}-{backend}.png", d.name)),
-            )?;
+            // `glove/unit` -> recall-glove-unit-exact.png
+            let stem = prep_mod::file_stem(&d.name);
+            plot::recall_figure(&fig, &args.out.join(format!("recall-{stem}-{backend}.png")))?;
+            plot::hits_figure(&fig, &args.out.join(format!("hits-{stem}-{backend}.png")))?;
         }
     }
     Ok(())
@@ -920,4 +1087,81 @@ fn trace(args: TraceArgs) -> Fallible<()> {
         c.k
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recall_args(extra: &[&str]) -> RecallArgs {
+        let argv = ["bench", "recall"].iter().chain(extra).copied();
+        match Cli::try_parse_from(argv).unwrap().cmd {
+            Cmd::Recall(a) => a,
+            Cmd::Trace(_) => unreachable!(),
+        }
+    }
+
+    fn shipped() -> String {
+        format!("{}/../ops/akerd.toml", env!("CARGO_MANIFEST_DIR"))
+    }
+
+    #[test]
+    fn pools_config_parses_and_needs_an_akerd_file() {
+        let mut a = recall_args(&["--pools", "config,1%", "--normalize"]);
+        assert_eq!(a.pools, vec![PoolSpec::Config, PoolSpec::Share(0.01)]);
+        assert!(a.common.normalize);
+        let e = akerd_rows(&mut a).unwrap_err().to_string();
+        assert!(e.contains("--akerd-config"), "{e}");
+        let mut a = recall_args(&["--policies", "aker,akerd"]);
+        assert!(
+            akerd_rows(&mut a).is_err(),
+            "the akerd policy needs the file"
+        );
+        assert!(Cli::try_parse_from(["bench", "recall", "--pools", "0%"]).is_err());
+
+        let mut a = recall_args(&["--pools", "config,1%", "--akerd-config", &shipped()]);
+        let file = akerd_rows(&mut a).unwrap().unwrap();
+        assert_eq!(file.shards(), 2);
+        let akerd: Policy = "akerd".parse().unwrap();
+        assert_eq!(a.policies.last(), Some(&akerd));
+        assert_eq!(
+            a.hnsw_policies,
+            vec!["aker".parse().unwrap(), "none".parse().unwrap(), akerd]
+        );
+        // Listed already: not twice.
+        let mut a = recall_args(&["--policies", "akerd,none", "--akerd-config", &shipped()]);
+        akerd_rows(&mut a).unwrap();
+        assert_eq!(a.policies.iter().filter(|p| **p == akerd).count(), 1);
+    }
+
+    #[test]
+    fn a_metric_the_akerd_file_contradicts_is_refused() {
+        let mut a = recall_args(&["--metric", "cosine", "--akerd-config", &shipped()]);
+        let e = akerd_rows(&mut a).unwrap_err().to_string();
+        assert!(e.contains("cache.metric") && e.contains("cosine"), "{e}");
+    }
+
+    #[test]
+    fn only_akerd_rows_run_the_config_pool() {
+        let pools = [
+            (PoolSpec::Share(0.01), Capacity::Objects(100)),
+            (PoolSpec::Config, Capacity::Bytes(1 << 20)),
+        ];
+        let policies: Vec<Policy> = ["aker", "akerd", "none"]
+            .iter()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        let js = jobs(2, &pools, &policies);
+        let count = |rule: Rule, pool: Option<PoolSpec>| {
+            js.iter()
+                .filter(|j| j.policy.rule == rule && j.pool.map(|(p, _)| p) == pool)
+                .count()
+        };
+        assert_eq!(count(Rule::Aker, Some(PoolSpec::Share(0.01))), 2);
+        assert_eq!(count(Rule::Aker, Some(PoolSpec::Config)), 0);
+        assert_eq!(count(Rule::Akerd, Some(PoolSpec::Share(0.01))), 2);
+        assert_eq!(count(Rule::Akerd, Some(PoolSpec::Config)), 2);
+        assert_eq!(count(Rule::NoCache, None), 2);
+        assert_eq!(js.len(), 8);
+    }
 }

@@ -7,8 +7,9 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
+use crate::akerd::capacity_label;
 use crate::experiment::{Policy, Rule};
-use crate::report::{pct_label, Row};
+use crate::report::{PoolSpec, Row};
 
 const PANEL_W: u32 = 620;
 const FIG_H: u32 = 480;
@@ -36,34 +37,34 @@ pub struct Figure<'a> {
     pub dataset: &'a str,
     pub backend: &'a str,
     pub skews: &'a [f64],
-    pub pools: &'a [f64],
+    pub pools: &'a [PoolSpec],
     /// Policy labels in bar order.
     pub policies: &'a [String],
 }
 
 impl Figure<'_> {
-    fn find(&self, pool: f64, skew: f64, policy: &str) -> Option<&Row> {
+    fn find(&self, pool: PoolSpec, skew: f64, policy: &str) -> Option<&Row> {
         self.rows.iter().find(|r| {
             r.dataset == self.dataset
                 && r.backend == self.backend
                 && (r.skew - skew).abs() < 1e-9
                 && r.policy.to_string() == policy
-                && r.pool.is_none_or(|(f, _)| (f - pool).abs() < 1e-9)
+                && r.pool.is_none_or(|(p, _)| p == pool)
         })
     }
 
-    fn pool_objects(&self, pool: f64) -> Option<usize> {
+    fn pool_budget(&self, pool: PoolSpec) -> Option<shards::Capacity> {
         self.rows
             .iter()
             .filter(|r| r.dataset == self.dataset)
-            .find_map(|r| r.pool.filter(|(f, _)| (f - pool).abs() < 1e-9))
-            .map(|(_, n)| n)
+            .find_map(|r| r.pool.filter(|(p, _)| *p == pool))
+            .map(|(_, c)| c)
     }
 
-    fn panel_caption(&self, pool: f64) -> String {
-        match self.pool_objects(pool) {
-            Some(n) => format!("{} (pool {}, {n} objects)", self.dataset, pct_label(pool)),
-            None => format!("{} (pool {})", self.dataset, pct_label(pool)),
+    fn panel_caption(&self, pool: PoolSpec) -> String {
+        match self.pool_budget(pool) {
+            Some(c) => format!("{} (pool {pool}, {})", self.dataset, capacity_label(c)),
+            None => format!("{} (pool {pool})", self.dataset),
         }
     }
 }

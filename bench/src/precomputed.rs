@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use aker_formats::data::Dataset;
 use shards::{Backend, Candidate, Error, Metric, Result};
 
 pub struct PrecomputedBackend {
@@ -24,9 +25,6 @@ pub struct PrecomputedBackend {
     /// stay distinct keys exactly as they are distinct requests for the cache.
     index: HashMap<Box<[u32]>, u32>,
     lists: Vec<Vec<Candidate>>,
-    /// The collection, row-major (id = row), when answers carry their vectors
-    /// ([`PrecomputedBackend::with_vectors`]).
-    rows: Option<Arc<[f32]>>,
 }
 
 impl PrecomputedBackend {
@@ -56,17 +54,7 @@ impl PrecomputedBackend {
             collection,
             index,
             lists,
-            rows: None,
         }
-    }
-
-    /// Answers carry each result's vector, as the engine's own stores' do (a cache that
-    /// keeps vectors re-ranks with them; on `ip` a threshold is the angle to the best
-    /// result's). `rows`: the collection the lists' ids are row numbers of.
-    pub fn with_vectors(mut self, rows: Arc<[f32]>) -> PrecomputedBackend {
-        assert_eq!(rows.len(), self.collection * self.dim, "one row per id");
-        self.rows = Some(rows);
-        self
     }
 
     /// `backend`'s top `n` for each row of `vectors`, searched on `threads` threads
@@ -158,14 +146,7 @@ impl Backend for PrecomputedBackend {
                 list.len()
             )));
         }
-        let mut out = list[..n.min(list.len())].to_vec();
-        if let Some(rows) = &self.rows {
-            for c in &mut out {
-                let at = c.id as usize * self.dim;
-                c.vector = Some(Arc::from(&rows[at..at + self.dim]));
-            }
-        }
-        Ok(out)
+        Ok(list[..n.min(list.len())].to_vec())
     }
 
     fn insert(&mut self, _id: u64, _v: &[f32]) -> Result<()> {
@@ -186,6 +167,63 @@ impl Backend for PrecomputedBackend {
 
     fn name(&self) -> &'static str {
         self.name
+    }
+}
+
+/// `inner`'s answers with each neighbour's vector attached from the collection (ids are
+/// row numbers), as akerd's embedded stores return them: what a `store_vectors` cache
+/// keeps and re-ranks its hits with. The lists themselves are `inner`'s.
+pub struct WithVectors<'a> {
+    inner: &'a (dyn Backend + Sync),
+    collection: &'a Dataset,
+}
+
+impl<'a> WithVectors<'a> {
+    pub fn new(inner: &'a (dyn Backend + Sync), collection: &'a Dataset) -> WithVectors<'a> {
+        assert_eq!(inner.dim(), collection.dim, "one dimension");
+        WithVectors { inner, collection }
+    }
+}
+
+impl Backend for WithVectors<'_> {
+    fn dim(&self) -> usize {
+        self.inner.dim()
+    }
+
+    fn metric(&self) -> Metric {
+        self.inner.metric()
+    }
+
+    fn search(&self, q: &[f32], n: usize) -> Result<Vec<Candidate>> {
+        let mut list = self.inner.search(q, n)?;
+        for c in &mut list {
+            let row = usize::try_from(c.id)
+                .ok()
+                .filter(|&i| i < self.collection.n)
+                .ok_or_else(|| Error::Backend(format!("id {} is not a collection row", c.id)))?;
+            c.vector = Some(Arc::from(self.collection.row(row)));
+        }
+        Ok(list)
+    }
+
+    fn insert(&mut self, _id: u64, _v: &[f32]) -> Result<()> {
+        Err(Error::Backend(
+            "precomputed backend: read-only (answers are fixed in advance)".into(),
+        ))
+    }
+
+    fn delete(&mut self, _id: u64) -> Result<bool> {
+        Err(Error::Backend(
+            "precomputed backend: read-only (answers are fixed in advance)".into(),
+        ))
+    }
+
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
     }
 }
 
@@ -219,16 +257,29 @@ mod tests {
             "bit patterns, not values"
         );
         assert!(b.search(&[0.0, 1.0], 4).is_err(), "deeper than prepared");
-        assert!(b.search(&[2.0, 3.0], 2).unwrap()[0].vector.is_none());
-        let rows: Vec<f32> = (0..200).map(|x| x as f32).collect();
-        let b = b.with_vectors(Arc::from(rows));
-        let got = b.search(&[2.0, 3.0], 2).unwrap();
-        assert_eq!(
-            got[1].vector.as_deref(),
-            Some(&[18.0, 19.0][..]),
-            "id 9's row"
-        );
         assert_eq!(b.len(), 100);
+    }
+
+    #[test]
+    fn with_vectors_attaches_each_neighbour_s_row() {
+        let collection = Dataset::new(2, (0..20).map(|i| i as f32).collect()).unwrap();
+        let b = PrecomputedBackend::new(
+            2,
+            Metric::L2Sq,
+            10,
+            &[0.5, 0.5, 9.0, 9.0],
+            vec![list(&[3, 1]), list(&[2, 12])],
+        );
+        let v = WithVectors::new(&b, &collection);
+        let got = v.search(&[0.5, 0.5], 2).unwrap();
+        assert_eq!(got.iter().map(|c| c.id).collect::<Vec<_>>(), vec![3, 1]);
+        assert_eq!(got[0].vector.as_deref(), Some(&[6.0, 7.0][..]));
+        assert_eq!(got[1].vector.as_deref(), Some(&[2.0, 3.0][..]));
+        assert!(
+            v.search(&[9.0, 9.0], 2).is_err(),
+            "id 12 is past the collection"
+        );
+        assert_eq!((v.len(), v.dim(), v.name()), (10, 2, b.name()));
     }
 
     #[test]

@@ -128,6 +128,22 @@ impl Source {
     }
 }
 
+/// The name a data set's rows carry in reports and results.csv: the source's, with
+/// `/unit` appended when its vectors were unit-normalised (`--normalize`), so raw and
+/// normalised rows never mix.
+pub fn dataset_name(source: &Source, normalized: bool) -> String {
+    if normalized {
+        format!("{source}/unit")
+    } else {
+        source.to_string()
+    }
+}
+
+/// `name` as a file-name part (figures): `glove/unit` -> `glove-unit`.
+pub fn file_stem(name: &str) -> String {
+    name.replace(['/', '\\'], "-")
+}
+
 /// Seeds of every random choice, derived from one base seed so a run is reproduced by it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Seeds {
@@ -277,6 +293,38 @@ mod tests {
         let f: Source = "/data/sift.fvecs".parse().unwrap();
         assert_eq!(f, Source::File("/data/sift.fvecs".into()));
         assert_eq!(f.to_string(), "sift");
+    }
+
+    #[test]
+    fn normalised_sets_have_their_own_name_and_ground_truth_file() {
+        assert_eq!(dataset_name(&Source::Glove, false), "glove");
+        assert_eq!(dataset_name(&Source::Glove, true), "glove/unit");
+        assert_eq!(file_stem("glove/unit"), "glove-unit");
+        let dir = tempfile::tempdir().unwrap();
+        let raw = data::synthetic(1_200, 8, 5, 1);
+        let unit = raw.normalized();
+        let prep = |all: &Dataset, name: &str| {
+            Prepared::new(
+                name.into(),
+                all,
+                Metric::L2Sq,
+                5,
+                Seeds::from_base(1),
+                dir.path(),
+                &|_| {},
+            )
+            .unwrap()
+        };
+        let (a, b) = (prep(&raw, "x"), prep(&unit, "x/unit"));
+        assert!(
+            !a.truth_loaded && !b.truth_loaded,
+            "neither reuses the other's file"
+        );
+        assert_ne!(a.truth_path, b.truth_path);
+        let again = prep(&unit, "x/unit");
+        assert!(again.truth_loaded);
+        assert_eq!(again.truth_path, b.truth_path);
+        assert_eq!(again.member_truth, b.member_truth);
     }
 
     #[test]

@@ -2,11 +2,61 @@
 //! and pool, like the panels of the paper's Figures 10 and 11) and as CSV, plus the
 //! faithfulness check against ALGORITHM.md's reference figures.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
+use std::str::FromStr;
 
-use shards::Metric;
+use shards::{Capacity, FilterKind, Metric};
 
+use crate::akerd::{capacity_label, AkerdSettings};
 use crate::experiment::{EfPoint, Policy, Rule, RunResult};
+
+/// A pool size as `--pools` names it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PoolSpec {
+    /// A share of the collection in `(0, 1]`, counted in objects (`1%`, `0.05`).
+    Share(f64),
+    /// The akerd file's own capacity (`config`): `akerd` rows only.
+    Config,
+}
+
+/// `1%` or `0.01` (a share of the collection), or `config`.
+impl FromStr for PoolSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<PoolSpec, String> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("config") {
+            return Ok(PoolSpec::Config);
+        }
+        let share = match s.strip_suffix('%') {
+            Some(p) => p.parse::<f64>().map(|p| p / 100.0),
+            None => s.parse::<f64>(),
+        }
+        .map_err(|e| format!("pool '{s}': {e} (a share such as 1% or 0.01, or config)"))?;
+        if share > 0.0 && share <= 1.0 {
+            Ok(PoolSpec::Share(share))
+        } else {
+            Err(format!("pool '{s}' is not a share in (0, 100%]"))
+        }
+    }
+}
+
+impl fmt::Display for PoolSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoolSpec::Share(x) => write!(f, "{}", pct_label(*x)),
+            PoolSpec::Config => write!(f, "config"),
+        }
+    }
+}
+
+/// The filter as results.csv names it.
+fn filter_name(kind: FilterKind) -> &'static str {
+    match kind {
+        FilterKind::BruteForce => "brute_force",
+        FilterKind::Hnsw { .. } => "hnsw",
+        FilterKind::HnswRs { .. } => "hnsw_rs",
+    }
+}
 
 /// One run of the report.
 #[derive(Clone, Debug)]
@@ -18,9 +68,12 @@ pub struct Row {
     pub k: usize,
     pub metric: shards::Metric,
     pub skew: f64,
-    /// Pool as a fraction of the collection and in objects; `None` for no cache.
-    pub pool: Option<(f64, usize)>,
+    /// The pool as `--pools` named it and the budget the run had (objects for a
+    /// share; the akerd file's own for `config`); `None` for no cache.
+    pub pool: Option<(PoolSpec, Capacity)>,
     pub policy: Policy,
+    /// The query filter the run's cache used; `None` for no cache.
+    pub filter: Option<FilterKind>,
     /// The global threshold Proximity+ uses and Potluck+ starts from.
     pub threshold: Option<f32>,
     pub result: RunResult,
@@ -29,7 +82,7 @@ pub struct Row {
 impl Row {
     pub fn pool_label(&self) -> String {
         match self.pool {
-            Some((f, _)) => pct_label(f),
+            Some((p, _)) => p.to_string(),
             None => "-".into(),
         }
     }
@@ -63,11 +116,11 @@ fn num3(x: f64) -> String {
 
 /// The Markdown table of every row of one data set, backend and pool (no-cache rows,
 /// which have no pool, go into every pool's table), ordered by skew then policy.
-pub fn table(rows: &[Row], dataset: &str, backend: &str, pool: f64) -> String {
+pub fn table(rows: &[Row], dataset: &str, backend: &str, pool: PoolSpec) -> String {
     let mut sel: Vec<&Row> = rows
         .iter()
         .filter(|r| r.dataset == dataset && r.backend == backend)
-        .filter(|r| r.pool.is_none_or(|(f, _)| f == pool))
+        .filter(|r| r.pool.is_none_or(|(p, _)| p == pool))
         .collect();
     sel.sort_by(|a, b| a.skew.total_cmp(&b.skew));
     let mut s = String::new();
@@ -104,7 +157,7 @@ pub fn table(rows: &[Row], dataset: &str, backend: &str, pool: f64) -> String {
 }
 
 pub const CSV_HEADER: &str =
-    "dataset,backend,k,metric,skew,pool_pct,pool_objects,policy,filter,requests,\
+    "dataset,backend,k,metric,skew,pool_pct,pool_objects,pool_budget_bytes,policy,filter,requests,\
 recall,hit_ratio,exact_ratio,alias_ratio,approx_ratio,miss_ratio,approx_hit_recall,\
 approx_hit_below_0.8,alias_hit_recall,backend_calls,verifications,entries,aliases,objects,\
 pool_bytes,evictions,global_threshold,seconds";
@@ -122,18 +175,20 @@ pub fn csv(rows: &[Row]) -> String {
     s.push('\n');
     for r in rows {
         let x = &r.result;
-        let (pool_pct, pool_objects) = match r.pool {
-            Some((f, n)) => (format!("{}", f * 100.0), n.to_string()),
+        let pool_pct = match r.pool {
+            Some((PoolSpec::Share(f), _)) => format!("{}", f * 100.0),
+            Some((PoolSpec::Config, _)) => "config".into(),
+            None => String::new(),
+        };
+        let (pool_objects, pool_budget_bytes) = match r.pool {
+            Some((_, Capacity::Objects(n))) => (n.to_string(), String::new()),
+            Some((_, Capacity::Bytes(b))) => (String::new(), b.to_string()),
             None => (String::new(), String::new()),
         };
-        let filter = match (r.policy.rule, r.policy.brute_force_filter) {
-            (Rule::NoCache, _) => "",
-            (_, true) => "brute_force",
-            (_, false) => "hnsw",
-        };
+        let filter = r.filter.map_or("", filter_name);
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{},{},{},{},{:.3}",
+            "{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{},{},{},{},{:.3}",
             r.dataset,
             r.backend,
             r.k,
@@ -141,6 +196,7 @@ pub fn csv(rows: &[Row]) -> String {
             r.skew,
             pool_pct,
             pool_objects,
+            pool_budget_bytes,
             r.policy,
             filter,
             x.requests,
@@ -188,11 +244,16 @@ pub const TOLERANCE_POINTS: f64 = 2.0;
 pub fn faithfulness(rows: &[Row], dataset: &str) -> String {
     let find = |pool: f64, skew: f64, bf: bool| {
         rows.iter().find(|r| {
+            // The reference is squared L2 at k = 10 on raw GloVe.
             r.dataset == dataset
+                && r.metric == shards::Metric::L2Sq
+                && r.k == 10
                 && r.backend == "exact"
                 && r.policy.rule == Rule::Aker
                 && r.policy.brute_force_filter == bf
-                && r.pool.is_some_and(|(f, _)| (f - pool).abs() < 1e-9)
+                && r.pool.is_some_and(
+                    |(p, _)| matches!(p, PoolSpec::Share(f) if (f - pool).abs() < 1e-9),
+                )
                 && (r.skew - skew).abs() < 1e-9
         })
     };
@@ -303,10 +364,48 @@ pub struct Header {
     /// Potluck+'s (grow, shrink).
     pub potluck: (f32, f32),
     pub requests: usize,
-    pub pools: Vec<f64>,
+    pub pools: Vec<PoolSpec>,
+    /// The akerd file's effective settings when `akerd` rows ran.
+    pub akerd: Option<AkerdSettings>,
     pub backends: Vec<String>,
     pub threads: usize,
     pub total_seconds: f64,
+}
+
+/// What the `akerd` rows ran: the file, its effective settings, and where the runner
+/// departs from akerd.
+fn akerd_header(s: &mut String, a: &AkerdSettings) {
+    let _ = writeln!(
+        s,
+        "The settings above are the paper configuration's (the default, and the faithfulness \
+         reference). `akerd` rows run the cache configuration of `{path}` instead, read with \
+         akerd's own functions (`aker::config`: `cache.engine_config(dim)`, `cache.policy`, \
+         `sharding.shard_count(server.executors)`, `sharding.engine(shards)`), the sharded \
+         path even for one shard, with centroids trained on at most `sharding.sample_rows` \
+         collection rows as akerd trains them. Their pool follows `--pools` in objects like \
+         every other row, so rows compare at the same object count (pool MiB shows what each \
+         used); pool `config` keeps the file's own budget. akerd rebalances every \
+         `sharding.rebalance_ms` = {ms} ms; the runner has no clock, so it rebalances every \
+         {every} searches (`ShardingConfig::default()`). With `store_vectors` the backends \
+         return each neighbour's vector, as akerd's embedded stores do. The policy learns \
+         once per verification (`OncePerVerification`), as in the other rows.\n\n\
+         | akerd file | Δ | k_max | filter_candidates | standby_search | store_vectors | shards | policy | filter | own pool |\n\
+         |---|---:|---:|---:|---|---|---:|---|---|---|\n\
+         | `{path}` | {} | {} | {} | {:?} | {} | {} ({} centroids) | {} | {} | {} |\n",
+        a.delta,
+        a.k_max,
+        a.filter_candidates,
+        a.standby_search,
+        a.store_vectors,
+        a.shards,
+        a.centroids,
+        crate::akerd::policy_label(&a.policy),
+        a.filter,
+        capacity_label(a.capacity),
+        path = a.path.display(),
+        ms = a.rebalance_ms,
+        every = a.rebalance_every,
+    );
 }
 
 /// The whole report as Markdown.
@@ -324,7 +423,7 @@ pub fn markdown(h: &Header, sets: &[DatasetSummary], rows: &[Row]) -> String {
         h.k,
         h.delta,
         h.requests,
-        h.pools.iter().map(|&p| pct_label(p)).collect::<Vec<_>>().join(", "),
+        h.pools.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", "),
         h.filter_candidates,
         h.standby_search,
         h.shards,
@@ -343,6 +442,9 @@ pub fn markdown(h: &Header, sets: &[DatasetSummary], rows: &[Row]) -> String {
          (m 4, efc 8, efs 16), `-bf` = the brute-force filter, `prx` = Proximity+, `plNN` = \
          Potluck+ with p = NN %, `none` = no cache.\n\n",
     );
+    if let Some(a) = &h.akerd {
+        akerd_header(&mut s, a);
+    }
     for d in sets {
         let _ = writeln!(s, "## {}\n", d.name);
         let _ = writeln!(
@@ -434,21 +536,23 @@ pub fn markdown(h: &Header, sets: &[DatasetSummary], rows: &[Row]) -> String {
                 if !rows.iter().any(|r| {
                     r.dataset == d.name
                         && &r.backend == backend
-                        && r.pool.is_some_and(|(f, _)| f == pool)
+                        && r.pool.is_some_and(|(p, _)| p == pool)
                 }) {
                     continue;
                 }
-                let objects = rows
+                let budget = rows
                     .iter()
-                    .find_map(|r| r.pool.filter(|(f, _)| *f == pool && r.dataset == d.name))
-                    .map_or(0, |(_, n)| n);
+                    .find_map(|r| r.pool.filter(|(p, _)| *p == pool && r.dataset == d.name))
+                    .map_or("-".into(), |(_, c)| capacity_label(c));
+                let what = match pool {
+                    PoolSpec::Share(_) => budget,
+                    PoolSpec::Config => format!("the akerd file's own budget, {budget}"),
+                };
                 let _ = writeln!(
                     s,
-                    "### {}, {} backend, pool {} ({} objects)\n\n{}",
+                    "### {}, {} backend, pool {pool} ({what})\n\n{}",
                     d.name,
                     backend,
-                    pct_label(pool),
-                    objects,
                     table(rows, &d.name, backend, pool)
                 );
             }
@@ -464,14 +568,16 @@ mod tests {
 
     fn row(policy: &str, pool: Option<(f64, usize)>, skew: f64, hits: u64, recall: f64) -> Row {
         let n = 1000;
+        let policy: Policy = policy.parse().unwrap();
         Row {
             dataset: "glove".into(),
             backend: "exact".into(),
             k: 10,
             metric: shards::Metric::L2Sq,
             skew,
-            pool,
-            policy: policy.parse().unwrap(),
+            pool: pool.map(|(f, n)| (PoolSpec::Share(f), Capacity::Objects(n))),
+            policy,
+            filter: (policy.rule != Rule::NoCache).then(|| policy.filter()),
             threshold: None,
             result: RunResult {
                 requests: n,
@@ -497,7 +603,7 @@ mod tests {
             row("aker-bf", Some((0.05, 50)), 0.3, 500, 0.9),
             row("none", None, 0.3, 0, 1.0),
         ];
-        let t = table(&rows, "glove", "exact", 0.01);
+        let t = table(&rows, "glove", "exact", PoolSpec::Share(0.01));
         assert_eq!(t.lines().count(), 4, "{t}");
         assert!(t.contains("| 0.30 | aker-bf | 0.956 | 15.0 |"), "{t}");
         assert!(t.contains("| none |"));
@@ -509,8 +615,95 @@ mod tests {
             .lines()
             .nth(3)
             .unwrap()
-            .starts_with("glove,exact,10,l2sq,0.3,,,none,,1000,"));
+            .starts_with("glove,exact,10,l2sq,0.3,,,,none,,1000,"));
+        assert!(
+            c.lines()
+                .nth(1)
+                .unwrap()
+                .contains(",1,10,,aker-bf,brute_force,"),
+            "{c}"
+        );
         assert!(t.starts_with("| skew | policy | recall@10 |"), "{t}");
+    }
+
+    #[test]
+    fn pools_parse_as_shares_or_config() {
+        assert_eq!("1%".parse::<PoolSpec>(), Ok(PoolSpec::Share(0.01)));
+        assert_eq!(" 0.05 ".parse::<PoolSpec>(), Ok(PoolSpec::Share(0.05)));
+        assert_eq!("100%".parse::<PoolSpec>(), Ok(PoolSpec::Share(1.0)));
+        assert_eq!("config".parse::<PoolSpec>(), Ok(PoolSpec::Config));
+        assert_eq!("Config".parse::<PoolSpec>(), Ok(PoolSpec::Config));
+        for bad in ["0", "0%", "150%", "1.5", "-1%", "configs", ""] {
+            assert!(bad.parse::<PoolSpec>().is_err(), "{bad}");
+        }
+        assert_eq!(PoolSpec::Share(0.05).to_string(), "5%");
+        assert_eq!(PoolSpec::Config.to_string(), "config");
+    }
+
+    #[test]
+    fn config_pool_rows_keep_their_own_table_and_budget() {
+        let mut akerd = row("aker", None, 0.3, 400, 0.95);
+        akerd.policy = "akerd".parse().unwrap();
+        akerd.filter = Some(FilterKind::BruteForce);
+        akerd.pool = Some((PoolSpec::Config, Capacity::Bytes(256 << 20)));
+        let rows = vec![
+            row("aker", Some((0.01, 10)), 0.3, 150, 0.956),
+            akerd,
+            row("none", None, 0.3, 0, 1.0),
+        ];
+        let t = table(&rows, "glove", "exact", PoolSpec::Config);
+        assert!(t.contains("| 0.30 | akerd | 0.950 |"), "{t}");
+        assert!(t.contains("| none |") && !t.contains("| aker |"), "{t}");
+        let t = table(&rows, "glove", "exact", PoolSpec::Share(0.01));
+        assert!(t.contains("| aker |") && !t.contains("| akerd |"), "{t}");
+        let c = csv(&rows);
+        let line = c.lines().nth(2).unwrap();
+        assert!(
+            line.starts_with("glove,exact,10,l2sq,0.3,config,,268435456,akerd,brute_force,1000,"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn the_header_states_akerd_s_effective_settings() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/akerd.toml");
+        let file = crate::akerd::AkerdFile::load(&path, Metric::L2Sq).unwrap();
+        let mut h = Header {
+            command: "bench recall".into(),
+            seeds: "s".into(),
+            k: 10,
+            delta: 0,
+            filter_candidates: 1,
+            standby_search: shards::StandbySearch::Nearest,
+            shards: 1,
+            potluck: (1.1, 0.5),
+            requests: 1000,
+            pools: vec![PoolSpec::Share(0.01), PoolSpec::Config],
+            akerd: None,
+            backends: vec!["exact".into()],
+            threads: 1,
+            total_seconds: 1.0,
+        };
+        let plain = markdown(&h, &[], &[]);
+        assert!(!plain.contains("akerd"), "{plain}");
+        h.akerd = Some(file.settings());
+        let md = markdown(&h, &[], &[]);
+        let line = md
+            .lines()
+            .find(|l| l.starts_with("| `") && l.contains("akerd.toml"))
+            .unwrap_or_else(|| panic!("{md}"));
+        for cell in [
+            "| 10 | 100 | 2 | Learned | true | 2 (64 centroids) |",
+            "| aker (α_L = 1.1",
+            "| graph HNSW m 4, efc 8, efs 16 | 256 MiB |",
+        ] {
+            assert!(line.contains(cell), "{cell}: {line}");
+        }
+        assert!(md.contains("rebalances every 2000 searches"), "{md}");
+        assert!(
+            md.contains("Pools (objects, ids only): 1%, config."),
+            "{md}"
+        );
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! The recall experiment's core loop end to end on a small synthetic set: exact
 //! backend, simZipf stream, every policy of the report.
 
+use aker_formats::data::Dataset;
 use aker_formats::data::{split_queries, synthetic};
+use bench::akerd::AkerdFile;
 use bench::experiment::{self, Policy, Rule, RunResult, RunSpec};
 use bench::groundtruth::exact_top_n;
-use bench::precomputed::PrecomputedBackend;
+use bench::precomputed::{PrecomputedBackend, WithVectors};
 use bench::workload::{sim_zipf, Groups, Workload, GROUP_SIZE};
-use shards::{Backend, Metric};
+use shards::{Backend, Capacity, Metric};
 
 const K: usize = 10;
 
@@ -17,6 +19,9 @@ struct Setup {
     pool: usize,
     threshold: f32,
     routing: Vec<f32>,
+    /// The collection, and exact answers as deep as ops/akerd.toml's k + Δ (20).
+    base: Dataset,
+    deep: PrecomputedBackend,
 }
 
 fn setup() -> Setup {
@@ -24,6 +29,8 @@ fn setup() -> Setup {
     let (base, bases) = split_queries(&all, 200, 8);
     let groups = Groups::build(&bases, &bases, GROUP_SIZE, 9);
     let workload = sim_zipf(&groups, 2_000, 0.99, 10);
+    let deep_lists = exact_top_n(&base, &workload.vectors, Metric::L2Sq, K + 10);
+    let deep = PrecomputedBackend::new(16, Metric::L2Sq, base.n, &workload.vectors, deep_lists);
     let lists = exact_top_n(&base, &workload.vectors, Metric::L2Sq, K);
     let truth = lists
         .iter()
@@ -38,6 +45,8 @@ fn setup() -> Setup {
         pool: base.n / 20,
         threshold,
         routing: base.sample(experiment::ROUTING_SAMPLE_ROWS),
+        base,
+        deep,
     }
 }
 
@@ -48,7 +57,7 @@ fn run(s: &Setup, policy: &str, threshold: f32) -> RunResult {
 fn run_on(s: &Setup, policy: &str, threshold: f32, shards: usize) -> RunResult {
     let spec = RunSpec {
         policy: policy.parse::<Policy>().unwrap(),
-        pool_objects: s.pool,
+        pool: Capacity::Objects(s.pool),
         k: K,
         delta: 0,
         global_threshold: threshold,
@@ -58,6 +67,7 @@ fn run_on(s: &Setup, policy: &str, threshold: f32, shards: usize) -> RunResult {
         filter_candidates: 1,
         standby_search: shards::StandbySearch::Nearest,
         shards,
+        akerd: None,
     };
     experiment::run(
         &spec,
@@ -185,4 +195,54 @@ fn the_sharded_path_accounts_for_every_request_within_one_budget() {
             one.hits()
         );
     }
+}
+
+#[test]
+fn akerd_s_configuration_runs_sharded_with_its_vectors_within_the_row_s_pool() {
+    let s = setup();
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/akerd.toml");
+    let file = AkerdFile::load(&path, Metric::L2Sq).unwrap();
+    let setup = file.setup(16).unwrap();
+    assert!(setup.cache.store_vectors && setup.cache.delta == 10);
+    let spec = |pool| RunSpec {
+        policy: "akerd".parse().unwrap(),
+        pool,
+        k: K,
+        // The paper settings the spec carries are not akerd's: they must not leak in.
+        delta: 0,
+        global_threshold: s.threshold,
+        potluck_grow: experiment::POTLUCK_GROW,
+        potluck_shrink: experiment::POTLUCK_SHRINK,
+        potluck_seed: 12,
+        filter_candidates: 1,
+        standby_search: shards::StandbySearch::Nearest,
+        shards: 1,
+        akerd: Some(setup.clone()),
+    };
+    let backend = WithVectors::new(&s.deep, &s.base);
+    let go = |spec: &RunSpec| {
+        experiment::run(spec, &s.workload, &s.truth, &s.routing, &backend, &|_| {}).unwrap()
+    };
+    let r = go(&spec(Capacity::Objects(s.pool)));
+    check_accounting("akerd", &r);
+    assert!(r.hits() > 0 && r.representatives > 0);
+    assert!(r.objects <= s.pool, "{} objects", r.objects);
+    // Stored vectors are in the bytes: at least 16 floats per object.
+    assert!(r.bytes >= r.objects * 16 * 4, "{} bytes", r.bytes);
+    // The paper rows' answers are k deep: Δ = 10 asks for more, which is refused.
+    let shallow = experiment::run(
+        &spec(Capacity::Objects(s.pool)),
+        &s.workload,
+        &s.truth,
+        &s.routing,
+        &s.backend,
+        &|_| {},
+    );
+    assert!(shallow.is_err());
+    // `--pools config`: the file's 256 MiB holds the whole stream's answers.
+    let own = go(&spec(setup.cache.capacity));
+    assert_eq!(own.hits() + own.backend_calls(), own.requests);
+    assert_eq!(own.miss.recall_sum, own.miss.count as f64);
+    assert_eq!(own.evictions, 0);
+    assert!(own.hits() >= r.hits());
 }

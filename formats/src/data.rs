@@ -106,6 +106,29 @@ impl Dataset {
         self.n = self.n.min(n);
         self.data.truncate(self.n * self.dim);
     }
+
+    /// Scales every row to unit L2 norm in place (the norm summed in f64); a zero row
+    /// stays zero.
+    pub fn normalize_rows(&mut self) {
+        for row in self.data.chunks_exact_mut(self.dim) {
+            let norm = row
+                .iter()
+                .map(|&x| f64::from(x) * f64::from(x))
+                .sum::<f64>()
+                .sqrt();
+            if norm > 0.0 {
+                row.iter_mut()
+                    .for_each(|x| *x = (f64::from(*x) / norm) as f32);
+            }
+        }
+    }
+
+    /// A copy with every row scaled to unit L2 norm ([`Dataset::normalize_rows`]).
+    pub fn normalized(&self) -> Dataset {
+        let mut out = self.clone();
+        out.normalize_rows();
+        out
+    }
 }
 
 /// Reads a `.npy` or `.fvecs` file, chosen by extension (in any case).
@@ -668,6 +691,36 @@ mod tests {
         let p = dir.join(name);
         std::fs::write(&p, bytes).unwrap();
         p
+    }
+
+    #[test]
+    fn normalized_rows_have_unit_norm_and_zero_rows_stay_zero() {
+        let ds = Dataset::new(3, vec![3.0, 0.0, 4.0, 0.0, 0.0, 0.0, -1e-20, 2e-20, 0.0]).unwrap();
+        let unit = ds.normalized();
+        assert_eq!((unit.n, unit.dim), (3, 3));
+        assert_eq!(unit.row(0), &[0.6, 0.0, 0.8]);
+        assert_eq!(unit.row(1), &[0.0, 0.0, 0.0], "a zero row stays zero");
+        // Tiny components: the f64 norm does not underflow.
+        let r = unit.row(2);
+        assert!((r[0] + 1.0 / 5f32.sqrt()).abs() < 1e-6 && (r[1] - 2.0 / 5f32.sqrt()).abs() < 1e-6);
+        let many = synthetic(500, 16, 5, 3).normalized();
+        for row in many.rows() {
+            let norm: f64 = row.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+            assert!((norm.sqrt() - 1.0).abs() < 1e-6, "{norm}");
+        }
+        // Directions are kept: a row's normalised form is a positive multiple of it.
+        let raw = synthetic(500, 16, 5, 3);
+        let (a, b) = (raw.row(7), many.row(7));
+        let scale = b[0] / a[0];
+        assert!(scale > 0.0);
+        assert!(a.iter().zip(b).all(|(x, y)| (x * scale - y).abs() < 1e-5));
+        let mut again = many.clone();
+        again.normalize_rows();
+        assert!(again
+            .data
+            .iter()
+            .zip(&many.data)
+            .all(|(x, y)| (x - y).abs() < 1e-6));
     }
 
     fn format_error(r: Result<Dataset, DataError>) -> String {
