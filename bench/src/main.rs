@@ -72,7 +72,8 @@ struct Common {
     #[arg(long, default_value_os_t = default_data_dir().join("cache"))]
     cache_dir: PathBuf,
     /// Scale every vector of the data set to unit L2 norm (a zero vector stays zero)
-    /// before the hold-out, groups and ground truth; the set is named e.g. `glove/unit`.
+    /// before the hold-out, groups and ground truth, and every request (simZipf member)
+    /// too; the set is named e.g. `glove/unit`.
     #[arg(long)]
     normalize: bool,
 }
@@ -288,6 +289,7 @@ fn prepare(
         &all,
         c.metric,
         depth,
+        c.normalize,
         seeds,
         &c.cache_dir,
         &|n| b.inc(n as u64),

@@ -203,12 +203,16 @@ pub struct Prepared {
 impl Prepared {
     /// Splits off [`HELD_OUT`] bases, builds groups whose partners are the bases
     /// themselves (§5.1), and finds each member's exact top `depth` (cached in
-    /// `cache_dir`). `progress` counts members scanned.
+    /// `cache_dir`). `unit_requests`: members are unit-normalised too, as an embedding
+    /// pipeline that normalises its vectors normalises its queries (`--normalize`).
+    /// `progress` counts members scanned.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         name: String,
         all: &Dataset,
         metric: Metric,
         depth: usize,
+        unit_requests: bool,
         seeds: Seeds,
         cache_dir: &Path,
         progress: &(dyn Fn(usize) + Sync),
@@ -220,7 +224,10 @@ impl Prepared {
             ));
         }
         let (base, bases) = data::split_queries(all, HELD_OUT, seeds.split);
-        let groups = Groups::build(&bases, &bases, GROUP_SIZE, seeds.groups);
+        let mut groups = Groups::build(&bases, &bases, GROUP_SIZE, seeds.groups);
+        if unit_requests {
+            groups.normalize_members();
+        }
         let gt = groundtruth::exact_top_n_cached(
             &base,
             &groups.members,
@@ -309,6 +316,7 @@ mod tests {
                 all,
                 Metric::L2Sq,
                 5,
+                false,
                 Seeds::from_base(1),
                 dir.path(),
                 &|_| {},
@@ -336,6 +344,7 @@ mod tests {
             &all,
             Metric::L2Sq,
             400,
+            false,
             Seeds::from_base(1),
             dir.path(),
             &|_| {},
@@ -349,6 +358,7 @@ mod tests {
             &all,
             Metric::L2Sq,
             5,
+            false,
             Seeds::from_base(1),
             dir.path(),
             &|_| {},

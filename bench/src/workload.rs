@@ -64,6 +64,11 @@ impl Groups {
         }
     }
 
+    /// Unit-normalises every member (a zero member stays zero).
+    pub fn normalize_members(&mut self) {
+        aker_formats::data::normalize_rows(&mut self.members, self.dim);
+    }
+
     /// The number of groups.
     pub fn len(&self) -> usize {
         self.members.len() / (self.dim * self.group_size)

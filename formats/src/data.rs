@@ -110,17 +110,7 @@ impl Dataset {
     /// Scales every row to unit L2 norm in place (the norm summed in f64); a zero row
     /// stays zero.
     pub fn normalize_rows(&mut self) {
-        for row in self.data.chunks_exact_mut(self.dim) {
-            let norm = row
-                .iter()
-                .map(|&x| f64::from(x) * f64::from(x))
-                .sum::<f64>()
-                .sqrt();
-            if norm > 0.0 {
-                row.iter_mut()
-                    .for_each(|x| *x = (f64::from(*x) / norm) as f32);
-            }
-        }
+        normalize_rows(&mut self.data, self.dim);
     }
 
     /// A copy with every row scaled to unit L2 norm ([`Dataset::normalize_rows`]).
@@ -663,6 +653,21 @@ pub fn split_queries(ds: &Dataset, n_queries: usize, seed: u64) -> (Dataset, Dat
             data: queries,
         },
     )
+}
+
+/// Scales every `dim`-float row of `rows` to unit L2 norm (a zero row stays zero).
+pub fn normalize_rows(rows: &mut [f32], dim: usize) {
+    for row in rows.chunks_exact_mut(dim) {
+        let norm = row
+            .iter()
+            .map(|&x| f64::from(x) * f64::from(x))
+            .sum::<f64>()
+            .sqrt();
+        if norm > 0.0 {
+            row.iter_mut()
+                .for_each(|x| *x = (f64::from(*x) / norm) as f32);
+        }
+    }
 }
 
 #[cfg(test)]
