@@ -170,6 +170,9 @@ impl CacheSection {
             delete_log_cap: self.delete_log_cap,
         };
         cfg.validate().map_err(|e| format!("cache: {e}"))?;
+        self.policy
+            .validate(cfg.metric)
+            .map_err(|e| format!("cache: {e}"))?;
         if self.owner_queue_depth == 0 {
             return Err("cache: owner_queue_depth must be at least 1".into());
         }

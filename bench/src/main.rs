@@ -810,10 +810,12 @@ impl SourceRun<'_> {
             .iter()
             .zip(&akerd_memos)
             .zip(with_vectors.iter().zip(&paper_vectors))
-            .map(|(((paper, _), &deeper), (vectors, paper_vectors))| StreamBackends {
-                paper: if ip { paper_vectors } else { paper },
-                akerd: if stores_vectors { vectors } else { deeper },
-            })
+            .map(
+                |(((paper, _), &deeper), (vectors, paper_vectors))| StreamBackends {
+                    paper: if ip { paper_vectors } else { paper },
+                    akerd: if stores_vectors { vectors } else { deeper },
+                },
+            )
             .collect();
         let js = jobs(streams.len(), pools, &args.hnsw_policies);
         let (seeds, threads) = (self.seeds, self.threads);

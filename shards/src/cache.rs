@@ -428,7 +428,7 @@ impl Cache {
         let query_norm = gap::norm(&ticket.query);
         // ip's minD is an angle: it needs the results' vectors, kept or not.
         let min_gap = gauge.min_gap(
-            query_norm,
+            &ticket.query,
             answer.iter().map(|c| (c.distance, c.vector.as_deref())),
         );
         let mut nrl = NeighborList::default();
@@ -460,7 +460,7 @@ impl Cache {
             min_gap: min_gap.unwrap_or(0.0),
             nrl: Arc::new(nrl),
         };
-        self.risk.sum_r += view.nrl.risk_fixed(k, gauge);
+        self.risk.sum_r += view.nrl.risk_fixed(k, gauge, query_norm);
         let max_d = gauge.filter_max_d(view.nrl.max_d(), query_norm);
         self.max_ds.add(max_d);
         self.max_d_by_rep.insert(id, max_d);
@@ -493,7 +493,14 @@ impl Cache {
     }
 
     fn rep_bytes(&self, k: usize) -> usize {
-        REP_OVERHEAD_BYTES + self.cfg.dim * 4 + self.answer_len(k) * 20
+        REP_OVERHEAD_BYTES + self.query_bytes() + self.answer_len(k) * 20
+    }
+
+    /// A representative's query vector; on `ip` its filter also keeps the unit
+    /// direction, a second copy (`gap.rs`).
+    fn query_bytes(&self) -> usize {
+        let copies = if self.gauge().angular() { 2 } else { 1 };
+        copies * self.cfg.dim * 4
     }
 
     /// Evicts (FIFO) while the pool is over its budget.
@@ -516,7 +523,7 @@ impl Cache {
                 let extra = if n == 0 {
                     0
                 } else {
-                    n * per_object + REP_OVERHEAD_BYTES + self.cfg.dim * 4 + n * 20
+                    n * per_object + REP_OVERHEAD_BYTES + self.query_bytes() + n * 20
                 };
                 self.bytes() + extra <= cap
             }
@@ -559,7 +566,7 @@ impl Cache {
         self.alias_count -= rep.aliases.len();
         self.entry_bytes -= rep.aliases.len() * ALIAS_BYTES + self.rep_bytes(rep.k);
         self.cursors.remove(&(rep.cursor, id));
-        self.risk.sum_r -= rep.nrl.risk_fixed(rep.k, self.gauge());
+        self.risk.sum_r -= rep.nrl.risk_fixed(rep.k, self.gauge(), rep.query_norm);
         self.risk.sum_cursor -= rep.cursor as u128;
         let max_d = self
             .max_d_by_rep
@@ -616,18 +623,19 @@ impl Cache {
             .get_mut(&id)
             .expect("set_nrl on a live representative");
         debug_assert!(nrl.is_sorted());
+        let n = rep.query_norm;
         self.risk.sum_r =
-            self.risk.sum_r + nrl.risk_fixed(rep.k, gauge) - rep.nrl.risk_fixed(rep.k, gauge);
+            self.risk.sum_r + nrl.risk_fixed(rep.k, gauge, n) - rep.nrl.risk_fixed(rep.k, gauge, n);
         let max_d = gauge.filter_max_d(nrl.max_d(), rep.query_norm);
         let old = self.max_d_by_rep.insert(id, max_d);
         self.max_ds
             .replace(old.expect("every representative has its maxD"), max_d);
         let listed = nrl.dists.iter().zip(&nrl.vectors);
         let min_gap = if !gauge.angular() || self.cfg.store_vectors {
-            gauge.min_gap(rep.query_norm, listed.map(|(&d, v)| (d, v.as_deref())))
+            gauge.min_gap(&rep.query, listed.map(|(&d, v)| (d, v.as_deref())))
         } else {
             let merged = merged.map(|(d, v)| (d, Some(v)));
-            let known = gauge.min_gap(rep.query_norm, merged);
+            let known = gauge.min_gap(&rep.query, merged);
             known.map(|g| g.min(rep.view.min_gap))
         };
         if let Some(g) = min_gap {
@@ -663,8 +671,9 @@ impl Cache {
                     // references are released by remove_rep (the deleted one is gone).
                     let gauge = self.gauge();
                     let rep = self.reps.get_mut(&rid).expect("live");
-                    self.risk.sum_r =
-                        self.risk.sum_r + nrl.risk_fixed(k, gauge) - rep.nrl.risk_fixed(k, gauge);
+                    let n = rep.query_norm;
+                    self.risk.sum_r = self.risk.sum_r + nrl.risk_fixed(k, gauge, n)
+                        - rep.nrl.risk_fixed(k, gauge, n);
                     rep.view.nrl = Arc::new(nrl);
                     self.remove_rep(rid, Removal::Invalidated);
                     out.invalidated += 1;

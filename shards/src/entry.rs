@@ -43,9 +43,9 @@ impl NeighborList {
         self.ids.iter().position(|&x| x == id)
     }
     /// Risk factor `r(e)` (`Gauge::risk_factor`: `d_k / d_(k+Δ)` but on `ip`; 1 when the
-    /// list holds no reserve).
-    pub fn risk_factor(&self, k: usize, gauge: Gauge) -> f64 {
-        gauge.risk_factor(&self.dists, k)
+    /// list holds no reserve) for a representative with `|RQ| = rq_norm`.
+    pub fn risk_factor(&self, k: usize, gauge: Gauge, rq_norm: f32) -> f64 {
+        gauge.risk_factor(&self.dists, &self.vectors, k, rq_norm)
     }
     /// Inserts `(id, d)` at its sorted place; returns the place.
     pub fn insert_sorted(&mut self, id: u64, d: f32, v: Option<Arc<[f32]>>) -> usize {
@@ -63,8 +63,8 @@ impl NeighborList {
     }
     /// `r(e)` in fixed point (units of 2^-32), so the running sum over all entries
     /// is exact: no drift however many updates it sees.
-    pub fn risk_fixed(&self, k: usize, gauge: Gauge) -> u64 {
-        (self.risk_factor(k, gauge) * RISK_SCALE).round() as u64
+    pub fn risk_fixed(&self, k: usize, gauge: Gauge, rq_norm: f32) -> u64 {
+        (self.risk_factor(k, gauge, rq_norm) * RISK_SCALE).round() as u64
     }
     /// Index at which `(d, id)` belongs in ascending order.
     pub fn sorted_place(&self, d: f32, id: u64) -> usize {
@@ -129,14 +129,12 @@ pub struct RepView {
     /// `|RQ|` (on `ip` the filter's distances are per unit of it: `gap.rs`).
     pub query_norm: f32,
     /// `minD` in the thresholds' unit (`gap.rs`): `minD` itself on `l2sq` and `cosine`,
-    /// the angle to the nearest result on `ip`. Set by the owner with each new list.
+    /// the smallest angle to one of the listed results on `ip`. Set by the owner with
+    /// each new list.
     pub min_gap: f32,
 }
 
 impl RepView {
-    pub fn min_d(&self) -> f32 {
-        self.nrl.min_d()
-    }
     pub fn max_d(&self) -> f32 {
         self.nrl.max_d()
     }

@@ -7,7 +7,7 @@
 //!   direction (scaling `q` by `c > 0` scales every score by `c`). A representative's
 //!   `minD` for its thresholds is likewise angular: the smallest angle `1 − cos(RQ, r_i)`
 //!   to one of its results. On unit vectors the best score is the smallest angle, so
-//!   both equal cosine's and `ip` there behaves exactly as `cosine` does.
+//!   the gap, `minD` and the risk factor all equal cosine's.
 //!
 //! Why that is safe when vectors are not normalised: `minD` plays the paper's part, the
 //! local density around `RQ`, in angles; a request turned by a fraction of it (`τ ≤
@@ -15,8 +15,8 @@
 //! Long vectors win inner products over wide angles, so the best result's own angle
 //! (tried first) overstates that density (raw GloVe: recall 0.89 at a 1% pool); the
 //! smallest angle to any result is never larger, and equal on unit vectors. The
-//! learning rules (`α_T` after every approximate hit) only tighten it. With no result
-//! vector known, an entry gets `minD = 0`: no approximate hits, only exact and alias ones.
+//! learning rules (`α_T` after every approximate hit) only tighten it. An answer lacking
+//! a result vector gets `minD = 0`: under paper-Aker, exact and alias hits only.
 //!
 //! For `ip` the query filter indexes the *directions* of cached queries (`RQ / |RQ|`)
 //! and lookups search it with `q / |q|`: its distance is then `−cos`, which orders
@@ -39,12 +39,13 @@ pub fn norm(v: &[f32]) -> f32 {
     v.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt() as f32
 }
 
-fn unit(v: &[f32]) -> Vec<f32> {
-    let n = norm(v);
-    if n > 0.0 {
-        v.iter().map(|&x| x / n).collect()
+/// `v / |v|`, divided in f64; a zero vector (or one whose norm overflows) gives zeros.
+pub(crate) fn unit(v: &[f32]) -> Vec<f32> {
+    let n = v.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+    if n > 0.0 && n.is_finite() {
+        v.iter().map(|&x| (x as f64 / n) as f32).collect()
     } else {
-        v.to_vec()
+        vec![0.0; v.len()]
     }
 }
 
@@ -105,32 +106,27 @@ impl Gauge {
         }
     }
 
-    /// `minD` in the threshold unit for a representative (`|RQ| = rq_norm`) whose list
-    /// holds `results` (metric distance, vector if known), nearest first: the first
-    /// distance on `l2sq` / `cosine`; on `ip` the smallest angle to a result whose vector
-    /// is known, `None` when none is (the caller keeps what it knew, or 0).
+    /// `minD` in the threshold unit for a representative at `rq` whose list holds
+    /// `results` (metric distance, vector if known), nearest first: the first distance
+    /// on `l2sq` / `cosine`; on `ip` the smallest angle `1 − cos(RQ, v)` to a result,
+    /// computed from the vectors (not from the reported scores, which a cache-aside
+    /// client supplies), `None` unless every result has one (the caller keeps what it
+    /// knew, or 0: a subset's minimum could only be looser).
     pub fn min_gap<'a>(
         self,
-        rq_norm: f32,
+        rq: &[f32],
         results: impl IntoIterator<Item = (f32, Option<&'a [f32]>)>,
     ) -> Option<f32> {
         let mut results = results.into_iter();
         if !self.angular() {
             return Some(results.next().map_or(0.0, |(d, _)| d));
         }
-        results
-            .filter_map(|(d, v)| Some(self.angle(rq_norm, d, v?)))
-            .reduce(f32::min)
-    }
-
-    /// `1 − cos(RQ, v)` from `−dot(RQ, v) = d`.
-    fn angle(self, rq_norm: f32, d: f32, v: &[f32]) -> f32 {
-        let vn = norm(v);
-        if rq_norm > 0.0 && vn > 0.0 {
-            (1.0 + d / (rq_norm * vn)).clamp(0.0, 2.0)
-        } else {
-            1.0
+        let mut min: Option<f32> = None;
+        for (_, v) in results {
+            let a = Metric::Cosine.distance(rq, v?).clamp(0.0, 2.0);
+            min = Some(min.map_or(a, |m| m.min(a)));
         }
+        min
     }
 
     /// A list's `maxD` in the filter's unit (what the fast path compares its filter
@@ -146,15 +142,32 @@ impl Gauge {
         }
     }
 
-    /// Risk factor `r(e)` of a list with distances `dists` and `k` answered:
-    /// `d_k / d_(k+Δ)` (the paper's), on `ip` the same ratio measured from the list's
-    /// own best score, `(d_k − d_1) / (d_(k+Δ) − d_1)` (negative distances make the
-    /// plain ratio meaningless); 1 without a reserve.
-    pub fn risk_factor(self, dists: &[f32], k: usize) -> f64 {
+    /// Risk factor `r(e)` of a list with distances `dists`, vectors `vectors` (either may
+    /// be absent) and `k` answered, for a representative with `|RQ| = rq_norm`:
+    /// `d_k / d_(k+Δ)` (the paper's); on `ip`, where distances are negative, the same
+    /// ratio measured from the lowest distance the list's vectors allow, `−|RQ| · max |r_i|`
+    /// (Cauchy–Schwarz; on unit vectors this is cosine's ratio exactly), or, with no
+    /// vector known, from `d_1 − |d_1|`, below `d_1` whatever its sign. 1 without a reserve.
+    pub fn risk_factor(
+        self,
+        dists: &[f32],
+        vectors: &[Option<Arc<[f32]>>],
+        k: usize,
+        rq_norm: f32,
+    ) -> f64 {
         if dists.len() <= k || k == 0 {
             return 1.0;
         }
-        let zero = if self.angular() { dists[0] as f64 } else { 0.0 };
+        let zero = if self.angular() {
+            let longest = vectors.iter().flatten().map(|v| norm(v)).reduce(f32::max);
+            let d1 = dists[0] as f64;
+            match longest {
+                Some(m) if m > 0.0 => (-(rq_norm as f64) * m as f64).min(d1),
+                _ => d1 - d1.abs(),
+            }
+        } else {
+            0.0
+        };
         let dk = dists[k - 1] as f64 - zero;
         let dlast = *dists.last().expect("longer than k") as f64 - zero;
         if dlast <= 0.0 {
@@ -202,14 +215,17 @@ mod tests {
         let g = Gauge(Metric::InnerProduct);
         // RQ = (2, 0). r_1 = (4, 4): dot 8, |r_1| 4√2 -> cos = 1/√2; r_2 = (1, 0.1),
         // dot 2, nearly RQ's direction.
-        let (v1, v2) = ([4.0, 4.0], [1.0, 0.1]);
-        let m = g.min_gap(2.0, [(-8.0, Some(&v1[..]))]).unwrap();
+        let (rq, v1, v2) = ([2.0, 0.0], [4.0, 4.0], [1.0, 0.1]);
+        let m = g.min_gap(&rq, [(-8.0, Some(&v1[..]))]).unwrap();
         assert!(close(m, 1.0 - std::f32::consts::FRAC_1_SQRT_2));
-        let both = g.min_gap(2.0, [(-8.0, Some(&v1[..])), (-2.0, Some(&v2[..]))]);
+        let both = g.min_gap(&rq, [(-8.0, Some(&v1[..])), (-2.0, Some(&v2[..]))]);
         assert!(close(both.unwrap(), 1.0 - 1.0 / 1.01f32.sqrt()));
-        assert_eq!(g.min_gap(2.0, [(-8.0, None)]), None);
+        // A reported score does not change the angle; a missing vector gives none.
+        let lying = g.min_gap(&rq, [(5.0, Some(&v1[..]))]).unwrap();
+        assert!(close(lying, m));
+        assert_eq!(g.min_gap(&rq, [(-8.0, Some(&v1[..])), (-2.0, None)]), None);
         // On l2sq and cosine, minD is the first distance itself.
-        let l2 = Gauge(Metric::L2Sq).min_gap(2.0, [(0.5, None), (0.7, None)]);
+        let l2 = Gauge(Metric::L2Sq).min_gap(&rq, [(0.5, None), (0.7, None)]);
         assert_eq!(l2, Some(0.5));
     }
 
@@ -226,14 +242,42 @@ mod tests {
     }
 
     #[test]
-    fn ip_risk_is_measured_from_the_best_score() {
+    fn ip_risk_is_measured_from_the_lowest_distance_the_vectors_allow() {
         let g = Gauge(Metric::InnerProduct);
-        // Scores 10, 9, 8, 6 -> distances -10, -9, -8, -6; k = 2: (1) / (4).
-        let r = g.risk_factor(&[-10.0, -9.0, -8.0, -6.0], 2);
-        assert!((r - 0.25).abs() < 1e-9);
-        let r = Gauge(Metric::L2Sq).risk_factor(&[1.0, 2.0, 3.0, 4.0], 2);
+        let v = |x: f32, y: f32| Some(Arc::<[f32]>::from(vec![x, y]));
+        // |RQ| = 2, longest result 5: floor -10. Distances -8, -6, -4; k = 1: 2 / 6.
+        let vs = [v(4.0, 0.0), v(3.0, 4.0), v(0.0, 2.0)];
+        let r = g.risk_factor(&[-8.0, -6.0, -4.0], &vs, 1, 2.0);
+        assert!((r - 2.0 / 6.0).abs() < 1e-9, "{r}");
+        // No vectors: from d_1 - |d_1| = -16: k = 1 gives 8 / 12, never 0.
+        let r = g.risk_factor(&[-8.0, -6.0, -4.0], &[None, None, None], 1, 2.0);
+        assert!((r - 8.0 / 12.0).abs() < 1e-9, "{r}");
+        let r = Gauge(Metric::L2Sq).risk_factor(&[1.0, 2.0, 3.0, 4.0], &[], 2, 1.0);
         assert!((r - 0.5).abs() < 1e-9);
-        assert_eq!(g.risk_factor(&[-3.0, -2.0], 2), 1.0);
+        assert_eq!(g.risk_factor(&[-3.0, -2.0], &[], 2, 1.0), 1.0);
+    }
+
+    #[test]
+    fn on_unit_vectors_ip_risk_is_cosines() {
+        // RQ and results unit: cosine's d = 1 - cos, ip's d = -cos.
+        let unit = |deg: f32| {
+            Some(Arc::<[f32]>::from(vec![
+                deg.to_radians().cos(),
+                deg.to_radians().sin(),
+            ]))
+        };
+        let vs = [unit(5.0), unit(20.0), unit(40.0)];
+        let cos: Vec<f32> = [5.0f32, 20.0, 40.0]
+            .iter()
+            .map(|d| d.to_radians().cos())
+            .collect();
+        let ip: Vec<f32> = cos.iter().map(|c| -c).collect();
+        let cosine: Vec<f32> = cos.iter().map(|c| 1.0 - c).collect();
+        for k in [1, 2] {
+            let a = Gauge(Metric::InnerProduct).risk_factor(&ip, &vs, k, 1.0);
+            let b = Gauge(Metric::Cosine).risk_factor(&cosine, &vs, k, 1.0);
+            assert!((a - b).abs() < 1e-6, "k {k}: ip {a} cosine {b}");
+        }
     }
 
     #[test]

@@ -108,6 +108,19 @@ impl Router {
                 "router needs at least one shard and one centroid".into(),
             ));
         }
+        // On ip requests route by angle (below), so the centroids are those of the
+        // sample's directions (spherical k-means): short vectors would otherwise pull
+        // centroids toward the origin, where direction is noise.
+        let directions: Vec<f32>;
+        let sample = if metric == Metric::InnerProduct {
+            directions = sample
+                .chunks_exact(dim)
+                .flat_map(crate::gap::unit)
+                .collect();
+            &directions[..]
+        } else {
+            sample
+        };
         let n = sample.len() / dim;
         let c = n_centroids.min(n);
         let row = |i: usize| &sample[i * dim..(i + 1) * dim];
@@ -452,6 +465,39 @@ mod tests {
         assert!(max - min <= 10, "{per:?}");
         // round-robin would have put 160 + 15 * 10 = 310 on one shard
         assert!(max < 310);
+    }
+
+    #[test]
+    fn on_ip_requests_route_by_direction_whatever_their_length() {
+        // Four directions 60° or more apart, two with long vectors (5-20), two with short
+        // ones (0.05-0.5): by the largest dot product a request along a short direction
+        // would go to the long centroid 60° away; by angle each direction keeps its home
+        // whatever the request's length.
+        let degrees = [0.0f32, 60.0, 180.0, 240.0];
+        let mut sample = Vec::new();
+        for (c, d) in degrees.iter().enumerate() {
+            for i in 0..50 {
+                let r = if c % 2 == 0 {
+                    5.0 + i as f32 * 0.3
+                } else {
+                    0.05 + i as f32 * 0.01
+                };
+                let t = (d + (i % 5) as f32 * 0.5).to_radians();
+                sample.extend_from_slice(&[r * t.cos(), r * t.sin()]);
+            }
+        }
+        let r = Router::train(&sample, 2, Metric::InnerProduct, 4, 4, 1).unwrap();
+        let mut homes = std::collections::HashSet::new();
+        for (c, d) in degrees.iter().enumerate() {
+            let t = (d + 1.0).to_radians();
+            let at = |len: f32| [len * t.cos(), len * t.sin()];
+            let home = r.route(&at(1.0))[0];
+            for len in [0.01, 0.3, 7.0, 500.0] {
+                assert_eq!(r.route(&at(len))[0], home, "direction {c}, length {len}");
+            }
+            homes.insert(home);
+        }
+        assert_eq!(homes.len(), 4, "each direction its own shard");
     }
 
     #[test]

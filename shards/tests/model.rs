@@ -86,7 +86,7 @@ impl Model {
     /// `minD` in the thresholds' unit: on `ip` the smallest angle to a result.
     fn min_gap(&self, r: &MRep) -> f32 {
         let listed = r.list.iter().map(|(_, d, v)| (*d, Some(&v[..])));
-        self.gauge().min_gap(norm(&r.q), listed).unwrap()
+        self.gauge().min_gap(&r.q, listed).unwrap()
     }
 
     /// The filter's distance from request `q` to `r` (ranks candidates) and its gap.
@@ -264,9 +264,17 @@ impl Model {
             return 0.0;
         }
         // r in fixed point, units of 2^-32 (the engine sums it exactly that way); on
-        // ip, distances are measured from the list's best
+        // ip, distances are measured from -|RQ| · the longest result (Cauchy-Schwarz)
         let zero = |r: &MRep| match self.p.metric {
-            Metric::InnerProduct => r.list[0].1 as f64,
+            Metric::InnerProduct => {
+                let longest = r.list.iter().map(|x| norm(&x.2)).fold(0.0f32, f32::max);
+                let d1 = r.list[0].1 as f64;
+                if longest > 0.0 {
+                    (-(norm(&r.q) as f64) * longest as f64).min(d1)
+                } else {
+                    d1 - d1.abs()
+                }
+            }
             _ => 0.0,
         };
         let sum_r: u64 = self

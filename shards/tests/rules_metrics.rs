@@ -2,8 +2,8 @@
 //! works them out by hand on a line, in squared L2).
 //!
 //! Thresholds live on the *gap* (`shards/src/gap.rs`): the distance itself on `l2sq`
-//! and `cosine`, the angle `1 − cos` on `ip`, where `minD` is the angle to the best
-//! result. The expected values here are computed in f64 from the definitions, not with
+//! and `cosine`, the angle `1 − cos` on `ip`, where `minD` is the smallest angle to one
+//! of the entry's results. The expected values here are computed in f64 from the definitions, not with
 //! the engine's helpers.
 
 use shards::store::ExactStore;
@@ -35,13 +35,24 @@ fn store(metric: Metric) -> ExactStore {
 }
 
 fn cache(metric: Metric, delta: usize, policy: PolicyConfig) -> Cache {
-    cache_checking(metric, delta, policy, 2)
+    cache_checking(metric, delta, policy, 2, FilterKind::BruteForce)
+}
+
+/// The filters a lookup may search: brute force, and the engine's graph (int8 codes).
+fn filters() -> [FilterKind; 2] {
+    [FilterKind::BruteForce, FilterKind::default()]
 }
 
 /// `candidates`: how many nearest representatives a lookup tests (`filter_candidates`).
-fn cache_checking(metric: Metric, delta: usize, policy: PolicyConfig, candidates: usize) -> Cache {
+fn cache_checking(
+    metric: Metric,
+    delta: usize,
+    policy: PolicyConfig,
+    candidates: usize,
+    filter: FilterKind,
+) -> Cache {
     let cfg = CacheConfig {
-        filter: FilterKind::BruteForce,
+        filter,
         k_max: 4,
         delta,
         filter_candidates: candidates,
@@ -166,9 +177,10 @@ fn a_miss_admits_at_a_quarter_of_min_gap_and_equality_hits_grow_it_to_min_gap() 
 
 #[test]
 fn approximate_hits_are_decided_on_the_gap_and_tighten_it() {
-    for m in METRICS {
+    for (m, filter) in METRICS.into_iter().flat_map(|m| filters().map(|f| (m, f))) {
         for (share, hit) in [(0.9, true), (1.1, false)] {
-            let (mut c, s) = (cache(m, 0, PolicyConfig::default()), store(m));
+            let policy = PolicyConfig::default();
+            let (mut c, s) = (cache_checking(m, 0, policy, 2, filter), store(m));
             c.search(&s, &q(), 2).unwrap();
             let t = tau(&c, &q(), 2);
             let near = at_gap(m, q(), t * share);
@@ -291,15 +303,96 @@ fn ip_filter_finds_the_nearest_direction_not_the_longest_query() {
     // it is within its threshold.
     // One candidate tested per lookup: the filter's order decides.
     let m = Metric::InnerProduct;
-    let (mut c, s) = (cache_checking(m, 0, PolicyConfig::default(), 1), store(m));
-    let (long, short) = (at(40.0, 50.0), at(5.0, 0.5));
-    c.search(&s, &long, 2).unwrap();
-    c.search(&s, &short, 2).unwrap();
-    let request = at(6.0, 1.0);
-    assert!(dot(&request, &long) > dot(&request, &short));
-    let Lookup::Hit(hit) = c.lookup(&request, 2).unwrap() else {
-        panic!("the short query's entry serves it")
+    for filter in filters() {
+        let (mut c, s) = (
+            cache_checking(m, 0, PolicyConfig::default(), 1, filter),
+            store(m),
+        );
+        let (long, short) = (at(40.0, 50.0), at(5.0, 0.5));
+        c.search(&s, &long, 2).unwrap();
+        c.search(&s, &short, 2).unwrap();
+        let request = at(6.0, 1.0);
+        assert!(dot(&request, &long) > dot(&request, &short));
+        let Lookup::Hit(hit) = c.lookup(&request, 2).unwrap() else {
+            panic!("the short query's entry serves it")
+        };
+        assert_eq!(hit.kind, HitKind::Approximate);
+        assert_eq!(hit.rep, c.slot(&short, 2).unwrap().rep());
+    }
+}
+
+#[test]
+fn risk_is_never_zero_for_a_list_with_a_reserve_even_at_k_1() {
+    // k = 1, Δ = 2, then one insert no list takes: U = W = 1, so R = r(e). On ip r is
+    // measured from -|RQ| · the longest listed vector (k = 1 from d_1 itself gave 0).
+    for m in METRICS {
+        let cfg = CacheConfig {
+            filter: FilterKind::BruteForce,
+            k_max: 4,
+            delta: 2,
+            risk_threshold: 10.0,
+            ..CacheConfig::new(2, m)
+        };
+        let mut c = Cache::new(cfg, PolicyConfig::default().build()).unwrap();
+        let s = store(m);
+        c.search(&s, &q(), 1).unwrap();
+        let far = [-50.0f32, -60.0];
+        assert!(!c.insert(100, &far).unwrap().fast_path, "{m}");
+        let list = top(m, &q(), 3);
+        let d: Vec<f64> = list.iter().map(|p| distance(m, &q(), &p.1)).collect();
+        let floor = match m {
+            Metric::InnerProduct => {
+                let longest = list
+                    .iter()
+                    .map(|p| dot(&p.1, &p.1).sqrt())
+                    .fold(0.0, f64::max);
+                -dot(&q(), &q()).sqrt() * longest
+            }
+            _ => 0.0,
+        };
+        let r = (d[0] - floor) / (d[2] - floor);
+        assert!(
+            r > 0.0 && close(c.risk(), r),
+            "{m}: R {} against r {r}",
+            c.risk()
+        );
+    }
+}
+
+#[test]
+fn ip_without_kept_vectors_min_gap_falls_on_merges_and_holds_on_deletes() {
+    let m = Metric::InnerProduct;
+    let cfg = CacheConfig {
+        filter: FilterKind::BruteForce,
+        k_max: 4,
+        delta: 1,
+        store_vectors: false,
+        ..CacheConfig::new(2, m)
     };
-    assert_eq!(hit.kind, HitKind::Approximate);
-    assert_eq!(hit.rep, c.slot(&short, 2).unwrap().rep());
+    let mut c = Cache::new(cfg, PolicyConfig::default().build()).unwrap();
+    let mut s = store(m);
+    c.search(&s, &q(), 2).unwrap();
+    let rep = c.slot(&q(), 2).unwrap().rep();
+    let r = c.representative(rep).unwrap();
+    assert!(
+        r.nrl.vectors.iter().all(|v| v.is_none()),
+        "vectors not kept"
+    );
+    let admitted = min_gap(m, &q(), &vectors(&top(m, &q(), 3)));
+    assert!(
+        close(r.min_gap as f64, admitted),
+        "from the answer's vectors"
+    );
+    // A long vector half a degree off the request: the new best, the new smallest angle.
+    let v = at(8.5, 4.0);
+    s.insert(9, &v).unwrap();
+    assert!(c.insert(9, &v).unwrap().fast_path);
+    let merged = gap(m, &q(), &v);
+    assert!(merged < admitted);
+    assert!(close(c.representative(rep).unwrap().min_gap as f64, merged));
+    // Its delete cannot be undone without vectors: minD stays the tighter one.
+    s.delete(9).unwrap();
+    c.delete(9);
+    assert!(close(c.representative(rep).unwrap().min_gap as f64, merged));
+    c.check_invariants().unwrap();
 }

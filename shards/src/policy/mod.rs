@@ -96,6 +96,70 @@ impl PolicyConfig {
         }
     }
 
+    /// Whether the factors and thresholds make sense for `metric`: Aker's factors grow
+    /// (`α_L ≥ 1`, divisor ≥ 1) and shrink (`0 < α_T ≤ 1`); a global threshold is a
+    /// gap (`gap.rs`), finite and non-negative, at most 2 on `cosine` and `ip` (an
+    /// angle `1 − cos`); Potluck+'s `p` is a probability.
+    pub fn validate(&self, metric: crate::Metric) -> Result<(), String> {
+        let threshold = |t: f32| {
+            let most = if metric == crate::Metric::L2Sq {
+                f32::INFINITY
+            } else {
+                2.0
+            };
+            if t.is_finite() && (0.0..=most).contains(&t) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "policy threshold {t} is not a gap in [0, {most}] for {metric}"
+                ))
+            }
+        };
+        match *self {
+            PolicyConfig::Aker {
+                alpha_l,
+                alpha_t,
+                tau_init_divisor,
+            }
+            | PolicyConfig::AkerRerank {
+                alpha_l,
+                alpha_t,
+                tau_init_divisor,
+            } => {
+                if !(alpha_l.is_finite() && alpha_l >= 1.0)
+                    || !(alpha_t > 0.0 && alpha_t <= 1.0)
+                    || !(tau_init_divisor.is_finite() && tau_init_divisor >= 1.0)
+                {
+                    return Err(format!(
+                        "aker policy: alpha_l >= 1, 0 < alpha_t <= 1, tau_init_divisor >= 1 \
+                         (got {alpha_l}, {alpha_t}, {tau_init_divisor})"
+                    ));
+                }
+                Ok(())
+            }
+            PolicyConfig::Proximity { threshold: t } => threshold(t),
+            PolicyConfig::Potluck {
+                threshold: t,
+                p,
+                grow,
+                shrink,
+                ..
+            } => {
+                threshold(t)?;
+                if !(0.0..=1.0).contains(&p)
+                    || !(grow.is_finite() && grow >= 1.0)
+                    || !(shrink > 0.0 && shrink <= 1.0)
+                {
+                    return Err(format!(
+                        "potluck policy: 0 <= p <= 1, grow >= 1, 0 < shrink <= 1 \
+                         (got {p}, {grow}, {shrink})"
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Whether hits under this policy need each result's vector.
     pub fn needs_vectors(&self) -> bool {
         matches!(self, PolicyConfig::AkerRerank { .. })
@@ -132,5 +196,49 @@ impl PolicyConfig {
                 seed,
             } => Box::new(PotluckPolicy::new(threshold, p, grow, shrink, seed)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Metric;
+
+    #[test]
+    fn thresholds_are_gaps_and_factors_move_the_right_way() {
+        assert!(PolicyConfig::default()
+            .validate(Metric::InnerProduct)
+            .is_ok());
+        let prx = |threshold| PolicyConfig::Proximity { threshold };
+        assert!(prx(5.0).validate(Metric::L2Sq).is_ok());
+        assert!(
+            prx(5.0).validate(Metric::Cosine).is_err(),
+            "an angle is at most 2"
+        );
+        assert!(
+            prx(-0.5).validate(Metric::InnerProduct).is_err(),
+            "a -dot threshold"
+        );
+        assert!(prx(f32::NAN).validate(Metric::L2Sq).is_err());
+        let backwards = PolicyConfig::Aker {
+            alpha_l: 1.1,
+            alpha_t: 2.0,
+            tau_init_divisor: 4.0,
+        };
+        assert!(
+            backwards.validate(Metric::L2Sq).is_err(),
+            "α_T must tighten"
+        );
+        let potluck = PolicyConfig::Potluck {
+            threshold: 0.1,
+            p: 1.5,
+            grow: 1.1,
+            shrink: 0.5,
+            seed: 1,
+        };
+        assert!(
+            potluck.validate(Metric::Cosine).is_err(),
+            "p is a probability"
+        );
     }
 }
