@@ -126,10 +126,10 @@ impl PolicyConfig {
                 alpha_t,
                 tau_init_divisor,
             } => {
-                if !(alpha_l.is_finite() && alpha_l >= 1.0)
-                    || !(alpha_t > 0.0 && alpha_t <= 1.0)
-                    || !(tau_init_divisor.is_finite() && tau_init_divisor >= 1.0)
-                {
+                let grows = alpha_l.is_finite() && alpha_l >= 1.0;
+                let shrinks = alpha_t > 0.0 && alpha_t <= 1.0;
+                let divides = tau_init_divisor.is_finite() && tau_init_divisor >= 1.0;
+                if !(grows && shrinks && divides) {
                     return Err(format!(
                         "aker policy: alpha_l >= 1, 0 < alpha_t <= 1, tau_init_divisor >= 1 \
                          (got {alpha_l}, {alpha_t}, {tau_init_divisor})"
@@ -146,10 +146,10 @@ impl PolicyConfig {
                 ..
             } => {
                 threshold(t)?;
-                if !(0.0..=1.0).contains(&p)
-                    || !(grow.is_finite() && grow >= 1.0)
-                    || !(shrink > 0.0 && shrink <= 1.0)
-                {
+                let probability = (0.0..=1.0).contains(&p);
+                let grows = grow.is_finite() && grow >= 1.0;
+                let shrinks = shrink > 0.0 && shrink <= 1.0;
+                if !(probability && grows && shrinks) {
                     return Err(format!(
                         "potluck policy: 0 <= p <= 1, grow >= 1, 0 < shrink <= 1 \
                          (got {p}, {grow}, {shrink})"
