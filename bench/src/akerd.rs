@@ -204,6 +204,22 @@ pub fn policy_label(p: &PolicyConfig) -> String {
             "aker_rerank (α_L = {alpha_l}, α_T = {alpha_t}, τ₀ = minD / {tau_init_divisor}, \
              hits re-ranked over k + Δ)"
         ),
+        PolicyConfig::Guarded {
+            alpha_l,
+            alpha_t,
+            tau_init_divisor,
+            spread,
+        } => {
+            let start = if spread > 0.0 {
+                format!("τ₀ from the answer's spread, c = {spread}")
+            } else {
+                format!("τ₀ = minD / {tau_init_divisor}")
+            };
+            format!(
+                "guarded (α_L = {alpha_l}, α_T = {alpha_t}, {start}, an alias asked again \
+                 is promoted)"
+            )
+        }
         PolicyConfig::Proximity { threshold } => format!("proximity (threshold {threshold})"),
         PolicyConfig::Potluck {
             threshold,

@@ -39,6 +39,53 @@ pub enum Rule {
     /// akerd's effective configuration (`--akerd-config`): the file's `[cache]` and
     /// `[sharding]`, its policy, filter and shards (`RunSpec::akerd`).
     Akerd,
+    /// The paper's rules with another start `τ₀ = minD / divisor` and shrink `α_T`
+    /// (`aker:div=16:at=0.5`: paper-Aker's frontier), or the guarded policy with them
+    /// (`guarded:div=8`; `shards::PolicyConfig::Guarded`).
+    Tuned {
+        guarded: bool,
+        divisor: f32,
+        alpha_t: f32,
+        /// `spread=C` (guarded only): τ₀ from the answer's spread (`AkerPolicy::spread`).
+        spread: f32,
+    },
+}
+
+/// `div=D` / `at=A` pairs after a `aker:` or `guarded:` name (any order, either left out
+/// for the paper's 4 / 0.25).
+fn tuned(guarded: bool, params: &str) -> Result<Rule, String> {
+    let (mut divisor, mut alpha_t, mut spread) = (4.0f32, 0.25f32, 0.0f32);
+    for kv in params.split(':').filter(|s| !s.is_empty()) {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("policy parameter '{kv}' is not key=value"))?;
+        let v: f32 = v
+            .parse()
+            .map_err(|e| format!("policy parameter '{kv}': {e}"))?;
+        match k {
+            "div" => divisor = v,
+            "at" => alpha_t = v,
+            "spread" if guarded && v > 0.0 && v.is_finite() => spread = v,
+            _ => {
+                return Err(format!(
+                    "policy parameter '{kv}' (div, at; guarded also spread > 0)"
+                ))
+            }
+        }
+    }
+    let rule = Rule::Tuned {
+        guarded,
+        divisor,
+        alpha_t,
+        spread,
+    };
+    let config = PolicyConfig::Aker {
+        alpha_l: 1.1,
+        alpha_t,
+        tau_init_divisor: divisor,
+    };
+    config.validate(Metric::L2Sq)?;
+    Ok(rule)
 }
 
 /// A policy column of the report: a hit rule and the query filter it runs with.
@@ -74,13 +121,16 @@ impl FromStr for Policy {
             "prx" | "proximity" => Rule::Proximity,
             "none" | "nocache" => Rule::NoCache,
             "akerd" => Rule::Akerd,
+            "guarded" => tuned(true, "")?,
+            _ if name.starts_with("aker:") => tuned(false, &name["aker:".len()..])?,
+            _ if name.starts_with("guarded:") => tuned(true, &name["guarded:".len()..])?,
             _ => match name.strip_prefix("pl").map(str::parse::<u32>) {
                 Some(Ok(pct)) if (1..=100).contains(&pct) => Rule::Potluck {
                     p: f64::from(pct) / 100.0,
                 },
                 _ => {
                     return Err(format!(
-                        "unknown policy '{s}' (aker, prx, pl10, pl25, none; -bf suffix: brute-force filter)"
+                        "unknown policy '{s}' (aker, aker:div=D:at=A, guarded[:div=D:at=A], prx, pl10, pl25, none; -bf suffix: brute-force filter)"
                     ))
                 }
             },
@@ -106,6 +156,19 @@ impl fmt::Display for Policy {
             Rule::Potluck { p } => write!(f, "pl{}", (p * 100.0).round())?,
             Rule::NoCache => return write!(f, "none"),
             Rule::Akerd => return write!(f, "akerd"),
+            Rule::Tuned {
+                guarded,
+                divisor,
+                alpha_t,
+                spread,
+            } => {
+                let name = if guarded { "guarded" } else { "aker" };
+                if spread > 0.0 {
+                    write!(f, "{name}:spread={spread}:at={alpha_t}")?
+                } else {
+                    write!(f, "{name}:div={divisor}:at={alpha_t}")?
+                }
+            }
         }
         if self.brute_force_filter {
             write!(f, "-bf")?;
@@ -192,6 +255,27 @@ impl RunSpec {
         Ok(match self.policy.rule {
             Rule::Akerd => self.akerd()?.policy.clone(),
             Rule::Aker | Rule::NoCache => PolicyConfig::default(),
+            Rule::Tuned {
+                guarded: false,
+                divisor,
+                alpha_t,
+                ..
+            } => PolicyConfig::Aker {
+                alpha_l: 1.1,
+                alpha_t,
+                tau_init_divisor: divisor,
+            },
+            Rule::Tuned {
+                guarded: true,
+                divisor,
+                alpha_t,
+                spread,
+            } => PolicyConfig::Guarded {
+                alpha_l: 1.1,
+                alpha_t,
+                tau_init_divisor: divisor,
+                spread,
+            },
             Rule::Proximity => PolicyConfig::Proximity {
                 threshold: self.global_threshold,
             },
@@ -212,7 +296,9 @@ impl RunSpec {
             PolicyConfig::Proximity { threshold } | PolicyConfig::Potluck { threshold, .. } => {
                 Some(threshold)
             }
-            PolicyConfig::Aker { .. } | PolicyConfig::AkerRerank { .. } => None,
+            PolicyConfig::Aker { .. }
+            | PolicyConfig::AkerRerank { .. }
+            | PolicyConfig::Guarded { .. } => None,
         }
     }
 
@@ -249,8 +335,8 @@ impl HitPolicy for OncePerVerification {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
-    fn initial_tau(&self, min_d: f32) -> f32 {
-        self.inner.initial_tau(min_d)
+    fn initial_tau(&self, min_gap: f32, kth: Option<(usize, f32)>) -> f32 {
+        self.inner.initial_tau(min_gap, kth)
     }
     fn threshold(&self, rep: &RepView) -> f32 {
         self.inner.threshold(rep)
@@ -281,6 +367,9 @@ impl HitPolicy for OncePerVerification {
     }
     fn rerank(&self) -> bool {
         self.inner.rerank()
+    }
+    fn promotes_aliases(&self) -> bool {
+        self.inner.promotes_aliases()
     }
 }
 
@@ -585,7 +674,15 @@ mod tests {
     #[test]
     fn policy_names_round_trip() {
         for name in [
-            "aker", "aker-bf", "prx", "prx-bf", "pl10", "pl25-bf", "none",
+            "aker",
+            "aker-bf",
+            "prx",
+            "prx-bf",
+            "pl10",
+            "pl25-bf",
+            "none",
+            "aker:div=16:at=0.5",
+            "guarded:div=8:at=0.25-bf",
         ] {
             let p: Policy = name.parse().unwrap();
             assert_eq!(p.to_string(), name);
@@ -599,6 +696,11 @@ mod tests {
         assert_eq!("akerd".parse::<Policy>().unwrap().to_string(), "akerd");
         assert!("akerd-bf".parse::<Policy>().is_err());
         assert!("pl0".parse::<Policy>().is_err());
+        let g = "guarded".parse::<Policy>().unwrap();
+        assert_eq!(g.to_string(), "guarded:div=4:at=0.25");
+        assert!("aker:div=0.5".parse::<Policy>().is_err(), "τ₀ above minD");
+        assert!("aker:at=2".parse::<Policy>().is_err(), "α_T that loosens");
+        assert!("aker:tau=3".parse::<Policy>().is_err());
         assert!("lru".parse::<Policy>().is_err());
     }
 
@@ -702,8 +804,8 @@ mod tests {
         fn name(&self) -> &'static str {
             "recorder"
         }
-        fn initial_tau(&self, min_d: f32) -> f32 {
-            min_d
+        fn initial_tau(&self, min_gap: f32, _kth: Option<(usize, f32)>) -> f32 {
+            min_gap
         }
         fn threshold(&self, _rep: &RepView) -> f32 {
             0.0
@@ -718,6 +820,35 @@ mod tests {
         }
         fn on_verification(&self, cached: &[u64], fresh: &[u64]) {
             self.0.verifications.lock().unwrap().push(cached == fresh);
+        }
+    }
+
+    #[test]
+    fn the_wrapper_forwards_every_flag_of_the_policy() {
+        let guarded = PolicyConfig::Guarded {
+            alpha_l: 1.1,
+            alpha_t: 0.25,
+            tau_init_divisor: 8.0,
+            spread: 2.0,
+        };
+        for config in [
+            PolicyConfig::default(),
+            PolicyConfig::aker_rerank(),
+            guarded,
+        ] {
+            let (inner, wrapped) = (config.build(), OncePerVerification::new(config.build()));
+            assert_eq!(
+                wrapped.promotes_aliases(),
+                inner.promotes_aliases(),
+                "{config:?}"
+            );
+            assert_eq!(wrapped.rerank(), inner.rerank(), "{config:?}");
+            assert_eq!(wrapped.links_aliases(), inner.links_aliases(), "{config:?}");
+            let (a, b) = (
+                wrapped.initial_tau(1.0, Some((10, 2.0))),
+                inner.initial_tau(1.0, Some((10, 2.0))),
+            );
+            assert_eq!(a, b, "{config:?}");
         }
     }
 

@@ -179,6 +179,11 @@ struct RecallArgs {
     /// Small smoke configuration: a 20,000 x 16 synthetic set and 10,000 requests.
     #[arg(long)]
     quick: bool,
+    /// Equal memory: every row of a share pool gets the bytes paper-Aker's default
+    /// (`aker`, ids only) took at that share in objects, in the same stream, however it
+    /// spends them (entries, reserves, vectors, aliases).
+    #[arg(long)]
+    equal_bytes: bool,
     /// An akerd configuration file (e.g. ops/akerd.toml): each data set x skew x pool
     /// also runs an `akerd` row per backend with the file's [cache] and [sharding] as
     /// akerd runs them (its pool follows --pools unless the pool is "config"; --delta,
@@ -381,6 +386,49 @@ struct StreamBackends<'a> {
 /// Runs `jobs` on `threads` workers, stream `i`'s against `backends[i]`; rows in job
 /// order. `akerd`: the setup akerd rows run (`--akerd-config`).
 #[allow(clippy::too_many_arguments)]
+/// `--equal-bytes`: first paper-Aker's default (`aker`) at each stream's share pools in
+/// objects, then every job of a share pool with the bytes that run took at its end
+/// (`RunResult::bytes`) as its budget. The reference runs themselves are not reported;
+/// `aker` runs again at the bytes like every other row.
+fn at_equal_bytes(
+    jobs: &[Job],
+    streams: &[Stream],
+    run: &dyn Fn(&[Job]) -> Fallible<Vec<Row>>,
+) -> Fallible<Vec<Row>> {
+    let aker: Policy = "aker".parse()?;
+    let mut refs: Vec<Job> = Vec::new();
+    for j in jobs {
+        if let Some((PoolSpec::Share(_), Capacity::Objects(_))) = j.pool {
+            let r = Job { policy: aker, ..*j };
+            if !refs
+                .iter()
+                .any(|x| x.stream == r.stream && x.pool == r.pool)
+            {
+                refs.push(r);
+            }
+        }
+    }
+    let reference = run(&refs)?;
+    let budget = |stream: usize, spec: PoolSpec| -> Fallible<usize> {
+        reference
+            .iter()
+            .find(|r| r.skew == streams[stream].skew && r.pool.map(|p| p.0) == Some(spec))
+            .map(|r| r.result.bytes)
+            .ok_or_else(|| format!("no reference run for pool {spec}").into())
+    };
+    let mut moved = Vec::with_capacity(jobs.len());
+    for j in jobs {
+        let pool = match j.pool {
+            Some((spec @ PoolSpec::Share(_), Capacity::Objects(_))) => {
+                Some((spec, Capacity::Bytes(budget(j.stream, spec)?)))
+            }
+            other => other,
+        };
+        moved.push(Job { pool, ..*j });
+    }
+    run(&moved)
+}
+
 fn run_jobs(
     jobs: &[Job],
     streams: &[Stream],
@@ -751,9 +799,16 @@ impl SourceRun<'_> {
         let js = jobs(streams.len(), pools, &self.args.policies);
         let backends = vec![both; streams.len()];
         let (args, seeds, threads) = (self.args, self.seeds, self.threads);
-        run_jobs(
-            &js, streams, &backends, akerd, "exact", &prep.name, args, seeds, threads,
-        )
+        let run = |js: &[Job]| {
+            run_jobs(
+                js, streams, &backends, akerd, "exact", &prep.name, args, seeds, threads,
+            )
+        };
+        if args.equal_bytes {
+            at_equal_bytes(&js, streams, &run)
+        } else {
+            run(&js)
+        }
     }
 
     /// An HNSW index over the collection, `ef` tuned per stream, its answers memoised,
@@ -819,9 +874,16 @@ impl SourceRun<'_> {
             .collect();
         let js = jobs(streams.len(), pools, &args.hnsw_policies);
         let (seeds, threads) = (self.seeds, self.threads);
-        let rows = run_jobs(
-            &js, streams, &backends, akerd, "hnsw", name, args, seeds, threads,
-        )?;
+        let run = |js: &[Job]| {
+            run_jobs(
+                js, streams, &backends, akerd, "hnsw", name, args, seeds, threads,
+            )
+        };
+        let rows = if args.equal_bytes {
+            at_equal_bytes(&js, streams, &run)?
+        } else {
+            run(&js)?
+        };
         phases.push(("HNSW-backend runs".into(), t.elapsed().as_secs_f64()));
         let summary = HnswSummary {
             m: args.hnsw_m,
@@ -1058,6 +1120,19 @@ fn write_outputs(
             let stem = prep_mod::file_stem(&d.name);
             plot::recall_figure(&fig, &args.out.join(format!("recall-{stem}-{backend}.png")))?;
             plot::hits_figure(&fig, &args.out.join(format!("hits-{stem}-{backend}.png")))?;
+            // Swept policies (`aker:...`, `guarded...`): their recall-vs-hits frontiers.
+            if policies
+                .iter()
+                .any(|p| p.starts_with("guarded") || p.starts_with("aker:"))
+            {
+                for &pool in &header.pools {
+                    let tag = pool.to_string().replace('%', "pct");
+                    let path = args
+                        .out
+                        .join(format!("frontier-{stem}-{backend}-{tag}.png"));
+                    plot::frontier_figure(&fig, pool, &path)?;
+                }
+            }
         }
     }
     Ok(())

@@ -269,3 +269,83 @@ pub fn hits_figure(fig: &Figure, path: &Path) -> Plot {
     root.present()?;
     Ok(())
 }
+
+/// A policy family of a frontier figure: the rows whose label starts with `prefix`.
+fn family_of(label: &str) -> Option<&'static str> {
+    if label == "aker" || label.starts_with("aker:") {
+        Some("aker, swept")
+    } else if label.starts_with("guarded:spread") {
+        Some("guarded, spread")
+    } else if label.starts_with("guarded") {
+        Some("guarded, minD/div")
+    } else {
+        None
+    }
+}
+
+/// Recall against hit ratio, one panel per skew, each policy family a line through its
+/// runs (ascending hit ratio), for one data set, backend and pool.
+pub fn frontier_figure(fig: &Figure, pool: PoolSpec, path: &Path) -> Plot {
+    let title = format!(
+        "{} — {} backend, pool {pool}: recall@k against hit %",
+        fig.dataset, fig.backend
+    );
+    let c = canvas(path, fig.skews.len(), &title)?;
+    let families = [
+        "aker, swept",
+        "guarded, minD/div",
+        "guarded, spread",
+    ];
+    for (panel, &skew) in c.panels.iter().zip(fig.skews) {
+        let mut series: Vec<Vec<(f64, f64)>> = vec![Vec::new(); families.len()];
+        for label in fig.policies {
+            let (Some(name), Some(r)) = (family_of(label), fig.find(pool, skew, label)) else {
+                continue;
+            };
+            let i = families
+                .iter()
+                .position(|f| *f == name)
+                .expect("a listed family");
+            let hits = r.result.hits() as f64 / r.result.requests.max(1) as f64;
+            series[i].push((100.0 * hits, r.result.recall()));
+        }
+        let all: Vec<(f64, f64)> = series.iter().flatten().copied().collect();
+        if all.is_empty() {
+            continue;
+        }
+        let (x0, x1) = all
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
+        let (y0, y1) = all
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
+        let mut chart = ChartBuilder::on(panel)
+            .caption(format!("skew {skew:.2}"), ("sans-serif", 16))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(52)
+            .build_cartesian_2d(
+                (x0 - 1.0)..(x1 + 1.0),
+                (y0 - 0.005)..(y1 + 0.005).min(1.001),
+            )?;
+        chart
+            .configure_mesh()
+            .x_desc("hit %")
+            .y_desc("recall@k")
+            .draw()?;
+        for (i, pts) in series.iter_mut().enumerate() {
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let color = PALETTE[i % PALETTE.len()];
+            chart.draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?;
+            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+        }
+    }
+    let entries: Vec<(RGBAColor, String)> = families
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (solid(PALETTE[i % PALETTE.len()]), f.to_string()))
+        .collect();
+    draw_legend(&c.legend, &entries)?;
+    c.root.present()?;
+    Ok(())
+}

@@ -98,6 +98,7 @@ pub struct CacheStats {
     pub slow_path_steps: u64,
     pub slow_path_merges: u64,
     pub aliases_linked: u64,
+    pub alias_promotions: u64,
     pub representatives: usize,
     pub aliases: usize,
     pub objects: usize,
@@ -132,6 +133,7 @@ impl CacheStats {
             slow_path_steps,
             slow_path_merges,
             aliases_linked,
+            alias_promotions,
             representatives,
             aliases,
             objects,
@@ -431,6 +433,11 @@ impl Cache {
             &ticket.query,
             answer.iter().map(|c| (c.distance, c.vector.as_deref())),
         );
+        let kth_gap = gauge.kth_gap(
+            &ticket.query,
+            k,
+            answer.iter().map(|c| (c.distance, c.vector.as_deref())),
+        );
         let mut nrl = NeighborList::default();
         for c in answer {
             let v = if self.cfg.store_vectors {
@@ -454,7 +461,8 @@ impl Cache {
             k,
             query: ticket.query.clone(),
             tau: Arc::new(AtomicF32::new(
-                self.policy.initial_tau(min_gap.unwrap_or(0.0)),
+                self.policy
+                    .initial_tau(min_gap.unwrap_or(0.0), kth_gap.map(|g| (k, g))),
             )),
             query_norm,
             min_gap: min_gap.unwrap_or(0.0),
@@ -761,6 +769,7 @@ impl Cache {
             slow_path_steps: c.slow_path_steps.get(),
             slow_path_merges: c.slow_path_merges.get(),
             aliases_linked: c.aliases_linked.get(),
+            alias_promotions: c.alias_promotions.get(),
             representatives: self.reps.len(),
             aliases: self.alias_count,
             objects: self.pool.len(),

@@ -129,6 +129,27 @@ impl Gauge {
         min
     }
 
+    /// The gap from `rq` to its `k`-th result (`results` nearest first), for policies
+    /// that read the answer's spread: the `k`-th distance on `l2sq` / `cosine`, on `ip`
+    /// the `k`-th smallest angle to a result (`None` unless every vector is known).
+    pub fn kth_gap<'a>(
+        self,
+        rq: &[f32],
+        k: usize,
+        results: impl IntoIterator<Item = (f32, Option<&'a [f32]>)>,
+    ) -> Option<f32> {
+        let mut results = results.into_iter();
+        if !self.angular() {
+            return results.nth(k.checked_sub(1)?).map(|(d, _)| d);
+        }
+        let mut angles = Vec::new();
+        for (_, v) in results {
+            angles.push(Metric::Cosine.distance(rq, v?).clamp(0.0, 2.0));
+        }
+        angles.sort_by(f32::total_cmp);
+        angles.get(k.checked_sub(1)?).copied()
+    }
+
     /// A list's `maxD` in the filter's unit (what the fast path compares its filter
     /// distance with, and what bounds its search).
     pub fn filter_max_d(self, max_d: f32, rq_norm: f32) -> f32 {

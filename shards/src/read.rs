@@ -120,6 +120,8 @@ pub struct Counters {
     pub slow_path_steps: Counter,
     pub slow_path_merges: Counter,
     pub aliases_linked: Counter,
+    /// Alias hits turned into misses that admit the query itself (`promotes_aliases`).
+    pub alias_promotions: Counter,
 }
 
 pub struct CacheReader {
@@ -187,6 +189,13 @@ impl CacheReader {
                 self.policy.on_equality_hit(rep);
                 self.counters.exact_hits.bump();
                 HitKind::Exact
+            }
+            Slot::Alias(_) if self.policy.promotes_aliases() => {
+                // A near query asked again: it earns its own exact answer instead of
+                // the neighbour's approximate one (admission replaces the alias).
+                self.counters.alias_promotions.bump();
+                self.counters.misses.bump();
+                return Some(Lookup::Miss(self.ticket(q, k, key, None, false)));
             }
             Slot::Alias(_) => {
                 self.counters.alias_hits.bump();

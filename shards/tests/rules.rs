@@ -113,6 +113,33 @@ fn approximate_hit_shrinks_tau_links_alias_and_reranks_for_the_request() {
 }
 
 #[test]
+fn guarded_promotes_an_alias_asked_for_again_to_its_own_entry() {
+    let guarded = PolicyConfig::Guarded {
+        alpha_l: 1.1,
+        alpha_t: 0.25,
+        tau_init_divisor: 4.0,
+        spread: 0.0,
+    };
+    let (mut c, s) = (cache_with(0, 100, FilterKind::BruteForce, guarded), store());
+    c.search(&s, &[1.0], 2).unwrap();
+    c.search(&s, &[1.0], 2).unwrap(); // τ = 0.275
+    assert_eq!(c.search(&s, &[1.3], 2).unwrap().kind, HitKind::Approximate);
+    assert_eq!(c.aliases(), 1, "the near query is remembered");
+    // Asked again: no alias hit, a miss whose exact answer becomes the query's entry.
+    let r = c.search(&s, &[1.3], 2).unwrap();
+    assert_eq!(r.kind, HitKind::Miss);
+    assert!(matches!(r.admission, Some(Admission::Admitted(_))));
+    assert_eq!(
+        (c.aliases(), c.len()),
+        (0, 2),
+        "the alias gave way to an entry"
+    );
+    assert_eq!(c.stats().alias_promotions, 1);
+    assert_eq!(c.search(&s, &[1.3], 2).unwrap().kind, HitKind::Exact);
+    c.check_invariants().unwrap();
+}
+
+#[test]
 fn threshold_is_strict() {
     let (mut c, s) = (cache(0), store());
     c.search(&s, &[1.0], 2).unwrap(); // τ = 0.25

@@ -32,7 +32,7 @@ const DAEMON: [Row<Shared>; 3] = [
     }),
 ];
 
-const ENGINE: [EngineRow; 16] = [
+const ENGINE: [EngineRow; 17] = [
     (
         "lookups",
         "Cache lookups (SEARCH without BYPASS_CACHE / REFRESH_ENTRY).",
@@ -96,6 +96,11 @@ const ENGINE: [EngineRow; 16] = [
         "aliases_linked",
         "Aliases linked after approximate hits.",
         |c| &c.aliases_linked,
+    ),
+    (
+        "alias_promotions",
+        "Alias hits turned into misses that admit the query itself (the guarded policy).",
+        |c| &c.alias_promotions,
     ),
 ];
 

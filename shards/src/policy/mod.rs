@@ -23,9 +23,10 @@ use crate::entry::RepView;
 
 pub trait HitPolicy: Send + Sync {
     fn name(&self) -> &'static str;
-    /// `τ` of a newly admitted entry, given its `minD` in the thresholds' unit
-    /// (`RepView::min_gap`).
-    fn initial_tau(&self, min_gap: f32) -> f32;
+    /// `τ` of a newly admitted entry, given its `minD` and `(k, the gap to its k-th
+    /// result)`, both in the thresholds' unit (`RepView::min_gap`, `Gauge::kth_gap`; the
+    /// latter `None` on `ip` without the results' vectors).
+    fn initial_tau(&self, min_gap: f32, kth: Option<(usize, f32)>) -> f32;
     /// A query whose gap to `rep.query` is `g` (`gap.rs`: the metric's distance, the
     /// angular `1 − cos` on `ip`) is an approximate hit iff `g < threshold`.
     fn threshold(&self, rep: &RepView) -> f32;
@@ -41,6 +42,12 @@ pub trait HitPolicy: Send + Sync {
     }
     /// The backend's answer to a verifying miss, against the cached one (ids, top-k).
     fn on_verification(&self, _cached: &[u64], _fresh: &[u64]) {}
+    /// Whether an alias, once asked for again, stops serving its representative's
+    /// answer: the request becomes a miss whose answer is admitted as the query's own
+    /// entry (the alias marks a near query worth caching exactly).
+    fn promotes_aliases(&self) -> bool {
+        false
+    }
     /// Whether hits return the best `k` of all `k + Δ` cached results for the request's
     /// vector (needs stored vectors) instead of the entry's own first `k`.
     fn rerank(&self) -> bool {
@@ -63,6 +70,18 @@ pub enum PolicyConfig {
         alpha_l: f32,
         alpha_t: f32,
         tau_init_divisor: f32,
+    },
+    /// Aker's threshold rules with guarded reuse (beyond the paper): an alias asked for
+    /// again is promoted to an entry of its own instead of serving its representative's
+    /// approximate answer for ever (`HitPolicy::promotes_aliases`).
+    Guarded {
+        alpha_l: f32,
+        alpha_t: f32,
+        tau_init_divisor: f32,
+        /// `> 0`: τ₀ from the spread of the entry's own answer instead of `minD /
+        /// tau_init_divisor` (`AkerPolicy::spread`); 0: the divisor rule.
+        #[serde(default)]
+        spread: f32,
     },
     Proximity {
         threshold: f32,
@@ -125,6 +144,12 @@ impl PolicyConfig {
                 alpha_l,
                 alpha_t,
                 tau_init_divisor,
+            }
+            | PolicyConfig::Guarded {
+                alpha_l,
+                alpha_t,
+                tau_init_divisor,
+                ..
             } => {
                 let grows = alpha_l.is_finite() && alpha_l >= 1.0;
                 let shrinks = alpha_t > 0.0 && alpha_t <= 1.0;
@@ -176,6 +201,8 @@ impl PolicyConfig {
                 alpha_t,
                 tau_init_divisor,
                 rerank: false,
+                promote_aliases: false,
+                spread: 0.0,
             }),
             PolicyConfig::AkerRerank {
                 alpha_l,
@@ -186,6 +213,21 @@ impl PolicyConfig {
                 alpha_t,
                 tau_init_divisor,
                 rerank: true,
+                promote_aliases: false,
+                spread: 0.0,
+            }),
+            PolicyConfig::Guarded {
+                alpha_l,
+                alpha_t,
+                tau_init_divisor,
+                spread,
+            } => Box::new(AkerPolicy {
+                alpha_l,
+                alpha_t,
+                tau_init_divisor,
+                rerank: false,
+                promote_aliases: true,
+                spread,
             }),
             PolicyConfig::Proximity { threshold } => Box::new(ProximityPolicy::new(threshold)),
             PolicyConfig::Potluck {

@@ -58,7 +58,7 @@ impl HitPolicy for PotluckPolicy {
     fn name(&self) -> &'static str {
         "potluck"
     }
-    fn initial_tau(&self, _min_d: f32) -> f32 {
+    fn initial_tau(&self, _min_gap: f32, _kth: Option<(usize, f32)>) -> f32 {
         self.threshold.load()
     }
     fn threshold(&self, _rep: &RepView) -> f32 {

@@ -19,7 +19,7 @@ impl HitPolicy for ProximityPolicy {
     fn name(&self) -> &'static str {
         "proximity"
     }
-    fn initial_tau(&self, _min_d: f32) -> f32 {
+    fn initial_tau(&self, _min_gap: f32, _kth: Option<(usize, f32)>) -> f32 {
         self.threshold
     }
     fn threshold(&self, _rep: &RepView) -> f32 {

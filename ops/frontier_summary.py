@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Policy frontiers from a runner results.csv (`bench recall --equal-bytes` with swept
+policies): per data set, backend, pool and skew, the recall-vs-hit-ratio Pareto front of
+each policy family, and the guarded family against paper-Aker's swept front at the
+three points #22 names: recall at paper-Aker default's hit ratio, hit ratio at recall
+0.95 and at 0.98.
+    python3 ops/frontier_summary.py [bench/results/frontier/results.csv]"""
+import csv
+import sys
+
+path = sys.argv[1] if len(sys.argv) > 1 else "bench/results/frontier/results.csv"
+rows = list(csv.DictReader(open(path)))
+
+
+def family(policy):
+    if policy == "aker" or policy.startswith("aker:"):
+        return "aker"
+    if policy.startswith("guarded"):
+        return "guarded"
+    return None
+
+
+def front(points):
+    """Pareto front of (hit, recall) points, ascending by hit (recall descending)."""
+    pts = sorted(set(points))
+    out = [p for p in pts if not any(q != p and q[0] >= p[0] and q[1] >= p[1] for q in pts)]
+    return sorted(out)
+
+
+def recall_at(fr, hit):
+    for (h0, r0), (h1, r1) in zip(fr, fr[1:]):
+        if h0 <= hit <= h1:
+            return r0 + (r1 - r0) * (hit - h0) / (h1 - h0) if h1 > h0 else max(r0, r1)
+    return None
+
+
+def hit_at(fr, recall):
+    for (h0, r0), (h1, r1) in zip(fr, fr[1:]):
+        if r1 <= recall <= r0:
+            return h0 + (h1 - h0) * (r0 - recall) / (r0 - r1) if r0 > r1 else max(h0, h1)
+    return None
+
+
+def fmt(x, scale=1.0, digits=3):
+    return "-" if x is None else f"{x * scale:.{digits}f}"
+
+
+cells = sorted({(r["dataset"], r["backend"], r["pool_pct"], r["skew"]) for r in rows
+                if r["pool_pct"]}, key=lambda c: (c[0], c[1], float(c[2]), float(c[3])))
+print("| data set | backend | pool | skew | aker default recall / hit % | recall at that hit %: "
+      "aker front / guarded front | hit % at recall 0.95: aker / guarded | at 0.98: aker / "
+      "guarded |")
+print("|---|---|---:|---:|---:|---:|---:|---:|")
+for ds, be, pool, skew in cells:
+    mine = [r for r in rows if (r["dataset"], r["backend"], r["pool_pct"], r["skew"])
+            == (ds, be, pool, skew)]
+    fams = {}
+    for r in mine:
+        f = family(r["policy"])
+        if f:
+            fams.setdefault(f, []).append((100 * float(r["hit_ratio"]), float(r["recall"])))
+    default = next((r for r in mine if r["policy"] == "aker"), None)
+    if default is None or "guarded" not in fams:
+        continue
+    a, g = front(fams["aker"]), front(fams["guarded"])
+    h0, r0 = 100 * float(default["hit_ratio"]), float(default["recall"])
+    cols = [f"{r0:.3f} / {h0:.1f}",
+            f"{fmt(recall_at(a, h0))} / {fmt(recall_at(g, h0))}",
+            f"{fmt(hit_at(a, 0.95), digits=1)} / {fmt(hit_at(g, 0.95), digits=1)}",
+            f"{fmt(hit_at(a, 0.98), digits=1)} / {fmt(hit_at(g, 0.98), digits=1)}"]
+    print(f"| {ds} | {be} | {pool}% | {float(skew):.2f} | " + " | ".join(cols) + " |")
