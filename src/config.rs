@@ -68,6 +68,8 @@ pub struct CacheSection {
     pub insert_log_bytes: usize,
     pub delete_log_cap: usize,
     /// `{ kind = "aker", alpha_l = 1.1, alpha_t = 0.25, tau_init_divisor = 4.0 }`,
+    /// `{ kind = "guarded", alpha_l, alpha_t, tau_init_divisor, spread = 0.0 }` (Aker's
+    /// rules, an alias asked again promoted: docs/ALGORITHM.md),
     /// `{ kind = "proximity", threshold = .. }` or `{ kind = "potluck", .. }`; a threshold
     /// is a gap (`shards::gap`): the metric's distance, on `ip` the angle `1 - cos`.
     pub policy: PolicyConfig,

@@ -385,7 +385,6 @@ struct StreamBackends<'a> {
 
 /// Runs `jobs` on `threads` workers, stream `i`'s against `backends[i]`; rows in job
 /// order. `akerd`: the setup akerd rows run (`--akerd-config`).
-#[allow(clippy::too_many_arguments)]
 /// `--equal-bytes`: first paper-Aker's default (`aker`) at each stream's share pools in
 /// objects, then every job of a share pool with the bytes that run took at its end
 /// (`RunResult::bytes`) as its budget. The reference runs themselves are not reported;
@@ -429,6 +428,7 @@ fn at_equal_bytes(
     run(&moved)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_jobs(
     jobs: &[Job],
     streams: &[Stream],

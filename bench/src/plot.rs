@@ -291,11 +291,7 @@ pub fn frontier_figure(fig: &Figure, pool: PoolSpec, path: &Path) -> Plot {
         fig.dataset, fig.backend
     );
     let c = canvas(path, fig.skews.len(), &title)?;
-    let families = [
-        "aker, swept",
-        "guarded, minD/div",
-        "guarded, spread",
-    ];
+    let families = ["aker, swept", "guarded, minD/div", "guarded, spread"];
     for (panel, &skew) in c.panels.iter().zip(fig.skews) {
         let mut series: Vec<Vec<(f64, f64)>> = vec![Vec::new(); families.len()];
         for label in fig.policies {
