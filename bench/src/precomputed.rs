@@ -123,6 +123,13 @@ impl PrecomputedBackend {
     }
 }
 
+/// What a write to a backend of fixed answers gets.
+fn read_only<T>() -> Result<T> {
+    Err(Error::Backend(
+        "precomputed backend: read-only (answers are fixed in advance)".into(),
+    ))
+}
+
 fn bits(v: &[f32]) -> Box<[u32]> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -150,15 +157,11 @@ impl Backend for PrecomputedBackend {
     }
 
     fn insert(&mut self, _id: u64, _v: &[f32]) -> Result<()> {
-        Err(Error::Backend(
-            "precomputed backend: read-only (answers are fixed in advance)".into(),
-        ))
+        read_only()
     }
 
     fn delete(&mut self, _id: u64) -> Result<bool> {
-        Err(Error::Backend(
-            "precomputed backend: read-only (answers are fixed in advance)".into(),
-        ))
+        read_only()
     }
 
     fn len(&self) -> usize {
@@ -207,15 +210,11 @@ impl Backend for WithVectors<'_> {
     }
 
     fn insert(&mut self, _id: u64, _v: &[f32]) -> Result<()> {
-        Err(Error::Backend(
-            "precomputed backend: read-only (answers are fixed in advance)".into(),
-        ))
+        read_only()
     }
 
     fn delete(&mut self, _id: u64) -> Result<bool> {
-        Err(Error::Backend(
-            "precomputed backend: read-only (answers are fixed in advance)".into(),
-        ))
+        read_only()
     }
 
     fn len(&self) -> usize {

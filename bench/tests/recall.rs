@@ -54,10 +54,11 @@ fn run(s: &Setup, policy: &str, threshold: f32) -> RunResult {
     run_on(s, policy, threshold, 1)
 }
 
-fn run_on(s: &Setup, policy: &str, threshold: f32, shards: usize) -> RunResult {
-    let spec = RunSpec {
+/// The paper configuration's run of `policy` at `pool` (one candidate, `nearest`).
+fn paper_spec(policy: &str, pool: Capacity, threshold: f32, shards: usize) -> RunSpec {
+    RunSpec {
         policy: policy.parse::<Policy>().unwrap(),
-        pool: Capacity::Objects(s.pool),
+        pool,
         k: K,
         delta: 0,
         global_threshold: threshold,
@@ -68,7 +69,11 @@ fn run_on(s: &Setup, policy: &str, threshold: f32, shards: usize) -> RunResult {
         standby_search: shards::StandbySearch::Nearest,
         shards,
         akerd: None,
-    };
+    }
+}
+
+fn run_on(s: &Setup, policy: &str, threshold: f32, shards: usize) -> RunResult {
+    let spec = paper_spec(policy, Capacity::Objects(s.pool), threshold, shards);
     experiment::run(
         &spec,
         &s.workload,
@@ -204,20 +209,10 @@ fn akerd_s_configuration_runs_sharded_with_its_vectors_within_the_row_s_pool() {
     let file = AkerdFile::load(&path, Metric::L2Sq).unwrap();
     let setup = file.setup(16).unwrap();
     assert!(setup.cache.store_vectors && setup.cache.delta == 10);
+    // The paper settings the spec carries are not akerd's: they must not leak in.
     let spec = |pool| RunSpec {
-        policy: "akerd".parse().unwrap(),
-        pool,
-        k: K,
-        // The paper settings the spec carries are not akerd's: they must not leak in.
-        delta: 0,
-        global_threshold: s.threshold,
-        potluck_grow: experiment::POTLUCK_GROW,
-        potluck_shrink: experiment::POTLUCK_SHRINK,
-        potluck_seed: 12,
-        filter_candidates: 1,
-        standby_search: shards::StandbySearch::Nearest,
-        shards: 1,
         akerd: Some(setup.clone()),
+        ..paper_spec("akerd", pool, s.threshold, 1)
     };
     let backend = WithVectors::new(&s.deep, &s.base);
     let go = |spec: &RunSpec| {
@@ -261,20 +256,7 @@ fn unit_run(metric: Metric, all: &Dataset) -> (u64, f64) {
     let exact = PrecomputedBackend::new(16, metric, base.n, &workload.vectors, lists);
     // On ip, minD is an angle to the answer's results: the backend hands vectors over.
     let backend = WithVectors::new(&exact, &base);
-    let spec = RunSpec {
-        policy: "aker-bf".parse::<Policy>().unwrap(),
-        pool: Capacity::Objects(base.n / 20),
-        k: K,
-        delta: 0,
-        global_threshold: 0.0,
-        potluck_grow: experiment::POTLUCK_GROW,
-        potluck_shrink: experiment::POTLUCK_SHRINK,
-        potluck_seed: 12,
-        filter_candidates: 1,
-        standby_search: shards::StandbySearch::Nearest,
-        shards: 1,
-        akerd: None,
-    };
+    let spec = paper_spec("aker-bf", Capacity::Objects(base.n / 20), 0.0, 1);
     let routing = base.sample(experiment::ROUTING_SAMPLE_ROWS);
     let r = experiment::run(&spec, &workload, &truth, &routing, &backend, &|_| {}).unwrap();
     check_accounting(metric.name(), &r);
