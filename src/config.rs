@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use shards::{CacheConfig, Capacity, FilterKind, Metric, PolicyConfig, StandbySearch};
+use shards::{CacheConfig, Capacity, Eviction, FilterKind, Metric, PolicyConfig, StandbySearch};
 
 use crate::server::ServerConfig;
 
@@ -58,6 +58,9 @@ pub struct CacheSection {
     /// `nearest` is ALGORITHM.md's rule (and the engine's default): the nearest serving
     /// candidate of either generation.
     pub standby_search: StandbySearch,
+    /// `fifo` (the paper's) or `second_chance` (CLOCK: an entry hit since the hand last
+    /// passed it stays).
+    pub eviction: Eviction,
     pub max_aliases_per_rep: usize,
     pub slow_path_batch: usize,
     pub slow_path_max_steps: usize,
@@ -120,6 +123,7 @@ impl Default for CacheSection {
             filter: e.filter,
             filter_candidates: e.filter_candidates,
             standby_search: daemon_defaults::STANDBY_SEARCH,
+            eviction: e.eviction,
             max_aliases_per_rep: e.max_aliases_per_rep,
             slow_path_batch: e.slow_path_batch,
             slow_path_max_steps: e.slow_path_max_steps,
@@ -163,6 +167,7 @@ impl CacheSection {
             filter: self.filter,
             filter_candidates: self.filter_candidates,
             standby_search: self.standby_search,
+            eviction: self.eviction,
             max_aliases_per_rep: self.max_aliases_per_rep,
             slow_path_batch: self.slow_path_batch,
             slow_path_max_steps: self.slow_path_max_steps,

@@ -17,8 +17,8 @@ use shards::gap::Gauge;
 use shards::sharded::{ShardedCache, ShardingConfig};
 use shards::store::HnswStore;
 use shards::{
-    Backend, Cache, CacheConfig, CacheStats, Capacity, Error, FilterKind, HitKind, HitPolicy,
-    Metric, PolicyConfig, Result, SearchOutcome, StandbySearch,
+    Backend, Cache, CacheConfig, CacheStats, Capacity, Error, Eviction, FilterKind, HitKind,
+    HitPolicy, Metric, PolicyConfig, Result, SearchOutcome, StandbySearch,
 };
 
 use crate::akerd::AkerdSetup;
@@ -48,14 +48,20 @@ pub enum Rule {
         alpha_t: f32,
         /// `spread=C` (guarded only): τ₀ from the answer's spread (`AkerPolicy::spread`).
         spread: f32,
+        /// `:clock`: second-chance eviction instead of FIFO (`shards::Eviction`).
+        clock: bool,
     },
 }
 
 /// `div=D` / `at=A` pairs after a `aker:` or `guarded:` name (any order, either left out
 /// for the paper's 4 / 0.25).
 fn tuned(guarded: bool, params: &str) -> Result<Rule, String> {
-    let (mut divisor, mut alpha_t, mut spread) = (4.0f32, 0.25f32, 0.0f32);
+    let (mut divisor, mut alpha_t, mut spread, mut clock) = (4.0f32, 0.25f32, 0.0f32, false);
     for kv in params.split(':').filter(|s| !s.is_empty()) {
+        if kv == "clock" {
+            clock = true;
+            continue;
+        }
         let (k, v) = kv
             .split_once('=')
             .ok_or_else(|| format!("policy parameter '{kv}' is not key=value"))?;
@@ -78,6 +84,7 @@ fn tuned(guarded: bool, params: &str) -> Result<Rule, String> {
         divisor,
         alpha_t,
         spread,
+        clock,
     };
     let config = PolicyConfig::Aker {
         alpha_l: 1.1,
@@ -161,12 +168,16 @@ impl fmt::Display for Policy {
                 divisor,
                 alpha_t,
                 spread,
+                clock,
             } => {
                 let name = if guarded { "guarded" } else { "aker" };
                 if spread > 0.0 {
                     write!(f, "{name}:spread={spread}:at={alpha_t}")?
                 } else {
                     write!(f, "{name}:div={divisor}:at={alpha_t}")?
+                }
+                if clock {
+                    write!(f, ":clock")?
                 }
             }
         }
@@ -243,6 +254,10 @@ impl RunSpec {
             filter: self.policy.filter(),
             filter_candidates: self.filter_candidates,
             standby_search: self.standby_search,
+            eviction: match self.policy.rule {
+                Rule::Tuned { clock: true, .. } => Eviction::SecondChance,
+                _ => Eviction::Fifo,
+            },
             k_max: self.k.max(100),
             // Ids-only objects, as in the reference simulation (ALGORITHM.md): no
             // policy here re-ranks with stored vectors.
@@ -270,6 +285,7 @@ impl RunSpec {
                 divisor,
                 alpha_t,
                 spread,
+                ..
             } => PolicyConfig::Guarded {
                 alpha_l: 1.1,
                 alpha_t,
@@ -683,6 +699,7 @@ mod tests {
             "none",
             "aker:div=16:at=0.5",
             "guarded:div=8:at=0.25-bf",
+            "guarded:div=4:at=0.25:clock",
         ] {
             let p: Policy = name.parse().unwrap();
             assert_eq!(p.to_string(), name);

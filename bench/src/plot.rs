@@ -272,12 +272,17 @@ pub fn hits_figure(fig: &Figure, path: &Path) -> Plot {
 
 /// A policy family of a frontier figure: the rows whose label starts with `prefix`.
 fn family_of(label: &str) -> Option<&'static str> {
-    if label == "aker" || label.starts_with("aker:") {
-        Some("aker, swept")
-    } else if label.starts_with("guarded:spread") {
+    let clock = label.contains(":clock");
+    if label.starts_with("guarded:spread") {
         Some("guarded, spread")
     } else if label.starts_with("guarded") {
-        Some("guarded, minD/div")
+        Some(if clock {
+            "guarded + clock"
+        } else {
+            "guarded, minD/div"
+        })
+    } else if label == "aker" || label.starts_with("aker:") {
+        Some(if clock { "aker + clock" } else { "aker, swept" })
     } else {
         None
     }
@@ -291,7 +296,13 @@ pub fn frontier_figure(fig: &Figure, pool: PoolSpec, path: &Path) -> Plot {
         fig.dataset, fig.backend
     );
     let c = canvas(path, fig.skews.len(), &title)?;
-    let families = ["aker, swept", "guarded, minD/div", "guarded, spread"];
+    let families = [
+        "aker, swept",
+        "guarded, minD/div",
+        "guarded, spread",
+        "aker + clock",
+        "guarded + clock",
+    ];
     for (panel, &skew) in c.panels.iter().zip(fig.skews) {
         let mut series: Vec<Vec<(f64, f64)>> = vec![Vec::new(); families.len()];
         for label in fig.policies {

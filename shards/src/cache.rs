@@ -13,12 +13,12 @@
 //! set, and the log sequence numbers.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::backend::{sort_candidates, Backend, Candidate};
 use crate::budget::GlobalBudget;
-use crate::config::{CacheConfig, Capacity};
+use crate::config::{CacheConfig, Capacity, Eviction};
 use crate::entry::{AtomicF32, NeighborList, RepId, RepView, Representative};
 use crate::error::{validate_k, validate_vector, Result};
 use crate::exact_table::{QueryKey, Slot};
@@ -184,6 +184,8 @@ pub struct Cache {
     pub(crate) next_rep: RepId,
     /// The representative the slow path served last (round-robin position).
     pub(crate) slow_path_last: RepId,
+    /// The second-chance clock's hand: the id it looks at next (`Eviction::SecondChance`).
+    pub(crate) clock_hand: RepId,
     pub(crate) alias_count: usize,
     /// Bytes of representatives (query, list) and aliases.
     pub(crate) entry_bytes: usize,
@@ -223,6 +225,7 @@ impl Cache {
             max_d_by_rep: HashMap::default(),
             next_rep: 1,
             slow_path_last: 0,
+            clock_hand: 0,
             alias_count: 0,
             entry_bytes: 0,
             budget: None,
@@ -414,7 +417,7 @@ impl Cache {
         // The share may have shrunk since the last admission.
         self.evict_to_budget();
         while !self.fits(n) {
-            if !self.evict_oldest() {
+            if !self.evict_one() {
                 break;
             }
         }
@@ -466,6 +469,7 @@ impl Cache {
             )),
             query_norm,
             min_gap: min_gap.unwrap_or(0.0),
+            referenced: Arc::new(AtomicBool::new(false)),
             nrl: Arc::new(nrl),
         };
         self.risk.sum_r += view.nrl.risk_fixed(k, gauge, query_norm);
@@ -513,7 +517,7 @@ impl Cache {
 
     /// Evicts (FIFO) while the pool is over its budget.
     pub(crate) fn evict_to_budget(&mut self) {
-        while !self.fits(0) && self.evict_oldest() {}
+        while !self.fits(0) && self.evict_one() {}
     }
 
     /// Whether an entry of `n` results fits without eviction (`n = 0`: within budget).
@@ -594,7 +598,38 @@ impl Cache {
         self.trim_log();
     }
 
-    /// Evicts the oldest representative (FIFO). False when empty.
+    /// Evicts one representative by the configured rule (`Eviction`). False when empty.
+    pub fn evict_one(&mut self) -> bool {
+        let victim = match self.cfg.eviction {
+            Eviction::Fifo => self.reps.first_key_value().map(|(&id, _)| id),
+            Eviction::SecondChance => self.clock_victim(),
+        };
+        match victim {
+            Some(id) => {
+                self.remove_rep(id, Removal::Evicted);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// CLOCK over admission order from the hand: the first entry not hit since the hand
+    /// last passed it (each one passed loses its mark). One full pass clears every
+    /// mark, so at most `n + 1` entries are looked at.
+    fn clock_victim(&mut self) -> Option<RepId> {
+        let n = self.reps.len();
+        let hand = self.clock_hand;
+        let order = self.reps.range(hand..).chain(self.reps.range(..hand));
+        let victim = order
+            .cycle()
+            .take(n + 1)
+            .find(|(_, r)| !r.referenced.swap(false, Ordering::Relaxed))
+            .map(|(&id, _)| id)?;
+        self.clock_hand = victim + 1;
+        Some(victim)
+    }
+
+    /// Evicts the oldest representative (FIFO), whatever the rule. False when empty.
     pub fn evict_oldest(&mut self) -> bool {
         match self.reps.first_key_value() {
             Some((&id, _)) => {

@@ -80,6 +80,18 @@ impl std::fmt::Display for FilterKind {
     }
 }
 
+/// Which representative leaves when the pool is over budget.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Eviction {
+    /// The oldest (§4.7): the paper's rule.
+    #[default]
+    Fifo,
+    /// The oldest not hit since the clock hand last passed it (CLOCK): an entry that
+    /// serves hits stays while one-off misses age out. Beyond the paper (#22).
+    SecondChance,
+}
+
 /// Which of several filter generations answers (the module docs of `filter`: between a
 /// rotation and the standby's emptying there are two).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,6 +145,8 @@ pub struct CacheConfig {
     pub filter_candidates: usize,
     /// Which filter generation answers while there are two (`StandbySearch`).
     pub standby_search: StandbySearch,
+    /// Which representative leaves when the pool is over budget (`Eviction`).
+    pub eviction: Eviction,
     /// Most aliases one representative links; past it, no new alias (its memory is bounded).
     pub max_aliases_per_rep: usize,
     /// Slow-path batch `B`: log records one step scans.
@@ -164,6 +178,7 @@ impl Default for CacheConfig {
             filter: FilterKind::default(),
             filter_candidates: 2,
             standby_search: StandbySearch::Nearest,
+            eviction: Eviction::Fifo,
             max_aliases_per_rep: 256,
             slow_path_batch: 16,
             slow_path_max_steps: 64,

@@ -4,7 +4,7 @@
 //! builds a new list and swaps it in, so a reader holding the old one is never
 //! disturbed (the concurrent read path relies on this).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crate::gap::Gauge;
@@ -132,6 +132,9 @@ pub struct RepView {
     /// the smallest angle to one of the listed results on `ip`. Set by the owner with
     /// each new list.
     pub min_gap: f32,
+    /// Set by every hit the entry serves, cleared by the second-chance clock
+    /// (`Eviction::SecondChance`); shared by every view of the entry.
+    pub referenced: Arc<AtomicBool>,
 }
 
 impl RepView {

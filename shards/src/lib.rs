@@ -55,7 +55,7 @@ pub mod store;
 
 pub use backend::{Backend, Candidate};
 pub use cache::{Admission, Cache, CacheStats, DeleteOutcome, SearchOutcome};
-pub use config::{CacheConfig, Capacity, FilterKind, StandbySearch};
+pub use config::{CacheConfig, Capacity, Eviction, FilterKind, StandbySearch};
 pub use error::{Error, Result};
 pub use metric::Metric;
 pub use policy::{HitPolicy, PolicyConfig};

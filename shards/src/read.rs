@@ -314,6 +314,11 @@ impl CacheReader {
     ) -> Hit {
         let nrl = &rep.nrl;
         debug_assert!(nrl.len() >= k, "a representative holds at least k results");
+        // Only a store, and only when not set yet: a hot entry's line is not written
+        // on every hit.
+        if !rep.referenced.load(Ordering::Relaxed) {
+            rep.referenced.store(true, Ordering::Relaxed);
+        }
         let mut exact_distances = true;
         let mut results: Vec<Neighbor>;
         if kind == HitKind::Exact {

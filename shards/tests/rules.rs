@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use shards::store::ExactStore;
 use shards::{
-    Admission, Backend, Cache, CacheConfig, Capacity, Error, FilterKind, HitKind, Lookup, Metric,
-    PolicyConfig,
+    Admission, Backend, Cache, CacheConfig, Capacity, Error, Eviction, FilterKind, HitKind, Lookup,
+    Metric, PolicyConfig,
 };
 
 /// Points: id -> position on the line.
@@ -137,6 +137,33 @@ fn guarded_promotes_an_alias_asked_for_again_to_its_own_entry() {
     assert_eq!(c.stats().alias_promotions, 1);
     assert_eq!(c.search(&s, &[1.3], 2).unwrap().kind, HitKind::Exact);
     c.check_invariants().unwrap();
+}
+
+#[test]
+fn second_chance_keeps_an_entry_that_served_a_hit() {
+    // Pool of 4 objects, k = 2 with no shared results: two entries fit.
+    for (eviction, survivor) in [(Eviction::Fifo, 14.0), (Eviction::SecondChance, 1.0)] {
+        let cfg = CacheConfig {
+            capacity: Capacity::Objects(4),
+            eviction,
+            ..line_config()
+        };
+        let (mut c, s) = (
+            Cache::new(cfg, PolicyConfig::default().build()).unwrap(),
+            store(),
+        );
+        c.search(&s, &[1.0], 2).unwrap(); // ids 1, 2
+        c.search(&s, &[14.0], 2).unwrap(); // ids 5, 4
+        assert_eq!(c.search(&s, &[1.0], 2).unwrap().kind, HitKind::Exact);
+        c.search(&s, &[20.0], 2).unwrap(); // ids 6, 5: one entry must leave
+        assert_eq!(c.len(), 2, "{eviction:?}");
+        assert!(
+            c.slot(&[survivor], 2).is_some(),
+            "{eviction:?} keeps {survivor}"
+        );
+        assert!(c.slot(&[20.0], 2).is_some());
+        c.check_invariants().unwrap();
+    }
 }
 
 #[test]
