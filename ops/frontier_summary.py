@@ -82,3 +82,29 @@ for ds, be, pool, skew in cells:
             f"{fmt(hit_at(a, 0.95), digits=1)} / {fmt(hit_at(g, 0.95), digits=1)}",
             f"{fmt(hit_at(a, 0.98), digits=1)} / {fmt(hit_at(g, 0.98), digits=1)}"]
     print(f"| {ds} | {be} | {pool}% | {float(skew):.2f} | " + " | ".join(cols) + " |")
+
+# Which rows make the new front: each new family on its own.
+FAMILIES = {
+    "aker + clock": lambda p: (p == "aker" or p.startswith("aker:")) and ":clock" in p,
+    "guarded (FIFO)": lambda p: p.startswith("guarded") and ":clock" not in p,
+    "guarded + clock": lambda p: p.startswith("guarded") and ":clock" in p,
+}
+print("\nEach new family alone (recall at paper-Aker default's hit ratio / hit % at recall 0.98):\n")
+print("| data set | pool | skew | aker front | " + " | ".join(FAMILIES) + " |")
+print("|---|---:|---:|---:|" + "---:|" * len(FAMILIES))
+for ds, be, pool, skew in cells:
+    mine = [r for r in rows if (r["dataset"], r["backend"], r["pool_pct"], r["skew"])
+            == (ds, be, pool, skew)]
+    default = next((r for r in mine if r["policy"] == "aker"), None)
+    if default is None:
+        continue
+    h0 = 100 * float(default["hit_ratio"])
+    pts = lambda pred: front([(100 * float(r["hit_ratio"]), float(r["recall"]))
+                              for r in mine if pred(r["policy"])])
+    a = front([(100 * float(r["hit_ratio"]), float(r["recall"]))
+               for r in mine if family(r["policy"]) == "aker"])
+    cols = [f"{fmt(recall_at(a, h0))} / {fmt(hit_at(a, 0.98), digits=1)}"]
+    for pred in FAMILIES.values():
+        f = pts(pred)
+        cols.append(f"{fmt(recall_at(f, h0))} / {fmt(hit_at(f, 0.98), digits=1)}")
+    print(f"| {ds} | {pool}% | {float(skew):.2f} | " + " | ".join(cols) + " |")

@@ -736,6 +736,21 @@ mod tests {
     }
 
     #[test]
+    fn the_guarded_policy_and_second_chance_eviction_reach_the_engine() {
+        let cfg = Config::from_toml(
+            "[cache]\neviction = \"second_chance\"\n\
+             policy = { kind = \"guarded\", alpha_l = 1.1, alpha_t = 0.25, tau_init_divisor = 4.0 }\n",
+        )
+        .unwrap();
+        let engine = cfg.cache.engine_config(8).unwrap();
+        assert_eq!(engine.eviction, Eviction::SecondChance);
+        assert!(cfg.cache.policy.build().promotes_aliases());
+        let bad = "[cache]\npolicy = { kind = \"guarded\", alpha_l = 1.1, alpha_t = 0.25, \
+                   tau_init_divisor = 4.0, spread = -1.0 }\n";
+        assert!(Config::from_toml(bad).unwrap().validate().is_err());
+    }
+
+    #[test]
     fn pgvector_settings_are_checked() {
         let base = include_str!("../ops/akerd-pgvector.toml");
         let with = |extra: &str| -> Result<(), String> {

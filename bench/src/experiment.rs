@@ -171,10 +171,10 @@ impl fmt::Display for Policy {
                 clock,
             } => {
                 let name = if guarded { "guarded" } else { "aker" };
+                write!(f, "{name}:div={divisor}:at={alpha_t}")?;
+                // The divisor stays in the label: it is the spread start's fallback.
                 if spread > 0.0 {
-                    write!(f, "{name}:spread={spread}:at={alpha_t}")?
-                } else {
-                    write!(f, "{name}:div={divisor}:at={alpha_t}")?
+                    write!(f, ":spread={spread}")?
                 }
                 if clock {
                     write!(f, ":clock")?

@@ -273,8 +273,12 @@ pub fn hits_figure(fig: &Figure, path: &Path) -> Plot {
 /// A policy family of a frontier figure: the rows whose label starts with `prefix`.
 fn family_of(label: &str) -> Option<&'static str> {
     let clock = label.contains(":clock");
-    if label.starts_with("guarded:spread") {
-        Some("guarded, spread")
+    if label.contains(":spread=") {
+        Some(if clock {
+            "guarded + clock"
+        } else {
+            "guarded, spread"
+        })
     } else if label.starts_with("guarded") {
         Some(if clock {
             "guarded + clock"

@@ -387,6 +387,14 @@ impl Cache {
             let fresh: Vec<u64> = answer.iter().take(k).map(|c| c.id).collect();
             self.policy.on_verification(cached, &fresh);
         }
+        // A promoted alias (the guarded policy) gives way whether or not the answer is
+        // admitted: left in place it would turn every repeat into a backend call.
+        if self.policy.promotes_aliases() {
+            let slot = self.read.table.pin().get(&ticket.key).copied();
+            if let Some(Slot::Alias(r)) = slot {
+                self.unlink_alias(ticket.key, r);
+            }
+        }
         let Some(deleted) = self.deletes.deleted_since(ticket.delete_seq) else {
             self.read.counters.admissions_refused.bump();
             return Ok(Admission::Stale);
@@ -620,11 +628,15 @@ impl Cache {
         let n = self.reps.len();
         let hand = self.clock_hand;
         let order = self.reps.range(hand..).chain(self.reps.range(..hand));
-        let victim = order
+        let unmarked = order
+            .clone()
             .cycle()
             .take(n + 1)
             .find(|(_, r)| !r.referenced.swap(false, Ordering::Relaxed))
-            .map(|(&id, _)| id)?;
+            .map(|(&id, _)| id);
+        // Readers may mark entries again while the hand passes (akerd's lookups run
+        // beside the owner): after a full pass the entry at the hand leaves regardless.
+        let victim = unmarked.or_else(|| order.map(|(&id, _)| id).next())?;
         self.clock_hand = victim + 1;
         Some(victim)
     }
@@ -848,7 +860,10 @@ impl Cache {
                 return Err(ctx("list not ascending"));
             }
             match published.get(&id) {
-                Some(v) if Arc::ptr_eq(&v.nrl, &rep.nrl) && Arc::ptr_eq(&v.tau, &rep.tau) => {}
+                Some(v)
+                    if Arc::ptr_eq(&v.nrl, &rep.nrl)
+                        && Arc::ptr_eq(&v.tau, &rep.tau)
+                        && Arc::ptr_eq(&v.referenced, &rep.referenced) => {}
                 _ => return Err(ctx("published view differs from the owner's")),
             }
             for &nid in &nrl.ids {

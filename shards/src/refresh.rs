@@ -134,7 +134,7 @@ impl Cache {
             self.pool.release(dropped, rid);
         }
         self.set_nrl(rid, nrl, Some((d, &**v)));
-        // A merged id can be a new object: make room the way admission does (FIFO).
+        // A merged id can be a new object: make room the way admission does (`Eviction`).
         self.evict_to_budget();
         true
     }

@@ -137,6 +137,19 @@ fn guarded_promotes_an_alias_asked_for_again_to_its_own_entry() {
     assert_eq!(c.stats().alias_promotions, 1);
     assert_eq!(c.search(&s, &[1.3], 2).unwrap().kind, HitKind::Exact);
     c.check_invariants().unwrap();
+
+    // A promotion whose answer is refused still removes the alias: left, it would send
+    // every repeat to the backend.
+    c.search(&s, &[0.8], 2).unwrap();
+    assert_eq!(c.aliases(), 1);
+    let Lookup::Miss(ticket) = c.lookup(&[0.8], 2).unwrap() else {
+        panic!("a promoted alias is a miss")
+    };
+    let answer = s.search(&ticket.query, 2).unwrap();
+    c.delete(answer[0].id); // acknowledged before the admission: one result left
+    assert_eq!(c.admit(ticket, answer).unwrap(), Admission::TooFew);
+    assert_eq!(c.aliases(), 0);
+    c.check_invariants().unwrap();
 }
 
 #[test]

@@ -63,7 +63,11 @@ const ENGINE: [EngineRow; 17] = [
         "Admissions refused (too few results left, stale, too large).",
         |c| &c.admissions_refused,
     ),
-    ("evictions", "FIFO evictions.", |c| &c.evictions),
+    (
+        "evictions",
+        "Evictions (FIFO, or second chance: cache.eviction).",
+        |c| &c.evictions,
+    ),
     (
         "invalidations",
         "Entries invalidated (deletes, replacement, FLUSH).",

@@ -135,6 +135,9 @@ impl PolicyConfig {
             }
         };
         match *self {
+            PolicyConfig::Guarded { spread, .. } if !(spread.is_finite() && spread >= 0.0) => Err(
+                format!("guarded policy: spread must be finite and >= 0 (got {spread})"),
+            ),
             PolicyConfig::Aker {
                 alpha_l,
                 alpha_t,
@@ -282,5 +285,17 @@ mod tests {
             potluck.validate(Metric::Cosine).is_err(),
             "p is a probability"
         );
+        let guarded = |spread| PolicyConfig::Guarded {
+            alpha_l: 1.1,
+            alpha_t: 0.25,
+            tau_init_divisor: 4.0,
+            spread,
+        };
+        assert!(guarded(2.0).validate(Metric::L2Sq).is_ok());
+        assert!(
+            guarded(f32::INFINITY).validate(Metric::L2Sq).is_err(),
+            "every request a hit"
+        );
+        assert!(guarded(-1.0).validate(Metric::L2Sq).is_err());
     }
 }
