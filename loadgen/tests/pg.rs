@@ -29,9 +29,13 @@ fn sql_mode_loads_searches_with_recall_and_writes() {
         table: "items".into(),
         id_column: "id".into(),
         vector_column: "embedding".into(),
-        ef_search: 100,
+        ef_search: 200,
     };
-    let loaded = pg::load(&t, &fvecs, Metric::L2Sq, 16, 64).unwrap();
+    // A graph this strong on 2,000 rows answers near-exactly whatever its (parallel,
+    // unordered) build: at m 16 / efc 64 / ef 100 one CI run measured recall 0.62 on the
+    // dense cluster, where every other run passed; the recall checked here is the load
+    // generator's bookkeeping, not pgvector's.
+    let loaded = pg::load(&t, &fvecs, Metric::L2Sq, 32, 200).unwrap();
     assert_eq!((loaded.rows, loaded.dim), (2000, 8));
     assert!(loaded.table_bytes > 0 && loaded.index_bytes > 0);
 
