@@ -440,11 +440,7 @@ impl Cache {
         let gauge = self.gauge();
         let query_norm = gap::norm(&ticket.query);
         // ip's minD is an angle: it needs the results' vectors, kept or not.
-        let min_gap = gauge.min_gap(
-            &ticket.query,
-            answer.iter().map(|c| (c.distance, c.vector.as_deref())),
-        );
-        let kth_gap = gauge.kth_gap(
+        let (min_gap, kth_gap) = gauge.answer_gaps(
             &ticket.query,
             k,
             answer.iter().map(|c| (c.distance, c.vector.as_deref())),

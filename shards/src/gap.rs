@@ -129,25 +129,35 @@ impl Gauge {
         min
     }
 
-    /// The gap from `rq` to its `k`-th result (`results` nearest first), for policies
-    /// that read the answer's spread: the `k`-th distance on `l2sq` / `cosine`, on `ip`
-    /// the `k`-th smallest angle to a result (`None` unless every vector is known).
-    pub fn kth_gap<'a>(
+    /// An answer's `(minD, gap to its k-th result)` at admission, each angle computed
+    /// once: [`Gauge::min_gap`], and for policies that read the answer's spread the `k`-th
+    /// distance on `l2sq` / `cosine`, on `ip` the `k`-th smallest angle to a result
+    /// (both `None` on `ip` unless every vector is known).
+    pub fn answer_gaps<'a>(
         self,
         rq: &[f32],
         k: usize,
         results: impl IntoIterator<Item = (f32, Option<&'a [f32]>)>,
-    ) -> Option<f32> {
-        let mut results = results.into_iter();
-        if !self.angular() {
-            return results.nth(k.checked_sub(1)?).map(|(d, _)| d);
+    ) -> (Option<f32>, Option<f32>) {
+        let mut gaps: Vec<f32> = Vec::new();
+        for (d, v) in results {
+            if !self.angular() {
+                gaps.push(d);
+                continue;
+            }
+            let Some(v) = v else { return (None, None) };
+            gaps.push(Metric::Cosine.distance(rq, v).clamp(0.0, 2.0));
         }
-        let mut angles = Vec::new();
-        for (_, v) in results {
-            angles.push(Metric::Cosine.distance(rq, v?).clamp(0.0, 2.0));
+        if self.angular() {
+            gaps.sort_by(f32::total_cmp);
         }
-        angles.sort_by(f32::total_cmp);
-        angles.get(k.checked_sub(1)?).copied()
+        // As `min_gap`: 0 for an empty list but on `ip`, which knows no angle then.
+        let min = match gaps.first() {
+            Some(&g) => Some(g),
+            None if self.angular() => None,
+            None => Some(0.0),
+        };
+        (min, k.checked_sub(1).and_then(|i| gaps.get(i).copied()))
     }
 
     /// A list's `maxD` in the filter's unit (what the fast path compares its filter

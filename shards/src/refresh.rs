@@ -102,13 +102,15 @@ impl Cache {
         if df >= self.max_d_by_rep[&rid] {
             return false;
         }
-        // The list keeps the metric's own distance, which the filter's is not on `ip`.
-        let d = if self.gauge().angular() {
+        // The list keeps the metric's own distance, which the filter's is not on `ip`
+        // (there the exact test is repeated: the two agree but for rounding).
+        let angular = self.gauge().angular();
+        let d = if angular {
             self.cfg.metric.distance(v, &self.reps[&rid].query)
         } else {
             df
         };
-        if d < self.reps[&rid].max_d() && self.merge(rid, id, d, v) {
+        if (!angular || d < self.reps[&rid].max_d()) && self.merge(rid, id, d, v) {
             self.read.counters.fast_path_updates.bump();
             return true;
         }
