@@ -19,7 +19,10 @@
 #
 #   bash ops/pgvector-bench.sh [DURATION_S [WARMUP_S]]   # results in target/pgbench/, summary.md
 #   env: MEM_LIMIT_MB (100), SWEEP_MB ("130 180 200 300 400": PostgreSQL alone's extra
-#   limits), REPEAT_S (30), SEARCH_RATE (400: searches/s beside the writes)
+#   limits), REPEAT_S (30), SEARCH_RATE (400: searches/s beside the writes),
+#   CACHE_POLICY (guarded: akerd's default policy and second-chance eviction; aker: the
+#   paper's policy, FIFO), SETS ("free latency repeat writes mem": the parts to run),
+#   PGBENCH_OUT (target/pgbench: a directory of an earlier run resumes it)
 #
 # Every search run replays the trace from its start: WARMUP_S uncounted (the cache fills;
 # 20 s by default), then DURATION_S counted (10 s) as the trace goes on. In the
@@ -35,7 +38,16 @@ cd "$(dirname "$0")/.."
 root=$PWD
 dur=${1:-10}
 warm=${2:-20}
-out=$root/target/pgbench
+out=${PGBENCH_OUT:-$root/target/pgbench}
+sets=" ${SETS:-free latency repeat writes mem} "
+case ${CACHE_POLICY:-guarded} in
+  guarded) cache_policy='policy = { kind = "guarded", alpha_l = 1.1, alpha_t = 0.25, tau_init_divisor = 4.0 }
+eviction = "second_chance"' ;;
+  aker) cache_policy='policy = { kind = "aker", alpha_l = 1.1, alpha_t = 0.25, tau_init_divisor = 4.0 }
+eviction = "fifo"' ;;
+  *) echo "CACHE_POLICY: guarded or aker" >&2; exit 2 ;;
+esac
+has_set() { [[ $sets == *" $1 "* ]]; }
 data=$out/pgdata
 port=${PGPORT_BENCH:-55440}
 aport=7720
@@ -183,7 +195,7 @@ request_timeout_ms = 60000
 k_max = 10
 delta = 0
 capacity_objects = $objects
-policy = { kind = "aker", alpha_l = 1.1, alpha_t = 0.25, tau_init_divisor = 4.0 }
+$cache_policy
 [backend]
 kind = "pgvector"
 threads = $best
@@ -295,13 +307,13 @@ pgsql "CREATE EXTENSION IF NOT EXISTS pg_prewarm" > /dev/null
 pgsql "SELECT sum(pg_prewarm(c.oid)) FROM pg_class c WHERE c.oid = 'items'::regclass
        OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'items'::regclass)" \
     > "$out/free-prewarm-blocks"
-run_set free
-latency_set
-repeat_set
+has_set free && run_set free
+has_set latency && latency_set
+has_set repeat && repeat_set
 cat "$cgf/memory.max_usage_in_bytes" > "$out/free-cgroup-max-usage"
 
 # --- writes: through akerd against straight into PostgreSQL, the same GloVe rows --------
-if [ ! -f "$out/search-while-writes.json" ]; then
+if has_set writes && [ ! -f "$out/search-while-writes.json" ]; then
   n_w=3000
   lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-writes "$out/glove-base.fvecs" \
      --pg-writes-n $n_w -c 4 --id-base 10000000 --json "$out/writes-pg.json" > /dev/null
@@ -331,16 +343,18 @@ pg_stop
 rmdir "$cgf" 2>/dev/null || true
 
 # --- memory-constrained: PostgreSQL's processes and page cache limited ------------------
-mkdir -p "$cg"
-sync; echo 3 > /proc/sys/vm/drop_caches
-pg_start 128kB "$cg"
-limit_group=$cg
-run_set mem
-echo $((mem_mb * 1024 * 1024)) > "$out/mem-cgroup-limit"
-cat "$cg/memory.failcnt" > "$out/mem-cgroup-failcnt"
+if has_set mem; then
+  mkdir -p "$cg"
+  sync; echo 3 > /proc/sys/vm/drop_caches
+  pg_start 128kB "$cg"
+  limit_group=$cg
+  run_set mem
+  echo $((mem_mb * 1024 * 1024)) > "$out/mem-cgroup-limit"
+  cat "$cg/memory.failcnt" > "$out/mem-cgroup-failcnt"
 
-pg_stop
-rmdir "$cg" 2>/dev/null || true
+  pg_stop
+  rmdir "$cg" 2>/dev/null || true
+fi
 
 py=python3
 if [ -x .venv/bin/python ] && .venv/bin/python -c 'import matplotlib' 2>/dev/null; then py=.venv/bin/python; fi

@@ -92,12 +92,32 @@ pub struct CacheSection {
 /// else: every other `[cache]` default is `shards::CacheConfig::default()`'s, and
 /// `ops/akerd.toml` states them all (a test holds it to that).
 pub mod daemon_defaults {
-    use shards::StandbySearch;
+    use shards::{Eviction, PolicyConfig, StandbySearch};
 
-    /// Δ = 10 reserve results (engine: 0, the paper's search runs): a delete of a cached
+    /// Δ = 2 reserve results (engine: 0, the paper's search runs): a delete of a cached
     /// neighbour promotes a reserve instead of invalidating the entry, which a daemon
-    /// that takes writes needs.
-    pub const DELTA: usize = 10;
+    /// that takes writes needs; 2, not more, because at equal bytes each reserve costs
+    /// entries (GloVe 5%, skew 0.99: Δ 0 / 2 / 10 hold 5,253 / 4,716 / 3,457 entries,
+    /// 67.6 / 66.2 / 61.6% hits: bench/results/policy-frontier.md).
+    pub const DELTA: usize = 2;
+    /// Neighbour vectors are not kept (engine: kept): at d = 50 a vector costs three
+    /// ids-only objects, and with the guarded policy re-ranking them bought less than
+    /// the entries they displace (policy-frontier.md, "akerd's configuration").
+    pub const STORE_VECTORS: bool = false;
+    /// Second-chance eviction (engine: FIFO, the paper's): an entry hit since the clock
+    /// hand last passed it is spared, so a popular query keeps its exact answer.
+    pub const EVICTION: Eviction = Eviction::SecondChance;
+    /// The guarded policy (engine: paper-Aker): paper-Aker's thresholds, and an alias
+    /// asked for again is promoted to an entry of its own (docs/ALGORITHM.md, "The
+    /// guarded policy").
+    pub fn policy() -> PolicyConfig {
+        PolicyConfig::Guarded {
+            alpha_l: 1.1,
+            alpha_t: 0.25,
+            tau_init_divisor: 4.0,
+            spread: 0.0,
+        }
+    }
     /// `learned` (engine: `nearest`, ALGORITHM.md's rule): after a filter rotation, the
     /// generation hits come from is searched first and answers alone when it can
     /// (two-generation hits 25.9 -> 18.5 µs at d = 768, hit ratios within 0.1 point:
@@ -119,11 +139,11 @@ impl Default for CacheSection {
             delta: daemon_defaults::DELTA,
             capacity_bytes: None,
             capacity_objects: None,
-            store_vectors: e.store_vectors,
+            store_vectors: daemon_defaults::STORE_VECTORS,
             filter: e.filter,
             filter_candidates: e.filter_candidates,
             standby_search: daemon_defaults::STANDBY_SEARCH,
-            eviction: e.eviction,
+            eviction: daemon_defaults::EVICTION,
             max_aliases_per_rep: e.max_aliases_per_rep,
             slow_path_batch: e.slow_path_batch,
             slow_path_max_steps: e.slow_path_max_steps,
@@ -131,7 +151,7 @@ impl Default for CacheSection {
             insert_log_cap: e.insert_log_cap,
             insert_log_bytes: e.insert_log_bytes,
             delete_log_cap: e.delete_log_cap,
-            policy: PolicyConfig::default(),
+            policy: daemon_defaults::policy(),
             owner_queue_depth: daemon_defaults::OWNER_QUEUE_DEPTH,
             prefault_bytes: 0,
         }

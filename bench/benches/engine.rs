@@ -17,7 +17,7 @@
 //! the engine's parts: scaling, tails, timed (the criterion rows); AKER_BENCH_DIMS=768 one
 //! dimension; AKER_BENCH_PREFAULT_MB memory faulted in before anything is timed, 2048 by
 //! default, 0 to time first-touch faults too; AKER_BENCH_STANDBY the filter's standby
-//! search; AKER_BENCH_OWNER_RATE and AKER_BENCH_OWNER_US the scaling owner's admissions
+//! search; AKER_BENCH_EVICTION=second_chance akerd's eviction; AKER_BENCH_OWNER_RATE and AKER_BENCH_OWNER_US the scaling owner's admissions
 //! a second and how often it wakes; AKER_BENCH_SCALING_STOP=all has every scaling reader
 //! do its whole share, instead of all stopping when the first is done).
 
@@ -132,6 +132,7 @@ impl Fixture {
             capacity: Capacity::Objects(n * (K + DELTA)),
             filter: filter_kind(),
             standby_search: engine_fixture::standby_search(),
+            eviction: engine_fixture::eviction(),
             // The insert groups log up to ~1.3 million vectors in one filter state (d =
             // 128; ~300,000 at d = 768) that the slow path does not keep up with: the
             // default caps (2^20 records; 1 GiB, 342,000 records at d = 768) would
@@ -211,9 +212,10 @@ fn single_core(c: &mut Criterion) {
     }
     let n = reps();
     println!(
-        "cache filter: {}, standby search {:?}",
+        "cache filter: {}, standby search {:?}, eviction {:?}",
         filter_kind(),
-        engine_fixture::standby_search()
+        engine_fixture::standby_search(),
+        engine_fixture::eviction()
     );
     for dim in dims() {
         let f = Fixture::new(dim, n);

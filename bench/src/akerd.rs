@@ -127,6 +127,7 @@ impl AkerdFile {
             store_vectors: c.store_vectors,
             filter: c.filter,
             policy: c.policy.clone(),
+            eviction: c.eviction,
             capacity,
             shards: self.shards(),
             executors: self.config.server.executors,
@@ -161,6 +162,7 @@ pub struct AkerdSettings {
     pub store_vectors: bool,
     pub filter: shards::FilterKind,
     pub policy: PolicyConfig,
+    pub eviction: shards::Eviction,
     /// The file's own pool budget (what `--pools config` runs).
     pub capacity: Capacity,
     pub shards: usize,
@@ -239,7 +241,7 @@ impl fmt::Display for AkerdSettings {
         write!(
             f,
             "{}: Δ = {}, k_max = {}, filter_candidates = {}, standby_search = {:?}, \
-             store_vectors = {}, filter {}, policy {}, {} shards ({} centroids, router \
+             store_vectors = {}, filter {}, policy {}, eviction {:?}, {} shards ({} centroids, router \
              sample ≤ {} rows, rebalance every {} searches for {} ms), own pool {}",
             self.path.display(),
             self.delta,
@@ -249,6 +251,7 @@ impl fmt::Display for AkerdSettings {
             self.store_vectors,
             self.filter,
             policy_label(&self.policy),
+            self.eviction,
             self.shards,
             self.centroids,
             self.sample_rows,
@@ -309,12 +312,13 @@ mod tests {
         let text = f.settings().to_string();
         for part in [
             "akerd.toml",
-            "Δ = 10",
+            "Δ = 2",
             "filter_candidates = 2",
             "standby_search = Learned",
-            "store_vectors = true",
+            "store_vectors = false",
             "2 shards",
-            "policy aker",
+            "policy guarded",
+            "eviction SecondChance",
             "256 MiB",
         ] {
             assert!(text.contains(part), "{part}: {text}");

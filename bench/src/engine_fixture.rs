@@ -3,7 +3,7 @@
 
 use rand::rngs::StdRng;
 use rand::Rng;
-use shards::{Cache, Candidate, Lookup, MissTicket, StandbySearch};
+use shards::{Cache, Candidate, Eviction, Lookup, MissTicket, StandbySearch};
 
 /// Query vectors shaped like real embeddings: 1,000 clusters of varying spread (uniform
 /// random vectors in 128+ dimensions are a known worst case for any graph index, and no
@@ -86,6 +86,16 @@ pub fn standby_search() -> StandbySearch {
         Ok("active_first") => StandbySearch::ActiveFirst,
         Ok("learned") | Err(_) => StandbySearch::Learned,
         Ok(other) => panic!("AKER_BENCH_STANDBY: nearest, active_first or learned, not {other}"),
+    }
+}
+
+/// The eviction order: FIFO (the paper's, the engine's default), or
+/// AKER_BENCH_EVICTION=second_chance (akerd's default: every hit sets its entry's mark).
+pub fn eviction() -> Eviction {
+    match std::env::var("AKER_BENCH_EVICTION").as_deref() {
+        Ok("fifo") | Err(_) => Eviction::Fifo,
+        Ok("second_chance") => Eviction::SecondChance,
+        Ok(other) => panic!("AKER_BENCH_EVICTION: fifo or second_chance, not {other}"),
     }
 }
 

@@ -767,8 +767,9 @@ mod tests {
             }
         );
         // The akerd config's settings, not the paper's the spec also carries.
-        assert_eq!((got.delta, got.filter_candidates), (10, 2));
-        assert!(got.store_vectors);
+        assert_eq!((got.delta, got.filter_candidates), (2, 2));
+        assert!(!got.store_vectors);
+        assert_eq!(got.eviction, shards::Eviction::SecondChance);
         assert_eq!(got.standby_search, StandbySearch::Learned);
         assert_eq!(s.filter_used(), Some(want.filter));
         assert_eq!(s.global_threshold_used(), None);

@@ -389,9 +389,9 @@ fn akerd_header(s: &mut String, a: &AkerdSettings) {
          {every} searches (`ShardingConfig::default()`). With `store_vectors` the backends \
          return each neighbour's vector, as akerd's embedded stores do. The policy learns \
          once per verification (`OncePerVerification`), as in the other rows.\n\n\
-         | akerd file | Δ | k_max | filter_candidates | standby_search | store_vectors | shards | policy | filter | own pool |\n\
-         |---|---:|---:|---:|---|---|---:|---|---|---|\n\
-         | `{path}` | {} | {} | {} | {:?} | {} | {} ({} centroids) | {} | {} | {} |\n",
+         | akerd file | Δ | k_max | filter_candidates | standby_search | store_vectors | shards | policy | eviction | filter | own pool |\n\
+         |---|---:|---:|---:|---|---|---:|---|---|---|---|\n\
+         | `{path}` | {} | {} | {} | {:?} | {} | {} ({} centroids) | {} | {:?} | {} | {} |\n",
         a.delta,
         a.k_max,
         a.filter_candidates,
@@ -400,6 +400,7 @@ fn akerd_header(s: &mut String, a: &AkerdSettings) {
         a.shards,
         a.centroids,
         crate::akerd::policy_label(&a.policy),
+        a.eviction,
         a.filter,
         capacity_label(a.capacity),
         path = a.path.display(),
@@ -693,9 +694,9 @@ mod tests {
             .find(|l| l.starts_with("| `") && l.contains("akerd.toml"))
             .unwrap_or_else(|| panic!("{md}"));
         for cell in [
-            "| 10 | 100 | 2 | Learned | true | 2 (64 centroids) |",
-            "| aker (α_L = 1.1",
-            "| graph HNSW m 4, efc 8, efs 16 | 256 MiB |",
+            "| 2 | 100 | 2 | Learned | false | 2 (64 centroids) |",
+            "| guarded (α_L = 1.1",
+            "| SecondChance | graph HNSW m 4, efc 8, efs 16 | 256 MiB |",
         ] {
             assert!(line.contains(cell), "{cell}: {line}");
         }

@@ -3,7 +3,7 @@
 
 use aker_formats::data::Dataset;
 use aker_formats::data::{split_queries, synthetic};
-use bench::akerd::AkerdFile;
+use bench::akerd::{AkerdFile, AkerdSetup};
 use bench::experiment::{self, Policy, Rule, RunResult, RunSpec};
 use bench::groundtruth::exact_top_n;
 use bench::precomputed::{PrecomputedBackend, WithVectors};
@@ -203,17 +203,19 @@ fn the_sharded_path_accounts_for_every_request_within_one_budget() {
 }
 
 #[test]
-fn akerd_s_configuration_runs_sharded_with_its_vectors_within_the_row_s_pool() {
+fn akerd_s_configuration_runs_sharded_within_the_row_s_pool() {
     let s = setup();
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/akerd.toml");
     let file = AkerdFile::load(&path, Metric::L2Sq).unwrap();
     let setup = file.setup(16).unwrap();
-    assert!(setup.cache.store_vectors && setup.cache.delta == 10);
+    assert!(!setup.cache.store_vectors && setup.cache.delta == 2);
+    assert_eq!(setup.cache.eviction, shards::Eviction::SecondChance);
     // The paper settings the spec carries are not akerd's: they must not leak in.
-    let spec = |pool| RunSpec {
+    let spec_of = |setup: &AkerdSetup, pool| RunSpec {
         akerd: Some(setup.clone()),
         ..paper_spec("akerd", pool, s.threshold, 1)
     };
+    let spec = |pool| spec_of(&setup, pool);
     let backend = WithVectors::new(&s.deep, &s.base);
     let go = |spec: &RunSpec| {
         experiment::run(spec, &s.workload, &s.truth, &s.routing, &backend, &|_| {}).unwrap()
@@ -222,9 +224,15 @@ fn akerd_s_configuration_runs_sharded_with_its_vectors_within_the_row_s_pool() {
     check_accounting("akerd", &r);
     assert!(r.hits() > 0 && r.representatives > 0);
     assert!(r.objects <= s.pool, "{} objects", r.objects);
-    // Stored vectors are in the bytes: at least 16 floats per object.
-    assert!(r.bytes >= r.objects * 16 * 4, "{} bytes", r.bytes);
-    // The paper rows' answers are k deep: Δ = 10 asks for more, which is refused.
+    assert!(r.alias.count == 0, "the guarded policy promotes aliases");
+    // With vectors kept they are in the bytes: at least 16 floats per object.
+    let mut kept = setup.clone();
+    kept.cache.store_vectors = true;
+    let v = go(&spec_of(&kept, Capacity::Objects(s.pool)));
+    check_accounting("akerd, vectors kept", &v);
+    assert!(v.bytes >= v.objects * 16 * 4, "{} bytes", v.bytes);
+    assert!(v.bytes > r.bytes, "ids only: {} bytes, kept: {}", r.bytes, v.bytes);
+    // The paper rows' answers are k deep: Δ = 2 asks for more, which is refused.
     let shallow = experiment::run(
         &spec(Capacity::Objects(s.pool)),
         &s.workload,
