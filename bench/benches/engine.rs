@@ -17,7 +17,8 @@
 //! the engine's parts: scaling, tails, timed (the criterion rows); AKER_BENCH_DIMS=768 one
 //! dimension; AKER_BENCH_PREFAULT_MB memory faulted in before anything is timed, 2048 by
 //! default, 0 to time first-touch faults too; AKER_BENCH_STANDBY the filter's standby
-//! search; AKER_BENCH_EVICTION=second_chance akerd's eviction; AKER_BENCH_OWNER_RATE and AKER_BENCH_OWNER_US the scaling owner's admissions
+//! search; AKER_BENCH_EVICTION=second_chance akerd's eviction (the two_gen group only:
+//! one_gen's approximate-hit inputs assume FIFO took the entries drawn before); AKER_BENCH_OWNER_RATE and AKER_BENCH_OWNER_US the scaling owner's admissions
 //! a second and how often it wakes; AKER_BENCH_SCALING_STOP=all has every scaling reader
 //! do its whole share, instead of all stopping when the first is done).
 

@@ -209,6 +209,7 @@ impl Cache {
             delete_seq: AtomicU64::new(0),
             counters: Counters::default(),
             credit_pending: Default::default(),
+            threshold_scale: std::sync::atomic::AtomicU32::new(1.0f32.to_bits()),
         });
         Ok(Cache {
             read,

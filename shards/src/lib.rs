@@ -37,6 +37,7 @@ pub mod epoch;
 pub mod error;
 pub mod exact_table;
 pub mod filter;
+pub mod floor;
 pub mod gap;
 pub mod hash;
 pub mod insert_log;

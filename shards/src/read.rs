@@ -137,6 +137,9 @@ pub struct CacheReader {
     pub(crate) counters: Counters,
     /// A slow-path credit is queued for the owner (coalesces credits from many cores).
     pub(crate) credit_pending: std::sync::atomic::AtomicBool,
+    /// f32 bits of the factor every hit threshold is multiplied by (1.0: the policy's
+    /// own); the recall floor's controller sets it (`floor.rs`).
+    pub(crate) threshold_scale: std::sync::atomic::AtomicU32,
 }
 
 impl CacheReader {
@@ -146,6 +149,20 @@ impl CacheReader {
 
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// The factor approximate hits' thresholds are multiplied by (`set_threshold_scale`).
+    pub fn threshold_scale(&self) -> f32 {
+        f32::from_bits(self.threshold_scale.load(Ordering::Relaxed))
+    }
+
+    /// Scales every entry's threshold for approximate hits from the next lookup on: the
+    /// recall floor tightens them (`< 1`) and relaxes them back. Entries keep their own
+    /// `τ`; exact and alias hits do not depend on it.
+    pub fn set_threshold_scale(&self, scale: f32) {
+        assert!(scale.is_finite() && scale >= 0.0, "threshold scale {scale}");
+        self.threshold_scale
+            .store(scale.to_bits(), Ordering::Relaxed);
     }
 
     pub fn validate_request(&self, q: &[f32], k: usize) -> Result<()> {
@@ -229,12 +246,13 @@ impl CacheReader {
         // Distances in the filter's unit; thresholds compare their gap (`gap.rs`).
         let gauge = Gauge(self.cfg.metric);
         let fq = gauge.filter_query(q);
+        let scale = self.threshold_scale();
         let distance =
             |view: &RepView| Some(gauge.filter_distance(&fq, &view.query, view.query_norm));
         let mut serves = |r: RepId| {
             let view = reps.get(&r)?;
             let d = exact.get_or_compute(r, || distance(view))?;
-            (gauge.gap(d) < self.policy.threshold(view)).then_some(d)
+            (gauge.gap(d) < self.policy.threshold(view) * scale).then_some(d)
         };
         let want = CandidateSearch {
             mode: self.cfg.standby_search,
@@ -254,7 +272,7 @@ impl CacheReader {
         }
         cands.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         for &(d, _, rep) in cands.iter().take(n) {
-            if gauge.gap(d) < self.policy.threshold(rep) {
+            if gauge.gap(d) < self.policy.threshold(rep) * scale {
                 if self.policy.sample_verification() {
                     self.counters.verifications.bump();
                     self.counters.misses.bump();

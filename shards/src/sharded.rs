@@ -187,6 +187,13 @@ impl ShardedCache {
         &self.router
     }
 
+    /// Every shard's threshold scale (`CacheReader::set_threshold_scale`).
+    pub fn set_threshold_scale(&self, scale: f32) {
+        for c in &self.shards {
+            c.read.set_threshold_scale(scale);
+        }
+    }
+
     pub fn budget(&self) -> &GlobalBudget {
         &self.budget
     }

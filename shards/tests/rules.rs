@@ -152,6 +152,33 @@ fn guarded_promotes_an_alias_asked_for_again_to_its_own_entry() {
     c.check_invariants().unwrap();
 }
 
+/// The recall floor's knob: every approximate hit compares its gap with `τ × scale`.
+#[test]
+fn the_threshold_scale_narrows_approximate_hits_and_gives_them_back() {
+    let (mut c, s) = (cache(0), store());
+    c.search(&s, &[1.0], 2).unwrap();
+    c.search(&s, &[1.0], 2).unwrap(); // τ = 0.275
+    c.reader().set_threshold_scale(0.1); // 0.0275
+    assert_eq!(
+        c.search(&s, &[1.2], 2).unwrap().kind,
+        HitKind::Miss,
+        "gap 0.04"
+    );
+    assert_eq!(
+        c.search(&s, &[1.0], 2).unwrap().kind,
+        HitKind::Exact,
+        "not scaled"
+    );
+    c.reader().set_threshold_scale(1.0);
+    assert_eq!(c.reader().threshold_scale(), 1.0);
+    assert_eq!(
+        c.search(&s, &[0.8], 2).unwrap().kind,
+        HitKind::Approximate,
+        "gap 0.04 < τ"
+    );
+    c.check_invariants().unwrap();
+}
+
 #[test]
 fn second_chance_keeps_an_entry_that_served_a_hit() {
     // Pool of 4 objects, k = 2 with no shared results: two entries fit.
