@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use shards::floor::FloorConfig;
 use shards::{CacheConfig, Capacity, Eviction, FilterKind, Metric, PolicyConfig, StandbySearch};
 
 use crate::server::ServerConfig;
@@ -76,6 +77,19 @@ pub struct CacheSection {
     /// `{ kind = "proximity", threshold = .. }` or `{ kind = "potluck", .. }`; a threshold
     /// is a gap (`shards::gap`): the metric's distance, on `ip` the angle `1 - cos`.
     pub policy: PolicyConfig,
+    /// The recall@k that what akerd serves must keep, relative to the backend's own
+    /// answer for the same request (over all replies; a miss counts 1): sampled hits
+    /// are checked against the backend in its spare capacity, and hit thresholds are
+    /// tightened while the estimate's lower bound is below it (docs/ALGORITHM.md, "The
+    /// recall floor"). 0 turns it off; unavailable in cache-aside mode.
+    pub recall_floor: f64,
+    /// Fraction of approximate and alias hits checked (exact hits: an eighth of it).
+    pub recall_sample: f64,
+    /// Most checks a second over all executors; past it, sampled hits go unchecked.
+    pub recall_checks_per_s: u32,
+    /// The loosest threshold scale the floor may set: 1 keeps the policy's own
+    /// thresholds as the loosest; above 1 it may loosen past them while the floor holds.
+    pub recall_scale_max: f32,
     /// Messages queued to one shard's owner; hints past it are dropped and counted,
     /// writes wait for room.
     pub owner_queue_depth: usize,
@@ -128,11 +142,20 @@ pub mod daemon_defaults {
     pub const CAPACITY_BYTES: usize = 256 << 20;
     /// Messages queued per shard owner (daemon-only).
     pub const OWNER_QUEUE_DEPTH: usize = 4096;
+    /// The recall floor is on at 0.95 (engine: off): the default policy measures
+    /// 0.97-0.99 on GloVe at equal bytes (bench/results/policy-frontier.md), so there
+    /// the floor only costs its checks, and it catches a workload or a policy that does
+    /// worse (paper-Aker: 0.92 at skew 0.99) instead of serving it silently.
+    pub const RECALL_FLOOR: f64 = 0.95;
+    /// Checks a second at most: ~1-3% of what one backend thread answers here, and
+    /// enough for the estimate to follow a changed workload within seconds.
+    pub const RECALL_CHECKS_PER_S: u32 = 200;
 }
 
 impl Default for CacheSection {
     fn default() -> Self {
         let e = CacheConfig::default();
+        let f = FloorConfig::default();
         CacheSection {
             metric: None,
             k_max: e.k_max,
@@ -152,6 +175,10 @@ impl Default for CacheSection {
             insert_log_bytes: e.insert_log_bytes,
             delete_log_cap: e.delete_log_cap,
             policy: daemon_defaults::policy(),
+            recall_floor: daemon_defaults::RECALL_FLOOR,
+            recall_sample: f.sample,
+            recall_checks_per_s: daemon_defaults::RECALL_CHECKS_PER_S,
+            recall_scale_max: f.scale_max,
             owner_queue_depth: daemon_defaults::OWNER_QUEUE_DEPTH,
             prefault_bytes: 0,
         }
@@ -203,7 +230,23 @@ impl CacheSection {
         if self.owner_queue_depth == 0 {
             return Err("cache: owner_queue_depth must be at least 1".into());
         }
+        self.floor_config()
+            .validate()
+            .map_err(|e| format!("cache: {e}"))?;
+        if self.recall_checks_per_s == 0 {
+            return Err("cache: recall_checks_per_s must be at least 1".into());
+        }
         Ok(cfg)
+    }
+
+    /// The engine's recall-floor settings (`shards::floor`).
+    pub fn floor_config(&self) -> FloorConfig {
+        FloorConfig {
+            floor: self.recall_floor,
+            sample: self.recall_sample,
+            scale_max: self.recall_scale_max,
+            ..FloorConfig::default()
+        }
     }
 }
 

@@ -367,7 +367,10 @@ fn by_default_a_repeated_approximate_request_gets_its_own_entry() {
     let near: Vec<f32> = q.iter().map(|x| x + eps).collect();
     let approx = c.search(K, &near).unwrap();
     assert_eq!(approx.hit, HitKind::Approximate);
-    assert!(!approx.distances_to_query, "no vectors kept: the cached query's distances");
+    assert!(
+        !approx.distances_to_query,
+        "no vectors kept: the cached query's distances"
+    );
 
     // The alias is linked asynchronously: until then a repeat is approximate again.
     let end = std::time::Instant::now() + Duration::from_secs(5);
@@ -380,7 +383,11 @@ fn by_default_a_repeated_approximate_request_gets_its_own_entry() {
         assert!(std::time::Instant::now() < end, "no promotion within 5 s");
         std::thread::sleep(Duration::from_millis(5));
     };
-    assert_eq!(promoted.hit, HitKind::Miss, "the promoted repeat asks the backend");
+    assert_eq!(
+        promoted.hit,
+        HitKind::Miss,
+        "the promoted repeat asks the backend"
+    );
     assert_eq!(ids(&promoted), exact_ids(&ds, &near, K as usize));
     let own = search_until(&mut c, &near, HitKind::Exact);
     assert_eq!(ids(&own), ids(&promoted), "the repeat's own exact answer");
@@ -402,9 +409,12 @@ fn the_demo_runs_small_and_sees_every_kind() {
     let r = aker::demo::measure(&o).unwrap();
     assert_eq!(r.errors, 0);
     assert_eq!(r.total(), 3_000);
-    let counts: Vec<u64> = r.kinds.iter().map(|k| k.count as u64).collect();
+    let counts: Vec<u64> = r.kinds.iter().map(|k| k.count).collect();
     for kind in [HitKind::Miss, HitKind::Exact, HitKind::Approximate] {
-        assert!(counts[kind.code() as usize] > 0, "no {kind:?} replies: {counts:?}");
+        assert!(
+            counts[kind.code() as usize] > 0,
+            "no {kind:?} replies: {counts:?}"
+        );
     }
     // akerd's default policy promotes an alias asked for again to an entry of its own.
     assert_eq!(counts[HitKind::Alias.code() as usize], 0, "{counts:?}");

@@ -40,6 +40,10 @@ pub trait Backend: Send {
     fn delete(&mut self, id: u64) -> Result<bool>;
     /// Live vectors.
     fn len(&self) -> usize;
+    /// Whether `id` is live; `None` where the backend cannot say cheaply.
+    fn contains(&self, _id: u64) -> Option<bool> {
+        None
+    }
     fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -36,6 +36,7 @@ use shards::owner::{OwnerMsg, ShardHandle};
 use shards::{Backend, Candidate, DeleteOutcome, InsertOutcome};
 
 use super::pgvector::{PgConn, PgTarget, Session, WriteError};
+use super::recall::{Check, RecallChecks, CHECK_DEADLINE, CHECK_STALE};
 use crate::protocol::{Rejection, Status};
 
 /// A store the backend threads share.
@@ -103,6 +104,8 @@ struct Worker {
     stripes: Vec<Mutex<Option<Session>>>,
     shards: Vec<ShardHandle>,
     stop: Arc<AtomicBool>,
+    /// The recall floor's checks, run only when no request job waits (`recall.rs`).
+    checks: Option<(Arc<RecallChecks>, flume::Receiver<Check>)>,
 }
 
 /// Longest wait at start for the backend threads' first connection attempts.
@@ -113,6 +116,7 @@ const READY_WAIT: Duration = Duration::from_secs(30);
 const STOP_POLL: Duration = Duration::from_millis(50);
 
 impl BackendPool {
+    #[allow(clippy::too_many_arguments)] // the config's backend table, spelled out
     pub(crate) fn start(
         side: StoreSide,
         threads: usize,
@@ -121,6 +125,7 @@ impl BackendPool {
         idle: bool,
         shards: Vec<ShardHandle>,
         stop: Arc<AtomicBool>,
+        checks: Option<(Arc<RecallChecks>, flume::Receiver<Check>)>,
     ) -> std::io::Result<(BackendPool, Vec<JoinHandle<()>>)> {
         let (tx, rx) = flume::bounded(depth.max(1));
         let worker = Arc::new(Worker {
@@ -128,6 +133,7 @@ impl BackendPool {
             stripes: (0..ID_STRIPES).map(|_| Mutex::new(None)).collect(),
             shards,
             stop,
+            checks,
         });
         let mut handles = Vec::with_capacity(threads);
         let (ready_tx, ready_rx) = flume::bounded(threads.max(1));
@@ -258,15 +264,28 @@ impl Worker {
         let _ = ready.send(());
         drop(ready);
         loop {
-            let job = match rx.recv_timeout(STOP_POLL) {
+            let job = match rx.try_recv() {
                 Ok(job) => job,
-                Err(flume::RecvTimeoutError::Timeout) if !self.stop.load(Ordering::Acquire) => {
-                    if let Some(pg) = pg.as_mut() {
-                        pg.reconnect_if_due(false);
+                Err(flume::TryRecvError::Disconnected) => return,
+                Err(flume::TryRecvError::Empty) => {
+                    // No request waits: the thread's spare time is the recall checks'.
+                    if let Some(check) = self.checks.as_ref().and_then(|(_, r)| r.try_recv().ok()) {
+                        self.run_check(pg.as_mut(), check);
+                        continue;
                     }
-                    continue;
+                    match rx.recv_timeout(STOP_POLL) {
+                        Ok(job) => job,
+                        Err(flume::RecvTimeoutError::Timeout)
+                            if !self.stop.load(Ordering::Acquire) =>
+                        {
+                            if let Some(pg) = pg.as_mut() {
+                                pg.reconnect_if_due(false);
+                            }
+                            continue;
+                        }
+                        Err(_) => return,
+                    }
                 }
-                Err(_) => return,
             };
             match job {
                 Job::Search {
@@ -337,6 +356,62 @@ impl Worker {
                 candidates: Vec::new(),
                 complete: false,
             }),
+        }
+    }
+
+    /// One recall check (`recall.rs`): the backend's answer for the hit's request, its
+    /// recall into the floor, and the repairs it calls for.
+    fn run_check(&self, pg: Option<&mut PgConn>, c: Check) {
+        let Some((checks, _)) = &self.checks else {
+            return;
+        };
+        let counters = &checks.counters;
+        if c.queued.elapsed() > CHECK_STALE {
+            counters.dropped_stale.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let deadline = Some(Instant::now() + CHECK_DEADLINE);
+        let answer = match self.search(pg, &c.query, c.n, deadline) {
+            Ok(a) => a,
+            Err(_) => {
+                counters.failed.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        // A served id the store no longer holds is stripped everywhere (a DELETE that
+        // bypassed akerd, or a defect): harmless if it came back meanwhile.
+        if let StoreSide::Embedded(store) = &self.side {
+            let gone: Vec<u64> = {
+                let store = store.read().unwrap_or_else(|e| e.into_inner());
+                c.served
+                    .iter()
+                    .copied()
+                    .filter(|&id| store.contains(id) == Some(false))
+                    .collect()
+            };
+            for id in gone {
+                tracing::warn!(
+                    id,
+                    "recall check: a served id is not in the store; stripped"
+                );
+                counters.deleted_ids.fetch_add(1, Ordering::Relaxed);
+                let _ = self.queue_delete(id);
+            }
+        }
+        let reference: Vec<u64> = answer.candidates.iter().take(c.k).map(|a| a.id).collect();
+        let recall = shards::floor::recall_at_k(&c.served, &reference, c.k);
+        checks.record(c.kind, recall, &self.shards);
+        if recall < 1.0 && answer.complete {
+            if let Some(ticket) = c.repair {
+                let admit = OwnerMsg::Admit {
+                    ticket,
+                    answer: answer.candidates,
+                    ack: None,
+                };
+                if self.shards[c.shard].hint(admit) {
+                    counters.repairs.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
     }
 

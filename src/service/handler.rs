@@ -148,6 +148,18 @@ impl AkerService {
                     h.hint(OwnerMsg::LinkAlias { key, rep: hit.rep });
                 }
                 h.slow_path_credit();
+                if let Some(checks) = &sh.recall {
+                    checks.offer(
+                        hit.kind,
+                        q,
+                        k,
+                        k + sh.cache_cfg.delta,
+                        &hit.results,
+                        s,
+                        sh.backend.queue_len(),
+                        |replace| h.reader.miss_ticket(q, k, replace).ok(),
+                    );
+                }
                 Ok(Reply::Search(SearchReply {
                     hit: wire_kind(hit.kind),
                     distances_to_query: hit.exact_distances,

@@ -47,6 +47,7 @@ pub mod data;
 mod handler;
 mod owner;
 pub mod pgvector;
+mod recall;
 mod snapshot;
 
 pub use admin::AdminServer;
@@ -108,6 +109,10 @@ pub(crate) struct Shared {
     pub(crate) started: Instant,
     /// The connection layer's counters, for /metrics (STATS gets them from the server).
     pub(crate) server: std::sync::OnceLock<Server>,
+    /// The recall floor (`recall.rs`): `None` when it is off or unavailable.
+    pub(crate) recall: Option<Arc<recall::RecallChecks>>,
+    /// A floor was asked for where there is no backend to check against (cache-aside).
+    pub(crate) recall_unavailable: bool,
 }
 
 /// One shard's owner side, handed to its executor once.
@@ -286,6 +291,27 @@ impl Daemon {
             });
         }
 
+        let floor = cfg.cache.floor_config();
+        let has_store = !matches!(side, StoreSide::CacheAside);
+        let recall_unavailable = floor.enabled() && !has_store;
+        if recall_unavailable {
+            tracing::warn!(
+                floor = floor.floor,
+                "cache.recall_floor is unavailable in cache-aside mode: there is no backend \
+                 to check hits against"
+            );
+        }
+        let (recall, checks) = if floor.enabled() && has_store {
+            let (r, rx) = recall::RecallChecks::new(
+                floor,
+                cfg.cache.recall_checks_per_s,
+                cfg.backend.threads,
+            )
+            .map_err(StartError::Config)?;
+            (Some(r.clone()), Some((r, rx)))
+        } else {
+            (None, None)
+        };
         let backend_stop = Arc::new(AtomicBool::new(false));
         let (backend, backend_threads) = BackendPool::start(
             side,
@@ -295,6 +321,7 @@ impl Daemon {
             cfg.backend.idle,
             handles.clone(),
             backend_stop.clone(),
+            checks,
         )?;
         let shared = Arc::new(Shared {
             info: ServiceInfo {
@@ -316,6 +343,8 @@ impl Daemon {
             centroid_moves: AtomicU64::new(0),
             started: Instant::now(),
             server: std::sync::OnceLock::new(),
+            recall,
+            recall_unavailable,
         });
         // From here on, a failure must stop the backend threads: the guard does it.
         let mut daemon = Daemon {

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use shards::counter::Counter;
+use shards::floor::FloorState;
 use shards::read::Counters;
 
 use super::owner::ShardGauges;
@@ -293,6 +294,12 @@ const PER_SHARD: [ShardRow; 15] = [
 
 const LATENCY_HELP: &str = "Service time per operation and SEARCH hit kind.";
 
+const RECALL_STATE_HELP: &str = "Recall floor: 0 off, 1 warming (too few checks), 2 holding, \
+     3 tightening, 4 unreachable (thresholds at their minimum), 5 unavailable (cache-aside).";
+
+/// `recall_floor_state` in cache-aside mode with a floor set.
+const RECALL_STATE_UNAVAILABLE: u8 = 5;
+
 fn count(c: &AtomicU64) -> Value {
     Value::Counter(c.load(Ordering::Relaxed))
 }
@@ -320,6 +327,7 @@ impl Shared {
         read(&mut s, self, &DAEMON);
         self.engine_counters(&mut s);
         read(&mut s, self, &OWNERS);
+        self.recall_metrics(&mut s);
         let recorded = metrics::merge_all(self.metrics.iter().map(|m| &**m));
         service_counters(&mut s, &recorded.counters);
         if let Some(pg) = self.backend.pgvector() {
@@ -328,6 +336,120 @@ impl Shared {
         self.per_shard(&mut s);
         latencies(&mut s, recorded);
         s
+    }
+
+    /// The recall floor's estimate and checks (`recall.rs`); its state alone when off.
+    fn recall_metrics(&self, s: &mut Snapshot) {
+        let g = |name, help, v: f64| Sample::new(name, help, Value::Gauge(v));
+        let floor = self.recall.as_ref().map(|r| (r, r.estimate()));
+        let state = match &floor {
+            _ if self.recall_unavailable => RECALL_STATE_UNAVAILABLE,
+            None => FloorState::Off.code(),
+            Some((_, e)) => e.state.code(),
+        };
+        s.push(g("recall_floor_state", RECALL_STATE_HELP, f64::from(state)));
+        let Some((checks, e)) = floor else { return };
+        s.push(g(
+            "recall_floor",
+            "The declared recall floor (cache.recall_floor).",
+            e.floor,
+        ));
+        s.push(g(
+            "recall_estimate",
+            "Estimated recall@k of all replies relative to the backend's answers (a miss \
+             counts 1), from the checks.",
+            e.recall,
+        ));
+        s.push(g(
+            "recall_estimate_low",
+            "Lower end of the estimate's one-sided 95% bound (held at or above the floor).",
+            e.low,
+        ));
+        s.push(g(
+            "recall_estimate_high",
+            "Upper end of the same bound.",
+            e.high,
+        ));
+        s.push(g(
+            "recall_threshold_scale",
+            "Factor on every approximate-hit threshold (1: the policy's own).",
+            f64::from(e.scale),
+        ));
+        for (kind, k) in ["exact", "alias", "approximate"].into_iter().zip(e.kinds) {
+            let per = |name, help, v| g(name, help, v).label("kind", kind);
+            s.push(per(
+                "recall_kind_estimate",
+                "Mean recall of a hit kind's checks (1 before 10).",
+                k.recall,
+            ));
+            s.push(per(
+                "recall_kind_estimate_low",
+                "Its one-sided 95% lower bound (0 before 10 checks).",
+                k.low,
+            ));
+            s.push(per(
+                "recall_kind_share",
+                "The kind's share of replies (decayed).",
+                k.share,
+            ));
+            s.push(
+                Sample::counter("recall_kind_checks", "Checks of a hit kind.", k.samples)
+                    .label("kind", kind),
+            );
+        }
+        s.counter(
+            "recall_floor_tightened",
+            "Controller steps that tightened the thresholds.",
+            e.tightened,
+        );
+        s.counter(
+            "recall_floor_relaxed",
+            "Controller steps that relaxed them.",
+            e.relaxed,
+        );
+        let c = &checks.counters;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        s.counter(
+            "recall_checks_queued",
+            "Hits queued for a check against the backend.",
+            n(&c.queued),
+        );
+        s.counter(
+            "recall_checks_done",
+            "Checks answered by the backend and counted.",
+            n(&c.done),
+        );
+        for (reason, v) in [
+            ("busy", n(&c.dropped_busy)),
+            ("rate", n(&c.dropped_rate)),
+            ("full", n(&c.dropped_full)),
+            ("stale", n(&c.dropped_stale)),
+        ] {
+            s.push(
+                Sample::counter(
+                    "recall_checks_dropped",
+                    "Sampled hits not checked: backend busy, over recall_checks_per_s, \
+                     checks queue full, or waited over 1 s for an idle backend thread.",
+                    v,
+                )
+                .label("reason", reason),
+            );
+        }
+        s.counter(
+            "recall_check_failures",
+            "Checks whose backend search failed.",
+            n(&c.failed),
+        );
+        s.counter(
+            "recall_repairs",
+            "Exact or alias entries refreshed because a check differed.",
+            n(&c.repairs),
+        );
+        s.counter(
+            "recall_deleted_ids",
+            "Served ids a check found missing from the store (stripped from every shard).",
+            n(&c.deleted_ids),
+        );
     }
 
     /// Prometheus text: the snapshot, then the connection layer's counters.

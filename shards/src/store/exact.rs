@@ -100,6 +100,9 @@ impl Backend for ExactStore {
     fn len(&self) -> usize {
         self.ids.len()
     }
+    fn contains(&self, id: u64) -> Option<bool> {
+        Some(self.index.contains_key(&id))
+    }
     fn name(&self) -> &'static str {
         "exact"
     }

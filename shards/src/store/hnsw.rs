@@ -134,6 +134,9 @@ impl Backend for HnswStore {
     fn len(&self) -> usize {
         self.live.len()
     }
+    fn contains(&self, id: u64) -> Option<bool> {
+        Some(self.live.contains_key(&id))
+    }
     fn name(&self) -> &'static str {
         "hnsw"
     }
