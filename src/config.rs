@@ -545,6 +545,15 @@ pub struct BackendSection {
     pub hnsw_m: usize,
     pub hnsw_ef_construction: usize,
     pub hnsw_ef_search: usize,
+    /// Embedded only: where the store is durable (docs/ARCHITECTURE.md, "Durability").
+    /// Unset, the store lives in memory and writes are lost at exit. Set, a write is in
+    /// the directory's log, synced, before it is acknowledged; the first start imports
+    /// `data` into it, later starts recover from it (and ignore `data`). Relative to the
+    /// config file.
+    pub data_dir: Option<PathBuf>,
+    /// A checkpoint is written when the log's current segment reaches this many bytes
+    /// (0: only at start, after a recovery that replayed records).
+    pub checkpoint_log_bytes: u64,
     /// `kind = "pgvector"` only.
     pub pgvector: Option<PgvectorSection>,
 }
@@ -567,6 +576,8 @@ impl Default for BackendSection {
             hnsw_m: 16,
             hnsw_ef_construction: 100,
             hnsw_ef_search: 64,
+            data_dir: None,
+            checkpoint_log_bytes: 64 << 20,
             pgvector: None,
         }
     }
@@ -601,12 +612,18 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut cfg = Config::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        if let DataSource::File { path: p, .. } = &mut cfg.backend.data {
+        let relative = |p: &mut PathBuf| {
             if p.is_relative() {
                 if let Some(dir) = path.parent() {
                     *p = dir.join(&*p);
                 }
             }
+        };
+        if let DataSource::File { path: p, .. } = &mut cfg.backend.data {
+            relative(p);
+        }
+        if let Some(p) = &mut cfg.backend.data_dir {
+            relative(p);
         }
         Ok(cfg)
     }
@@ -647,6 +664,9 @@ impl Config {
                 return Err("backend: [backend.pgvector] is for kind = \"pgvector\"".into())
             }
             (_, None) => {}
+        }
+        if b.data_dir.is_some() && b.kind != BackendKind::Embedded {
+            return Err("backend: data_dir is for the embedded store (kind = \"embedded\")".into());
         }
         if b.kind == BackendKind::Pgvector && b.threads > 64 {
             return Err("backend: a pgvector pool of at most 64 connections (threads)".into());

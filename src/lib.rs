@@ -14,6 +14,7 @@
 pub mod client;
 pub mod config;
 pub mod demo;
+pub mod durable;
 pub mod metrics;
 pub mod protocol;
 pub mod server;

@@ -44,6 +44,10 @@ pub trait Backend: Send {
     fn contains(&self, _id: u64) -> Option<bool> {
         None
     }
+    /// Every live row (for a checkpoint); `None` where the backend does not hold them.
+    fn export(&self) -> Option<Vec<(u64, Arc<[f32]>)>> {
+        None
+    }
     fn is_empty(&self) -> bool {
         self.len() == 0
     }

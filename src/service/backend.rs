@@ -37,6 +37,8 @@ use shards::{Backend, Candidate, DeleteOutcome, InsertOutcome};
 
 use super::pgvector::{PgConn, PgTarget, Session, WriteError};
 use super::recall::{Check, RecallChecks, CHECK_DEADLINE, CHECK_STALE};
+use crate::durable::wal::Op;
+use crate::durable::Durable;
 use crate::protocol::{Rejection, Status};
 
 /// A store the backend threads share.
@@ -106,6 +108,8 @@ struct Worker {
     stop: Arc<AtomicBool>,
     /// The recall floor's checks, run only when no request job waits (`recall.rs`).
     checks: Option<(Arc<RecallChecks>, flume::Receiver<Check>)>,
+    /// The embedded store's log and checkpoints (`backend.data_dir`).
+    durable: Option<Arc<Durable>>,
 }
 
 /// Longest wait at start for the backend threads' first connection attempts.
@@ -126,6 +130,7 @@ impl BackendPool {
         shards: Vec<ShardHandle>,
         stop: Arc<AtomicBool>,
         checks: Option<(Arc<RecallChecks>, flume::Receiver<Check>)>,
+        durable: Option<Arc<Durable>>,
     ) -> std::io::Result<(BackendPool, Vec<JoinHandle<()>>)> {
         let (tx, rx) = flume::bounded(depth.max(1));
         let worker = Arc::new(Worker {
@@ -134,6 +139,7 @@ impl BackendPool {
             shards,
             stop,
             checks,
+            durable,
         });
         let mut handles = Vec::with_capacity(threads);
         let (ready_tx, ready_rx) = flume::bounded(threads.max(1));
@@ -169,6 +175,16 @@ impl BackendPool {
     pub(crate) fn pgvector(&self) -> Option<&PgTarget> {
         match &self.worker.side {
             StoreSide::Pgvector(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Live rows of the embedded store (`None` for pgvector and cache-aside).
+    pub(crate) fn store_len(&self) -> Option<usize> {
+        match &self.worker.side {
+            StoreSide::Embedded(store) => {
+                Some(store.read().unwrap_or_else(|e| e.into_inner()).len())
+            }
             _ => None,
         }
     }
@@ -231,6 +247,16 @@ fn settle_stripe(stripe: &mut Option<Session>, pg: &mut PgConn, id: u64) -> Resu
         *stripe = None;
     }
     Ok(())
+}
+
+/// A write the log could not take or sync: not acknowledged, and (the log having
+/// failed) no later write is either; searches go on.
+fn log_failed(e: std::io::Error) -> Rejection {
+    tracing::error!(error = %e, "the store's log failed: writes are refused from now on");
+    Rejection::new(
+        Status::Unavailable,
+        format!("the write could not be made durable: {e}"),
+    )
 }
 
 fn owner_gone(shard: usize) -> Rejection {
@@ -415,6 +441,55 @@ impl Worker {
         }
     }
 
+    /// Appends a write to the log (durable store only), under the store's write lock.
+    fn log(&self, op: impl FnOnce() -> Op) -> Result<Option<u64>, Rejection> {
+        let Some(d) = &self.durable else {
+            return Ok(None);
+        };
+        d.wal.append(&op()).map(Some).map_err(log_failed)
+    }
+
+    /// Waits (outside the store's lock) until the write logged as `seq` is on stable
+    /// storage, then starts a checkpoint if the log has grown past its size.
+    fn made_durable(&self, seq: Option<u64>) -> Result<(), Rejection> {
+        let (Some(d), Some(seq)) = (&self.durable, seq) else {
+            return Ok(());
+        };
+        d.wal.wait_durable(seq).map_err(log_failed)?;
+        if d.checkpoint_due() {
+            self.start_checkpoint(d);
+        }
+        Ok(())
+    }
+
+    /// Rotates the log and exports the rows under the store's read lock (writes wait
+    /// for it, searches do not), then writes the checkpoint on its own thread.
+    fn start_checkpoint(&self, d: &Durable) {
+        let StoreSide::Embedded(store) = &self.side else {
+            return;
+        };
+        if !d.begin_checkpoint() {
+            return;
+        }
+        let exported = {
+            let store = store.read().unwrap_or_else(|e| e.into_inner());
+            match (d.wal.rotate(), store.export()) {
+                (Ok(seq), Some(rows)) => Some((seq, store.dim(), rows)),
+                (Err(e), _) => {
+                    tracing::error!(error = %e, "log rotation for a checkpoint failed");
+                    None
+                }
+                (_, None) => None,
+            }
+        };
+        match exported {
+            Some((seq, dim, rows)) => {
+                d.checkpoint(seq, dim, rows);
+            }
+            None => d.abandon_checkpoint(),
+        }
+    }
+
     fn stripe(&self, id: u64) -> std::sync::MutexGuard<'_, Option<Session>> {
         let i = (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % self.stripes.len();
         self.stripes[i].lock().unwrap_or_else(|e| e.into_inner())
@@ -431,9 +506,20 @@ impl Worker {
     ) -> Result<InsertAcks, Rejection> {
         match (&self.side, pg) {
             (StoreSide::Embedded(store), _) => {
-                let mut store = store.write().unwrap_or_else(|e| e.into_inner());
-                store.insert(id, &vector)?;
-                self.queue_insert(id, &vector, near)
+                let (acks, seq) = {
+                    let mut store = store.write().unwrap_or_else(|e| e.into_inner());
+                    // Refused before it is logged: a logged write is one recovery applies.
+                    shards::error::validate_vector(&vector, store.dim())?;
+                    let op = || Op::Insert {
+                        id,
+                        vector: vector.to_vec(),
+                    };
+                    let seq = self.log(op)?;
+                    store.insert(id, &vector)?;
+                    (self.queue_insert(id, &vector, near)?, seq)
+                };
+                self.made_durable(seq)?;
+                Ok(acks)
             }
             (StoreSide::Pgvector(_), Some(pg)) => {
                 let mut stripe = self.stripe(id);
@@ -461,9 +547,18 @@ impl Worker {
     ) -> Result<(Option<bool>, DeleteAcks), Rejection> {
         match (&self.side, pg) {
             (StoreSide::Embedded(store), _) => {
-                let mut store = store.write().unwrap_or_else(|e| e.into_inner());
-                let existed = store.delete(id)?;
-                Ok((Some(existed), self.queue_delete(id)?))
+                let (existed, acks, seq) = {
+                    let mut store = store.write().unwrap_or_else(|e| e.into_inner());
+                    // Nothing to log for an id the store does not hold.
+                    let seq = match store.contains(id) {
+                        Some(false) => None,
+                        _ => self.log(|| Op::Delete { id })?,
+                    };
+                    let existed = store.delete(id)?;
+                    (existed, self.queue_delete(id)?, seq)
+                };
+                self.made_durable(seq)?;
+                Ok((Some(existed), acks))
             }
             (StoreSide::Pgvector(_), Some(pg)) => {
                 let mut stripe = self.stripe(id);

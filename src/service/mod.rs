@@ -113,6 +113,8 @@ pub(crate) struct Shared {
     pub(crate) recall: Option<Arc<recall::RecallChecks>>,
     /// A floor was asked for where there is no backend to check against (cache-aside).
     pub(crate) recall_unavailable: bool,
+    /// The durable store's log and checkpoints (`backend.data_dir`), for its metrics.
+    pub(crate) durable: Option<Arc<crate::durable::Durable>>,
 }
 
 /// One shard's owner side, handed to its executor once.
@@ -129,6 +131,24 @@ pub struct Daemon {
     backend_threads: Vec<JoinHandle<()>>,
     backend_stop: Arc<AtomicBool>,
     shared: Arc<Shared>,
+}
+
+/// The embedded store per `cfg.backend.index` over rows with these ids.
+fn build_store(cfg: &Config, dim: usize, ids: &[u64], data: &[f32]) -> Result<Store, StartError> {
+    let b = &cfg.backend;
+    let metric = cfg.cache.metric_or_default();
+    Ok(match b.index {
+        IndexKind::Exact => Box::new(ExactStore::from_rows_with_ids(dim, metric, ids, data)?),
+        IndexKind::Hnsw => Box::new(HnswStore::build_with_ids(
+            dim,
+            metric,
+            ids,
+            data,
+            b.hnsw_m,
+            b.hnsw_ef_construction,
+            b.hnsw_ef_search,
+        )?),
+    })
 }
 
 /// Loads the collection (or the routing sample) a config names.
@@ -161,8 +181,16 @@ impl Daemon {
     /// Loads the data the config names, builds the store and starts everything.
     pub fn start(cfg: &Config) -> Result<Daemon, StartError> {
         cfg.validate().map_err(StartError::Config)?;
-        let data = load_data(&cfg.backend.data)?;
+        // A durable store loads its data from its directory (the configured data only
+        // on the first start).
+        let data = match (cfg.backend.kind, &cfg.backend.data_dir) {
+            (BackendKind::Embedded, Some(_)) => None,
+            _ => load_data(&cfg.backend.data)?,
+        };
         match (cfg.backend.kind, data) {
+            (BackendKind::Embedded, _) if cfg.backend.data_dir.is_some() => {
+                Daemon::start_durable(cfg)
+            }
             (BackendKind::Embedded, Some(ds)) => Daemon::start_with_data(cfg, ds),
             (BackendKind::Embedded, None) => {
                 Err(StartError::Config("an embedded backend needs data".into()))
@@ -203,28 +231,64 @@ impl Daemon {
         });
         let mut cfg = cfg.clone();
         cfg.cache.metric = Some(target.metric);
-        Daemon::start_with(&cfg, sample, StoreSide::Pgvector(Arc::new(target)))
+        Daemon::start_with(&cfg, sample, StoreSide::Pgvector(Arc::new(target)), None)
+    }
+
+    /// The durable embedded store (`backend.data_dir`): recovered from its directory,
+    /// or, on the first start, the configured data imported into it.
+    fn start_durable(cfg: &Config) -> Result<Daemon, StartError> {
+        let dir = cfg
+            .backend
+            .data_dir
+            .as_ref()
+            .expect("start_durable needs data_dir");
+        let metric = cfg.cache.metric_or_default();
+        let r = crate::durable::recover(dir, None, metric, || {
+            let ds = load_data(&cfg.backend.data)
+                .map_err(|e| e.to_string())?
+                .ok_or("an embedded backend needs data")?;
+            Ok((ds.dim, ds.data))
+        })
+        .map_err(|e| StartError::Data(e.to_string()))?;
+        let rep = &r.report;
+        tracing::info!(
+            dir = %dir.display(),
+            imported = rep.imported,
+            checkpoint = ?rep.checkpoint_seq,
+            records_replayed = rep.records_replayed,
+            torn_bytes = rep.torn_bytes,
+            checkpoints_refused = rep.refused.len(),
+            rows = rep.rows,
+            secs = rep.seconds,
+            "durable store recovered"
+        );
+        let store = build_store(cfg, r.dim, &r.ids, &r.vectors)?;
+        let durable = crate::durable::Durable::open(
+            dir,
+            r.next_seq,
+            metric,
+            cfg.backend.checkpoint_log_bytes,
+        )?;
+        if rep.records_replayed > 0 {
+            // The replayed log becomes a checkpoint now: the next start reads one file.
+            let seq = durable.wal.rotate()?;
+            let rows = store.export().unwrap_or_default();
+            crate::durable::write_checkpoint(dir, seq, r.dim, metric, rows)?;
+        }
+        let sample = if r.ids.is_empty() {
+            data::random_routing_sample(r.dim, cfg.sharding.centroids, cfg.sharding.seed)
+        } else {
+            Dataset::new(r.dim, r.vectors).map_err(StartError::Data)?
+        };
+        Daemon::start_with_durable(cfg, sample, store, Some(Arc::new(durable)))
     }
 
     /// Embedded backend over `data` (ids are row numbers), index per `cfg.backend.index`.
     pub fn start_with_data(cfg: &Config, data: Dataset) -> Result<Daemon, StartError> {
-        let b = &cfg.backend;
         let t = Instant::now();
-        let store: Store = match b.index {
-            IndexKind::Exact => Box::new(ExactStore::from_rows(
-                data.dim,
-                cfg.cache.metric_or_default(),
-                &data.data,
-            )?),
-            IndexKind::Hnsw => Box::new(HnswStore::build(
-                data.dim,
-                cfg.cache.metric_or_default(),
-                &data.data,
-                b.hnsw_m,
-                b.hnsw_ef_construction,
-                b.hnsw_ef_search,
-            )?),
-        };
+        let ids: Vec<u64> = (0..data.len() as u64).collect();
+        let store = build_store(cfg, data.dim, &ids, &data.data)?;
+        let b = &cfg.backend;
         tracing::info!(
             vectors = data.len(),
             dim = data.dim,
@@ -243,6 +307,20 @@ impl Daemon {
         sample: Dataset,
         store: Option<Store>,
     ) -> Result<Daemon, StartError> {
+        match store {
+            Some(s) => Daemon::start_with_durable(cfg, sample, s, None),
+            None => Daemon::start_with(cfg, sample, StoreSide::CacheAside, None),
+        }
+    }
+
+    /// An embedded `store`, with its log and checkpoints when durable.
+    fn start_with_durable(
+        cfg: &Config,
+        sample: Dataset,
+        store: Store,
+        durable: Option<Arc<crate::durable::Durable>>,
+    ) -> Result<Daemon, StartError> {
+        let store = Some(store);
         let side = match store {
             Some(s) => {
                 let metric = cfg.cache.metric_or_default();
@@ -258,10 +336,15 @@ impl Daemon {
             }
             None => StoreSide::CacheAside,
         };
-        Daemon::start_with(cfg, sample, side)
+        Daemon::start_with(cfg, sample, side, durable)
     }
 
-    fn start_with(cfg: &Config, sample: Dataset, side: StoreSide) -> Result<Daemon, StartError> {
+    fn start_with(
+        cfg: &Config,
+        sample: Dataset,
+        side: StoreSide,
+        durable: Option<Arc<crate::durable::Durable>>,
+    ) -> Result<Daemon, StartError> {
         cfg.validate().map_err(StartError::Config)?;
         let dim = sample.dim;
         let cache_cfg = cfg.cache.engine_config(dim).map_err(StartError::Config)?;
@@ -322,6 +405,7 @@ impl Daemon {
             handles.clone(),
             backend_stop.clone(),
             checks,
+            durable.clone(),
         )?;
         let shared = Arc::new(Shared {
             info: ServiceInfo {
@@ -345,6 +429,7 @@ impl Daemon {
             server: std::sync::OnceLock::new(),
             recall,
             recall_unavailable,
+            durable,
         });
         // From here on, a failure must stop the backend threads: the guard does it.
         let mut daemon = Daemon {

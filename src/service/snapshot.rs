@@ -328,6 +328,7 @@ impl Shared {
         self.engine_counters(&mut s);
         read(&mut s, self, &OWNERS);
         self.recall_metrics(&mut s);
+        self.durable_metrics(&mut s);
         let recorded = metrics::merge_all(self.metrics.iter().map(|m| &**m));
         service_counters(&mut s, &recorded.counters);
         if let Some(pg) = self.backend.pgvector() {
@@ -336,6 +337,44 @@ impl Shared {
         self.per_shard(&mut s);
         latencies(&mut s, recorded);
         s
+    }
+
+    /// The durable store's log (`backend.data_dir`); nothing when it lives in memory.
+    fn durable_metrics(&self, s: &mut Snapshot) {
+        if let Some(rows) = self.backend.store_len() {
+            s.gauge(
+                "store_rows",
+                "Live rows in the embedded store.",
+                rows as f64,
+            );
+        }
+        let Some(d) = &self.durable else { return };
+        let (appends, syncs, durable) = d.wal.counts();
+        s.counter(
+            "store_log_appends",
+            "Writes appended to the store's log.",
+            appends,
+        );
+        s.counter(
+            "store_log_syncs",
+            "fdatasync calls on the log (a sync covers every append before it: group commit).",
+            syncs,
+        );
+        s.gauge(
+            "store_log_durable_seq",
+            "The last log record known on stable storage.",
+            durable as f64,
+        );
+        s.gauge(
+            "store_log_segment_bytes",
+            "Bytes in the log's current segment (a checkpoint at backend.checkpoint_log_bytes).",
+            d.wal.segment_bytes() as f64,
+        );
+        s.counter(
+            "store_checkpoints",
+            "Checkpoints written since start.",
+            d.checkpoints_written.load(Ordering::Relaxed),
+        );
     }
 
     /// The recall floor's estimate and checks (`recall.rs`); its state alone when off.

@@ -28,9 +28,20 @@ impl ExactStore {
 
     /// Rows of a row-major matrix, ids `0..n`.
     pub fn from_rows(dim: usize, metric: Metric, data: &[f32]) -> Result<Self> {
+        let ids: Vec<u64> = (0..(data.len() / dim.max(1)) as u64).collect();
+        ExactStore::from_rows_with_ids(dim, metric, &ids, data)
+    }
+
+    /// Rows of a row-major matrix with their ids (a recovered store).
+    pub fn from_rows_with_ids(
+        dim: usize,
+        metric: Metric,
+        ids: &[u64],
+        data: &[f32],
+    ) -> Result<Self> {
         let mut s = ExactStore::new(dim, metric);
-        for (i, row) in data.chunks_exact(dim).enumerate() {
-            s.insert(i as u64, row)?;
+        for (&id, row) in ids.iter().zip(data.chunks_exact(dim.max(1))) {
+            s.insert(id, row)?;
         }
         Ok(s)
     }
@@ -99,6 +110,15 @@ impl Backend for ExactStore {
     }
     fn len(&self) -> usize {
         self.ids.len()
+    }
+    fn export(&self) -> Option<Vec<(u64, Arc<[f32]>)>> {
+        Some(
+            self.ids
+                .iter()
+                .copied()
+                .zip(self.vectors.iter().cloned())
+                .collect(),
+        )
     }
     fn contains(&self, id: u64) -> Option<bool> {
         Some(self.index.contains_key(&id))

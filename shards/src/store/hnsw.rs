@@ -59,12 +59,28 @@ impl HnswStore {
         ef_construction: usize,
         ef_search: usize,
     ) -> Result<Self> {
+        let ids: Vec<u64> = (0..(data.len() / dim.max(1)) as u64).collect();
+        HnswStore::build_with_ids(dim, metric, &ids, data, m, ef_construction, ef_search)
+    }
+
+    /// `build` with the rows' ids (a recovered store); a repeated id keeps its last row.
+    pub fn build_with_ids(
+        dim: usize,
+        metric: Metric,
+        ids: &[u64],
+        data: &[f32],
+        m: usize,
+        ef_construction: usize,
+        ef_search: usize,
+    ) -> Result<Self> {
         let n = data.len() / dim.max(1);
         let mut s = HnswStore::new(dim, metric, m, ef_construction, ef_search, n);
-        for (i, row) in data.chunks_exact(dim).enumerate() {
+        for (i, (&id, row)) in ids.iter().zip(data.chunks_exact(dim.max(1))).enumerate() {
             validate_vector(row, dim)?;
-            s.points.push((i as u64, Arc::from(row)));
-            s.live.insert(i as u64, i);
+            s.points.push((id, Arc::from(row)));
+            if let Some(old) = s.live.insert(id, i) {
+                s.dead.insert(old);
+            }
         }
         let rows: Vec<(&[f32], usize)> = s
             .points
@@ -133,6 +149,15 @@ impl Backend for HnswStore {
     }
     fn len(&self) -> usize {
         self.live.len()
+    }
+    fn export(&self) -> Option<Vec<(u64, Arc<[f32]>)>> {
+        let mut live: Vec<(usize, u64)> = self.live.iter().map(|(&id, &p)| (p, id)).collect();
+        live.sort_unstable();
+        Some(
+            live.into_iter()
+                .map(|(p, id)| (id, self.points[p].1.clone()))
+                .collect(),
+        )
     }
     fn contains(&self, id: u64) -> Option<bool> {
         Some(self.live.contains_key(&id))

@@ -1,0 +1,517 @@
+//! The embedded store, durable (`backend.data_dir`): a write-ahead log made durable
+//! before a write is acknowledged ([`wal`]), checkpoints of every live row ([`checkpoint`]),
+//! and recovery at start.
+//!
+//! ```text
+//!  data_dir/
+//!    checkpoint-<seq>.ckpt   every live row up to log seq <seq> (newest kept, one older)
+//!    wal-<first seq>.log     records after the checkpoint, in the store's apply order
+//!
+//!  start:  newest checkpoint that reads and validates (an older one if not)
+//!          + every log record after its seq, segment by segment
+//!          (a torn or corrupt tail of the last segment is cut off: it was never
+//!           acknowledged; anything else that does not read refuses the start)
+//!          first start, empty directory: the configured data imported as checkpoint 0
+//!  write:  store write lock { seq = log.append; store apply; queue to owners }
+//!          log.wait_durable(seq) (group commit, outside the lock) ─► acknowledged
+//!  checkpoint (log segment past backend.checkpoint_log_bytes):
+//!          store read lock { log.rotate; export rows }  (writes wait; searches do not)
+//!          then, on its own thread: write + sync + rename; older files removed
+//! ```
+
+pub mod checkpoint;
+pub mod wal;
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use shards::Metric;
+
+use checkpoint::Checkpoint;
+use wal::{Op, Wal};
+
+/// Why a durable store could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RecoveryError {
+    #[error("data_dir {dir}: {source}")]
+    Io { dir: PathBuf, source: io::Error },
+    #[error("data_dir {0}: no checkpoint reads back ({1}); refusing to start on partial data")]
+    NoCheckpoint(PathBuf, String),
+    #[error("data_dir {dir}: {why}; refusing to start")]
+    Inconsistent { dir: PathBuf, why: String },
+    #[error("data_dir {dir}: it holds a {got} collection, the config asks for {want}")]
+    Mismatch {
+        dir: PathBuf,
+        got: String,
+        want: String,
+    },
+    #[error("import: {0}")]
+    Import(String),
+}
+
+/// What recovery found, for the start log and tests.
+#[derive(Debug, Default, Clone)]
+pub struct RecoveryReport {
+    /// The checkpoint used (seq), if any.
+    pub checkpoint_seq: Option<u64>,
+    /// Checkpoints that did not read, with why (an older one was used).
+    pub refused: Vec<String>,
+    pub records_replayed: u64,
+    /// Bytes cut off the last segment's torn tail.
+    pub torn_bytes: u64,
+    /// The directory was empty: the configured data was imported.
+    pub imported: bool,
+    pub rows: usize,
+    pub seconds: f64,
+}
+
+/// The live rows recovered, in a stable order (checkpoint order, then log order).
+pub struct Recovered {
+    pub dim: usize,
+    pub ids: Vec<u64>,
+    /// Row-major, `ids.len() * dim`.
+    pub vectors: Vec<f32>,
+    pub next_seq: u64,
+    pub report: RecoveryReport,
+}
+
+/// Rows by id, keeping first-seen order (a replaced vector keeps its place).
+struct Rows {
+    dim: usize,
+    order: Vec<u64>,
+    data: HashMap<u64, Vec<f32>>,
+}
+
+impl Rows {
+    fn apply(&mut self, op: Op) {
+        match op {
+            Op::Insert { id, vector } => {
+                if self.data.insert(id, vector).is_none() {
+                    self.order.push(id);
+                }
+            }
+            Op::Delete { id } => {
+                self.data.remove(&id);
+            }
+        }
+    }
+
+    fn into_recovered(self, next_seq: u64, report: RecoveryReport) -> Recovered {
+        let mut ids = Vec::with_capacity(self.data.len());
+        let mut vectors = Vec::with_capacity(self.data.len() * self.dim);
+        let mut data = self.data;
+        for id in self.order {
+            if let Some(v) = data.remove(&id) {
+                ids.push(id);
+                vectors.extend_from_slice(&v);
+            }
+        }
+        Recovered {
+            dim: self.dim,
+            ids,
+            vectors,
+            next_seq,
+            report: RecoveryReport { rows: 0, ..report },
+        }
+        .counted()
+    }
+}
+
+impl Recovered {
+    fn counted(mut self) -> Recovered {
+        self.report.rows = self.ids.len();
+        self
+    }
+}
+
+/// Recovers `dir` (created if missing). An empty directory imports `import()`'s rows
+/// (ids are row numbers) as checkpoint 0.
+pub fn recover(
+    dir: &Path,
+    dim: Option<usize>,
+    metric: Metric,
+    import: impl FnOnce() -> Result<(usize, Vec<f32>), String>,
+) -> Result<Recovered, RecoveryError> {
+    let t = Instant::now();
+    let io_err = |source| RecoveryError::Io {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(io_err)?;
+    let _ = std::fs::remove_file(dir.join("checkpoint.tmp"));
+    let checkpoints = checkpoint::list(dir).map_err(io_err)?;
+    let segments = wal::segments(dir).map_err(io_err)?;
+    let mut report = RecoveryReport::default();
+    if checkpoints.is_empty() && segments.is_empty() {
+        let (d, data) = import().map_err(RecoveryError::Import)?;
+        let ids: Vec<u64> = (0..(data.len() / d.max(1)) as u64).collect();
+        let c = Checkpoint {
+            format: checkpoint::FORMAT,
+            seq: 0,
+            dim: d as u32,
+            metric: metric.to_string(),
+            ids: ids.clone(),
+            vectors: data,
+        };
+        checkpoint::write(dir, &c).map_err(io_err)?;
+        report.imported = true;
+        report.checkpoint_seq = Some(0);
+        report.seconds = t.elapsed().as_secs_f64();
+        return Ok(Recovered {
+            dim: d,
+            ids,
+            vectors: c.vectors,
+            next_seq: 1,
+            report,
+        }
+        .counted());
+    }
+    let mut base = None;
+    for (seq, p) in &checkpoints {
+        match checkpoint::read(p) {
+            Ok(c) => {
+                base = Some(c);
+                break;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, seq, "checkpoint refused");
+                report.refused.push(e.to_string());
+            }
+        }
+    }
+    let Some(base) = base else {
+        return Err(RecoveryError::NoCheckpoint(
+            dir.to_path_buf(),
+            report.refused.join("; "),
+        ));
+    };
+    check_matches(dir, &base, dim, metric)?;
+    report.checkpoint_seq = Some(base.seq);
+    let d = base.dim as usize;
+    let mut rows = Rows {
+        dim: d,
+        order: Vec::with_capacity(base.ids.len()),
+        data: HashMap::with_capacity(base.ids.len()),
+    };
+    for (id, v) in base.ids.iter().zip(base.vectors.chunks_exact(d.max(1))) {
+        rows.apply(Op::Insert {
+            id: *id,
+            vector: v.to_vec(),
+        });
+    }
+    let last = replay(dir, &segments, base.seq, d, &mut rows, &mut report)?;
+    report.seconds = t.elapsed().as_secs_f64();
+    Ok(rows.into_recovered(last + 1, report))
+}
+
+fn check_matches(
+    dir: &Path,
+    c: &Checkpoint,
+    dim: Option<usize>,
+    metric: Metric,
+) -> Result<(), RecoveryError> {
+    let dim_ok = dim.is_none_or(|d| d == c.dim as usize);
+    if !dim_ok || c.metric != metric.to_string() {
+        return Err(RecoveryError::Mismatch {
+            dir: dir.to_path_buf(),
+            got: format!("{}-d {}", c.dim, c.metric),
+            want: format!(
+                "{} {metric}",
+                dim.map_or("any-d".into(), |d| format!("{d}-d"))
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Applies every record after `after` from the segments, in order; returns the last
+/// seq. Only the last segment may end in a torn tail (cut off here).
+fn replay(
+    dir: &Path,
+    segments: &[(u64, PathBuf)],
+    after: u64,
+    dim: usize,
+    rows: &mut Rows,
+    report: &mut RecoveryReport,
+) -> Result<u64, RecoveryError> {
+    let bad = |why: String| RecoveryError::Inconsistent {
+        dir: dir.to_path_buf(),
+        why,
+    };
+    let mut last = after;
+    for (i, (_, path)) in segments.iter().enumerate() {
+        let read = wal::read_segment(path).map_err(|source| RecoveryError::Io {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        if read.torn_bytes > 0 {
+            if i + 1 != segments.len() {
+                return Err(bad(format!(
+                    "{} has {} unreadable bytes and later segments follow it",
+                    path.display(),
+                    read.torn_bytes
+                )));
+            }
+            tracing::warn!(
+                segment = %path.display(),
+                bytes = read.torn_bytes,
+                "log: torn tail cut off (writes never acknowledged)"
+            );
+            wal::truncate(path, read.valid_bytes).map_err(|source| RecoveryError::Io {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
+            report.torn_bytes += read.torn_bytes;
+        }
+        for r in read.records {
+            if r.seq <= last {
+                continue;
+            }
+            if r.seq != last + 1 {
+                return Err(bad(format!(
+                    "log records jump from seq {last} to {} in {}",
+                    r.seq,
+                    path.display()
+                )));
+            }
+            if let Op::Insert { vector, .. } = &r.op {
+                if vector.len() != dim {
+                    return Err(bad(format!("record {} is {}-d", r.seq, vector.len())));
+                }
+            }
+            rows.apply(r.op);
+            last = r.seq;
+            report.records_replayed += 1;
+        }
+    }
+    Ok(last)
+}
+
+/// The durable side of a running store: its log, and checkpoints when it grows.
+pub struct Durable {
+    dir: PathBuf,
+    pub wal: Wal,
+    metric: Metric,
+    checkpoint_log_bytes: u64,
+    checkpointing: Arc<AtomicBool>,
+    pub checkpoints_written: Arc<AtomicU64>,
+}
+
+impl Durable {
+    /// After `recover`: appends from `next_seq` on.
+    pub fn open(
+        dir: &Path,
+        next_seq: u64,
+        metric: Metric,
+        checkpoint_log_bytes: u64,
+    ) -> io::Result<Durable> {
+        Ok(Durable {
+            dir: dir.to_path_buf(),
+            wal: Wal::open(dir, next_seq)?,
+            metric,
+            checkpoint_log_bytes,
+            checkpointing: Arc::new(AtomicBool::new(false)),
+            checkpoints_written: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// Whether the log's segment has grown past the checkpoint size (and none runs).
+    pub fn checkpoint_due(&self) -> bool {
+        self.checkpoint_log_bytes > 0
+            && self.wal.segment_bytes() >= self.checkpoint_log_bytes
+            && !self.checkpointing.load(Ordering::Acquire)
+    }
+
+    /// Claims the one checkpoint that may run; false when one runs. The claimer calls
+    /// `wal.rotate()`, exports the rows under the store's lock, then `checkpoint` (or
+    /// `abandon`).
+    pub fn begin_checkpoint(&self) -> bool {
+        !self.checkpointing.swap(true, Ordering::AcqRel)
+    }
+
+    /// Gives a claimed checkpoint up (rotation or export failed).
+    pub fn abandon_checkpoint(&self) {
+        self.checkpointing.store(false, Ordering::Release);
+    }
+
+    /// Writes the claimed checkpoint of `rows` (exported right after `wal.rotate()`
+    /// returned `seq`) on its own thread.
+    pub fn checkpoint(&self, seq: u64, dim: usize, rows: Vec<(u64, Arc<[f32]>)>) -> bool {
+        debug_assert!(self.checkpointing(), "claimed with begin_checkpoint");
+        let (dir, metric) = (self.dir.clone(), self.metric);
+        let (flag, written) = (self.checkpointing.clone(), self.checkpoints_written.clone());
+        let spawned = std::thread::Builder::new()
+            .name("aker-checkpoint".into())
+            .spawn(move || {
+                match write_checkpoint(&dir, seq, dim, metric, rows) {
+                    Ok(()) => {
+                        written.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => tracing::error!(error = %e, seq, "checkpoint failed (the log keeps every write)"),
+                }
+                flag.store(false, Ordering::Release);
+            });
+        if spawned.is_err() {
+            self.checkpointing.store(false, Ordering::Release);
+        }
+        spawned.is_ok()
+    }
+
+    /// Whether a checkpoint is being written.
+    pub fn checkpointing(&self) -> bool {
+        self.checkpointing.load(Ordering::Acquire)
+    }
+}
+
+/// Writes the checkpoint at `seq`, then removes what it makes redundant: segments all
+/// of whose records it holds, and checkpoints older than the previous one.
+pub fn write_checkpoint(
+    dir: &Path,
+    seq: u64,
+    dim: usize,
+    metric: Metric,
+    rows: Vec<(u64, Arc<[f32]>)>,
+) -> io::Result<()> {
+    let t = Instant::now();
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut vectors = Vec::with_capacity(rows.len() * dim);
+    for (id, v) in rows {
+        ids.push(id);
+        vectors.extend_from_slice(&v);
+    }
+    let n = ids.len();
+    let c = Checkpoint {
+        format: checkpoint::FORMAT,
+        seq,
+        dim: dim as u32,
+        metric: metric.to_string(),
+        ids,
+        vectors,
+    };
+    checkpoint::write(dir, &c)?;
+    // Segments start at their first seq; the one holding seq + 1 stays.
+    let segs = wal::segments(dir)?;
+    for w in segs.windows(2) {
+        if w[1].0 <= seq + 1 {
+            std::fs::remove_file(&w[0].1)?;
+        }
+    }
+    for (_, p) in checkpoint::list(dir)?.into_iter().skip(2) {
+        std::fs::remove_file(p)?;
+    }
+    wal::sync_dir(dir)?;
+    tracing::info!(
+        seq,
+        rows = n,
+        secs = t.elapsed().as_secs_f64(),
+        "checkpoint written"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("aker-durable-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn import() -> Result<(usize, Vec<f32>), String> {
+        Ok((2, vec![0.0, 0.0, 1.0, 1.0, 2.0, 2.0]))
+    }
+
+    fn ids(r: &Recovered) -> Vec<u64> {
+        r.ids.clone()
+    }
+
+    #[test]
+    fn first_start_imports_then_the_log_replays_over_the_checkpoint() {
+        let d = dir("replay");
+        let r = recover(&d, Some(2), Metric::L2Sq, import).unwrap();
+        assert!(r.report.imported);
+        assert_eq!((ids(&r), r.next_seq), (vec![0, 1, 2], 1));
+        let dur = Durable::open(&d, r.next_seq, Metric::L2Sq, 0).unwrap();
+        dur.wal.append(&Op::Delete { id: 1 }).unwrap();
+        let s = dur
+            .wal
+            .append(&Op::Insert {
+                id: 9,
+                vector: vec![5.0, 5.0],
+            })
+            .unwrap();
+        dur.wal.wait_durable(s).unwrap();
+        drop(dur);
+        let again = recover(&d, Some(2), Metric::L2Sq, || Err("not again".into())).unwrap();
+        assert!(!again.report.imported);
+        assert_eq!(ids(&again), vec![0, 2, 9]);
+        assert_eq!(&again.vectors[4..], &[5.0, 5.0]);
+        assert_eq!((again.report.records_replayed, again.next_seq), (2, 3));
+    }
+
+    #[test]
+    fn a_checkpoint_makes_old_segments_go_and_recovery_uses_it() {
+        let d = dir("ckpt");
+        let r = recover(&d, Some(2), Metric::L2Sq, import).unwrap();
+        let dur = Durable::open(&d, r.next_seq, Metric::L2Sq, 0).unwrap();
+        let s = dur.wal.append(&Op::Delete { id: 0 }).unwrap();
+        dur.wal.wait_durable(s).unwrap();
+        let seq = dur.wal.rotate().unwrap();
+        let rows: Vec<(u64, Arc<[f32]>)> = vec![
+            (1, Arc::from(&[1.0f32, 1.0][..])),
+            (2, Arc::from(&[2.0f32, 2.0][..])),
+        ];
+        write_checkpoint(&d, seq, 2, Metric::L2Sq, rows).unwrap();
+        let s = dur.wal.append(&Op::Delete { id: 2 }).unwrap();
+        dur.wal.wait_durable(s).unwrap();
+        drop(dur);
+        assert_eq!(
+            wal::segments(&d).unwrap().len(),
+            1,
+            "the first segment went"
+        );
+        let again = recover(&d, Some(2), Metric::L2Sq, || Err("no".into())).unwrap();
+        assert_eq!(again.report.checkpoint_seq, Some(1));
+        assert_eq!(ids(&again), vec![1]);
+    }
+
+    #[test]
+    fn corruption_is_refused_or_falls_back_and_never_panics() {
+        let d = dir("corrupt");
+        let r = recover(&d, Some(2), Metric::L2Sq, import).unwrap();
+        let dur = Durable::open(&d, r.next_seq, Metric::L2Sq, 0).unwrap();
+        for id in [0, 1] {
+            let s = dur.wal.append(&Op::Delete { id }).unwrap();
+            dur.wal.wait_durable(s).unwrap();
+        }
+        drop(dur);
+        // A torn tail: the last record is cut, the first survives.
+        let seg = wal::segments(&d).unwrap()[0].1.clone();
+        let bytes = std::fs::read(&seg).unwrap();
+        std::fs::write(&seg, &bytes[..bytes.len() - 2]).unwrap();
+        let torn = recover(&d, Some(2), Metric::L2Sq, || Err("no".into())).unwrap();
+        assert_eq!(ids(&torn), vec![1, 2]);
+        assert!(torn.report.torn_bytes > 0);
+        // The only checkpoint flipped: nothing safe remains, the start is refused.
+        let ck = checkpoint::list(&d).unwrap()[0].1.clone();
+        let mut c = std::fs::read(&ck).unwrap();
+        let at = c.len() - 30;
+        c[at] ^= 0x10;
+        std::fs::write(&ck, &c).unwrap();
+        let e = recover(&d, Some(2), Metric::L2Sq, || Err("no".into()))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("checksum"), "{e}");
+        // Another collection's directory is refused too.
+        let d2 = dir("other");
+        recover(&d2, Some(2), Metric::L2Sq, import).unwrap();
+        let e = recover(&d2, Some(3), Metric::L2Sq, import).err().unwrap();
+        assert!(matches!(e, RecoveryError::Mismatch { .. }), "{e}");
+    }
+}

@@ -1,0 +1,337 @@
+//! The durable embedded store (`backend.data_dir`) against a real akerd process killed
+//! with SIGKILL mid-write: every acknowledged insert is there after the restart, every
+//! acknowledged delete is gone and never served, and the store's row count matches the
+//! acknowledged writes up to those in flight at the kill. Corrupt files are detected.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aker::client::{Client, ClientOptions};
+use aker::protocol::SearchRequest;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const DIM: usize = 8;
+/// The imported collection: ids 0..ROWS.
+const ROWS: u64 = 2_000;
+const WRITERS: u64 = 3;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("aker-durable-it-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A config for a child akerd: exact store over a small synthetic set, durable in
+/// `dir/data`, checkpoints every 64 KiB of log (so kills land in checkpoints too).
+fn write_config(dir: &Path, port: u16) -> PathBuf {
+    let p = dir.join("akerd.toml");
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:{port}"
+executors = 1
+shutdown_grace_ms = 200
+[cache]
+capacity_objects = 2000
+recall_floor = 0.0
+[sharding]
+rebalance_ms = 0
+centroids = 8
+[backend]
+index = "exact"
+data = {{ kind = "synthetic", n = {ROWS}, dim = {DIM}, clusters = 8, seed = 3 }}
+data_dir = "data"
+checkpoint_log_bytes = 65536
+[admin]
+enabled = false
+"#
+    );
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+struct Akerd {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Akerd {
+    /// Starts akerd and waits (bounded) until it answers PING; `None` if it exited.
+    fn start(config: &Path, port: u16) -> Result<Akerd, String> {
+        let child = Command::new(env!("CARGO_BIN_EXE_akerd"))
+            .arg("--config")
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let mut a = Akerd { child, addr };
+        let end = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < end {
+            if let Some(status) = a.child.try_wait().map_err(|e| e.to_string())? {
+                let mut err = String::new();
+                use std::io::Read;
+                if let Some(mut e) = a.child.stderr.take() {
+                    let _ = e.read_to_string(&mut err);
+                }
+                return Err(format!("akerd exited ({status}): {err}"));
+            }
+            if let Ok(mut c) = Client::connect(a.addr) {
+                if c.hello().is_ok() && c.ping().is_ok() {
+                    return Ok(a);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = a.child.kill();
+        Err("akerd did not answer within 30 s".into())
+    }
+
+    fn client(&self) -> Client {
+        let mut c = Client::connect_with(
+            self.addr,
+            ClientOptions {
+                io_timeout: Some(Duration::from_secs(5)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        c.hello().unwrap();
+        c
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}
+
+/// What the writers were told: acknowledged inserts (id -> vector) and deletes.
+#[derive(Default)]
+struct Acked {
+    live: HashMap<u64, Vec<f32>>,
+    deleted: HashMap<u64, Vec<f32>>,
+    /// Writes sent and not answered when the process died (at most one per writer):
+    /// (id, vector, is a delete). Either outcome is allowed; the restart tells which.
+    in_flight: Vec<(u64, Vec<f32>, bool)>,
+}
+
+fn vector(rng: &mut StdRng) -> Vec<f32> {
+    (0..DIM).map(|_| rng.gen::<f32>() * 10.0 - 5.0).collect()
+}
+
+/// One writer until the server dies: inserts new ids, deletes some it inserted.
+fn writer(addr: SocketAddr, w: u64, round: u64, acked: Arc<Mutex<Acked>>, stop: Arc<AtomicBool>) {
+    let mut rng = StdRng::seed_from_u64(round * 100 + w);
+    let Ok(mut c) = Client::connect_with(
+        addr,
+        ClientOptions {
+            io_timeout: Some(Duration::from_secs(5)),
+            ..Default::default()
+        },
+    ) else {
+        return;
+    };
+    if c.hello().is_err() {
+        return;
+    }
+    let mut mine: Vec<u64> = Vec::new();
+    for i in 0..100_000u64 {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let delete = !mine.is_empty() && rng.gen_bool(0.3);
+        if delete {
+            let id = mine.swap_remove(rng.gen_range(0..mine.len()));
+            let ok = c.delete(id).is_ok();
+            let mut a = acked.lock().unwrap();
+            let v = a.live.remove(&id).expect("deleted what was acknowledged");
+            if !ok {
+                a.in_flight.push((id, v, true));
+                return;
+            }
+            a.deleted.insert(id, v);
+        } else {
+            let id = 1_000_000 * (round + 1) + 10_000 * w + i;
+            let v = vector(&mut rng);
+            let ok = c.insert(id, &v).is_ok();
+            let mut a = acked.lock().unwrap();
+            if !ok {
+                a.in_flight.push((id, v, false));
+                return;
+            }
+            a.live.insert(id, v);
+            mine.push(id);
+        }
+    }
+}
+
+/// The store's nearest id to `v`, asked past the cache.
+fn nearest(c: &mut Client, v: &[f32]) -> (u64, f32) {
+    let r = c
+        .search_with(SearchRequest {
+            k: 1,
+            vector: v.to_vec(),
+            bypass_cache: true,
+            ..Default::default()
+        })
+        .unwrap();
+    (r.neighbors[0].id, r.neighbors[0].distance)
+}
+
+fn stat(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter_map(|l| l.split_once(' '))
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, v)| v.trim().parse().ok())
+}
+
+/// After a restart: the writes in flight at the kill are settled by what the store
+/// holds, then every acknowledged one is checked.
+fn check(a: &Akerd, acked: &mut Acked, round: u64) {
+    let mut c = a.client();
+    for (id, v, was_delete) in std::mem::take(&mut acked.in_flight) {
+        let there = nearest(&mut c, &v) == (id, 0.0);
+        match (there, was_delete) {
+            (true, _) => {
+                acked.live.insert(id, v);
+            }
+            (false, true) => {
+                acked.deleted.insert(id, v);
+            }
+            (false, false) => {}
+        }
+    }
+    for (id, v) in &acked.live {
+        assert_eq!(
+            nearest(&mut c, v),
+            (*id, 0.0),
+            "round {round}: acknowledged insert {id} lost"
+        );
+    }
+    for (id, v) in &acked.deleted {
+        assert_ne!(
+            nearest(&mut c, v).0,
+            *id,
+            "round {round}: acknowledged delete {id} back"
+        );
+        let served = c.search(1, v).unwrap();
+        assert!(
+            served.neighbors.iter().all(|n| n.id != *id),
+            "round {round}: {id} served"
+        );
+    }
+    let rows = stat(&c.stats().unwrap(), "store_rows").unwrap() as u64;
+    assert_eq!(
+        rows,
+        ROWS + acked.live.len() as u64,
+        "round {round}: rows against acknowledged inserts"
+    );
+}
+
+#[test]
+fn acknowledged_writes_survive_sigkill_at_random_points() {
+    let dir = scratch("crash");
+    let port = free_port();
+    let config = write_config(&dir, port);
+    let acked = Arc::new(Mutex::new(Acked::default()));
+    let mut rng = StdRng::seed_from_u64(99);
+    let rounds = 20;
+    for round in 0..rounds {
+        let a = Akerd::start(&config, port).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        check(&a, &mut acked.lock().unwrap(), round);
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                let (acked, stop, addr) = (acked.clone(), stop.clone(), a.addr);
+                std::thread::spawn(move || writer(addr, w, round, acked, stop))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(rng.gen_range(30..400)));
+        a.kill();
+        stop.store(true, Ordering::Relaxed);
+        for w in writers {
+            w.join().unwrap();
+        }
+    }
+    let a = Akerd::start(&config, port).unwrap();
+    let mut g = acked.lock().unwrap();
+    check(&a, &mut g, rounds);
+    assert!(
+        g.live.len() + g.deleted.len() > 200,
+        "the writers wrote: {} live, {} deleted",
+        g.live.len(),
+        g.deleted.len()
+    );
+    let ckpts = std::fs::read_dir(dir.join("data"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".ckpt")
+        })
+        .count();
+    assert!(ckpts >= 1);
+    a.kill();
+}
+
+#[test]
+fn a_corrupt_checkpoint_refuses_the_start_and_a_torn_log_tail_is_cut() {
+    let dir = scratch("corrupt");
+    let port = free_port();
+    let config = write_config(&dir, port);
+    let a = Akerd::start(&config, port).unwrap();
+    let mut c = a.client();
+    c.insert(777_777, &[1.0; DIM]).unwrap();
+    c.insert(777_778, &[2.0; DIM]).unwrap();
+    a.kill();
+    // The last log record torn in half: the first insert survives, the start goes on.
+    let data = dir.join("data");
+    let log = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .max()
+        .unwrap();
+    let bytes = std::fs::read(&log).unwrap();
+    std::fs::write(&log, &bytes[..bytes.len() - 7]).unwrap();
+    let a = Akerd::start(&config, port).unwrap();
+    let mut c = a.client();
+    assert_eq!(nearest(&mut c, &[1.0; DIM]).0, 777_777);
+    assert_ne!(
+        nearest(&mut c, &[2.0; DIM]).0,
+        777_778,
+        "torn: never acknowledged as far as the disk knows"
+    );
+    a.kill();
+    // Every checkpoint flipped: nothing safe remains, akerd refuses to start and says why.
+    for e in std::fs::read_dir(&data).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|e| e == "ckpt") {
+            let mut b = std::fs::read(&p).unwrap();
+            let at = b.len() - 9;
+            b[at] ^= 0x20;
+            std::fs::write(&p, &b).unwrap();
+        }
+    }
+    let e = Akerd::start(&config, port).err().expect("refused");
+    assert!(e.contains("checksum"), "{e}");
+}
