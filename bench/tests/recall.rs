@@ -69,6 +69,9 @@ fn paper_spec(policy: &str, pool: Capacity, threshold: f32, shards: usize) -> Ru
         standby_search: shards::StandbySearch::Nearest,
         shards,
         akerd: None,
+        floor: None,
+        relative: false,
+        window: 0,
     }
 }
 
@@ -231,7 +234,12 @@ fn akerd_s_configuration_runs_sharded_within_the_row_s_pool() {
     let v = go(&spec_of(&kept, Capacity::Objects(s.pool)));
     check_accounting("akerd, vectors kept", &v);
     assert!(v.bytes >= v.objects * 16 * 4, "{} bytes", v.bytes);
-    assert!(v.bytes > r.bytes, "ids only: {} bytes, kept: {}", r.bytes, v.bytes);
+    assert!(
+        v.bytes > r.bytes,
+        "ids only: {} bytes, kept: {}",
+        r.bytes,
+        v.bytes
+    );
     // The paper rows' answers are k deep: Δ = 2 asks for more, which is refused.
     let shallow = experiment::run(
         &spec(Capacity::Objects(s.pool)),
