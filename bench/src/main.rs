@@ -47,6 +47,7 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once
 enum Cmd {
     /// Recall and hit ratios per data set x skew x pool x policy (Figures 10 and 11).
     Recall(RecallArgs),

@@ -205,13 +205,13 @@ pub fn floor_recall(r: &Row) -> f64 {
 
 fn floor_csv(r: &Row, opt: &dyn Fn(f64) -> String) -> String {
     let x = &r.result;
-    let rel = x.relative_recall().map_or(String::new(), |v| opt(v));
+    let rel = x.relative_recall().map_or(String::new(), opt);
     let t = tail(r);
     let (tail_n, tail_recall, tail_rel) = match t {
         Some(w) => (
             w.requests.to_string(),
             opt(w.recall()),
-            w.relative().map_or(String::new(), |v| opt(v)),
+            w.relative().map_or(String::new(), opt),
         ),
         None => (String::new(), String::new(), String::new()),
     };
