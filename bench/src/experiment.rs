@@ -13,6 +13,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shards::entry::RepView;
 use shards::filter::FilterQuery;
+use shards::floor::{recall_at_k, FloorConfig, FloorEstimate, RecallFloor, ServedTotals};
 use shards::gap::Gauge;
 use shards::sharded::{ShardedCache, ShardingConfig};
 use shards::store::HnswStore;
@@ -221,6 +222,23 @@ pub struct RunSpec {
     /// akerd's configuration, for `Rule::Akerd` (the paper's settings above are then
     /// unused, `k` and the pool excepted).
     pub akerd: Option<AkerdSetup>,
+    /// The recall floor (`shards::floor`): sampled shadow checks of hits against the
+    /// backend drive the controller that scales the cache's hit thresholds. `None`:
+    /// no shadow checks, the run as before.
+    pub floor: Option<FloorSpec>,
+    /// Also score every request against the backend's own answer for it (the floor's
+    /// reference: with an approximate backend, the loss the cache adds on top of it).
+    /// The backend calls this takes are measurement, counted nowhere.
+    pub relative: bool,
+    /// Requests per window of `RunResult::series`; 0 records none.
+    pub window: usize,
+}
+
+/// A run's recall floor: its settings and the seed of its shadow-check sampling.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FloorSpec {
+    pub config: FloorConfig,
+    pub seed: u64,
 }
 
 impl RunSpec {
@@ -435,6 +453,55 @@ pub struct RunResult {
     pub bytes: usize,
     pub evictions: u64,
     pub seconds: f64,
+    /// Sum over requests of recall@k against the backend's own answer for the request
+    /// (`RunSpec::relative`); `None` when not measured.
+    pub relative_sum: Option<f64>,
+    /// Backend searches the floor's shadow checks made (not in `backend_calls`).
+    pub shadow_calls: u64,
+    /// The floor at the end of the run (`RunSpec::floor`).
+    pub floor: Option<FloorOutcome>,
+    /// Per window of `RunSpec::window` requests (the last one may be shorter).
+    pub series: Vec<WindowPoint>,
+}
+
+/// Where a run's recall floor ended.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FloorOutcome {
+    pub config_floor: f64,
+    pub sample: f64,
+    pub estimate: FloorEstimate,
+}
+
+/// One window of a run's requests, and the floor's state at its end.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WindowPoint {
+    /// Requests done at the window's end.
+    pub end: u64,
+    pub requests: u64,
+    /// Recall@k against exact neighbours, summed over the window's requests.
+    pub recall_sum: f64,
+    /// Against the backend's own answers (`RunSpec::relative`).
+    pub relative_sum: Option<f64>,
+    pub hits: u64,
+    pub shadow_calls: u64,
+    /// The floor's estimate, its bounds, scale and state at the window's end.
+    pub estimate: Option<(f64, f64, f64)>,
+    pub scale: f32,
+    pub state: Option<&'static str>,
+}
+
+impl WindowPoint {
+    pub fn recall(&self) -> f64 {
+        self.recall_sum / self.requests as f64
+    }
+
+    pub fn relative(&self) -> Option<f64> {
+        self.relative_sum.map(|s| s / self.requests as f64)
+    }
+
+    pub fn hit_ratio(&self) -> f64 {
+        self.hits as f64 / self.requests as f64
+    }
 }
 
 impl RunResult {
@@ -455,9 +522,40 @@ impl RunResult {
         count as f64 / self.requests as f64
     }
 
-    /// Every miss is exactly one backend search (verifications included).
+    /// Every miss is exactly one backend search (verifications included); the floor's
+    /// shadow checks are `shadow_calls`.
     pub fn backend_calls(&self) -> u64 {
         self.miss.count
+    }
+
+    /// Mean recall@k against the backend's own answers (`RunSpec::relative`).
+    pub fn relative_recall(&self) -> Option<f64> {
+        self.relative_sum.map(|s| s / self.requests as f64)
+    }
+
+    /// The share of the backend's searches that were shadow checks.
+    pub fn shadow_share(&self) -> f64 {
+        let all = self.backend_calls() + self.shadow_calls;
+        if all == 0 {
+            0.0
+        } else {
+            self.shadow_calls as f64 / all as f64
+        }
+    }
+
+    /// The series' windows from request `from` on, merged (exact where `from` is a
+    /// window's start); `None` when no window ends after it.
+    pub fn recall_since(&self, from: u64) -> Option<WindowPoint> {
+        let mut w = WindowPoint::default();
+        for p in self.series.iter().filter(|p| p.end > from) {
+            w.end = p.end;
+            w.requests += p.requests;
+            w.recall_sum += p.recall_sum;
+            w.relative_sum = p.relative_sum.map(|s| s + w.relative_sum.unwrap_or(0.0));
+            w.hits += p.hits;
+            w.shadow_calls += p.shadow_calls;
+        }
+        (w.requests > 0).then_some(w)
     }
 }
 
@@ -495,6 +593,23 @@ impl CacheUnderTest {
             CacheUnderTest::Sharded(c) => c.stats(),
         }
     }
+
+    fn set_threshold_scale(&self, scale: f32) {
+        match self {
+            CacheUnderTest::One(c) => c.reader().set_threshold_scale(scale),
+            CacheUnderTest::Sharded(c) => c.set_threshold_scale(scale),
+        }
+    }
+}
+
+/// A run's floor: the estimator and controller, and the sampling of shadow checks.
+struct FloorRun {
+    floor: RecallFloor,
+    rng: StdRng,
+}
+
+fn ids(c: &[shards::Candidate]) -> Vec<u64> {
+    c.iter().map(|c| c.id).collect()
 }
 
 /// Replays `workload` through `spec`'s cache in front of `backend`, scoring request
@@ -541,28 +656,110 @@ pub fn run(
             })
         }
     };
+    let mut floor = match &spec.floor {
+        Some(f) if cache.is_some() => Some(FloorRun {
+            floor: RecallFloor::new(f.config.clone()).map_err(Error::Config)?,
+            rng: StdRng::seed_from_u64(f.seed),
+        }),
+        _ => None,
+    };
+    let mut relative_sum = 0.0;
+    let mut window = WindowPoint {
+        relative_sum: spec.relative.then_some(0.0),
+        ..WindowPoint::default()
+    };
     for (i, &r) in workload.requests.iter().enumerate() {
         let q = workload.vector(r);
         let want = &truth[r as usize];
-        match cache.as_mut() {
+        let (recall, relative, hit) = match cache.as_mut() {
             None => {
                 let got = backend.search(q, spec.k)?;
-                out.miss.add(recall_at(got.iter().map(|c| c.id), want));
+                let recall = recall_at(got.iter().map(|c| c.id), want);
+                out.miss.add(recall);
+                (recall, 1.0, false)
             }
             Some(cache) => {
                 let outcome = cache.search(backend, q, spec.k)?;
-                let recall = recall_at(outcome.results.iter().map(|n| n.id), want);
+                let served: Vec<u64> = outcome.results.iter().map(|n| n.id).collect();
+                let recall = recall_at(served.iter().copied(), want);
                 match outcome.kind {
                     HitKind::Exact => out.exact.add(recall),
                     HitKind::Alias => out.alias.add(recall),
                     HitKind::Approximate => out.approximate.add(recall),
                     HitKind::Miss => out.miss.add(recall),
                 }
+                // The backend's answer to this request, searched once for whoever needs it.
+                let mut reference: Option<Vec<u64>> = None;
+                if spec.relative {
+                    reference = Some(ids(&backend.search(q, spec.k)?));
+                }
+                if let Some(f) = floor.as_mut() {
+                    f.floor.observe_served(ServedTotals {
+                        exact: out.exact.count,
+                        alias: out.alias.count,
+                        approximate: out.approximate.count,
+                        miss: out.miss.count,
+                    });
+                    let p = f.floor.config().sample_fraction(outcome.kind);
+                    if p > 0.0 && f.rng.gen_bool(p.min(1.0)) {
+                        out.shadow_calls += 1;
+                        window.shadow_calls += 1;
+                        let want = match &reference {
+                            Some(r) => r.clone(),
+                            None => ids(&backend.search(q, spec.k)?),
+                        };
+                        f.floor
+                            .record(outcome.kind, recall_at_k(&served, &want, spec.k));
+                        if let Some(scale) = f.floor.control() {
+                            cache.set_threshold_scale(scale);
+                        }
+                    }
+                }
+                let relative = reference.map_or(f64::NAN, |r| recall_at_k(&served, &r, spec.k));
+                (recall, relative, outcome.kind != HitKind::Miss)
+            }
+        };
+        if spec.relative {
+            relative_sum += relative;
+        }
+        if spec.window > 0 {
+            window.requests += 1;
+            window.recall_sum += recall;
+            if let Some(s) = window.relative_sum.as_mut() {
+                *s += relative;
+            }
+            window.hits += u64::from(hit);
+            let last = i + 1 == workload.requests.len();
+            if (i + 1) % spec.window == 0 || last {
+                window.end = (i + 1) as u64;
+                if let Some(f) = &floor {
+                    let e = f.floor.estimate();
+                    window.estimate = Some((e.recall, e.low, e.high));
+                    window.scale = e.scale;
+                    window.state = Some(e.state.name());
+                } else {
+                    window.scale = 1.0;
+                }
+                out.series.push(window);
+                window = WindowPoint {
+                    relative_sum: spec.relative.then_some(0.0),
+                    ..WindowPoint::default()
+                };
             }
         }
         if (i + 1) % TICK == 0 {
             progress(TICK as u64);
         }
+    }
+    if spec.relative {
+        out.relative_sum = Some(relative_sum);
+    }
+    if let (Some(f), Some(spec_floor)) = (&floor, &spec.floor) {
+        out.floor = Some(FloorOutcome {
+            config_floor: spec_floor.config.floor,
+            sample: spec_floor.config.sample,
+            estimate: f.floor.estimate(),
+        });
     }
     progress((workload.requests.len() % TICK) as u64);
     out.requests = workload.requests.len() as u64;
@@ -735,6 +932,9 @@ mod tests {
             standby_search: StandbySearch::Nearest,
             shards: 1,
             akerd,
+            floor: None,
+            relative: false,
+            window: 0,
         }
     }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use aker_formats::data::write_fvecs;
 use bench::akerd::{AkerdFile, AkerdSetup};
-use bench::experiment::{self, Policy, Rule, RunSpec};
+use bench::experiment::{self, FloorSpec, Policy, Rule, RunSpec};
 use bench::plot::{self, Figure};
 use bench::precomputed::{PrecomputedBackend, WithVectors};
 use bench::prepare::{self as prep_mod, Prepared, Seeds, Source, SYNTHETIC, SYNTHETIC_QUICK};
@@ -33,6 +33,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use shards::floor::FloorConfig;
 use shards::store::HnswStore;
 use shards::{Backend, Capacity, FilterKind, Metric, StandbySearch};
 
@@ -46,6 +47,7 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once
 enum Cmd {
     /// Recall and hit ratios per data set x skew x pool x policy (Figures 10 and 11).
     Recall(RecallArgs),
@@ -190,6 +192,53 @@ struct RecallArgs {
     /// --filter-candidates, --standby-search and --shards are the paper rows' only).
     #[arg(long)]
     akerd_config: Option<PathBuf>,
+    /// Recall floors, comma-separated (e.g. 0.9,0.95,0.98; 0: shadow checks and the
+    /// estimate without control): every cached row also runs once per floor, labelled
+    /// `policy@floor` (`shards::floor`). Also writes floor-series.csv.
+    #[arg(long, value_delimiter = ',', value_parser = parse_floor)]
+    recall_floors: Vec<f64>,
+    /// Fraction of approximate and alias hits a floor checks against the backend
+    /// (exact hits: an eighth of it).
+    #[arg(long, default_value_t = FloorConfig::default().sample)]
+    floor_sample: f64,
+    /// Requests per window of floor-series.csv.
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
+    floor_window: u64,
+    /// A changed workload: each stream's second half comes from a simZipf stream at
+    /// this skew (a row's skew is its first half's).
+    #[arg(long)]
+    phase_skew: Option<f64>,
+    /// With --phase-skew: the second half's hot groups are other groups (g -> g + n/2).
+    #[arg(long, requires = "phase_skew")]
+    phase_other_groups: bool,
+}
+
+/// A recall floor in `[0, 1)`.
+fn parse_floor(s: &str) -> Result<f64, String> {
+    let f: f64 = s
+        .trim()
+        .parse()
+        .map_err(|e| format!("recall floor '{s}': {e}"))?;
+    if (0.0..1.0).contains(&f) {
+        Ok(f)
+    } else {
+        Err(format!("recall floor '{s}' is not in [0, 1)"))
+    }
+}
+
+impl RecallArgs {
+    /// The floor configuration of a row at `floor`.
+    fn floor_config(&self, floor: f64) -> FloorConfig {
+        FloorConfig {
+            floor,
+            sample: self.floor_sample,
+            ..FloorConfig::default()
+        }
+    }
+
+    fn floors_on(&self) -> bool {
+        !self.recall_floors.is_empty()
+    }
 }
 
 #[derive(clap::Args)]
@@ -335,12 +384,14 @@ struct Job {
     stream: usize,
     pool: Option<Pool>,
     policy: Policy,
+    /// `--recall-floors`: the floor this run holds; `None`: the plain row.
+    floor: Option<f64>,
 }
 
 /// The jobs of `policies` over every stream and pool (no-cache once per stream; the
-/// `config` pool for akerd rows only), the slowest first so that the last ones to
-/// finish are short.
-fn jobs(streams: usize, pools: &[Pool], policies: &[Policy]) -> Vec<Job> {
+/// `config` pool for akerd rows only), each cached one also once per floor of
+/// `floors`, the slowest first so that the last ones to finish are short.
+fn jobs(streams: usize, pools: &[Pool], policies: &[Policy], floors: &[f64]) -> Vec<Job> {
     let mut out = Vec::new();
     for stream in 0..streams {
         for &policy in policies {
@@ -349,18 +400,22 @@ fn jobs(streams: usize, pools: &[Pool], policies: &[Policy]) -> Vec<Job> {
                     stream,
                     pool: None,
                     policy,
+                    floor: None,
                 });
             } else {
-                out.extend(
-                    pools
-                        .iter()
-                        .filter(|(p, _)| *p != PoolSpec::Config || policy.rule == Rule::Akerd)
-                        .map(|&p| Job {
+                for &p in pools
+                    .iter()
+                    .filter(|(p, _)| *p != PoolSpec::Config || policy.rule == Rule::Akerd)
+                {
+                    for floor in std::iter::once(None).chain(floors.iter().map(|&f| Some(f))) {
+                        out.push(Job {
                             stream,
                             pool: Some(p),
                             policy,
-                        }),
-                );
+                            floor,
+                        });
+                    }
+                }
             }
         }
     }
@@ -398,7 +453,11 @@ fn at_equal_bytes(
     let mut refs: Vec<Job> = Vec::new();
     for j in jobs {
         if let Some((PoolSpec::Share(_), Capacity::Objects(_))) = j.pool {
-            let r = Job { policy: aker, ..*j };
+            let r = Job {
+                policy: aker,
+                floor: None,
+                ..*j
+            };
             if !refs
                 .iter()
                 .any(|x| x.stream == r.stream && x.pool == r.pool)
@@ -471,6 +530,18 @@ fn run_jobs(
                     standby_search: args.standby_search.engine(),
                     shards: args.shards as usize,
                     akerd: akerd.filter(|_| is_akerd).cloned(),
+                    floor: job.floor.map(|f| FloorSpec {
+                        config: args.floor_config(f),
+                        seed: seeds.potluck ^ FLOOR_SEED,
+                    }),
+                    // The backend's own answer per request: the floor's reference, which
+                    // differs from exact truth only on an approximate backend.
+                    relative: args.floors_on() && backend_name != "exact",
+                    window: if args.floors_on() {
+                        args.floor_window as usize
+                    } else {
+                        0
+                    },
                 };
                 let (backend, routing) = if is_akerd {
                     (backends[job.stream].akerd, &st.akerd_routing)
@@ -492,18 +563,28 @@ fn run_jobs(
                             policy: job.policy,
                             filter: spec.filter_used(),
                             threshold: spec.global_threshold_used(),
+                            floor: job.floor,
                             result,
                         };
                         // Printed whether or not the bar is drawn (it is not off a terminal).
                         b.suspend(|| {
                             println!(
-                                "  {dataset}/{backend_name} skew {:.2} pool {:>3} {:<8} recall {:.3} hits {:5.1}% ({:.1} s)",
+                                "  {dataset}/{backend_name} skew {:.2} pool {:>3} {:<8} recall {:.3} hits {:5.1}% ({:.1} s){}",
                                 row.skew,
                                 row.pool_label(),
-                                row.policy.to_string(),
+                                row.label(),
                                 row.result.recall(),
                                 100.0 * row.result.ratio(row.result.hits()),
-                                row.result.seconds
+                                row.result.seconds,
+                                row.result.floor.map_or(String::new(), |f| format!(
+                                    " floor: est {:.3} low {:.3} scale {:.4} {} shadow {}{}",
+                                    f.estimate.recall,
+                                    f.estimate.low,
+                                    f.estimate.scale,
+                                    f.estimate.state.name(),
+                                    row.result.shadow_calls,
+                                    row.result.relative_recall().map_or(String::new(), |r| format!(" relative {r:.3}"))
+                                ))
                             )
                         });
                         done.lock().expect("poisoned").push((i, row));
@@ -524,6 +605,10 @@ fn run_jobs(
     rows.sort_by_key(|(i, _)| *i);
     Ok(rows.into_iter().map(|(_, r)| r).collect())
 }
+
+/// Mixed into the Potluck+ seed for the floor's shadow-check sampling (so `Seeds`,
+/// printed in every report, stays as it was).
+const FLOOR_SEED: u64 = 0x0f10_0a5e;
 
 /// ef values the HNSW backend's sweep tries, smallest first.
 const EF_LADDER: [usize; 22] = [
@@ -582,6 +667,9 @@ fn recall(mut args: RecallArgs) -> Fallible<()> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let akerd = akerd_rows(&mut args)?;
+    if let Some(&f) = args.recall_floors.first() {
+        shards::floor::RecallFloor::new(args.floor_config(f))?;
+    }
     let seeds = Seeds::from_base(args.common.seed);
     println!("seeds: {seeds}");
     println!(
@@ -743,7 +831,17 @@ impl SourceRun<'_> {
         args.skews
             .iter()
             .map(|&skew| {
-                let workload = workload::sim_zipf(&prep.groups, requests, skew, seeds.stream);
+                let workload = match args.phase_skew {
+                    Some(second) => workload::sim_zipf_phased(
+                        &prep.groups,
+                        requests,
+                        skew,
+                        second,
+                        args.phase_other_groups,
+                        seeds.stream,
+                    ),
+                    None => workload::sim_zipf(&prep.groups, requests, skew, seeds.stream),
+                };
                 let truth = prep.truth_ids(&workload, k);
                 let threshold = experiment::inter_query_percentile(
                     &workload,
@@ -796,7 +894,12 @@ impl SourceRun<'_> {
                 &exact
             },
         };
-        let js = jobs(streams.len(), pools, &self.args.policies);
+        let js = jobs(
+            streams.len(),
+            pools,
+            &self.args.policies,
+            &self.args.recall_floors,
+        );
         let backends = vec![both; streams.len()];
         let (args, seeds, threads) = (self.args, self.seeds, self.threads);
         let run = |js: &[Job]| {
@@ -872,7 +975,12 @@ impl SourceRun<'_> {
                 },
             )
             .collect();
-        let js = jobs(streams.len(), pools, &args.hnsw_policies);
+        let js = jobs(
+            streams.len(),
+            pools,
+            &args.hnsw_policies,
+            &args.recall_floors,
+        );
         let (seeds, threads) = (self.seeds, self.threads);
         let run = |js: &[Job]| {
             run_jobs(
@@ -1076,6 +1184,10 @@ fn header(
         backends: backend_names(args.backend),
         threads,
         total_seconds: started.elapsed().as_secs_f64(),
+        floors: args.recall_floors.clone(),
+        floor_sample: args.floor_sample,
+        floor_window: args.floor_window as usize,
+        phase: args.phase_skew.map(|s| (s, args.phase_other_groups)),
     }
 }
 
@@ -1092,6 +1204,12 @@ fn write_outputs(
         report::markdown(header, summaries, rows),
     )?;
     std::fs::write(args.out.join("results.csv"), report::csv(rows))?;
+    if args.floors_on() {
+        std::fs::write(
+            args.out.join("floor-series.csv"),
+            report::series_csv(rows, args.phase_skew),
+        )?;
+    }
     for d in summaries {
         for backend in &header.backends {
             let policies: Vec<String> = if backend == "exact" {
@@ -1214,6 +1332,76 @@ mod tests {
     }
 
     #[test]
+    fn floor_flags_parse_and_add_one_row_per_floor() {
+        let a = recall_args(&[]);
+        assert!(a.recall_floors.is_empty() && !a.floors_on());
+        assert_eq!(a.floor_sample, 0.05);
+        assert_eq!((a.floor_window, a.phase_skew), (5_000, None));
+        let a = recall_args(&[
+            "--recall-floors",
+            "0.9,0.95, 0.98",
+            "--floor-sample",
+            "0.1",
+            "--floor-window",
+            "1000",
+            "--phase-skew",
+            "0.30",
+            "--phase-other-groups",
+        ]);
+        assert_eq!(a.recall_floors, vec![0.9, 0.95, 0.98]);
+        assert_eq!(a.floor_sample, 0.1);
+        assert_eq!(a.floor_window, 1_000);
+        assert_eq!((a.phase_skew, a.phase_other_groups), (Some(0.30), true));
+        let c = a.floor_config(0.95);
+        assert_eq!((c.floor, c.sample), (0.95, 0.1));
+        assert_eq!(
+            c,
+            FloorConfig {
+                floor: 0.95,
+                sample: 0.1,
+                ..FloorConfig::default()
+            }
+        );
+        for bad in [
+            &["--recall-floors", "1.0"][..],
+            &["--recall-floors", "-0.1"],
+            &["--recall-floors", "0.9,x"],
+            &["--floor-window", "0"],
+            &["--phase-other-groups"],
+        ] {
+            let argv = ["bench", "recall"].iter().chain(bad).copied();
+            assert!(Cli::try_parse_from(argv).is_err(), "{bad:?}");
+        }
+        // A sample out of range parses, and is refused by the floor's own validation.
+        let a = recall_args(&["--recall-floors", "0.9", "--floor-sample", "0"]);
+        assert!(shards::floor::RecallFloor::new(a.floor_config(0.9)).is_err());
+
+        let pools = [
+            (PoolSpec::Share(0.01), Capacity::Objects(100)),
+            (PoolSpec::Share(0.05), Capacity::Objects(500)),
+        ];
+        let policies: Vec<Policy> = ["aker", "none"]
+            .iter()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        let js = jobs(1, &pools, &policies, &[0.9, 0.95]);
+        // aker: (plain + 2 floors) x 2 pools; none: once, no floor.
+        assert_eq!(js.len(), 7);
+        let floors = |rule| {
+            js.iter()
+                .filter(|j| j.policy.rule == rule)
+                .map(|j| j.floor)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(floors(Rule::NoCache), vec![None]);
+        let aker = floors(Rule::Aker);
+        for f in [None, Some(0.9), Some(0.95)] {
+            assert_eq!(aker.iter().filter(|&&x| x == f).count(), 2, "{f:?}");
+        }
+        assert_eq!(jobs(1, &pools, &policies, &[]).len(), 3);
+    }
+
+    #[test]
     fn a_metric_the_akerd_file_contradicts_is_refused() {
         let mut a = recall_args(&["--metric", "cosine", "--akerd-config", &shipped()]);
         let e = akerd_rows(&mut a).unwrap_err().to_string();
@@ -1230,7 +1418,7 @@ mod tests {
             .iter()
             .map(|p| p.parse().unwrap())
             .collect();
-        let js = jobs(2, &pools, &policies);
+        let js = jobs(2, &pools, &policies, &[]);
         let count = |rule: Rule, pool: Option<PoolSpec>| {
             js.iter()
                 .filter(|j| j.policy.rule == rule && j.pool.map(|(p, _)| p) == pool)

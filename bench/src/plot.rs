@@ -48,7 +48,7 @@ impl Figure<'_> {
             r.dataset == self.dataset
                 && r.backend == self.backend
                 && (r.skew - skew).abs() < 1e-9
-                && r.policy.to_string() == policy
+                && r.label() == policy
                 && r.pool.is_none_or(|(p, _)| p == pool)
         })
     }

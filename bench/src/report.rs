@@ -76,6 +76,8 @@ pub struct Row {
     pub filter: Option<FilterKind>,
     /// The global threshold Proximity+ uses and Potluck+ starts from.
     pub threshold: Option<f32>,
+    /// The recall floor the run held (`--recall-floors`); `None`: the plain row.
+    pub floor: Option<f64>,
     pub result: RunResult,
 }
 
@@ -84,6 +86,14 @@ impl Row {
         match self.pool {
             Some((p, _)) => p.to_string(),
             None => "-".into(),
+        }
+    }
+
+    /// The policy, with `@floor` for a floor row (`aker@0.95`).
+    pub fn label(&self) -> String {
+        match self.floor {
+            Some(f) => format!("{}@{f}", self.policy),
+            None => self.policy.to_string(),
         }
     }
 }
@@ -137,7 +147,7 @@ pub fn table(rows: &[Row], dataset: &str, backend: &str, pool: PoolSpec) -> Stri
             s,
             "| {:.2} | {} | {:.3} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} |",
             r.skew,
-            r.policy,
+            r.label(),
             x.recall(),
             pct(x.ratio(x.hits())),
             pct(x.ratio(x.exact.count)),
@@ -162,6 +172,72 @@ recall,hit_ratio,exact_ratio,alias_ratio,approx_ratio,miss_ratio,approx_hit_reca
 approx_hit_below_0.8,alias_hit_recall,backend_calls,verifications,entries,aliases,objects,\
 pool_bytes,evictions,global_threshold,seconds";
 
+/// The columns results.csv gains when a row ran a recall floor or measured recall
+/// against the backend's own answers (`--recall-floors`).
+pub const CSV_FLOOR_HEADER: &str = "floor,floor_sample,relative_recall,est_recall,est_low,\
+est_high,est_error,final_scale,floor_state,tightened,relaxed,floor_samples,shadow_calls,\
+shadow_share,tail_requests,tail_recall,tail_relative_recall";
+
+/// Requests at the end of a run the estimate is also compared with (the shares'
+/// half-life in `shards::floor`).
+pub const TAIL_REQUESTS: u64 = 20_000;
+
+fn has_floor_columns(rows: &[Row]) -> bool {
+    rows.iter()
+        .any(|r| r.floor.is_some() || r.result.relative_sum.is_some())
+}
+
+/// A row's recall over its last `TAIL_REQUESTS` (from its series).
+pub fn tail(r: &Row) -> Option<crate::experiment::WindowPoint> {
+    let x = &r.result;
+    x.recall_since(x.requests.saturating_sub(TAIL_REQUESTS))
+}
+
+/// The recall the floor speaks of: against the backend's answers where measured
+/// (an approximate backend), else against exact neighbours.
+pub fn floor_recall(r: &Row) -> f64 {
+    if r.backend == "exact" {
+        r.result.recall()
+    } else {
+        r.result.relative_recall().unwrap_or(f64::NAN)
+    }
+}
+
+fn floor_csv(r: &Row, opt: &dyn Fn(f64) -> String) -> String {
+    let x = &r.result;
+    let rel = x.relative_recall().map_or(String::new(), opt);
+    let t = tail(r);
+    let (tail_n, tail_recall, tail_rel) = match t {
+        Some(w) => (
+            w.requests.to_string(),
+            opt(w.recall()),
+            w.relative().map_or(String::new(), opt),
+        ),
+        None => (String::new(), String::new(), String::new()),
+    };
+    match (&x.floor, r.floor) {
+        (Some(f), Some(floor)) => {
+            let e = &f.estimate;
+            format!(
+                "{floor},{},{rel},{},{},{},{},{},{},{},{},{},{},{},{tail_n},{tail_recall},{tail_rel}",
+                f.sample,
+                opt(e.recall),
+                opt(e.low),
+                opt(e.high),
+                opt(e.recall - floor_recall(r)),
+                e.scale,
+                e.state.name(),
+                e.tightened,
+                e.relaxed,
+                e.samples,
+                x.shadow_calls,
+                opt(x.shadow_share()),
+            )
+        }
+        _ => format!(",,{rel},,,,,,,,,,,,{tail_n},{tail_recall},{tail_rel}"),
+    }
+}
+
 /// All rows as CSV (ratios as fractions; empty cells where a value does not apply).
 pub fn csv(rows: &[Row]) -> String {
     let opt = |x: f64| {
@@ -171,7 +247,12 @@ pub fn csv(rows: &[Row]) -> String {
             format!("{x:.6}")
         }
     };
+    let extra = has_floor_columns(rows);
     let mut s = String::from(CSV_HEADER);
+    if extra {
+        s.push(',');
+        s.push_str(CSV_FLOOR_HEADER);
+    }
     s.push('\n');
     for r in rows {
         let x = &r.result;
@@ -188,7 +269,7 @@ pub fn csv(rows: &[Row]) -> String {
         let filter = r.filter.map_or("", filter_name);
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{},{},{},{},{:.3}",
+            "{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{},{},{},{},{:.3}{}",
             r.dataset,
             r.backend,
             r.k,
@@ -197,7 +278,7 @@ pub fn csv(rows: &[Row]) -> String {
             pool_pct,
             pool_objects,
             pool_budget_bytes,
-            r.policy,
+            r.label(),
             filter,
             x.requests,
             x.recall(),
@@ -218,6 +299,267 @@ pub fn csv(rows: &[Row]) -> String {
             x.evictions,
             r.threshold.map_or(String::new(), |t| t.to_string()),
             x.seconds,
+            if extra {
+                format!(",{}", floor_csv(r, &opt))
+            } else {
+                String::new()
+            },
+        );
+    }
+    s
+}
+
+pub const SERIES_HEADER: &str = "dataset,backend,skew,phase_skew,pool_pct,policy,floor,\
+window_end,window_requests,recall,relative_recall,hit_ratio,shadow_calls,est_recall,est_low,\
+est_high,scale,state";
+
+/// Every row's per-window series (`floor-series.csv`): recall, hit ratio and the
+/// floor's estimate at each window's end.
+pub fn series_csv(rows: &[Row], phase: Option<f64>) -> String {
+    let mut s = String::from(SERIES_HEADER);
+    s.push('\n');
+    let f6 = |x: f64| format!("{x:.6}");
+    for r in rows {
+        let pool = match r.pool {
+            Some((PoolSpec::Share(f), _)) => format!("{}", f * 100.0),
+            Some((PoolSpec::Config, _)) => "config".into(),
+            None => String::new(),
+        };
+        for w in &r.result.series {
+            let (e, lo, hi) = match w.estimate {
+                Some((e, lo, hi)) => (f6(e), f6(lo), f6(hi)),
+                None => Default::default(),
+            };
+            let _ = writeln!(
+                s,
+                "{},{},{},{},{pool},{},{},{},{},{:.6},{},{:.6},{},{e},{lo},{hi},{},{}",
+                r.dataset,
+                r.backend,
+                r.skew,
+                phase.map_or(String::new(), |p| p.to_string()),
+                r.label(),
+                r.floor.map_or(String::new(), |f| f.to_string()),
+                w.end,
+                w.requests,
+                w.recall(),
+                w.relative().map_or(String::new(), f6),
+                w.hit_ratio(),
+                w.shadow_calls,
+                w.scale,
+                w.state.unwrap_or(""),
+            );
+        }
+    }
+    s
+}
+
+/// Whether and by how much a floor row missed its floor: `yes`, or `no (-x.xxx)`.
+fn held(measured: f64, floor: f64) -> String {
+    if measured >= floor {
+        "yes".into()
+    } else {
+        format!("**no** ({:+.3})", measured - floor)
+    }
+}
+
+/// The floor rows of one data set, backend and pool: what was held and what it cost,
+/// beside the plain row of the same policy and skew.
+pub fn floor_table(rows: &[Row], dataset: &str, backend: &str, pool: PoolSpec) -> String {
+    let mut sel: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.dataset == dataset && r.backend == backend && r.floor.is_some())
+        .filter(|r| r.pool.is_some_and(|(p, _)| p == pool))
+        .collect();
+    if sel.is_empty() {
+        return String::new();
+    }
+    sel.sort_by(|a, b| a.skew.total_cmp(&b.skew));
+    let exact = backend == "exact";
+    let k = sel[0].k;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| skew | policy | floor | recall@{k}{} | plain row's | hit % | plain hit % | estimate [low, high] \
+         | est − measured | last {}k: measured, est − it | scale | state | tightened / relaxed \
+         | shadow calls | shadow share % | held (whole run) |",
+        if exact { "" } else { " (relative; exact)" },
+        TAIL_REQUESTS / 1000,
+    );
+    s.push_str("|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|\n");
+    for r in sel {
+        let x = &r.result;
+        let plain = rows.iter().find(|p| {
+            p.floor.is_none()
+                && p.dataset == r.dataset
+                && p.backend == r.backend
+                && p.policy == r.policy
+                && p.skew == r.skew
+                && p.pool.map(|q| q.0) == r.pool.map(|q| q.0)
+        });
+        let f = r.floor.expect("a floor row");
+        let measured = floor_recall(r);
+        let recall = if exact {
+            num3(measured)
+        } else {
+            format!("{} ({})", num3(measured), num3(x.recall()))
+        };
+        let plain_recall = plain.map_or("-".into(), |p| {
+            if exact {
+                num3(floor_recall(p))
+            } else {
+                format!("{} ({})", num3(floor_recall(p)), num3(p.result.recall()))
+            }
+        });
+        let plain_hits = plain.map_or("-".into(), |p| pct(p.result.ratio(p.result.hits())));
+        let Some(o) = &x.floor else { continue };
+        let e = &o.estimate;
+        let tail_cell = tail(r).map_or("-".into(), |w| {
+            let m = if exact {
+                w.recall()
+            } else {
+                w.relative().unwrap_or(f64::NAN)
+            };
+            format!("{} ({:+.3})", num3(m), e.recall - m)
+        });
+        let _ = writeln!(
+            s,
+            "| {:.2} | {} | {f} | {recall} | {plain_recall} | {} | {plain_hits} | {:.3} [{:.3}, {:.3}] \
+             | {:+.3} | {tail_cell} | {:.4} | {} | {} / {} | {} | {} | {} |",
+            r.skew,
+            r.policy,
+            pct(x.ratio(x.hits())),
+            e.recall,
+            e.low,
+            e.high,
+            e.recall - measured,
+            e.scale,
+            e.state.name(),
+            e.tightened,
+            e.relaxed,
+            x.shadow_calls,
+            pct(x.shadow_share()),
+            held(measured, f),
+        );
+    }
+    s
+}
+
+/// After a workload change at request `switch`: how long the floor's low bound stayed
+/// below the floor and what was served meanwhile.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Reconvergence {
+    /// The end of the first window after the change whose low bound was below the floor.
+    pub dipped_at: Option<u64>,
+    /// The end of the first window after that with the low bound back at or above it;
+    /// `None`: not within the run.
+    pub back_at: Option<u64>,
+    /// Requests from the change to `back_at` (0: it never dipped).
+    pub requests: Option<u64>,
+    /// Served between the change and `back_at` (or the run's end).
+    pub between: crate::experiment::WindowPoint,
+    /// Windows after the change whose measured recall was below the floor.
+    pub windows_below: usize,
+    pub windows_after: usize,
+}
+
+/// `r`'s re-convergence after the change at `switch` (a window boundary).
+pub fn reconvergence(r: &Row, switch: u64) -> Option<Reconvergence> {
+    let floor = r.floor?;
+    let after: Vec<&crate::experiment::WindowPoint> =
+        r.result.series.iter().filter(|w| w.end > switch).collect();
+    let low = |w: &crate::experiment::WindowPoint| w.estimate.map_or(0.0, |e| e.1);
+    let dipped = after.iter().position(|w| low(w) < floor);
+    let back = dipped.and_then(|d| {
+        after[d..]
+            .iter()
+            .position(|w| low(w) >= floor)
+            .map(|b| d + b)
+    });
+    let until = match (dipped, back) {
+        (None, _) => after.first().map_or(switch, |w| w.end),
+        (Some(_), Some(b)) => after[b].end,
+        (Some(_), None) => after.last().map_or(switch, |w| w.end),
+    };
+    let mut between = crate::experiment::WindowPoint::default();
+    for w in after.iter().filter(|w| w.end <= until) {
+        between.requests += w.requests;
+        between.recall_sum += w.recall_sum;
+        between.relative_sum = w
+            .relative_sum
+            .map(|s| s + between.relative_sum.unwrap_or(0.0));
+        between.hits += w.hits;
+        between.shadow_calls += w.shadow_calls;
+        between.end = w.end;
+    }
+    let measure = |w: &crate::experiment::WindowPoint| {
+        if r.backend == "exact" {
+            w.recall()
+        } else {
+            w.relative().unwrap_or(f64::NAN)
+        }
+    };
+    Some(Reconvergence {
+        dipped_at: dipped.map(|d| after[d].end),
+        back_at: back.map(|b| after[b].end),
+        requests: match (dipped, back) {
+            (None, _) => Some(0),
+            (Some(_), Some(b)) => Some(after[b].end - switch),
+            (Some(_), None) => None,
+        },
+        between,
+        windows_below: after.iter().filter(|w| measure(w) < floor).count(),
+        windows_after: after.len(),
+    })
+}
+
+/// The re-convergence table of every floor row of a changed workload.
+pub fn reconvergence_table(rows: &[Row], switch: u64) -> String {
+    let mut s = String::new();
+    for r in rows.iter().filter(|r| r.floor.is_some()) {
+        let Some(c) = reconvergence(r, switch) else {
+            continue;
+        };
+        if s.is_empty() {
+            s.push_str(
+                "| data set | backend | pool | skew | policy | floor | low bound first below (request) \
+                 | back at/above (request) | requests to re-converge | served meanwhile: recall (exact) \
+                 | hit % | windows after the change with measured recall < floor |\n\
+                 |---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n",
+            );
+        }
+        let opt = |x: Option<u64>| x.map_or("-".into(), |v| v.to_string());
+        let w = &c.between;
+        let served = if w.requests == 0 {
+            "-".into()
+        } else if r.backend == "exact" {
+            num3(w.recall())
+        } else {
+            format!(
+                "{} ({})",
+                num3(w.relative().unwrap_or(f64::NAN)),
+                num3(w.recall())
+            )
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.2} | {} | {} | {} | {} | {} | {served} | {} | {} of {} |",
+            r.dataset,
+            r.backend,
+            r.pool_label(),
+            r.skew,
+            r.policy,
+            r.floor.unwrap_or(0.0),
+            opt(c.dipped_at),
+            opt(c.back_at),
+            c.requests
+                .map_or("not within the run".into(), |v| v.to_string()),
+            if w.requests == 0 {
+                "-".into()
+            } else {
+                pct(w.hit_ratio())
+            },
+            c.windows_below,
+            c.windows_after,
         );
     }
     s
@@ -249,6 +591,7 @@ pub fn faithfulness(rows: &[Row], dataset: &str) -> String {
                 && r.metric == shards::Metric::L2Sq
                 && r.k == 10
                 && r.backend == "exact"
+                && r.floor.is_none()
                 && r.policy.rule == Rule::Aker
                 && r.policy.brute_force_filter == bf
                 && r.pool.is_some_and(
@@ -370,6 +713,12 @@ pub struct Header {
     pub backends: Vec<String>,
     pub threads: usize,
     pub total_seconds: f64,
+    /// `--recall-floors` (empty: none), `--floor-sample`, the series' window.
+    pub floors: Vec<f64>,
+    pub floor_sample: f64,
+    pub floor_window: usize,
+    /// `--phase-skew` and `--phase-other-groups`: the streams' second half.
+    pub phase: Option<(f64, bool)>,
 }
 
 /// What the `akerd` rows ran: the file, its effective settings, and where the runner
@@ -445,6 +794,48 @@ pub fn markdown(h: &Header, sets: &[DatasetSummary], rows: &[Row]) -> String {
     );
     if let Some(a) = &h.akerd {
         akerd_header(&mut s, a);
+    }
+    if let Some((skew, other)) = h.phase {
+        let _ = writeln!(
+            s,
+            "**Changed workload**: each stream's second half (from request {}) comes from \
+             another simZipf stream at skew {skew:.2}{}; a row's skew is its first half's.\n",
+            h.requests - h.requests / 2,
+            if other {
+                ", over other groups (group g -> g + n/2 mod n)"
+            } else {
+                ", over the same groups"
+            }
+        );
+    }
+    if !h.floors.is_empty() {
+        let _ = writeln!(
+            s,
+            "**Recall floors** {} (`shards::floor`, its defaults but the floor and a sample \
+             of {}): every cached row also runs once per floor (`policy@floor`). After each \
+             hit, with probability `sample_fraction(kind)` ({} of approximate and alias \
+             hits, {} of exact ones), a shadow check searches the backend for the same \
+             request and records the served answer's recall@k against it; the controller \
+             then scales every approximate hit's threshold. Shadow checks are not in \
+             backend calls; shadow share = shadow / (backend calls + shadow). The floor's \
+             recall is relative to the backend's answer: on the exact backend recall@k \
+             itself, on HNSW the loss the cache adds (rows there show it, with recall against \
+             exact neighbours in brackets; on HNSW every request is also scored against the \
+             backend's answer). The estimate decays (shares over ~{} replies, samples with \
+             a half-life of 200 per kind), so it is compared with the whole run and with \
+             the last {} requests. Per-window series ({} requests): `floor-series.csv`.\n",
+            h.floors
+                .iter()
+                .map(|f| f.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            h.floor_sample,
+            h.floor_sample,
+            h.floor_sample / 8.0,
+            TAIL_REQUESTS,
+            TAIL_REQUESTS,
+            h.floor_window,
+        );
     }
     for d in sets {
         let _ = writeln!(s, "## {}\n", d.name);
@@ -556,7 +947,31 @@ pub fn markdown(h: &Header, sets: &[DatasetSummary], rows: &[Row]) -> String {
                     backend,
                     table(rows, &d.name, backend, pool)
                 );
+                let floors = floor_table(rows, &d.name, backend, pool);
+                if !floors.is_empty() {
+                    let _ = writeln!(
+                        s,
+                        "Recall floors, {}, {} backend, pool {pool}:\n\n{floors}",
+                        d.name, backend
+                    );
+                }
             }
+        }
+    }
+    if h.phase.is_some() {
+        let switch = (h.requests - h.requests / 2) as u64;
+        let t = reconvergence_table(rows, switch);
+        if !t.is_empty() {
+            let _ = writeln!(
+                s,
+                "## Re-convergence after the change (request {switch})\n\n\
+                 From the series (windows of {} requests, so request counts are window ends): \
+                 the first window after the change whose end-of-window low bound was below \
+                 the floor, the first after it back at or above, and what was served from \
+                 the change to then (to the run's end when it never came back; the first \
+                 window after the change when it never dipped).\n\n{t}",
+                h.floor_window
+            );
         }
     }
     s
@@ -580,6 +995,7 @@ mod tests {
             policy,
             filter: (policy.rule != Rule::NoCache).then(|| policy.filter()),
             threshold: None,
+            floor: None,
             result: RunResult {
                 requests: n,
                 exact: KindTally {
@@ -625,6 +1041,120 @@ mod tests {
             "{c}"
         );
         assert!(t.starts_with("| skew | policy | recall@10 |"), "{t}");
+    }
+
+    /// A floor row of 10 windows of 100 requests: recall 0.9 in the first five, 1.0
+    /// after; the low bound below `0.95` in windows 6 and 7 only.
+    fn floor_row() -> Row {
+        use crate::experiment::{FloorOutcome, WindowPoint};
+        let mut r = row("aker", Some((0.01, 10)), 0.99, 300, 0.95);
+        r.floor = Some(0.95);
+        let mut f = shards::floor::RecallFloor::new(shards::floor::FloorConfig {
+            floor: 0.95,
+            ..Default::default()
+        })
+        .unwrap();
+        f.observe_served(shards::floor::ServedTotals {
+            approximate: 300,
+            miss: 700,
+            ..Default::default()
+        });
+        for _ in 0..100 {
+            f.record(shards::HitKind::Approximate, 0.9);
+        }
+        r.result.floor = Some(FloorOutcome {
+            config_floor: 0.95,
+            sample: 0.05,
+            estimate: f.estimate(),
+        });
+        r.result.shadow_calls = 100;
+        r.result.series = (1..=10u64)
+            .map(|i| WindowPoint {
+                end: 100 * i,
+                requests: 100,
+                recall_sum: if i <= 5 { 90.0 } else { 100.0 },
+                relative_sum: None,
+                hits: 30,
+                shadow_calls: 10,
+                estimate: Some((0.97, if i == 6 || i == 7 { 0.9 } else { 0.96 }, 0.99)),
+                scale: 0.5,
+                state: Some("holding"),
+            })
+            .collect();
+        r
+    }
+
+    #[test]
+    fn floor_rows_add_columns_a_table_and_a_series() {
+        let plain = vec![row("aker", Some((0.01, 10)), 0.99, 300, 0.95)];
+        assert_eq!(
+            csv(&plain).lines().next(),
+            Some(CSV_HEADER),
+            "no floor: as before"
+        );
+        let rows = vec![plain[0].clone(), floor_row()];
+        let c = csv(&rows);
+        let header = c.lines().next().unwrap();
+        assert!(header.ends_with(CSV_FLOOR_HEADER), "{header}");
+        let fields = |l: &str| l.split(',').count();
+        assert!(c.lines().all(|l| fields(l) == fields(header)), "{c}");
+        let line = c.lines().nth(2).unwrap();
+        assert!(
+            line.contains(",aker@0.95,") && line.contains(",0.95,0.05,,"),
+            "{line}"
+        );
+        // Shadow share: 100 of 100 shadow + 700 misses.
+        assert!(line.contains(",100,0.125000,"), "{line}");
+        // The last 20,000 requests: all 1,000 there are.
+        assert!(line.ends_with(",1000,0.950000,"), "{line}");
+        let t = floor_table(&rows, "glove", "exact", PoolSpec::Share(0.01));
+        assert_eq!(t.lines().count(), 3, "{t}");
+        assert!(
+            t.contains("| 0.99 | aker | 0.95 | 0.950 | 0.950 | 30.0 | 30.0 |"),
+            "{t}"
+        );
+        assert!(t.contains("| yes |"), "{t}");
+        let mut low = floor_row();
+        low.floor = Some(0.96);
+        let t = floor_table(&[low], "glove", "exact", PoolSpec::Share(0.01));
+        assert!(t.contains("**no** (-0.010)"), "{t}");
+        let sc = series_csv(&rows, Some(0.3));
+        assert_eq!(sc.lines().count(), 11, "{sc}");
+        assert!(sc
+            .lines()
+            .nth(1)
+            .unwrap()
+            .contains(",0.3,1,aker@0.95,0.95,100,100,0.900000,"));
+        assert!(
+            sc.lines().all(|l| fields(l) == fields(SERIES_HEADER)),
+            "{sc}"
+        );
+    }
+
+    #[test]
+    fn reconvergence_counts_from_the_change_to_the_bound_s_return() {
+        let r = floor_row();
+        let c = reconvergence(&r, 500).unwrap();
+        assert_eq!(
+            (c.dipped_at, c.back_at, c.requests),
+            (Some(600), Some(800), Some(300))
+        );
+        assert_eq!(c.between.requests, 300);
+        assert_eq!(c.between.recall(), 1.0);
+        assert_eq!((c.windows_below, c.windows_after), (0, 5));
+        // From the start: recall 0.9 below the floor in five windows.
+        let c = reconvergence(&r, 0).unwrap();
+        assert_eq!((c.windows_below, c.requests), (5, Some(800)));
+        // After the dip: never below.
+        let c = reconvergence(&r, 700).unwrap();
+        assert_eq!(
+            (c.dipped_at, c.requests, c.between.requests),
+            (None, Some(0), 100)
+        );
+        assert!(reconvergence(&row("aker", None, 0.3, 1, 1.0), 0).is_none());
+        assert!(
+            reconvergence_table(&[r], 500).contains("| 600 | 800 | 300 | 1.000 | 30.0 | 0 of 5 |")
+        );
     }
 
     #[test]
@@ -684,6 +1214,10 @@ mod tests {
             backends: vec!["exact".into()],
             threads: 1,
             total_seconds: 1.0,
+            floors: vec![],
+            floor_sample: 0.05,
+            floor_window: 5000,
+            phase: None,
         };
         let plain = markdown(&h, &[], &[]);
         assert!(!plain.contains("akerd"), "{plain}");

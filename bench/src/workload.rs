@@ -117,6 +117,35 @@ impl Workload {
 /// `n_requests` simZipf requests over `groups` at Zipfian exponent `skew`.
 pub fn sim_zipf(groups: &Groups, n_requests: usize, skew: f64, seed: u64) -> Workload {
     let picks = draw_requests(groups.len(), groups.group_size, n_requests, skew, seed);
+    from_picks(groups, picks)
+}
+
+/// A changed workload: the first `n_requests - n_requests / 2` requests are
+/// `sim_zipf(groups, .., skew, seed)`'s, the rest come from a second simZipf stream at
+/// `second_skew` (its own seed, `seed + 1`). With `other_groups` the second stream's
+/// group `g` is group `(g + n / 2) mod n`, so that other groups are hot after the change.
+pub fn sim_zipf_phased(
+    groups: &Groups,
+    n_requests: usize,
+    skew: f64,
+    second_skew: f64,
+    other_groups: bool,
+    seed: u64,
+) -> Workload {
+    let second = n_requests / 2;
+    let n = groups.len();
+    let mut picks = draw_requests(n, groups.group_size, n_requests - second, skew, seed);
+    let shift = if other_groups { n / 2 } else { 0 };
+    picks.extend(
+        draw_requests(n, groups.group_size, second, second_skew, seed + 1)
+            .into_iter()
+            .map(|(g, i)| ((g + shift) % n, i)),
+    );
+    from_picks(groups, picks)
+}
+
+/// The workload of requests `picks` (group, member), vectors in order of first request.
+fn from_picks(groups: &Groups, picks: Vec<(usize, usize)>) -> Workload {
     // (group, member) -> index into `vectors`, u32::MAX while unrequested.
     let mut index = vec![u32::MAX; groups.len() * groups.group_size];
     let mut vectors = Vec::new();
@@ -241,6 +270,16 @@ mod tests {
         }
         assert_eq!(seen.len(), w.n_vectors());
         assert!(w.n_vectors() < 5_000, "hot members repeat");
+        // A changed workload: its first half is the plain stream's, its second another's.
+        let p = sim_zipf_phased(&g, 5_000, 0.99, 0.30, true, 7);
+        let first = sim_zipf(&g, 2_500, 0.99, 7);
+        assert_eq!(p.requests[..2_500], first.requests[..]);
+        assert_eq!(p.vectors[..first.vectors.len()], first.vectors[..]);
+        let later = draw_requests(g.len(), GROUP_SIZE, 2_500, 0.30, 8);
+        for (&r, &(gi, i)) in p.requests[2_500..].iter().zip(&later) {
+            let gi = (gi + g.len() / 2) % g.len();
+            assert_eq!(p.members[r as usize] as usize, gi * GROUP_SIZE + i);
+        }
         // Vectors are numbered in order of first request.
         let mut next = 0;
         for &r in &w.requests {

@@ -69,6 +69,9 @@ fn paper_spec(policy: &str, pool: Capacity, threshold: f32, shards: usize) -> Ru
         standby_search: shards::StandbySearch::Nearest,
         shards,
         akerd: None,
+        floor: None,
+        relative: false,
+        window: 0,
     }
 }
 
