@@ -156,7 +156,7 @@ impl AkerService {
                         k + sh.cache_cfg.delta,
                         &hit.results,
                         s,
-                        sh.backend.queue_len(),
+                        || sh.backend.queue_len(),
                         |replace| h.reader.miss_ticket(q, k, replace).ok(),
                     );
                 }

@@ -136,8 +136,9 @@ impl RecallChecks {
         Ok((Arc::new(checks), rx))
     }
 
-    /// After a hit: whether to check it, and if so the check queued. `queue_len` is the
-    /// backend's request queue; `ticket` makes the repair ticket (exact and alias).
+    /// After a hit: whether to check it, and if so the check queued. `queue_len` reads
+    /// the backend's request queue (a lock inside flume: read only for a sampled hit);
+    /// `ticket` makes the repair ticket (exact and alias).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn offer(
         &self,
@@ -147,13 +148,13 @@ impl RecallChecks {
         n: usize,
         served: &[Neighbor],
         shard: usize,
-        queue_len: usize,
+        queue_len: impl FnOnce() -> usize,
         ticket: impl FnOnce(bool) -> Option<MissTicket>,
     ) {
         if draw() >= self.cfg.sample_fraction(kind) {
             return;
         }
-        if queue_len >= self.threads {
+        if queue_len() >= self.threads {
             return bump(&self.counters.dropped_busy);
         }
         if !self.take_token() {

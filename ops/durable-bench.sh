@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# What durability costs (#24): akerd's embedded store in memory against the same store
+# with backend.data_dir (log synced before each acknowledgement, group commit), on the
+# default synthetic collection (20,000 x 32, HNSW). akerd on core 1, aker-loadgen on
+# core 0; loopback only; every run bounded by its duration.
+#   insert-mem-cN / insert-durable-cN   closed loop, N connections x 1 deep, INSERTs only:
+#                                       inserts/s and the acknowledged insert's latency
+#   search-mem / search-durable         open-loop SEARCH at 2,000/s while one connection
+#                                       inserts at 1,000/s; with data_dir the log reaches
+#                                       checkpoint_log_bytes (256 KiB) every ~1.6 s, so
+#                                       checkpoints run during the counted part
+#   bash ops/durable-bench.sh [DURATION_S]     # results in target/durable-bench/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dur=${1:-10}
+out=$PWD/target/durable-bench
+rm -rf "$out"; mkdir -p "$out"
+cargo build --release -q -p aker -p loadgen
+port=7730
+akerd=
+cleanup() { [ -n "$akerd" ] && kill "$akerd" 2>/dev/null || true; }
+trap cleanup EXIT
+start() {  # NAME DATA_DIR_LINE
+  cat > "$out/$1.toml" <<TOML
+[server]
+listen = "127.0.0.1:$port"
+executors = 1
+[cache]
+recall_floor = 0.0
+[backend]
+$2
+checkpoint_log_bytes = 262144
+[admin]
+enabled = false
+TOML
+  taskset -c 1 ./target/release/akerd --config "$out/$1.toml" > "$out/$1.log" 2>&1 &
+  akerd=$!
+  for _ in $(seq 1 300); do
+    grep -q "akerd: ready" "$out/$1.log" && return 0
+    kill -0 $akerd 2>/dev/null || { tail "$out/$1.log"; exit 1; }
+    sleep 0.2
+  done
+  echo "akerd did not start" >&2; exit 1
+}
+stop() { kill $akerd; wait $akerd 2>/dev/null || true; akerd=; }
+lg() { taskset -c 0 ./target/release/aker-loadgen -t 127.0.0.1:$port -q "$@"; }
+for mode in mem durable; do
+  line=""
+  [ $mode = durable ] && line="data_dir = \"$out/data\""
+  rm -rf "$out/data"
+  start "akerd-$mode" "$line"
+  for c in 1 8; do
+    lg --closed -c $c -d 1 -w 1s -D "${dur}s" --mix insert=100 --vectors 5000 \
+       --id-base $((1000000 * c)) --json "$out/insert-$mode-c$c.json" > /dev/null
+  done
+  lg -c 1 -d 1 -r 1000 -w 2s -D "${dur}s" --mix insert=100 --vectors 5000 --id-base 9000000 \
+     --json "$out/writes-beside-$mode.json" > /dev/null &
+  wl=$!
+  lg -c 4 -d 4 -r 2000 -w 2s -D "${dur}s" --mix search=100 --vectors 5000 \
+     --json "$out/search-$mode.json" > /dev/null
+  wait $wl || true
+  [ $mode = durable ] && grep -c "checkpoint written" "$out/akerd-$mode.log" > "$out/checkpoints" || true
+  stop
+done
+python3 ops/durable_bench_summary.py "$out" | tee "$out/summary.md"
