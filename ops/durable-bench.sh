@@ -62,4 +62,32 @@ for mode in mem durable; do
   [ $mode = durable ] && grep -c "checkpoint written" "$out/akerd-$mode.log" > "$out/checkpoints" || true
   stop
 done
+# Start-up on GloVe (399,000 x 50, exact index): the first start imports the .npy into
+# data_dir, the second recovers from the checkpoint; "ready" after each, from akerd's log.
+if [ -f data/glove-6b-50d.npy ]; then
+  rm -rf "$out/glove-data"
+  for start in import recover; do
+    cat > "$out/glove-$start.toml" <<TOML
+[server]
+listen = "127.0.0.1:$port"
+executors = 1
+[cache]
+recall_floor = 0.0
+[backend]
+index = "exact"
+data = { kind = "file", path = "$PWD/data/glove-6b-50d.npy" }
+data_dir = "$out/glove-data"
+[admin]
+enabled = false
+TOML
+    t0=$(date +%s.%N)
+    taskset -c 1 ./target/release/akerd --config "$out/glove-$start.toml" > "$out/glove-$start.log" 2>&1 &
+    akerd=$!
+    for _ in $(seq 1 600); do grep -q "akerd: ready" "$out/glove-$start.log" && break; sleep 0.1; done
+    echo "$(python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$t0" "$(date +%s.%N)")" \
+      > "$out/glove-$start.seconds"
+    stop
+  done
+  du -sb "$out/glove-data" | cut -f1 > "$out/glove-data.bytes"
+fi
 python3 ops/durable_bench_summary.py "$out" | tee "$out/summary.md"

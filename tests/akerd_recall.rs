@@ -199,9 +199,17 @@ fn a_floor_the_policy_misses_tightens_its_thresholds_until_it_holds() {
         late(&free)
     );
     let hits = |v: &[(HitKind, f64)]| v.iter().filter(|r| r.0 != HitKind::Miss).count();
+    assert!(hits(&held) < hits(&free), "fewer hits: the price");
+    // Not by switching every threshold-decided hit off: alias or approximate hits are
+    // still served late in the run, at a scale above the floor's minimum.
+    let late_near = held[held.len() / 2..]
+        .iter()
+        .filter(|r| matches!(r.0, HitKind::Approximate | HitKind::Alias))
+        .count();
+    assert!(late_near > 0, "threshold-decided hits still served: {s}");
     assert!(
-        hits(&held) > 0 && hits(&held) < hits(&free),
-        "fewer hits: the price"
+        stat(&s, "recall_threshold_scale").unwrap() > 1.0 / 4096.0,
+        "{s}"
     );
 }
 
@@ -291,5 +299,9 @@ fn a_check_strips_an_id_the_store_lost_and_refreshes_the_entry() {
     }
     let s = stats(&d);
     assert!(stat(&s, "recall_deleted_ids").unwrap() >= 1.0, "{s}");
+    assert!(
+        stat(&s, "recall_repairs").unwrap() >= 1.0,
+        "the entry was refreshed: {s}"
+    );
     d.stop().unwrap();
 }

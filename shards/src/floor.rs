@@ -43,6 +43,9 @@ const SHARE_HALF_LIFE_REPLIES: f64 = 20_000.0;
 const KIND_SHARE_MATERIAL: f64 = 0.01;
 const KIND_SAMPLES_MIN: u64 = 10;
 
+/// The weight (in checks) approximate-hit checks keep across a change of scale.
+const STEP_CARRY_CHECKS: f64 = 5.0;
+
 /// A kind's variance is taken as at least this (recall@k is a multiple of 1/k: a run
 /// of equal samples does not make the estimate certain).
 const VARIANCE_MIN: f64 = 0.01;
@@ -61,6 +64,9 @@ pub struct FloorConfig {
     pub z: f64,
     /// Samples of one kind after which an older sample weighs half.
     pub half_life_samples: f64,
+    /// Replies after which a check weighs half (0: checks do not fade with replies; a
+    /// caller with a clock fades them by time instead, `RecallFloor::fade_checks`).
+    pub check_half_life_replies: f64,
     /// New samples (any kind) between two controller steps.
     pub min_samples: u64,
     /// Factor a step below the floor multiplies the scale by.
@@ -83,6 +89,7 @@ impl Default for FloorConfig {
             sample: 0.05,
             z: 1.645,
             half_life_samples: 200.0,
+            check_half_life_replies: SHARE_HALF_LIFE_REPLIES,
             min_samples: 50,
             tighten: 0.5,
             relax: 1.25,
@@ -105,6 +112,10 @@ impl FloorConfig {
                 "half_life_samples >= 1",
             ),
             (self.min_samples >= 1, "min_samples >= 1"),
+            (
+                self.check_half_life_replies.is_finite() && self.check_half_life_replies >= 0.0,
+                "check_half_life_replies >= 0",
+            ),
             (self.tighten > 0.0 && self.tighten < 1.0, "0 < tighten < 1"),
             (self.relax > 1.0 && self.relax.is_finite(), "relax > 1"),
             (
@@ -352,10 +363,20 @@ impl RecallFloor {
         }
         // Checks age with the replies too: where they are sparse, an old check must not
         // stand for the present (a changed workload), so the bound widens instead.
-        for w in &mut self.kinds {
-            w.fade(keep);
+        if self.cfg.check_half_life_replies > 0.0 {
+            self.fade_checks(0.5f64.powf(new / self.cfg.check_half_life_replies));
         }
         self.last_totals = totals;
+    }
+
+    /// Multiplies every check's weight by `keep` (in (0, 1]): fewer effective checks,
+    /// a wider bound, the same means. akerd calls it by time (checks are capped per
+    /// second there, so fading by replies would empty the evidence at high rates).
+    pub fn fade_checks(&mut self, keep: f64) {
+        debug_assert!(keep > 0.0 && keep <= 1.0, "keep {keep}");
+        for w in &mut self.kinds {
+            w.fade(keep.clamp(f64::MIN_POSITIVE, 1.0));
+        }
     }
 
     fn share(&self, i: usize) -> f64 {
@@ -462,6 +483,15 @@ impl RecallFloor {
             self.tightened += 1;
         } else if self.scale > before {
             self.relaxed += 1;
+        }
+        if self.scale != before {
+            // Approximate hits checked under the old scale describe thresholds no
+            // longer in force: they keep the weight of a few checks, so the mean stays
+            // informed and the next step's 50 checks, under the new scale, outweigh it.
+            let w = &mut self.kinds[slot(HitKind::Approximate).expect("a sampled kind")];
+            if w.w > STEP_CARRY_CHECKS {
+                w.fade(STEP_CARRY_CHECKS / w.w);
+            }
         }
         (self.scale != before).then_some(self.scale)
     }

@@ -71,7 +71,7 @@ pub fn list(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
             out.push((seq, p));
         }
     }
-    out.sort_by(|a, b| b.0.cmp(&a.0));
+    out.sort_by_key(|b| std::cmp::Reverse(b.0));
     Ok(out)
 }
 

@@ -191,6 +191,9 @@ pub fn recover(
     };
     check_matches(dir, &base, dim, metric)?;
     report.checkpoint_seq = Some(base.seq);
+    // A newer checkpoint that did not read stood for records up to its seq: the log
+    // must still hold them all, or acknowledged writes would be silently dropped.
+    let must_reach = checkpoints.first().map_or(base.seq, |c| c.0);
     let d = base.dim as usize;
     let mut rows = Rows {
         dim: d,
@@ -204,6 +207,16 @@ pub fn recover(
         });
     }
     let last = replay(dir, &segments, base.seq, d, &mut rows, &mut report)?;
+    if last < must_reach {
+        return Err(RecoveryError::Inconsistent {
+            dir: dir.to_path_buf(),
+            why: format!(
+                "checkpoint {must_reach} does not read and the log after checkpoint {} ends at \
+                 seq {last}: the writes in between are in neither",
+                base.seq
+            ),
+        });
+    }
     report.seconds = t.elapsed().as_secs_f64();
     Ok(rows.into_recovered(last + 1, report))
 }
@@ -243,7 +256,16 @@ fn replay(
         why,
     };
     let mut last = after;
-    for (i, (_, path)) in segments.iter().enumerate() {
+    // The log must start at or before the first record the checkpoint lacks.
+    let first_needed = segments.iter().rposition(|(first, _)| *first <= after + 1);
+    if let (Some((first, path)), None) = (segments.first(), first_needed) {
+        return Err(bad(format!(
+            "{} starts at seq {first}, after {}: records after checkpoint {after} are missing",
+            path.display(),
+            after + 1
+        )));
+    }
+    for (i, (_, path)) in segments.iter().enumerate().skip(first_needed.unwrap_or(0)) {
         let read = wal::read_segment(path).map_err(|source| RecoveryError::Io {
             dir: dir.to_path_buf(),
             source,
@@ -291,6 +313,27 @@ fn replay(
     Ok(last)
 }
 
+/// Takes `dir/LOCK` exclusively (flock) for as long as the file is open: one process
+/// owns a data directory, a second one is refused instead of interleaving its log.
+pub fn lock_dir(dir: &Path) -> io::Result<std::fs::File> {
+    std::fs::create_dir_all(dir)?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("LOCK"))?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(io::Error::other(format!(
+            "{} is in use by another process ({})",
+            dir.display(),
+            io::Error::last_os_error()
+        )));
+    }
+    Ok(f)
+}
+
 /// The durable side of a running store: its log, and checkpoints when it grows.
 pub struct Durable {
     dir: PathBuf,
@@ -299,12 +342,19 @@ pub struct Durable {
     checkpoint_log_bytes: u64,
     checkpointing: Arc<AtomicBool>,
     pub checkpoints_written: Arc<AtomicU64>,
+    /// Writers take it before the store's write lock; a checkpoint holds it while it
+    /// rotates and exports under the read lock, so no writer waits on the store's lock
+    /// then (a waiting writer would hold every new search behind it).
+    pub gate: std::sync::Mutex<()>,
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    _lock: std::fs::File,
 }
 
 impl Durable {
     /// After `recover`: appends from `next_seq` on.
     pub fn open(
         dir: &Path,
+        lock: std::fs::File,
         next_seq: u64,
         metric: Metric,
         checkpoint_log_bytes: u64,
@@ -316,7 +366,18 @@ impl Durable {
             checkpoint_log_bytes,
             checkpointing: Arc::new(AtomicBool::new(false)),
             checkpoints_written: Arc::new(AtomicU64::new(0)),
+            gate: std::sync::Mutex::new(()),
+            thread: std::sync::Mutex::new(None),
+            _lock: lock,
         })
+    }
+
+    /// Waits for a checkpoint being written (shutdown).
+    pub fn finish(&self) {
+        let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = t {
+            let _ = t.join();
+        }
     }
 
     /// Whether the log's segment has grown past the checkpoint size (and none runs).
@@ -355,10 +416,23 @@ impl Durable {
                 }
                 flag.store(false, Ordering::Release);
             });
-        if spawned.is_err() {
-            self.checkpointing.store(false, Ordering::Release);
+        match spawned {
+            Ok(t) => {
+                let old = self
+                    .thread
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .replace(t);
+                if let Some(old) = old {
+                    let _ = old.join(); // finished: the flag was clear
+                }
+                true
+            }
+            Err(_) => {
+                self.checkpointing.store(false, Ordering::Release);
+                false
+            }
         }
-        spawned.is_ok()
     }
 
     /// Whether a checkpoint is being written.
@@ -393,15 +467,19 @@ pub fn write_checkpoint(
         vectors,
     };
     checkpoint::write(dir, &c)?;
-    // Segments start at their first seq; the one holding seq + 1 stays.
+    // Two checkpoints are kept, and the log back to the older one, so that recovery
+    // can fall back on it if the newer one does not read. Segments start at their
+    // first seq: one goes when the next one starts at or before older + 1.
+    let kept = checkpoint::list(dir)?;
+    for (_, p) in kept.iter().skip(2) {
+        std::fs::remove_file(p)?;
+    }
+    let older = kept.get(1).map_or(0, |c| c.0);
     let segs = wal::segments(dir)?;
     for w in segs.windows(2) {
-        if w[1].0 <= seq + 1 {
+        if w[1].0 <= older + 1 {
             std::fs::remove_file(&w[0].1)?;
         }
-    }
-    for (_, p) in checkpoint::list(dir)?.into_iter().skip(2) {
-        std::fs::remove_file(p)?;
     }
     wal::sync_dir(dir)?;
     tracing::info!(
@@ -437,7 +515,7 @@ mod tests {
         let r = recover(&d, Some(2), Metric::L2Sq, import).unwrap();
         assert!(r.report.imported);
         assert_eq!((ids(&r), r.next_seq), (vec![0, 1, 2], 1));
-        let dur = Durable::open(&d, r.next_seq, Metric::L2Sq, 0).unwrap();
+        let dur = Durable::open(&d, lock_dir(&d).unwrap(), r.next_seq, Metric::L2Sq, 0).unwrap();
         dur.wal.append(&Op::Delete { id: 1 }).unwrap();
         let s = dur
             .wal
@@ -459,7 +537,7 @@ mod tests {
     fn a_checkpoint_makes_old_segments_go_and_recovery_uses_it() {
         let d = dir("ckpt");
         let r = recover(&d, Some(2), Metric::L2Sq, import).unwrap();
-        let dur = Durable::open(&d, r.next_seq, Metric::L2Sq, 0).unwrap();
+        let dur = Durable::open(&d, lock_dir(&d).unwrap(), r.next_seq, Metric::L2Sq, 0).unwrap();
         let s = dur.wal.append(&Op::Delete { id: 0 }).unwrap();
         dur.wal.wait_durable(s).unwrap();
         let seq = dur.wal.rotate().unwrap();
@@ -471,21 +549,43 @@ mod tests {
         let s = dur.wal.append(&Op::Delete { id: 2 }).unwrap();
         dur.wal.wait_durable(s).unwrap();
         drop(dur);
-        assert_eq!(
-            wal::segments(&d).unwrap().len(),
-            1,
-            "the first segment went"
-        );
+        // Checkpoint 0 is kept, and with it the log back to it.
+        assert_eq!(wal::segments(&d).unwrap().len(), 2);
         let again = recover(&d, Some(2), Metric::L2Sq, || Err("no".into())).unwrap();
         assert_eq!(again.report.checkpoint_seq, Some(1));
         assert_eq!(ids(&again), vec![1]);
+        // The newer checkpoint rots: the older one and the kept log give the same rows.
+        let newest = checkpoint::list(&d).unwrap()[0].1.clone();
+        let mut b = std::fs::read(&newest).unwrap();
+        let at = b.len() - 5;
+        b[at] ^= 0x08;
+        std::fs::write(&newest, &b).unwrap();
+        let fallback = recover(&d, Some(2), Metric::L2Sq, || Err("no".into())).unwrap();
+        assert_eq!(fallback.report.checkpoint_seq, Some(0));
+        assert_eq!(fallback.report.refused.len(), 1);
+        assert_eq!(ids(&fallback), vec![1]);
+        // Without the log back to it, the fallback is refused, never silently short.
+        std::fs::remove_file(&wal::segments(&d).unwrap()[0].1).unwrap();
+        let e = recover(&d, Some(2), Metric::L2Sq, || Err("no".into()))
+            .err()
+            .unwrap();
+        assert!(matches!(e, RecoveryError::Inconsistent { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_second_process_cannot_take_the_directory() {
+        let d = dir("lock");
+        let first = lock_dir(&d).unwrap();
+        assert!(lock_dir(&d).is_err());
+        drop(first);
+        lock_dir(&d).unwrap();
     }
 
     #[test]
     fn corruption_is_refused_or_falls_back_and_never_panics() {
         let d = dir("corrupt");
         let r = recover(&d, Some(2), Metric::L2Sq, import).unwrap();
-        let dur = Durable::open(&d, r.next_seq, Metric::L2Sq, 0).unwrap();
+        let dur = Durable::open(&d, lock_dir(&d).unwrap(), r.next_seq, Metric::L2Sq, 0).unwrap();
         for id in [0, 1] {
             let s = dur.wal.append(&Op::Delete { id }).unwrap();
             dur.wal.wait_durable(s).unwrap();

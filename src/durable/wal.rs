@@ -23,6 +23,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use xxhash_rust::xxh3::xxh3_64;
@@ -182,14 +183,20 @@ struct Inner {
     /// The last seq known on stable storage.
     durable: u64,
     syncing: bool,
-    /// Bytes in the current segment.
-    segment_bytes: u64,
     /// After a failed write or sync nothing more is acknowledged (the page cache may
     /// have dropped what it failed to write: retrying cannot prove it durable).
     failed: Option<String>,
-    /// Appends and syncs so far (a sync covers every append before it: group commit).
-    appends: u64,
-    syncs: u64,
+}
+
+/// What metrics read without the log's mutex (they are read on executors, which must
+/// never wait for a sync).
+#[derive(Debug, Default)]
+pub struct WalCounters {
+    pub appends: AtomicU64,
+    /// fdatasync calls (a sync covers every append before it: group commit).
+    pub syncs: AtomicU64,
+    pub durable_seq: AtomicU64,
+    pub segment_bytes: AtomicU64,
 }
 
 /// The log: appends under its mutex, syncs by a leader while others wait.
@@ -197,6 +204,7 @@ pub struct Wal {
     dir: PathBuf,
     inner: Mutex<Inner>,
     synced: Condvar,
+    pub counters: WalCounters,
 }
 
 impl Wal {
@@ -212,12 +220,13 @@ impl Wal {
                 written: next_seq.saturating_sub(1),
                 durable: next_seq.saturating_sub(1),
                 syncing: false,
-                segment_bytes: 0,
                 failed: None,
-                appends: 0,
-                syncs: 0,
             }),
             synced: Condvar::new(),
+            counters: WalCounters {
+                durable_seq: AtomicU64::new(next_seq.saturating_sub(1)),
+                ..WalCounters::default()
+            },
         })
     }
 
@@ -241,8 +250,10 @@ impl Wal {
         }
         g.next_seq += 1;
         g.written = seq;
-        g.segment_bytes += buf.len() as u64;
-        g.appends += 1;
+        self.counters
+            .segment_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.counters.appends.fetch_add(1, Ordering::Relaxed);
         Ok(seq)
     }
 
@@ -251,11 +262,12 @@ impl Wal {
     pub fn wait_durable(&self, seq: u64) -> io::Result<()> {
         let mut g = self.lock();
         loop {
-            if let Some(e) = &g.failed {
-                return Err(io::Error::other(format!("the log failed: {e}")));
-            }
+            // Durable before the log failed: it stays durable.
             if g.durable >= seq {
                 return Ok(());
+            }
+            if let Some(e) = &g.failed {
+                return Err(io::Error::other(format!("the log failed: {e}")));
             }
             if g.syncing {
                 g = self.synced.wait(g).unwrap_or_else(|e| e.into_inner());
@@ -271,7 +283,10 @@ impl Wal {
             match r {
                 Ok(()) => {
                     g.durable = g.durable.max(target);
-                    g.syncs += 1;
+                    self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .durable_seq
+                        .store(g.durable, Ordering::Relaxed);
                 }
                 Err(e) => g.failed = Some(e.to_string()),
             }
@@ -284,24 +299,51 @@ impl Wal {
     /// enough: writes take the write lock), so the checkpoint's rows match.
     pub fn rotate(&self) -> io::Result<u64> {
         let mut g = self.lock();
-        g.file.sync_data()?;
-        g.durable = g.written;
-        let file = new_segment(&self.dir, g.next_seq)?;
-        g.file = file;
-        g.segment_bytes = 0;
-        self.synced.notify_all();
-        Ok(g.written)
+        if let Some(e) = &g.failed {
+            return Err(io::Error::other(format!("the log failed earlier: {e}")));
+        }
+        // A failed sync is latched like `wait_durable`'s: the kernel may have dropped
+        // the pages, and a later sync of the same file would succeed without them.
+        let synced = g.file.sync_data();
+        let file = synced.and_then(|()| new_segment(&self.dir, g.next_seq));
+        match file {
+            Ok(file) => {
+                g.durable = g.written;
+                self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .durable_seq
+                    .store(g.durable, Ordering::Relaxed);
+                g.file = file;
+                self.counters.segment_bytes.store(0, Ordering::Relaxed);
+                self.synced.notify_all();
+                Ok(g.written)
+            }
+            Err(e) => {
+                g.failed = Some(e.to_string());
+                self.synced.notify_all();
+                Err(e)
+            }
+        }
     }
 
     /// Bytes in the current segment (a checkpoint is due past a configured size).
     pub fn segment_bytes(&self) -> u64 {
-        self.lock().segment_bytes
+        self.counters.segment_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The last seq appended (a no-op write waits for it: its answer rests on it).
+    pub fn written(&self) -> u64 {
+        self.lock().written
     }
 
     /// (appends, syncs, last durable seq).
     pub fn counts(&self) -> (u64, u64, u64) {
-        let g = self.lock();
-        (g.appends, g.syncs, g.durable)
+        let c = &self.counters;
+        (
+            c.appends.load(Ordering::Relaxed),
+            c.syncs.load(Ordering::Relaxed),
+            c.durable_seq.load(Ordering::Relaxed),
+        )
     }
 }
 

@@ -110,6 +110,12 @@ struct Worker {
     checks: Option<(Arc<RecallChecks>, flume::Receiver<Check>)>,
     /// The embedded store's log and checkpoints (`backend.data_dir`).
     durable: Option<Arc<Durable>>,
+    /// The embedded store's live rows, kept by its writers: metrics read it on
+    /// executors, which must never wait for the store's lock.
+    rows: std::sync::atomic::AtomicUsize,
+    /// Recall checks running now (at most `threads - 1`: one thread stays for requests).
+    checks_running: std::sync::atomic::AtomicUsize,
+    threads: usize,
 }
 
 /// Longest wait at start for the backend threads' first connection attempts.
@@ -134,12 +140,18 @@ impl BackendPool {
     ) -> std::io::Result<(BackendPool, Vec<JoinHandle<()>>)> {
         let (tx, rx) = flume::bounded(depth.max(1));
         let worker = Arc::new(Worker {
-            side,
             stripes: (0..ID_STRIPES).map(|_| Mutex::new(None)).collect(),
             shards,
             stop,
+            rows: std::sync::atomic::AtomicUsize::new(match &side {
+                StoreSide::Embedded(store) => store.read().unwrap_or_else(|e| e.into_inner()).len(),
+                _ => 0,
+            }),
+            side,
             checks,
             durable,
+            checks_running: std::sync::atomic::AtomicUsize::new(0),
+            threads: threads.max(1),
         });
         let mut handles = Vec::with_capacity(threads);
         let (ready_tx, ready_rx) = flume::bounded(threads.max(1));
@@ -182,9 +194,7 @@ impl BackendPool {
     /// Live rows of the embedded store (`None` for pgvector and cache-aside).
     pub(crate) fn store_len(&self) -> Option<usize> {
         match &self.worker.side {
-            StoreSide::Embedded(store) => {
-                Some(store.read().unwrap_or_else(|e| e.into_inner()).len())
-            }
+            StoreSide::Embedded(_) => Some(self.worker.rows.load(Ordering::Relaxed)),
             _ => None,
         }
     }
@@ -294,9 +304,11 @@ impl Worker {
                 Ok(job) => job,
                 Err(flume::TryRecvError::Disconnected) => return,
                 Err(flume::TryRecvError::Empty) => {
-                    // No request waits: the thread's spare time is the recall checks'.
-                    if let Some(check) = self.checks.as_ref().and_then(|(_, r)| r.try_recv().ok()) {
+                    // No request waits: the thread's spare time is the recall checks', as
+                    // long as another thread stays free for the next request.
+                    if let Some(check) = self.take_check() {
                         self.run_check(pg.as_mut(), check);
+                        self.checks_running.fetch_sub(1, Ordering::AcqRel);
                         continue;
                     }
                     match rx.recv_timeout(STOP_POLL) {
@@ -385,6 +397,21 @@ impl Worker {
         }
     }
 
+    /// A queued recall check, if one may run now (counted in `checks_running`).
+    fn take_check(&self) -> Option<Check> {
+        let (_, rx) = self.checks.as_ref()?;
+        let most = self.threads.saturating_sub(1).max(1);
+        if self.checks_running.fetch_add(1, Ordering::AcqRel) >= most {
+            self.checks_running.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        let c = rx.try_recv().ok();
+        if c.is_none() {
+            self.checks_running.fetch_sub(1, Ordering::AcqRel);
+        }
+        c
+    }
+
     /// One recall check (`recall.rs`): the backend's answer for the hit's request, its
     /// recall into the floor, and the repairs it calls for.
     fn run_check(&self, pg: Option<&mut PgConn>, c: Check) {
@@ -416,12 +443,17 @@ impl Worker {
                     .collect()
             };
             for id in gone {
-                tracing::warn!(
+                // Also when a DELETE through akerd raced the check (then the strip is a
+                // repeat); a hint, so a full owner queue never blocks this thread.
+                tracing::debug!(
                     id,
                     "recall check: a served id is not in the store; stripped"
                 );
                 counters.deleted_ids.fetch_add(1, Ordering::Relaxed);
-                let _ = self.queue_delete(id);
+                for h in &self.shards {
+                    let (ack, _) = flume::bounded(1);
+                    h.hint(OwnerMsg::Delete { id, ack });
+                }
             }
         }
         let reference: Vec<u64> = answer.candidates.iter().take(c.k).map(|a| a.id).collect();
@@ -472,6 +504,7 @@ impl Worker {
             return;
         }
         let exported = {
+            let _gate = d.gate.lock();
             let store = store.read().unwrap_or_else(|e| e.into_inner());
             match (d.wal.rotate(), store.export()) {
                 (Ok(seq), Some(rows)) => Some((seq, store.dim(), rows)),
@@ -507,6 +540,7 @@ impl Worker {
         match (&self.side, pg) {
             (StoreSide::Embedded(store), _) => {
                 let (acks, seq) = {
+                    let _gate = self.durable.as_ref().map(|d| d.gate.lock());
                     let mut store = store.write().unwrap_or_else(|e| e.into_inner());
                     // Refused before it is logged: a logged write is one recovery applies.
                     shards::error::validate_vector(&vector, store.dim())?;
@@ -516,6 +550,7 @@ impl Worker {
                     };
                     let seq = self.log(op)?;
                     store.insert(id, &vector)?;
+                    self.rows.store(store.len(), Ordering::Relaxed);
                     (self.queue_insert(id, &vector, near)?, seq)
                 };
                 self.made_durable(seq)?;
@@ -548,13 +583,16 @@ impl Worker {
         match (&self.side, pg) {
             (StoreSide::Embedded(store), _) => {
                 let (existed, acks, seq) = {
+                    let _gate = self.durable.as_ref().map(|d| d.gate.lock());
                     let mut store = store.write().unwrap_or_else(|e| e.into_inner());
-                    // Nothing to log for an id the store does not hold.
-                    let seq = match store.contains(id) {
-                        Some(false) => None,
+                    // Nothing to log for an id the store does not hold, but the answer
+                    // ("not there") rests on the writes logged before: it waits for them.
+                    let seq = match (store.contains(id), &self.durable) {
+                        (Some(false), Some(d)) => Some(d.wal.written()),
                         _ => self.log(|| Op::Delete { id })?,
                     };
                     let existed = store.delete(id)?;
+                    self.rows.store(store.len(), Ordering::Relaxed);
                     (existed, self.queue_delete(id)?, seq)
                 };
                 self.made_durable(seq)?;

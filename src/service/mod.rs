@@ -243,7 +243,14 @@ impl Daemon {
             .as_ref()
             .expect("start_durable needs data_dir");
         let metric = cfg.cache.metric_or_default();
-        let r = crate::durable::recover(dir, None, metric, || {
+        let lock = crate::durable::lock_dir(dir)?;
+        // The dimension the config states (a synthetic set's), checked against the
+        // directory's; a file's is known only by loading it, which a recovery skips.
+        let dim = match cfg.backend.data {
+            DataSource::Synthetic { dim, .. } => Some(dim),
+            _ => None,
+        };
+        let r = crate::durable::recover(dir, dim, metric, || {
             let ds = load_data(&cfg.backend.data)
                 .map_err(|e| e.to_string())?
                 .ok_or("an embedded backend needs data")?;
@@ -265,6 +272,7 @@ impl Daemon {
         let store = build_store(cfg, r.dim, &r.ids, &r.vectors)?;
         let durable = crate::durable::Durable::open(
             dir,
+            lock,
             r.next_seq,
             metric,
             cfg.backend.checkpoint_log_bytes,
@@ -544,6 +552,10 @@ impl Daemon {
         self.backend_stop.store(true, Ordering::Release);
         for t in self.backend_threads.drain(..) {
             let _ = t.join();
+        }
+        // A checkpoint being written finishes (the next start would redo it otherwise).
+        if let Some(d) = &self.shared.durable {
+            d.finish();
         }
         r
     }

@@ -37,6 +37,28 @@ pub(crate) const CHECK_STALE: Duration = Duration::from_secs(1);
 /// Longest a check's backend search may run (its statement timeout on pgvector).
 pub(crate) const CHECK_DEADLINE: Duration = Duration::from_secs(1);
 
+/// Seconds after which a check weighs half. Checks are capped per second here, so they
+/// fade by time, not by replies (by replies, a high request rate would leave the
+/// estimate a handful of checks' worth and the bound too wide to hold any floor).
+const CHECK_HALF_LIFE_S: f64 = 30.0;
+
+/// The estimator and controller, and when its checks last faded.
+struct Controller {
+    floor: RecallFloor,
+    faded: Instant,
+}
+
+impl Controller {
+    /// Fades the checks for the time since the last call, and takes in the replies.
+    fn catch_up(&mut self, shards: &[ShardHandle]) {
+        let now = Instant::now();
+        let dt = now.duration_since(self.faded).as_secs_f64();
+        self.floor.fade_checks(0.5f64.powf(dt / CHECK_HALF_LIFE_S));
+        self.faded = now;
+        self.floor.observe_served(served_totals(shards));
+    }
+}
+
 /// One sampled hit to check against the backend.
 pub(crate) struct Check {
     pub query: Arc<[f32]>,
@@ -78,7 +100,7 @@ struct Bucket {
 /// The floor, its checks' queue and their counters (one per daemon).
 pub(crate) struct RecallChecks {
     cfg: FloorConfig,
-    floor: Mutex<RecallFloor>,
+    floor: Mutex<Controller>,
     bucket: Mutex<Bucket>,
     rate: f64,
     /// Backend threads: a check is offered only while the request queue is shorter.
@@ -118,7 +140,14 @@ impl RecallChecks {
         checks_per_s: u32,
         threads: usize,
     ) -> Result<(Arc<RecallChecks>, flume::Receiver<Check>), String> {
-        let floor = RecallFloor::new(cfg.clone())?;
+        let cfg = FloorConfig {
+            check_half_life_replies: 0.0,
+            ..cfg
+        };
+        let floor = Controller {
+            floor: RecallFloor::new(cfg.clone())?,
+            faded: Instant::now(),
+        };
         let (tx, rx) = flume::bounded(CHECKS_QUEUE);
         let rate = f64::from(checks_per_s.max(1));
         let checks = RecallChecks {
@@ -200,9 +229,10 @@ impl RecallChecks {
     /// A check's outcome: into the estimate, then one controller step, whose new scale
     /// every shard's lookups use from then on.
     pub(crate) fn record(&self, kind: HitKind, recall: f64, shards: &[ShardHandle]) {
-        let mut floor = self.floor.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.floor.lock().unwrap_or_else(|e| e.into_inner());
+        state.catch_up(shards);
+        let floor = &mut state.floor;
         floor.record(kind, recall);
-        floor.observe_served(served_totals(shards));
         if let Some(scale) = floor.control() {
             for h in shards {
                 h.reader.set_threshold_scale(scale);
@@ -219,9 +249,12 @@ impl RecallChecks {
         bump(&self.counters.done);
     }
 
-    pub(crate) fn estimate(&self) -> FloorEstimate {
-        let floor = self.floor.lock().unwrap_or_else(|e| e.into_inner());
-        floor.estimate()
+    /// The estimate now: checks faded and shares taken in up to this moment, so one
+    /// that has had no check for a while says so by a wider bound.
+    pub(crate) fn estimate(&self, shards: &[ShardHandle]) -> FloorEstimate {
+        let mut state = self.floor.lock().unwrap_or_else(|e| e.into_inner());
+        state.catch_up(shards);
+        state.floor.estimate()
     }
 }
 

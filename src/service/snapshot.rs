@@ -339,7 +339,8 @@ impl Shared {
         s
     }
 
-    /// The durable store's log (`backend.data_dir`); nothing when it lives in memory.
+    /// The embedded store's rows and, when durable (`backend.data_dir`), its log; all
+    /// from atomics (this runs on executors: no lock of the store or the log).
     fn durable_metrics(&self, s: &mut Snapshot) {
         if let Some(rows) = self.backend.store_len() {
             s.gauge(
@@ -380,7 +381,7 @@ impl Shared {
     /// The recall floor's estimate and checks (`recall.rs`); its state alone when off.
     fn recall_metrics(&self, s: &mut Snapshot) {
         let g = |name, help, v: f64| Sample::new(name, help, Value::Gauge(v));
-        let floor = self.recall.as_ref().map(|r| (r, r.estimate()));
+        let floor = self.recall.as_ref().map(|r| (r, r.estimate(&self.shards)));
         let state = match &floor {
             _ if self.recall_unavailable => RECALL_STATE_UNAVAILABLE,
             None => FloorState::Off.code(),
