@@ -9,13 +9,14 @@
 # scale and checks. akerd on cores 0-1 (1 executor, 2 backend threads), loadgen pinned
 # to core 1; loopback only; every run bounded by its duration.
 #   bash ops/recall-floor-e2e.sh [DURATION_S [WARMUP_S]]   # results in target/floor-e2e/
-#   env: RATE (600), TRACE (target/pgbench/glove-0.99.trace), BASE (its .fvecs)
+#   env: RATE (600), TRACE (target/pgbench/glove-0.99.trace), BASE (its .fvecs),
+#   POLICIES ("aker guarded"), OUT (target/floor-e2e)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dur=${1:-40}
 warm=${2:-20}
 rate=${RATE:-600}
-out=$PWD/target/floor-e2e
+out=${OUT:-$PWD/target/floor-e2e}
 trace=${TRACE:-$PWD/target/pgbench/glove-0.99.trace}
 base=${BASE:-$PWD/target/pgbench/glove-base.fvecs}
 mkdir -p "$out"
@@ -35,7 +36,7 @@ declare -A policy=(
 declare -A eviction=([aker]=fifo [guarded]=second_chance)
 # Δ: the paper configuration's 0 for paper-Aker, akerd's default 2 for guarded.
 declare -A delta=([aker]=0 [guarded]=2)
-for p in aker guarded; do
+for p in ${POLICIES:-aker guarded}; do
   for floor in 0 0.95 0.98; do
     name=$p-floor$floor
     cat > "$out/$name.toml" <<TOML
