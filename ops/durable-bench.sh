@@ -62,7 +62,7 @@ for mode in mem durable; do
   [ $mode = durable ] && grep -c "checkpoint written" "$out/akerd-$mode.log" > "$out/checkpoints" || true
   stop
 done
-# Start-up on GloVe (399,000 x 50, exact index): the first start imports the .npy into
+# Start-up on GloVe (the .npy: 400,000 x 50, exact index): the first start imports the .npy into
 # data_dir, the second recovers from the checkpoint; "ready" after each, from akerd's log.
 if [ -f data/glove-6b-50d.npy ]; then
   rm -rf "$out/glove-data"

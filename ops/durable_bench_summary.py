@@ -35,6 +35,11 @@ if m and d:
     for q in ("p50_ms", "p99_ms", "p999_ms", "max_ms"):
         a, b = op(m, "SEARCH")["latency"][q], op(d, "SEARCH")["latency"][q]
         print(f"| search {q[:-3]} at 2,000/s beside 1,000 inserts/s (ms) | {a:.3f} | {b:.3f} | {b / a:.1f}x |")
+m, d = run("writes-beside-mem"), run("writes-beside-durable")
+if m and d:
+    for q in ("p50_ms", "p99_ms", "p999_ms", "max_ms"):
+        a, b = op(m, "INSERT")["latency"][q], op(d, "INSERT")["latency"][q]
+        print(f"| insert {q[:-3]} at 1,000/s beside the searches (ms) | {a:.3f} | {b:.3f} | {b / a:.1f}x |")
 ck = os.path.join(out, "checkpoints")
 if os.path.exists(ck):
     print(f"\nCheckpoints written by the durable akerd during the runs: {open(ck).read().strip()}.")
@@ -43,6 +48,6 @@ starts = {k: os.path.join(out, f"glove-{k}.seconds") for k in ("import", "recove
 if all(os.path.exists(p) for p in starts.values()):
     imp, rec = (float(open(starts[k]).read()) for k in ("import", "recover"))
     size = int(open(os.path.join(out, "glove-data.bytes")).read())
-    print(f"\nGloVe (399,000 x 50, exact index), process start to ready: first start (import into "
+    print(f"\nGloVe (400,000 x 50, exact index), process start to ready: first start (import into "
           f"data_dir) {imp:.2f} s, restart (recover from the checkpoint) {rec:.2f} s; data_dir "
           f"{size / 2**20:.0f} MiB.")
