@@ -270,6 +270,21 @@ fn replay(
             dir: dir.to_path_buf(),
             source,
         })?;
+        if read.valid_after > 0 {
+            // Valid records behind bad bytes: the bad ones were synced with them (a sync
+            // covers everything written before it), so this is corruption, and cutting
+            // it would drop acknowledged writes. The operator decides.
+            return Err(bad(format!(
+                "{} is corrupt at byte {}: {} unreadable bytes with {} valid records \
+                 after them; the file is left as it is (truncating it to {} bytes would \
+                 start from the records before, losing those after)",
+                path.display(),
+                read.valid_bytes,
+                read.torn_bytes,
+                read.valid_after,
+                read.valid_bytes
+            )));
+        }
         if read.torn_bytes > 0 {
             if i + 1 != segments.len() {
                 return Err(bad(format!(
@@ -598,6 +613,25 @@ mod tests {
         let torn = recover(&d, Some(2), Metric::L2Sq, || Err("no".into())).unwrap();
         assert_eq!(ids(&torn), vec![1, 2]);
         assert!(torn.report.torn_bytes > 0);
+        // A flipped byte inside the log with acknowledged records after it: refused
+        // (not cut), and the file is left untouched.
+        let dur = Durable::open(&d, lock_dir(&d).unwrap(), torn.next_seq, Metric::L2Sq, 0).unwrap();
+        for id in [1, 2] {
+            let s = dur.wal.append(&Op::Delete { id }).unwrap();
+            dur.wal.wait_durable(s).unwrap();
+        }
+        drop(dur);
+        let seg = wal::segments(&d).unwrap().last().unwrap().1.clone();
+        let good = std::fs::read(&seg).unwrap();
+        let mut flipped = good.clone();
+        flipped[14] ^= 0x01;
+        std::fs::write(&seg, &flipped).unwrap();
+        let e = recover(&d, Some(2), Metric::L2Sq, || Err("no".into()))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("corrupt at byte 0"), "{e}");
+        assert_eq!(std::fs::read(&seg).unwrap(), flipped, "left as it is");
+        std::fs::write(&seg, &good).unwrap();
         // The only checkpoint flipped: nothing safe remains, the start is refused.
         let ck = checkpoint::list(&d).unwrap()[0].1.clone();
         let mut c = std::fs::read(&ck).unwrap();

@@ -14,7 +14,10 @@
 //! A segment is `wal-<first seq>.log`; a checkpoint at seq S starts a new segment and
 //! lets the older ones go. At recovery a record that is short, over `RECORD_BYTES_MAX`
 //! or fails its checksum ends the segment: it and everything after it are a torn tail
-//! (never acknowledged, since acknowledgement waits for the sync), truncated away.
+//! (never acknowledged, since acknowledgement waits for the sync), truncated away,
+//! unless a valid record follows the bad bytes: then they are corruption inside what
+//! was synced, and recovery refuses rather than cut acknowledged writes
+//! (`SegmentRead::valid_after`).
 
 // The log's mutex and condvar are the control plane of writes (one lock per append and
 // per sync, never on a search's path).
@@ -119,30 +122,49 @@ pub struct SegmentRead {
     pub valid_bytes: u64,
     /// Bytes after them (a torn or corrupt tail), 0 when the segment ended cleanly.
     pub torn_bytes: u64,
+    /// Valid records found in those bytes past the bad spot (0 for a torn tail: a write
+    /// cut short leaves nothing whole behind it).
+    pub valid_after: u64,
 }
 
-/// Reads a segment's valid prefix; a bad record ends it.
+/// The whole, valid record starting at `at`, and where it ends.
+fn record_at(bytes: &[u8], at: usize) -> Option<(Record, usize)> {
+    if at + HEADER_BYTES > bytes.len() {
+        return None;
+    }
+    let len = u32_at(bytes, at) as usize;
+    let end = at + HEADER_BYTES + len;
+    if len + HEADER_BYTES > RECORD_BYTES_MAX || end > bytes.len() {
+        return None;
+    }
+    let payload = &bytes[at + HEADER_BYTES..end];
+    let sum = u64_at(bytes, at + 4);
+    let record = (xxh3_64(payload) == sum)
+        .then(|| decode(payload))
+        .flatten()?;
+    Some((record, end))
+}
+
+/// Reads a segment's valid prefix; a bad record ends it. The bytes after it are
+/// scanned for a valid record (a 64-bit checksum matching by chance is negligible), so
+/// that corruption inside the log is told from a torn tail.
 pub fn read_segment(path: &Path) -> io::Result<SegmentRead> {
     let mut bytes = Vec::new();
     File::open(path)?.read_to_end(&mut bytes)?;
     let mut out = SegmentRead::default();
     let mut at = 0usize;
-    while at + HEADER_BYTES <= bytes.len() {
-        let len = u32_at(&bytes, at) as usize;
-        let sum = u64_at(&bytes, at + 4);
-        let end = at + HEADER_BYTES + len;
-        if len + HEADER_BYTES > RECORD_BYTES_MAX || end > bytes.len() {
-            break;
-        }
-        let payload = &bytes[at + HEADER_BYTES..end];
-        let Some(record) = (xxh3_64(payload) == sum).then(|| decode(payload)).flatten() else {
-            break;
-        };
+    while let Some((record, end)) = record_at(&bytes, at) {
         out.records.push(record);
         at = end;
     }
     out.valid_bytes = at as u64;
     out.torn_bytes = (bytes.len() - at) as u64;
+    if let Some(mut p) = (at + 1..bytes.len()).find(|&p| record_at(&bytes, p).is_some()) {
+        while let Some((_, end)) = record_at(&bytes, p) {
+            out.valid_after += 1;
+            p = end;
+        }
+    }
     Ok(out)
 }
 
@@ -419,6 +441,7 @@ mod tests {
         let r = read_segment(&path).unwrap();
         assert_eq!(r.records.len(), 2);
         assert!(r.torn_bytes > 0);
+        assert_eq!(r.valid_after, 0, "a torn tail has nothing whole behind it");
         // A flipped byte inside the second record's vector-free payload: one survives.
         let mut bad = full.clone();
         let second = HEADER_BYTES + PAYLOAD_FIXED_BYTES + 12 + HEADER_BYTES + 3;
@@ -426,6 +449,10 @@ mod tests {
         std::fs::write(&path, &bad).unwrap();
         let r = read_segment(&path).unwrap();
         assert_eq!(r.records.len(), 1, "the checksum catches it");
+        assert_eq!(
+            r.valid_after, 1,
+            "the third record is found behind the bad one"
+        );
         truncate(&path, r.valid_bytes).unwrap();
         let again = read_segment(&path).unwrap();
         assert_eq!((again.records.len(), again.torn_bytes), (1, 0));
