@@ -17,9 +17,7 @@ out=$PWD/target/durable-bench
 rm -rf "$out"; mkdir -p "$out"
 cargo build --release -q -p aker -p loadgen
 port=7730
-akerd=
-cleanup() { [ -n "$akerd" ] && kill "$akerd" 2>/dev/null || true; }
-trap cleanup EXIT
+. ops/akerd-lib.sh
 start() {  # NAME DATA_DIR_LINE
   cat > "$out/$1.toml" <<TOML
 [server]
@@ -33,16 +31,8 @@ checkpoint_log_bytes = 262144
 [admin]
 enabled = false
 TOML
-  taskset -c 1 ./target/release/akerd --config "$out/$1.toml" > "$out/$1.log" 2>&1 &
-  akerd=$!
-  for _ in $(seq 1 300); do
-    grep -q "akerd: ready" "$out/$1.log" && return 0
-    kill -0 $akerd 2>/dev/null || { tail "$out/$1.log"; exit 1; }
-    sleep 0.2
-  done
-  echo "akerd did not start" >&2; exit 1
+  akerd_start "$out/$1.toml" "$out/$1.log" 1
 }
-stop() { kill $akerd; wait $akerd 2>/dev/null || true; akerd=; }
 lg() { taskset -c 0 ./target/release/aker-loadgen -t 127.0.0.1:$port -q "$@"; }
 for mode in mem durable; do
   line=""
@@ -60,7 +50,7 @@ for mode in mem durable; do
      --json "$out/search-$mode.json" > /dev/null
   wait $wl || true
   [ $mode = durable ] && grep -c "checkpoint written" "$out/akerd-$mode.log" > "$out/checkpoints" || true
-  stop
+  akerd_stop
 done
 # Start-up on GloVe (the .npy: 400,000 x 50, exact index): the first start imports the .npy into
 # data_dir, the second recovers from the checkpoint; "ready" after each, from akerd's log.
@@ -81,12 +71,10 @@ data_dir = "$out/glove-data"
 enabled = false
 TOML
     t0=$(date +%s.%N)
-    taskset -c 1 ./target/release/akerd --config "$out/glove-$start.toml" > "$out/glove-$start.log" 2>&1 &
-    akerd=$!
-    for _ in $(seq 1 600); do grep -q "akerd: ready" "$out/glove-$start.log" && break; sleep 0.1; done
+    akerd_start "$out/glove-$start.toml" "$out/glove-$start.log" 1
     echo "$(python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$t0" "$(date +%s.%N)")" \
       > "$out/glove-$start.seconds"
-    stop
+    akerd_stop
   done
   du -sb "$out/glove-data" | cut -f1 > "$out/glove-data.bytes"
 fi

@@ -10,9 +10,7 @@ out=${OUT:-$PWD/target/durable-connections}
 rm -rf "$out"; mkdir -p "$out"
 cargo build --release -q -p aker -p loadgen
 port=7735
-akerd=
-cleanup() { [ -n "$akerd" ] && kill "$akerd" 2>/dev/null || true; }
-trap cleanup EXIT
+. ops/akerd-lib.sh
 lg() { taskset -c 0 ./target/release/aker-loadgen -t 127.0.0.1:$port -q "$@"; }
 for mode in mem durable; do
   line=""
@@ -30,13 +28,7 @@ checkpoint_log_bytes = 262144
 [admin]
 enabled = false
 TOML
-  taskset -c 1 ./target/release/akerd --config "$out/$mode.toml" > "$out/$mode.log" 2>&1 &
-  akerd=$!
-  for _ in $(seq 1 300); do
-    grep -q "akerd: ready" "$out/$mode.log" && break
-    kill -0 $akerd 2>/dev/null || { tail "$out/$mode.log"; exit 1; }
-    sleep 0.2
-  done
+  akerd_start "$out/$mode.toml" "$out/$mode.log" 1
   for c in 1 4; do
     lg -c $c -d 1 -r 1000 -w 2s -D 10s --mix insert=100 --vectors 5000 \
        --id-base $((2000000 * c)) --json "$out/alone-$mode-c$c.json" > /dev/null
@@ -47,7 +39,7 @@ TOML
   lg -c 4 -d 4 -r 2000 -w 2s -D 10s --mix search=100 --vectors 5000 \
      --json "$out/search-$mode.json" > /dev/null
   wait $wl
-  kill $akerd; wait $akerd 2>/dev/null || true; akerd=
+  akerd_stop
 done
 python3 - "$out" <<'PY' | tee "$out/summary.md"
 import json, os, sys

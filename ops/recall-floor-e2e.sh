@@ -26,9 +26,7 @@ if [ ! -f "$trace" ]; then
   ./target/release/bench trace --dataset glove --skew 0.99 --out "$trace" --base-out "$base"
 fi
 port=7740
-akerd=
-cleanup() { [ -n "$akerd" ] && kill "$akerd" 2>/dev/null || true; }
-trap cleanup EXIT
+. ops/akerd-lib.sh
 declare -A policy=(
   [aker]='{ kind = "aker", alpha_l = 1.1, alpha_t = 0.25, tau_init_divisor = 4.0 }'
   [guarded]='{ kind = "guarded", alpha_l = 1.1, alpha_t = 0.25, tau_init_divisor = 4.0 }'
@@ -59,20 +57,14 @@ data = { kind = "file", path = "$base" }
 enabled = true
 listen = "127.0.0.1:$((port + 1))"
 TOML
-    ./target/release/akerd --config "$out/$name.toml" > "$out/$name.log" 2>&1 &
-    akerd=$!
-    for _ in $(seq 1 300); do
-      grep -q "akerd: ready" "$out/$name.log" && break
-      kill -0 $akerd 2>/dev/null || { tail "$out/$name.log"; exit 1; }
-      sleep 0.2
-    done
+    akerd_start "$out/$name.toml" "$out/$name.log"
     taskset -c 1 ./target/release/aker-loadgen -t 127.0.0.1:$port -q -c 8 -d 8 -r "$rate" \
       --trace "$trace" --loop -w "${warm}s" -D "${dur}s" --json "$out/$name-open.json" > /dev/null
     curl -s "http://127.0.0.1:$((port + 1))/metrics" > "$out/$name-open.metrics" || true
     taskset -c 1 ./target/release/aker-loadgen -t 127.0.0.1:$port -q -c 8 -d 8 --closed \
       --trace "$trace" --loop -w 5s -D 20s --json "$out/$name-closed.json" > /dev/null
     curl -s "http://127.0.0.1:$((port + 1))/metrics" > "$out/$name-closed.metrics" || true
-    kill $akerd; wait $akerd 2>/dev/null || true; akerd=
+    akerd_stop
   done
 done
 python3 ops/recall_floor_e2e_summary.py "$out" | tee "$out/summary.md"

@@ -61,4 +61,4 @@ for p in ("aker", "guarded"):
                   + f" | {state} | {scale:.3g} | {done:.0f} / {busy:.0f}, {stale:.0f} | "
                   + (f"{ap:.3f}" if ap is not None else "-") + " / "
                   + (f"{ap_est:.3f}" if ap_est is not None else "-") + " |")
-print("\nThe estimate covers the akerd process's whole life (the open-loop run, then the closed-loop one after it); loadgen's recall is over each counted run.")
+print("\nakerd's counters cover the process's life (the open-loop run, then the closed-loop one after it) and its estimate weighs recent checks (half-life 30 s); loadgen's recall is over each counted run.")

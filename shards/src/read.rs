@@ -137,8 +137,8 @@ pub struct CacheReader {
     pub(crate) counters: Counters,
     /// A slow-path credit is queued for the owner (coalesces credits from many cores).
     pub(crate) credit_pending: std::sync::atomic::AtomicBool,
-    /// f32 bits of the factor every hit threshold is multiplied by (1.0: the policy's
-    /// own); the recall floor's controller sets it (`floor.rs`).
+    /// f32 bits of the factor every approximate-hit threshold is multiplied by (1.0:
+    /// the policy's own); the recall floor's controller sets it (`floor.rs`).
     pub(crate) threshold_scale: std::sync::atomic::AtomicU32,
 }
 
