@@ -51,6 +51,27 @@ impl GlobalBudget {
         self.shares[shard].load(Ordering::Relaxed)
     }
 
+    /// Every shard's share (a warm restart's image).
+    pub fn shares(&self) -> Vec<u64> {
+        self.shares
+            .iter()
+            .map(|s| s.load(Ordering::Relaxed) as u64)
+            .collect()
+    }
+
+    /// Shares from an image; ignored (false) unless there is one per shard and they
+    /// stay within the total.
+    pub fn set_shares(&self, shares: &[u64]) -> bool {
+        let sum: u128 = shares.iter().map(|&s| s as u128).sum();
+        if shares.len() != self.shares.len() || sum > self.total as u128 {
+            return false;
+        }
+        for (s, &v) in self.shares.iter().zip(shares) {
+            s.store(v as usize, Ordering::Relaxed);
+        }
+        true
+    }
+
     pub fn record_admission(&self, shard: usize) {
         self.admissions[shard].bump();
     }

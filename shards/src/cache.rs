@@ -22,7 +22,7 @@ use crate::config::{CacheConfig, Capacity, Eviction};
 use crate::entry::{AtomicF32, NeighborList, RepId, RepView, Representative};
 use crate::error::{validate_k, validate_vector, Result};
 use crate::exact_table::{QueryKey, Slot};
-use crate::filter::{DualFilter, FilterStats};
+use crate::filter::{DualFilter, FilterStats, InsertSeeds};
 use crate::gap::{self, Gauge};
 use crate::hash::{HashMap, HashSet, SharedMap};
 use crate::insert_log::{DeleteLog, InsertLog};
@@ -158,6 +158,21 @@ pub(crate) struct RiskSums {
     pub sum_r: u64,
     /// Σ LC over representatives.
     pub sum_cursor: u128,
+}
+
+/// A representative about to be installed (`Cache::install`): an admitted answer, or
+/// one restored from a snapshot (`snapshot.rs`).
+pub(crate) struct NewEntry {
+    pub key: QueryKey,
+    pub k: usize,
+    pub query: Arc<[f32]>,
+    /// `k..=k + Δ` results, ascending, validated.
+    pub answer: Vec<Candidate>,
+    pub tau: f32,
+    pub min_gap: f32,
+    /// `LC`.
+    pub cursor: u64,
+    pub referenced: bool,
 }
 
 pub struct Cache {
@@ -435,19 +450,50 @@ impl Cache {
             return Ok(Admission::TooLarge);
         }
 
-        let id = self.next_rep;
-        self.next_rep += 1;
-        self.pool.warm(answer.iter().map(|c| c.id));
         let gauge = self.gauge();
-        let query_norm = gap::norm(&ticket.query);
         // ip's minD is an angle: it needs the results' vectors, kept or not.
         let (min_gap, kth_gap) = gauge.answer_gaps(
             &ticket.query,
             k,
             answer.iter().map(|c| (c.distance, c.vector.as_deref())),
         );
+        // The backend already reflects every insert the log held when the miss began;
+        // a trimmed-away stretch cannot be scanned any more (P2 allows missing it).
+        let cursor = ticket
+            .insert_seq
+            .max(self.log.head_seq() - 1)
+            .min(self.log.last_seq());
+        let tau = self
+            .policy
+            .initial_tau(min_gap.unwrap_or(0.0), kth_gap.map(|g| (k, g)));
+        let entry = NewEntry {
+            key: ticket.key,
+            k,
+            query: ticket.query.clone(),
+            answer,
+            tau,
+            min_gap: min_gap.unwrap_or(0.0),
+            cursor,
+            referenced: false,
+        };
+        let id = self.install(entry, &ticket.seeds);
+        self.read.counters.admissions.bump();
+        if let Some((b, s)) = &self.budget {
+            b.record_admission(*s);
+        }
+        Ok(Admission::Admitted(id))
+    }
+
+    /// Makes `e` a representative: its objects, view, key, filter point and the sums
+    /// that follow every list. The caller has made room (`fits`) and validated `e`.
+    pub(crate) fn install(&mut self, e: NewEntry, seeds: &InsertSeeds) -> RepId {
+        let id = self.next_rep;
+        self.next_rep += 1;
+        self.pool.warm(e.answer.iter().map(|c| c.id));
+        let gauge = self.gauge();
+        let query_norm = gap::norm(&e.query);
         let mut nrl = NeighborList::default();
-        for c in answer {
+        for c in e.answer {
             let v = if self.cfg.store_vectors {
                 c.vector
             } else {
@@ -458,55 +504,42 @@ impl Cache {
             nrl.dists.push(c.distance);
             nrl.vectors.push(v);
         }
-        // The backend already reflects every insert the log held when the miss began;
-        // a trimmed-away stretch cannot be scanned any more (P2 allows missing it).
-        let cursor = ticket
-            .insert_seq
-            .max(self.log.head_seq() - 1)
-            .min(self.log.last_seq());
         let view = RepView {
             id,
-            k,
-            query: ticket.query.clone(),
-            tau: Arc::new(AtomicF32::new(
-                self.policy
-                    .initial_tau(min_gap.unwrap_or(0.0), kth_gap.map(|g| (k, g))),
-            )),
+            k: e.k,
+            query: e.query.clone(),
+            tau: Arc::new(AtomicF32::new(e.tau)),
             query_norm,
-            min_gap: min_gap.unwrap_or(0.0),
-            referenced: Arc::new(AtomicBool::new(false)),
+            min_gap: e.min_gap,
+            referenced: Arc::new(AtomicBool::new(e.referenced)),
             nrl: Arc::new(nrl),
         };
-        self.risk.sum_r += view.nrl.risk_fixed(k, gauge, query_norm);
+        self.risk.sum_r += view.nrl.risk_fixed(e.k, gauge, query_norm);
         let max_d = gauge.filter_max_d(view.nrl.max_d(), query_norm);
         self.max_ds.add(max_d);
         self.max_d_by_rep.insert(id, max_d);
-        self.risk.sum_cursor += cursor as u128;
-        self.cursors.insert((cursor, id));
-        self.entry_bytes += self.rep_bytes(k);
+        self.risk.sum_cursor += e.cursor as u128;
+        self.cursors.insert((e.cursor, id));
+        self.entry_bytes += self.rep_bytes(e.k);
         // Publish the view before the key and the filter point, so a reader that finds
         // either always finds the view.
         self.publish_view(view.clone());
         self.read
             .table
             .pin()
-            .insert(ticket.key, Slot::Representative(id));
+            .insert(e.key, Slot::Representative(id));
         self.filter
-            .insert_seeded(id, gauge.filter_point(&ticket.query), &ticket.seeds);
+            .insert_seeded(id, gauge.filter_point(&e.query), seeds);
         self.reps.insert(
             id,
             Representative {
                 view,
-                key: ticket.key,
-                cursor,
+                key: e.key,
+                cursor: e.cursor,
                 aliases: Vec::new(),
             },
         );
-        self.read.counters.admissions.bump();
-        if let Some((b, s)) = &self.budget {
-            b.record_admission(*s);
-        }
-        Ok(Admission::Admitted(id))
+        id
     }
 
     fn rep_bytes(&self, k: usize) -> usize {
@@ -526,7 +559,7 @@ impl Cache {
     }
 
     /// Whether an entry of `n` results fits without eviction (`n = 0`: within budget).
-    fn fits(&self, n: usize) -> bool {
+    pub(crate) fn fits(&self, n: usize) -> bool {
         let cap = self.capacity_now();
         match self.cfg.capacity {
             Capacity::Objects(_) => self.pool.len() + n <= cap,

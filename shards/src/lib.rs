@@ -21,6 +21,7 @@
 //! | global pool budget, shares follow admissions     | [`budget`]                  |
 //! | owner messages (bounded channel, hints dropped)  | [`owner`]                   |
 //! | lookup across shards, one constructor, rebalance | [`sharded`]                 |
+//! | warm-restart images of shards and the router     | [`snapshot`]                |
 //! | the maps' hasher (foldhash)                      | [`hash`]                    |
 // Every unsafe block says why it is sound, and an unsafe fn's body is not one implicit
 // unsafe block (CI runs clippy with these as errors).
@@ -52,6 +53,7 @@ pub mod read;
 pub mod refresh;
 pub mod router;
 pub mod sharded;
+pub mod snapshot;
 pub mod store;
 
 pub use backend::{Backend, Candidate};

@@ -205,6 +205,59 @@ impl Router {
         self.shards
     }
 
+    /// The state a warm restart needs (`snapshot.rs`); load counters start afresh.
+    pub fn image(&self, shares: Vec<u64>) -> crate::snapshot::RouterImage {
+        let load = |a: &AtomicU32| a.load(Ordering::Relaxed);
+        crate::snapshot::RouterImage {
+            centroids: self.centroids.clone(),
+            assignment: self.assignment.iter().map(load).collect(),
+            previous: self.previous.iter().map(load).collect(),
+            shares,
+        }
+    }
+
+    /// A router from [`Router::image`], for `shards` shards of `dim`-d `metric` vectors;
+    /// refused unless every centroid and shard number fits.
+    pub fn from_image(
+        img: &crate::snapshot::RouterImage,
+        dim: usize,
+        metric: Metric,
+        shards: usize,
+    ) -> Result<Router> {
+        let c = img.assignment.len();
+        let ok = dim > 0
+            && c > 0
+            && img.centroids.len() == c * dim
+            && img.previous.len() == c
+            && img.centroids.iter().all(|x| x.is_finite())
+            && img.assignment.iter().all(|&s| (s as usize) < shards)
+            && img
+                .previous
+                .iter()
+                .all(|&s| s == NO_SHARD || (s as usize) < shards);
+        if !ok {
+            return Err(Error::Config(format!(
+                "router image does not fit {shards} shards of {dim}-d vectors"
+            )));
+        }
+        let atomic = |v: &[u32]| v.iter().map(|&x| AtomicU32::new(x)).collect();
+        Ok(Router {
+            dim,
+            metric: if metric == Metric::InnerProduct {
+                Metric::Cosine
+            } else {
+                metric
+            },
+            centroids: img.centroids.clone(),
+            assignment: atomic(&img.assignment),
+            load: (0..c).map(|_| Counter::default()).collect(),
+            load_seen: (0..c).map(|_| AtomicU64::new(0)).collect(),
+            previous: atomic(&img.previous),
+            shards,
+            rebalances: AtomicU64::new(0),
+        })
+    }
+
     pub fn centroids(&self) -> usize {
         self.assignment.len()
     }
