@@ -93,6 +93,14 @@ pub struct CacheSection {
     /// Messages queued to one shard's owner; hints past it are dropped and counted,
     /// writes wait for room.
     pub owner_queue_depth: usize,
+    /// With `backend.data_dir` (the durable store) only: the cache's warm-restart
+    /// snapshot (docs/ARCHITECTURE.md, "Warm restart") is written at shutdown (SIGTERM).
+    pub snapshot_on_shutdown: bool,
+    /// ... and every this many seconds (0: never on a timer). `POST /snapshot` on the
+    /// admin endpoint writes one on demand.
+    pub snapshot_interval_s: u64,
+    /// ... and loaded at start when the store's log still holds every write after it.
+    pub snapshot_load: bool,
     /// Memory akerd touches and frees at start (0: none), so that the cache's first
     /// growth reuses pages already faulted in (`aker_alloc::prefault`; the allocator
     /// keeps what it frees) instead of faulting each one in during an admission or an
@@ -180,6 +188,9 @@ impl Default for CacheSection {
             recall_checks_per_s: daemon_defaults::RECALL_CHECKS_PER_S,
             recall_scale_max: f.scale_max,
             owner_queue_depth: daemon_defaults::OWNER_QUEUE_DEPTH,
+            snapshot_on_shutdown: true,
+            snapshot_interval_s: 0,
+            snapshot_load: true,
             prefault_bytes: 0,
         }
     }

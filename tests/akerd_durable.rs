@@ -37,8 +37,17 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 /// A config for a child akerd: exact store over a small synthetic set, durable in
-/// `dir/data`, checkpoints every 4 KiB of log (~60 writes: kills land in checkpoints too).
+/// `dir/data`, checkpoints every 4 KiB of log (~60 writes: kills land in checkpoints too),
+/// the admin endpoint on `port + 1` for `POST /snapshot` when asked.
 fn write_config(dir: &Path, port: u16) -> PathBuf {
+    write_config_with(dir, port, None)
+}
+
+fn write_config_with(dir: &Path, port: u16, admin: Option<u16>) -> PathBuf {
+    let admin = match admin {
+        Some(a) => format!("enabled = true\nlisten = \"127.0.0.1:{a}\""),
+        None => "enabled = false".into(),
+    };
     let p = dir.join("akerd.toml");
     let text = format!(
         r#"
@@ -58,7 +67,7 @@ data = {{ kind = "synthetic", n = {ROWS}, dim = {DIM}, clusters = 8, seed = 3 }}
 data_dir = "data"
 checkpoint_log_bytes = 4096
 [admin]
-enabled = false
+{admin}
 "#
     );
     std::fs::write(&p, text).unwrap();
@@ -202,6 +211,61 @@ fn stat(text: &str, name: &str) -> Option<f64> {
         .and_then(|(_, v)| v.trim().parse().ok())
 }
 
+/// `POST /snapshot` on the admin endpoint: whether a snapshot was written.
+fn post_snapshot(admin: SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(2)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    if s.write_all(b"POST /snapshot HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    reply.starts_with("HTTP/1.1 200")
+}
+
+/// Searches the writers' vectors through the cache until `stop` (so the snapshots hold
+/// entries that list ids deleted later), and asks for snapshots back to back.
+fn searcher(
+    addr: SocketAddr,
+    admin: SocketAddr,
+    acked: Arc<Mutex<Acked>>,
+    stop: Arc<AtomicBool>,
+) -> u64 {
+    let Ok(mut c) = Client::connect(addr) else {
+        return 0;
+    };
+    if c.hello().is_err() {
+        return 0;
+    }
+    let mut snapshots = 0;
+    for i in 0..100_000usize {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let v = {
+            let a = acked.lock().unwrap();
+            a.live
+                .values()
+                .chain(a.deleted.values())
+                .nth(i % 64)
+                .cloned()
+        };
+        let v = v.unwrap_or_else(|| vec![0.5; DIM]);
+        if c.search(10, &v).is_err() {
+            break;
+        }
+        if i % 16 == 0 && post_snapshot(admin) {
+            snapshots += 1;
+        }
+    }
+    snapshots
+}
+
 /// After a restart: the writes in flight at the kill are settled by what the store
 /// holds, then every acknowledged one is checked.
 fn check(a: &Akerd, acked: &mut Acked, round: u64) {
@@ -231,11 +295,15 @@ fn check(a: &Akerd, acked: &mut Acked, round: u64) {
             *id,
             "round {round}: acknowledged delete {id} back"
         );
-        let served = c.search(1, v).unwrap();
-        assert!(
-            served.neighbors.iter().all(|n| n.id != *id),
-            "round {round}: {id} served"
-        );
+        let served = c.search(10, v).unwrap();
+        for n in &served.neighbors {
+            assert!(
+                !acked.deleted.contains_key(&n.id),
+                "round {round}: deleted {} served ({:?})",
+                n.id,
+                served.hit
+            );
+        }
     }
     let rows = stat(&c.stats().unwrap(), "store_rows").unwrap() as u64;
     assert_eq!(
@@ -248,15 +316,20 @@ fn check(a: &Akerd, acked: &mut Acked, round: u64) {
 #[test]
 fn acknowledged_writes_survive_sigkill_at_random_points() {
     let dir = scratch("crash");
-    let port = free_port();
-    let config = write_config(&dir, port);
+    let (port, admin_port) = (free_port(), free_port());
+    let config = write_config_with(&dir, port, Some(admin_port));
+    let admin: SocketAddr = ([127, 0, 0, 1], admin_port).into();
     let acked = Arc::new(Mutex::new(Acked::default()));
     let mut rng = StdRng::seed_from_u64(99);
-    let rounds = 20;
-    let mut checkpoints = 0.0;
-    for round in 0..rounds {
+    // At least 20 kills, and more (up to 40) until one lands while a snapshot is written.
+    let (rounds_min, rounds_max) = (20, 40);
+    let (mut checkpoints, mut snapshots, mut restored, mut mid_snapshot) = (0.0, 0, 0.0, 0);
+    let mut round = 0;
+    while round < rounds_min || (mid_snapshot == 0 && round < rounds_max) {
         let a = Akerd::start(&config, port).unwrap_or_else(|e| panic!("round {round}: {e}"));
         check(&a, &mut acked.lock().unwrap(), round);
+        let s = a.client().stats().unwrap();
+        restored += stat(&s, "cache_snapshot_restored_entries").unwrap_or(0.0);
         let stop = Arc::new(AtomicBool::new(false));
         let writers: Vec<_> = (0..WRITERS)
             .map(|w| {
@@ -264,6 +337,10 @@ fn acknowledged_writes_survive_sigkill_at_random_points() {
                 std::thread::spawn(move || writer(addr, w, round, acked, stop))
             })
             .collect();
+        let search = {
+            let (acked, stop, addr) = (acked.clone(), stop.clone(), a.addr);
+            std::thread::spawn(move || searcher(addr, admin, acked, stop))
+        };
         std::thread::sleep(Duration::from_millis(rng.gen_range(30..400)));
         if let Ok(mut c) = Client::connect(a.addr) {
             if c.hello().is_ok() {
@@ -276,10 +353,26 @@ fn acknowledged_writes_survive_sigkill_at_random_points() {
         for w in writers {
             w.join().unwrap();
         }
+        snapshots += search.join().unwrap();
+        // The snapshot's temporary file left behind: the kill landed while one was written.
+        mid_snapshot += usize::from(dir.join("data/cache.snapshot.tmp").exists());
+        round += 1;
     }
     let a = Akerd::start(&config, port).unwrap();
     let mut g = acked.lock().unwrap();
-    check(&a, &mut g, rounds);
+    check(&a, &mut g, round);
+    eprintln!(
+        "{round} kills, {mid_snapshot} during a snapshot; {snapshots} snapshots written, \
+         {restored} entries restored over the restarts"
+    );
+    assert!(
+        mid_snapshot > 0,
+        "no kill landed during a snapshot in {round} rounds"
+    );
+    assert!(
+        snapshots > 0 && restored > 0.0,
+        "snapshots {snapshots}, restored {restored}"
+    );
     assert!(
         g.live.len() + g.deleted.len() > 200,
         "the writers wrote: {} live, {} deleted",
@@ -334,4 +427,95 @@ fn a_corrupt_checkpoint_refuses_the_start_and_a_torn_log_tail_is_cut() {
     }
     let e = Akerd::start(&config, port).err().expect("refused");
     assert!(e.contains("checksum"), "{e}");
+}
+
+/// Sends SIGTERM and waits (bounded) for the exit: akerd writes its snapshot first.
+fn terminate(mut a: Akerd) -> String {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(a.child.id() as i32, libc::SIGTERM) };
+    let end = Instant::now() + Duration::from_secs(30);
+    while a.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < end, "akerd did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stderr_of(&mut a)
+}
+
+fn stderr_of(a: &mut Akerd) -> String {
+    use std::io::Read;
+    let mut err = String::new();
+    if let Some(mut e) = a.child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    err
+}
+
+#[test]
+fn a_restart_is_warm_and_never_serves_a_delete_made_after_the_snapshot() {
+    let dir = scratch("warm");
+    let (port, admin_port) = (free_port(), free_port());
+    let config = write_config_with(&dir, port, Some(admin_port));
+    let admin: SocketAddr = ([127, 0, 0, 1], admin_port).into();
+    let snapshot = dir.join("data/cache.snapshot");
+    let mut rng = StdRng::seed_from_u64(5);
+    let queries: Vec<Vec<f32>> = (0..50).map(|_| vector(&mut rng)).collect();
+    let a = Akerd::start(&config, port).unwrap();
+    let mut c = a.client();
+    let answers: Vec<_> = queries.iter().map(|q| c.search(10, q).unwrap()).collect();
+    let entries = stat(&c.stats().unwrap(), "representatives").unwrap();
+    assert!(entries >= 40.0, "{entries} entries");
+    drop(c);
+    // SIGTERM: the snapshot is written on the way out; the restart serves from it.
+    let _ = terminate(a);
+    assert!(snapshot.exists());
+    let a = Akerd::start(&config, port).unwrap();
+    let mut c = a.client();
+    let s = c.stats().unwrap();
+    assert_eq!(stat(&s, "cache_snapshot_restored_entries"), Some(entries));
+    for (q, before) in queries.iter().zip(&answers) {
+        let r = c.search(10, q).unwrap();
+        assert_ne!(r.hit, aker::protocol::HitKind::Miss, "a cached query missed");
+        assert_eq!(r.neighbors, before.neighbors);
+    }
+    // A snapshot, then a delete of a cached id, then SIGKILL: the delete is in the log
+    // only, and replayed into the restored cache before the first reply.
+    assert!(post_snapshot(admin));
+    let gone = answers[0].neighbors[0].id;
+    assert!(c.delete(gone).unwrap());
+    drop(c);
+    a.kill();
+    let a = Akerd::start(&config, port).unwrap();
+    let mut c = a.client();
+    assert!(stat(&c.stats().unwrap(), "cache_snapshot_restored_entries").unwrap() > 0.0);
+    for q in &queries {
+        let r = c.search(10, q).unwrap();
+        assert!(r.neighbors.iter().all(|n| n.id != gone), "deleted {gone} served");
+    }
+    // FLUSH removes the snapshot: a restart must not bring back what was flushed.
+    c.flush().unwrap();
+    assert!(!snapshot.exists(), "FLUSH left the snapshot");
+    drop(c);
+    a.kill();
+    let a = Akerd::start(&config, port).unwrap();
+    let mut c = a.client();
+    assert_eq!(stat(&c.stats().unwrap(), "cache_snapshot_restored_entries"), Some(0.0));
+    for q in &queries {
+        c.search(10, q).unwrap();
+    }
+    drop(c);
+    let _ = terminate(a);
+    // A flipped byte: refused with the reason, and the cache starts cold.
+    let mut b = std::fs::read(&snapshot).unwrap();
+    let at = b.len() - 11;
+    b[at] ^= 0x04;
+    std::fs::write(&snapshot, &b).unwrap();
+    let mut a = Akerd::start(&config, port).unwrap();
+    let mut c = a.client();
+    assert_eq!(stat(&c.stats().unwrap(), "cache_snapshot_restored_entries"), Some(0.0));
+    assert!(c.search(10, &queries[1]).is_ok());
+    drop(c);
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    let err = stderr_of(&mut a);
+    assert!(err.contains("cache snapshot refused") && err.contains("checksum"), "{err}");
 }

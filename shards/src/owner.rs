@@ -49,6 +49,10 @@ pub enum OwnerMsg {
     Flush {
         ack: flume::Sender<()>,
     },
+    /// The shard's warm-restart image (`snapshot.rs`), as of every message before it.
+    Export {
+        ack: flume::Sender<crate::snapshot::ShardImage>,
+    },
 }
 
 /// What any core holds for a shard: its read side and its owner's queue.
@@ -142,6 +146,9 @@ impl Cache {
             OwnerMsg::Flush { ack } => {
                 self.flush();
                 let _ = ack.send(());
+            }
+            OwnerMsg::Export { ack } => {
+                let _ = ack.send(self.export_image());
             }
         }
     }

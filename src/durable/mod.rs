@@ -20,6 +20,7 @@
 //! ```
 
 pub mod checkpoint;
+pub mod snapshot;
 pub mod wal;
 
 use std::collections::HashMap;

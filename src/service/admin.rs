@@ -18,6 +18,9 @@ const ACCEPT_POLL: Duration = Duration::from_millis(20);
 /// Produces the body of `GET /metrics`.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
+/// `POST /snapshot`: writes the cache's snapshot, answers its report (JSON) or why not.
+pub type TakeSnapshot = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
+
 pub struct AdminServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
@@ -25,7 +28,12 @@ pub struct AdminServer {
 }
 
 impl AdminServer {
-    pub fn start(addr: SocketAddr, threads: usize, render: Render) -> io::Result<AdminServer> {
+    pub fn start(
+        addr: SocketAddr,
+        threads: usize,
+        render: Render,
+        snapshot: Option<TakeSnapshot>,
+    ) -> io::Result<AdminServer> {
         let listener = TcpListener::bind(addr)?;
         // Non-blocking accept, so each thread notices the stop flag.
         listener.set_nonblocking(true)?;
@@ -33,11 +41,15 @@ impl AdminServer {
         let stop = Arc::new(AtomicBool::new(false));
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
-            let (l, stop, render) = (listener.try_clone()?, stop.clone(), render.clone());
+            let (l, stop) = (listener.try_clone()?, stop.clone());
+            let ops = Ops {
+                render: render.clone(),
+                snapshot: snapshot.clone(),
+            };
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("aker-admin-{i}"))
-                    .spawn(move || accept_loop(l, &stop, &render))?,
+                    .spawn(move || accept_loop(l, &stop, &ops))?,
             );
         }
         tracing::info!(%addr, "admin endpoint: GET /metrics");
@@ -60,11 +72,17 @@ impl AdminServer {
     }
 }
 
-fn accept_loop(listener: TcpListener, stop: &AtomicBool, render: &Render) {
+/// What the endpoint can do.
+struct Ops {
+    render: Render,
+    snapshot: Option<TakeSnapshot>,
+}
+
+fn accept_loop(listener: TcpListener, stop: &AtomicBool, ops: &Ops) {
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((stream, _)) => {
-                if let Err(e) = serve(stream, render) {
+                if let Err(e) = serve(stream, ops) {
                     tracing::debug!(error = %e, "admin connection failed");
                 }
             }
@@ -77,7 +95,7 @@ fn accept_loop(listener: TcpListener, stop: &AtomicBool, render: &Render) {
     }
 }
 
-fn serve(mut stream: TcpStream, render: &Render) -> io::Result<()> {
+fn serve(mut stream: TcpStream, ops: &Ops) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
@@ -108,15 +126,27 @@ fn serve(mut stream: TcpStream, render: &Render) -> io::Result<()> {
             &mut stream,
             "200 OK",
             "text/plain; version=0.0.4; charset=utf-8",
-            &render(),
+            &(ops.render)(),
         ),
+        ("POST", "/snapshot") => match &ops.snapshot {
+            Some(take) => match take() {
+                Ok(report) => respond(&mut stream, "200 OK", "application/json", &report),
+                Err(why) => respond(&mut stream, "409 Conflict", "text/plain", &(why + "\n")),
+            },
+            None => respond(
+                &mut stream,
+                "404 Not Found",
+                "text/plain",
+                "no cache snapshot without the durable store (backend.data_dir)\n",
+            ),
+        },
         ("GET", "/healthz") => respond(&mut stream, "200 OK", "text/plain", "ok\n"),
         ("GET", _) => respond(&mut stream, "404 Not Found", "text/plain", "try /metrics\n"),
         _ => respond(
             &mut stream,
             "405 Method Not Allowed",
             "text/plain",
-            "GET only\n",
+            "GET, or POST /snapshot\n",
         ),
     }
 }

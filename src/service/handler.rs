@@ -328,6 +328,18 @@ impl AkerService {
     }
 
     async fn flush(&self) -> ServiceResult {
+        let snapshots = self.shared.snapshots.as_ref();
+        if let Some(st) = snapshots {
+            st.flush_begins();
+        }
+        let r = self.flush_shards().await;
+        if let Some(st) = snapshots {
+            st.flush_ends();
+        }
+        r
+    }
+
+    async fn flush_shards(&self) -> ServiceResult {
         self.shared.router.forget_all_previous();
         let mut acks = Vec::with_capacity(self.shared.shards.len());
         for h in &self.shared.shards {

@@ -49,11 +49,13 @@ mod owner;
 pub mod pgvector;
 mod recall;
 mod snapshot;
+mod warm;
 
 pub use admin::AdminServer;
 pub use backend::Store;
 pub use data::Dataset;
 pub use owner::ShardGauges;
+pub use warm::SnapshotReport;
 
 #[allow(clippy::disallowed_types)] // control plane: the caches are handed over once.
 use std::sync::Mutex;
@@ -115,6 +117,8 @@ pub(crate) struct Shared {
     pub(crate) recall_unavailable: bool,
     /// The durable store's log and checkpoints (`backend.data_dir`), for its metrics.
     pub(crate) durable: Option<Arc<crate::durable::Durable>>,
+    /// The cache's warm-restart snapshot (`warm.rs`): with the durable store only.
+    pub(crate) snapshots: Option<Arc<warm::SnapshotState>>,
 }
 
 /// One shard's owner side, handed to its executor once.
@@ -130,7 +134,16 @@ pub struct Daemon {
     admin: Option<AdminServer>,
     backend_threads: Vec<JoinHandle<()>>,
     backend_stop: Arc<AtomicBool>,
+    /// Writes a snapshot every `cache.snapshot_interval_s` (stops with `backend_stop`).
+    snapshot_timer: Option<JoinHandle<()>>,
     shared: Arc<Shared>,
+}
+
+/// What `start_durable` hands on for the cache's warm restart.
+struct Warm {
+    state: Arc<warm::SnapshotState>,
+    /// The snapshot to restore, when one was accepted.
+    start: Option<crate::durable::snapshot::WarmStart>,
 }
 
 /// The embedded store per `cfg.backend.index` over rows with these ids.
@@ -231,7 +244,13 @@ impl Daemon {
         });
         let mut cfg = cfg.clone();
         cfg.cache.metric = Some(target.metric);
-        Daemon::start_with(&cfg, sample, StoreSide::Pgvector(Arc::new(target)), None)
+        Daemon::start_with(
+            &cfg,
+            sample,
+            StoreSide::Pgvector(Arc::new(target)),
+            None,
+            None,
+        )
     }
 
     /// The durable embedded store (`backend.data_dir`): recovered from its directory,
@@ -269,6 +288,8 @@ impl Daemon {
             secs = rep.seconds,
             "durable store recovered"
         );
+        // Before the checkpoint below: it may remove log segments the snapshot needs.
+        let warm = Daemon::warm_start(cfg, dir, rep.imported, r.dim, r.next_seq - 1)?;
         let store = build_store(cfg, r.dim, &r.ids, &r.vectors)?;
         let durable = crate::durable::Durable::open(
             dir,
@@ -288,7 +309,47 @@ impl Daemon {
         } else {
             Dataset::new(r.dim, r.vectors).map_err(StartError::Data)?
         };
-        Daemon::start_with_durable(cfg, sample, store, Some(Arc::new(durable)))
+        Daemon::start_with_durable(cfg, sample, store, Some((Arc::new(durable), warm)))
+    }
+
+    /// The data directory's collection id, and its cache snapshot if one may be used
+    /// (refused with a log line otherwise: the cache then starts cold).
+    fn warm_start(
+        cfg: &Config,
+        dir: &std::path::Path,
+        imported: bool,
+        dim: usize,
+        last_seq: u64,
+    ) -> Result<Warm, StartError> {
+        use crate::durable::snapshot;
+        let collection = snapshot::collection_id(dir, imported)?;
+        let metric = cfg.cache.metric_or_default().to_string();
+        let want = snapshot::Expect {
+            collection,
+            dim,
+            metric: &metric,
+            shards: cfg.sharding.shard_count(cfg.server.executors),
+            last_seq,
+        };
+        let start = match cfg.cache.snapshot_load {
+            false => None,
+            true => match snapshot::load(dir, &want) {
+                Ok(w) => w,
+                Err(why) => {
+                    tracing::warn!(%why, "cache snapshot refused; the cache starts cold");
+                    None
+                }
+            },
+        };
+        let state = warm::SnapshotState::new(
+            dir.to_path_buf(),
+            collection,
+            cfg.cache.snapshot_on_shutdown,
+        );
+        Ok(Warm {
+            state: Arc::new(state),
+            start,
+        })
     }
 
     /// Embedded backend over `data` (ids are row numbers), index per `cfg.backend.index`.
@@ -317,7 +378,7 @@ impl Daemon {
     ) -> Result<Daemon, StartError> {
         match store {
             Some(s) => Daemon::start_with_durable(cfg, sample, s, None),
-            None => Daemon::start_with(cfg, sample, StoreSide::CacheAside, None),
+            None => Daemon::start_with(cfg, sample, StoreSide::CacheAside, None, None),
         }
     }
 
@@ -326,7 +387,7 @@ impl Daemon {
         cfg: &Config,
         sample: Dataset,
         store: Store,
-        durable: Option<Arc<crate::durable::Durable>>,
+        durable: Option<(Arc<crate::durable::Durable>, Warm)>,
     ) -> Result<Daemon, StartError> {
         let store = Some(store);
         let side = match store {
@@ -344,7 +405,8 @@ impl Daemon {
             }
             None => StoreSide::CacheAside,
         };
-        Daemon::start_with(cfg, sample, side, durable)
+        let (durable, warm) = durable.unzip();
+        Daemon::start_with(cfg, sample, side, durable, warm)
     }
 
     fn start_with(
@@ -352,19 +414,26 @@ impl Daemon {
         sample: Dataset,
         side: StoreSide,
         durable: Option<Arc<crate::durable::Durable>>,
+        warm: Option<Warm>,
     ) -> Result<Daemon, StartError> {
         cfg.validate().map_err(StartError::Config)?;
         let dim = sample.dim;
         let cache_cfg = cfg.cache.engine_config(dim).map_err(StartError::Config)?;
         let executors = cfg.server.executors;
         let n_shards = cfg.sharding.shard_count(executors);
-        let set = ShardSet::build(
+        let mut set = ShardSet::build(
             &cache_cfg,
             &|| cfg.cache.policy.build(),
             &cfg.sharding.engine(n_shards),
             &sample.sample(cfg.sharding.sample_rows),
         )?;
         drop(sample);
+        let snapshots = warm.map(|w| {
+            if let Some(start) = w.start {
+                Daemon::restore(&mut set, start, dim, cfg, &w.state);
+            }
+            w.state
+        });
         let (router, budget) = (Arc::new(set.router), set.budget);
 
         let mut handles = Vec::with_capacity(n_shards);
@@ -438,6 +507,7 @@ impl Daemon {
             recall,
             recall_unavailable,
             durable,
+            snapshots,
         });
         // From here on, a failure must stop the backend threads: the guard does it.
         let mut daemon = Daemon {
@@ -445,6 +515,7 @@ impl Daemon {
             admin: None,
             backend_threads,
             backend_stop,
+            snapshot_timer: None,
             shared: shared.clone(),
         };
 
@@ -492,14 +563,81 @@ impl Daemon {
         daemon.running = Some(running);
 
         if cfg.admin.enabled {
-            let sh = shared.clone();
+            let (sh, snap) = (shared.clone(), shared.clone());
+            let snapshot: Option<admin::TakeSnapshot> = shared.snapshots.is_some().then(|| {
+                Arc::new(move || warm::take(&snap).map(|r| r.json())) as admin::TakeSnapshot
+            });
             daemon.admin = Some(AdminServer::start(
                 cfg.admin.listen,
                 cfg.admin.max_connections,
                 Arc::new(move || sh.prometheus()),
+                snapshot,
+            )?);
+        }
+        let every = cfg.cache.snapshot_interval_s;
+        if every > 0 && shared.snapshots.is_some() {
+            daemon.snapshot_timer = Some(Daemon::snapshot_timer(
+                shared.clone(),
+                Duration::from_secs(every),
+                daemon.backend_stop.clone(),
             )?);
         }
         Ok(daemon)
+    }
+
+    /// Restores an accepted snapshot into the shards (a cold start if it fails).
+    fn restore(
+        set: &mut ShardSet,
+        start: crate::durable::snapshot::WarmStart,
+        dim: usize,
+        cfg: &Config,
+        state: &warm::SnapshotState,
+    ) {
+        let t = Instant::now();
+        let (seq, replayed) = (start.snapshot.seq, start.tail.len());
+        match warm::restore(set, start, dim, cfg.cache.metric_or_default()) {
+            Ok(r) => {
+                state.restored.store(r.restored as u64, Ordering::Relaxed);
+                tracing::info!(
+                    seq,
+                    entries = r.restored,
+                    aliases = r.aliases,
+                    refused = r.refused,
+                    dropped = r.dropped,
+                    writes_replayed = replayed,
+                    secs = t.elapsed().as_secs_f64(),
+                    "cache snapshot restored"
+                );
+            }
+            Err(why) => {
+                tracing::warn!(%why, "cache snapshot not restored; the cache starts cold")
+            }
+        }
+    }
+
+    /// A thread that takes a snapshot every `every` until `stop`.
+    fn snapshot_timer(
+        shared: Arc<Shared>,
+        every: Duration,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("aker-snapshot".into())
+            .spawn(move || {
+                let mut next = Instant::now() + every;
+                while !stop.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    if Instant::now() >= next {
+                        let _ = warm::take(&shared);
+                        next = Instant::now() + every;
+                    }
+                }
+            })
+    }
+
+    /// Writes the cache's snapshot now (durable store only): what `POST /snapshot` does.
+    pub fn take_snapshot(&self) -> Result<SnapshotReport, String> {
+        warm::take(&self.shared)
     }
 
     /// The address every executor listens on.
@@ -542,6 +680,15 @@ impl Daemon {
     }
 
     fn shutdown(&mut self) -> std::io::Result<()> {
+        // While the owners still run: the writes after it are in the log, replayed at start.
+        let on_shutdown = self
+            .shared
+            .snapshots
+            .as_ref()
+            .is_some_and(|s| s.on_shutdown);
+        if on_shutdown && self.running.is_some() {
+            let _ = warm::take(&self.shared);
+        }
         let r = match self.running.take() {
             Some(r) => r.stop(),
             None => Ok(()),
@@ -551,6 +698,9 @@ impl Daemon {
         }
         self.backend_stop.store(true, Ordering::Release);
         for t in self.backend_threads.drain(..) {
+            let _ = t.join();
+        }
+        if let Some(t) = self.snapshot_timer.take() {
             let _ = t.join();
         }
         // A checkpoint being written finishes (the next start would redo it otherwise).

@@ -376,6 +376,33 @@ impl Shared {
             "Checkpoints written since start.",
             d.checkpoints_written.load(Ordering::Relaxed),
         );
+        let Some(w) = &self.snapshots else { return };
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        s.counter(
+            "cache_snapshots",
+            "Cache snapshots written since start (shutdown, timer, POST /snapshot).",
+            get(&w.written),
+        );
+        s.counter(
+            "cache_snapshot_failures",
+            "Cache snapshots not written (the reason is logged).",
+            get(&w.failed),
+        );
+        s.gauge(
+            "cache_snapshot_seq",
+            "The log seq of the last cache snapshot written since start (0: none).",
+            get(&w.last_seq) as f64,
+        );
+        s.gauge(
+            "cache_snapshot_seconds",
+            "Seconds the last cache snapshot took.",
+            f64::from_bits(get(&w.last_secs_bits)),
+        );
+        s.gauge(
+            "cache_snapshot_restored_entries",
+            "Entries restored from a snapshot at start (0: a cold start).",
+            get(&w.restored) as f64,
+        );
     }
 
     /// The recall floor's estimate and checks (`recall.rs`); its state alone when off.
