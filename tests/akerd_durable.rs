@@ -474,7 +474,11 @@ fn a_restart_is_warm_and_never_serves_a_delete_made_after_the_snapshot() {
     assert_eq!(stat(&s, "cache_snapshot_restored_entries"), Some(entries));
     for (q, before) in queries.iter().zip(&answers) {
         let r = c.search(10, q).unwrap();
-        assert_ne!(r.hit, aker::protocol::HitKind::Miss, "a cached query missed");
+        assert_ne!(
+            r.hit,
+            aker::protocol::HitKind::Miss,
+            "a cached query missed"
+        );
         assert_eq!(r.neighbors, before.neighbors);
     }
     // A snapshot, then a delete of a cached id, then SIGKILL: the delete is in the log
@@ -489,7 +493,10 @@ fn a_restart_is_warm_and_never_serves_a_delete_made_after_the_snapshot() {
     assert!(stat(&c.stats().unwrap(), "cache_snapshot_restored_entries").unwrap() > 0.0);
     for q in &queries {
         let r = c.search(10, q).unwrap();
-        assert!(r.neighbors.iter().all(|n| n.id != gone), "deleted {gone} served");
+        assert!(
+            r.neighbors.iter().all(|n| n.id != gone),
+            "deleted {gone} served"
+        );
     }
     // FLUSH removes the snapshot: a restart must not bring back what was flushed.
     c.flush().unwrap();
@@ -498,7 +505,10 @@ fn a_restart_is_warm_and_never_serves_a_delete_made_after_the_snapshot() {
     a.kill();
     let a = Akerd::start(&config, port).unwrap();
     let mut c = a.client();
-    assert_eq!(stat(&c.stats().unwrap(), "cache_snapshot_restored_entries"), Some(0.0));
+    assert_eq!(
+        stat(&c.stats().unwrap(), "cache_snapshot_restored_entries"),
+        Some(0.0)
+    );
     for q in &queries {
         c.search(10, q).unwrap();
     }
@@ -511,11 +521,17 @@ fn a_restart_is_warm_and_never_serves_a_delete_made_after_the_snapshot() {
     std::fs::write(&snapshot, &b).unwrap();
     let mut a = Akerd::start(&config, port).unwrap();
     let mut c = a.client();
-    assert_eq!(stat(&c.stats().unwrap(), "cache_snapshot_restored_entries"), Some(0.0));
+    assert_eq!(
+        stat(&c.stats().unwrap(), "cache_snapshot_restored_entries"),
+        Some(0.0)
+    );
     assert!(c.search(10, &queries[1]).is_ok());
     drop(c);
     let _ = a.child.kill();
     let _ = a.child.wait();
     let err = stderr_of(&mut a);
-    assert!(err.contains("cache snapshot refused") && err.contains("checksum"), "{err}");
+    assert!(
+        err.contains("cache snapshot refused") && err.contains("checksum"),
+        "{err}"
+    );
 }
