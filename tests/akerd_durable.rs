@@ -2,6 +2,8 @@
 //! with SIGKILL mid-write: every acknowledged insert is there after the restart, every
 //! acknowledged delete is gone and never served, and the store's row count matches the
 //! acknowledged writes up to those in flight at the kill. Corrupt files are detected.
+//! With `index = "hnsw"` a restart loads the checkpoint's graph (`store_graph_loaded`)
+//! and answers as before; a corrupt graph is caught and rebuilt from the rows.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
