@@ -453,4 +453,13 @@ fn an_hnsw_store_restarted_loads_its_graph_and_answers_the_same() {
         "answers before and after a rebuild: {o:.3} in common"
     );
     assert_eq!(start_and_answer(&config, port, 1.0), rebuilt);
+    // Another m in the config: the saved graph does not fit, it is rebuilt (and saved).
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("hnsw_ef_search = 400", "hnsw_ef_search = 400\nhnsw_m = 8"),
+    )
+    .unwrap();
+    let other_m = start_and_answer(&config, port, 0.0);
+    assert_eq!(start_and_answer(&config, port, 1.0), other_m);
 }
