@@ -2,6 +2,8 @@
 //! with SIGKILL mid-write: every acknowledged insert is there after the restart, every
 //! acknowledged delete is gone and never served, and the store's row count matches the
 //! acknowledged writes up to those in flight at the kill. Corrupt files are detected.
+//! With `index = "hnsw"` a restart loads the checkpoint's graph (`store_graph_loaded`)
+//! and answers as before; a corrupt graph is caught and rebuilt from the rows.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
@@ -37,13 +39,14 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 /// A config for a child akerd: exact store over a small synthetic set, durable in
-/// `dir/data`, checkpoints every 4 KiB of log (~60 writes: kills land in checkpoints too),
-/// the admin endpoint on `port + 1` for `POST /snapshot` when asked.
+/// `dir/data`, checkpoints every 4 KiB of log (~60 writes: kills land in checkpoints too).
 fn write_config(dir: &Path, port: u16) -> PathBuf {
-    write_config_with(dir, port, None)
+    write_config_with(dir, port, "exact", None)
 }
 
-fn write_config_with(dir: &Path, port: u16, admin: Option<u16>) -> PathBuf {
+/// `write_config` with `index` ("exact" or "hnsw"; a wide HNSW search, near exact on
+/// 2,000 rows) and the admin endpoint on `admin` (off when `None`).
+fn write_config_with(dir: &Path, port: u16, index: &str, admin: Option<u16>) -> PathBuf {
     let admin = match admin {
         Some(a) => format!("enabled = true\nlisten = \"127.0.0.1:{a}\""),
         None => "enabled = false".into(),
@@ -62,7 +65,8 @@ recall_floor = 0.0
 rebalance_ms = 0
 centroids = 8
 [backend]
-index = "exact"
+index = "{index}"
+hnsw_ef_search = 400
 data = {{ kind = "synthetic", n = {ROWS}, dim = {DIM}, clusters = 8, seed = 3 }}
 data_dir = "data"
 checkpoint_log_bytes = 4096
@@ -317,7 +321,7 @@ fn check(a: &Akerd, acked: &mut Acked, round: u64) {
 fn acknowledged_writes_survive_sigkill_at_random_points() {
     let dir = scratch("crash");
     let (port, admin_port) = (free_port(), free_port());
-    let config = write_config_with(&dir, port, Some(admin_port));
+    let config = write_config_with(&dir, port, "exact", Some(admin_port));
     let admin: SocketAddr = ([127, 0, 0, 1], admin_port).into();
     let acked = Arc::new(Mutex::new(Acked::default()));
     let mut rng = StdRng::seed_from_u64(99);
@@ -454,7 +458,7 @@ fn stderr_of(a: &mut Akerd) -> String {
 fn a_restart_is_warm_and_never_serves_a_delete_made_after_the_snapshot() {
     let dir = scratch("warm");
     let (port, admin_port) = (free_port(), free_port());
-    let config = write_config_with(&dir, port, Some(admin_port));
+    let config = write_config_with(&dir, port, "exact", Some(admin_port));
     let admin: SocketAddr = ([127, 0, 0, 1], admin_port).into();
     let snapshot = dir.join("data/cache.snapshot");
     let mut rng = StdRng::seed_from_u64(5);
@@ -534,4 +538,123 @@ fn a_restart_is_warm_and_never_serves_a_delete_made_after_the_snapshot() {
         err.contains("cache snapshot refused") && err.contains("checksum"),
         "{err}"
     );
+}
+
+/// The store's 10 nearest ids to a fixed set of queries, asked past the cache.
+fn answers(c: &mut Client) -> Vec<Vec<u64>> {
+    let mut rng = StdRng::seed_from_u64(5);
+    (0..40)
+        .map(|_| {
+            let r = c
+                .search_with(SearchRequest {
+                    k: 10,
+                    vector: vector(&mut rng),
+                    bypass_cache: true,
+                    ..Default::default()
+                })
+                .unwrap();
+            r.neighbors.iter().map(|n| n.id).collect()
+        })
+        .collect()
+}
+
+fn graph_loaded(c: &mut Client) -> f64 {
+    stat(&c.stats().unwrap(), "store_graph_loaded").expect("store_graph_loaded")
+}
+
+fn graph_files(data: &Path, name: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(data)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .map(|p| p.join(name))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Of `a`'s ids, the share `b` has too, query by query.
+fn overlap(a: &[Vec<u64>], b: &[Vec<u64>]) -> f64 {
+    let same: usize = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| x.iter().filter(|id| y.contains(id)).count())
+        .sum();
+    same as f64 / a.iter().map(Vec::len).sum::<usize>() as f64
+}
+
+/// Starts akerd, checks whether it loaded its graph, and returns its answers.
+fn start_and_answer(config: &Path, port: u16, loaded: f64) -> Vec<Vec<u64>> {
+    let a = Akerd::start(config, port).unwrap();
+    let mut c = a.client();
+    assert_eq!(graph_loaded(&mut c), loaded, "store_graph_loaded");
+    let got = answers(&mut c);
+    a.kill();
+    got
+}
+
+#[test]
+fn an_hnsw_store_restarted_loads_its_graph_and_answers_the_same() {
+    let dir = scratch("hnsw");
+    let port = free_port();
+    let config = write_config_with(&dir, port, "hnsw", None);
+    // First start: imported, built, its graph saved at once; writes (and checkpoints
+    // with their graphs) after.
+    let a = Akerd::start(&config, port).unwrap();
+    let mut c = a.client();
+    assert_eq!(graph_loaded(&mut c), 0.0);
+    let mut rng = StdRng::seed_from_u64(8);
+    for i in 0..300u64 {
+        c.insert(500_000 + i, &vector(&mut rng)).unwrap();
+        if i % 3 == 0 {
+            c.delete(i * 5).unwrap();
+        }
+        if i % 7 == 0 {
+            c.insert(i * 5 + 1, &vector(&mut rng)).unwrap();
+        }
+    }
+    let before = answers(&mut c);
+    let rows = stat(&c.stats().unwrap(), "store_rows").unwrap();
+    assert!(stat(&c.stats().unwrap(), "store_checkpoints").unwrap() >= 1.0);
+    a.kill();
+    // Second start: the newest checkpoint's graph loaded and the log after it inserted
+    // (those points get other layers than the first time: answers may differ a little).
+    let a = Akerd::start(&config, port).unwrap();
+    let mut c = a.client();
+    assert_eq!(graph_loaded(&mut c), 1.0);
+    assert_eq!(stat(&c.stats().unwrap(), "store_rows").unwrap(), rows);
+    let loaded = answers(&mut c);
+    a.kill();
+    let o = overlap(&before, &loaded);
+    assert!(
+        o >= 0.9,
+        "answers before and after the restart: {o:.3} in common"
+    );
+    // Third start: the graph the second one saved (it replayed the log), no log after
+    // it: exactly the same answers.
+    assert_eq!(start_and_answer(&config, port, 1.0), loaded);
+    // Every saved graph flipped: caught by its checksum, the store rebuilt from the
+    // rows; that start saves its graph, and the next one loads it, answering the same.
+    for p in graph_files(&dir.join("data"), "graph.hnsw.graph") {
+        let mut b = std::fs::read(&p).unwrap();
+        let at = b.len() / 2;
+        b[at] ^= 0x40;
+        std::fs::write(&p, &b).unwrap();
+    }
+    let rebuilt = start_and_answer(&config, port, 0.0);
+    let o = overlap(&before, &rebuilt);
+    assert!(
+        o >= 0.9,
+        "answers before and after a rebuild: {o:.3} in common"
+    );
+    assert_eq!(start_and_answer(&config, port, 1.0), rebuilt);
+    // Another m in the config: the saved graph does not fit, it is rebuilt (and saved).
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("hnsw_ef_search = 400", "hnsw_ef_search = 400\nhnsw_m = 8"),
+    )
+    .unwrap();
+    let other_m = start_and_answer(&config, port, 0.0);
+    assert_eq!(start_and_answer(&config, port, 1.0), other_m);
 }

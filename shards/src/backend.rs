@@ -52,6 +52,10 @@ pub trait Backend: Send {
         self.len() == 0
     }
     fn name(&self) -> &'static str;
+    /// The HNSW store behind this backend, if it is one (a checkpoint saves its graph).
+    fn as_hnsw(&self) -> Option<&crate::store::HnswStore> {
+        None
+    }
 }
 
 /// Sorts candidates ascending by (distance, id): the one order every component uses,

@@ -79,52 +79,89 @@ pub fn list(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
 pub fn write(dir: &Path, c: &Checkpoint) -> io::Result<PathBuf> {
     let archive = rkyv::to_bytes::<rancor::Error>(c).map_err(io::Error::other)?;
     let tmp = dir.join("checkpoint.tmp");
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(MAGIC)?;
-        f.write_all(&FORMAT.to_le_bytes())?;
-        f.write_all(&(archive.len() as u64).to_le_bytes())?;
-        f.write_all(&xxh3_64(&archive).to_le_bytes())?;
-        f.write_all(&archive)?;
-        f.sync_all()?;
-    }
+    write_framed(&tmp, MAGIC, FORMAT, &archive)?;
     let to = path(dir, c.seq);
     std::fs::rename(&tmp, &to)?;
     sync_dir(dir)?;
     Ok(to)
 }
 
+/// Writes `magic | format | length | xxh3_64 | archive` to `p` and syncs it (the
+/// caller renames it into place). The graph's manifest uses it too.
+pub(crate) fn write_framed(
+    p: &Path,
+    magic: &[u8; 8],
+    format: u32,
+    archive: &[u8],
+) -> io::Result<()> {
+    let mut f = File::create(p)?;
+    f.write_all(magic)?;
+    f.write_all(&format.to_le_bytes())?;
+    f.write_all(&(archive.len() as u64).to_le_bytes())?;
+    f.write_all(&xxh3_64(archive).to_le_bytes())?;
+    f.write_all(archive)?;
+    f.sync_all()
+}
+
 /// Reads and validates a checkpoint (header, checksum, then rkyv's structural check).
 pub fn read(p: &Path) -> Result<Checkpoint, CheckpointError> {
+    let archive = read_framed(p, MAGIC, FORMAT)?;
+    let c = rkyv::from_bytes::<Checkpoint, rancor::Error>(&archive)
+        .map_err(|e| format_err(p, format!("archive: {e}")))?;
+    if c.vectors.len() != c.ids.len() * c.dim as usize {
+        return Err(format_err(
+            p,
+            format!(
+                "{} ids but {} floats at dimension {}",
+                c.ids.len(),
+                c.vectors.len(),
+                c.dim
+            ),
+        ));
+    }
+    Ok(c)
+}
+
+fn format_err(p: &Path, why: String) -> CheckpointError {
+    CheckpointError::Format {
+        path: p.to_path_buf(),
+        why,
+    }
+}
+
+/// Reads what [`write_framed`] wrote: checks the magic, the format, the length and the
+/// checksum, and returns the archive (aligned for rkyv), not yet validated by rkyv.
+pub(crate) fn read_framed(
+    p: &Path,
+    magic: &[u8; 8],
+    want_format: u32,
+) -> Result<AlignedVec<16>, CheckpointError> {
     let io_err = |source| CheckpointError::Io {
         path: p.to_path_buf(),
         source,
     };
-    let format_err = |why: String| CheckpointError::Format {
-        path: p.to_path_buf(),
-        why,
-    };
     let mut f = File::open(p).map_err(io_err)?;
     let mut header = [0u8; HEADER_BYTES];
     f.read_exact(&mut header)
-        .map_err(|_| format_err("shorter than its header".into()))?;
-    if &header[..8] != MAGIC {
-        return Err(format_err("bad magic".into()));
+        .map_err(|_| format_err(p, "shorter than its header".into()))?;
+    if &header[..8] != magic {
+        return Err(format_err(p, "bad magic".into()));
     }
     let format = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes"));
-    if format != FORMAT {
-        return Err(format_err(format!(
-            "format {format}, this build reads {FORMAT}"
-        )));
+    if format != want_format {
+        return Err(format_err(
+            p,
+            format!("format {format}, this build reads {want_format}"),
+        ));
     }
     let len = u64::from_le_bytes(header[12..20].try_into().expect("8 bytes")) as usize;
     let stored = u64::from_le_bytes(header[20..28].try_into().expect("8 bytes"));
     let size = f.metadata().map_err(io_err)?.len() as usize;
     if size != HEADER_BYTES + len {
-        return Err(format_err(format!(
-            "{size} bytes, the header says {}",
-            HEADER_BYTES + len
-        )));
+        return Err(format_err(
+            p,
+            format!("{size} bytes, the header says {}", HEADER_BYTES + len),
+        ));
     }
     let mut archive = AlignedVec::<16>::with_capacity(len);
     archive.resize(len, 0);
@@ -137,17 +174,7 @@ pub fn read(p: &Path) -> Result<Checkpoint, CheckpointError> {
             computed,
         });
     }
-    let c = rkyv::from_bytes::<Checkpoint, rancor::Error>(&archive)
-        .map_err(|e| format_err(format!("archive: {e}")))?;
-    if c.vectors.len() != c.ids.len() * c.dim as usize {
-        return Err(format_err(format!(
-            "{} ids but {} floats at dimension {}",
-            c.ids.len(),
-            c.vectors.len(),
-            c.dim
-        )));
-    }
-    Ok(c)
+    Ok(archive)
 }
 
 #[cfg(test)]

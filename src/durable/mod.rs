@@ -6,20 +6,27 @@
 //!  data_dir/
 //!    checkpoint-<seq>.ckpt   every live row up to log seq <seq> (newest kept, one older)
 //!    wal-<first seq>.log     records after the checkpoint, in the store's apply order
+//!    hnsw-<seq>/             index = "hnsw": the graph of checkpoint <seq> ([`graph`])
 //!
 //!  start:  newest checkpoint that reads and validates (an older one if not)
 //!          + every log record after its seq, segment by segment
 //!          (a torn or corrupt tail of the last segment is cut off: it was never
 //!           acknowledged; anything else that does not read refuses the start)
 //!          first start, empty directory: the configured data imported as checkpoint 0
+//!          index = "hnsw": the checkpoint's graph loaded if it verifies and its params
+//!          match, the log records after it applied to it; else built from the rows,
+//!          and a checkpoint with its graph written at once (the next start loads it)
 //!  write:  store write lock { seq = log.append; store apply; queue to owners }
 //!          log.wait_durable(seq) (group commit, outside the lock) ─► acknowledged
 //!  checkpoint (log segment past backend.checkpoint_log_bytes):
-//!          store read lock { log.rotate; export rows }  (writes wait; searches do not)
-//!          then, on its own thread: write + sync + rename; older files removed
+//!          store read lock { log.rotate; export rows; dump the graph to hnsw-<seq>.tmp }
+//!          (writes wait; searches do not)
+//!          then, on its own thread: graph's checksums + manifest, synced, renamed;
+//!          checkpoint written + synced + renamed; older files removed
 //! ```
 
 pub mod checkpoint;
+pub mod graph;
 pub mod snapshot;
 pub mod wal;
 
@@ -78,6 +85,9 @@ pub struct Recovered {
     pub vectors: Vec<f32>,
     pub next_seq: u64,
     pub report: RecoveryReport,
+    /// The log records after the checkpoint, in order: a loaded graph (the checkpoint's
+    /// state) applies them.
+    pub log_tail: Vec<Op>,
 }
 
 /// Rows by id, keeping first-seen order (a replaced vector keeps its place).
@@ -85,6 +95,8 @@ struct Rows {
     dim: usize,
     order: Vec<u64>,
     data: HashMap<u64, Vec<f32>>,
+    /// The log records applied over the checkpoint, in order.
+    tail: Vec<Op>,
 }
 
 impl Rows {
@@ -99,6 +111,12 @@ impl Rows {
                 self.data.remove(&id);
             }
         }
+    }
+
+    /// A log record after the checkpoint: applied, and kept for a loaded graph.
+    fn replayed(&mut self, op: Op) {
+        self.apply(op.clone());
+        self.tail.push(op);
     }
 
     fn into_recovered(self, next_seq: u64, report: RecoveryReport) -> Recovered {
@@ -117,6 +135,7 @@ impl Rows {
             vectors,
             next_seq,
             report: RecoveryReport { rows: 0, ..report },
+            log_tail: self.tail,
         }
         .counted()
     }
@@ -145,6 +164,8 @@ pub fn recover(
     std::fs::create_dir_all(dir).map_err(io_err)?;
     let _ = std::fs::remove_file(dir.join("checkpoint.tmp"));
     let checkpoints = checkpoint::list(dir).map_err(io_err)?;
+    let kept: Vec<u64> = checkpoints.iter().map(|c| c.0).collect();
+    graph::remove_unkept(dir, &kept).map_err(io_err)?;
     let segments = wal::segments(dir).map_err(io_err)?;
     let mut report = RecoveryReport::default();
     if checkpoints.is_empty() && segments.is_empty() {
@@ -168,6 +189,7 @@ pub fn recover(
             vectors: c.vectors,
             next_seq: 1,
             report,
+            log_tail: Vec::new(),
         }
         .counted());
     }
@@ -200,6 +222,7 @@ pub fn recover(
         dim: d,
         order: Vec::with_capacity(base.ids.len()),
         data: HashMap::with_capacity(base.ids.len()),
+        tail: Vec::new(),
     };
     for (id, v) in base.ids.iter().zip(base.vectors.chunks_exact(d.max(1))) {
         rows.apply(Op::Insert {
@@ -321,7 +344,7 @@ fn replay(
                     return Err(bad(format!("record {} is {}-d", r.seq, vector.len())));
                 }
             }
-            rows.apply(r.op);
+            rows.replayed(r.op);
             last = r.seq;
             report.records_replayed += 1;
         }
@@ -358,6 +381,8 @@ pub struct Durable {
     checkpoint_log_bytes: u64,
     checkpointing: Arc<AtomicBool>,
     pub checkpoints_written: Arc<AtomicU64>,
+    /// The store's HNSW graph was loaded from the checkpoint at start (not built).
+    pub graph_loaded: AtomicBool,
     /// Writers take it before the store's write lock; a checkpoint holds it while it
     /// rotates and exports under the read lock, so no writer waits on the store's lock
     /// then (a waiting writer would hold every new search behind it).
@@ -382,6 +407,7 @@ impl Durable {
             checkpoint_log_bytes,
             checkpointing: Arc::new(AtomicBool::new(false)),
             checkpoints_written: Arc::new(AtomicU64::new(0)),
+            graph_loaded: AtomicBool::new(false),
             gate: std::sync::Mutex::new(()),
             thread: std::sync::Mutex::new(None),
             _lock: lock,
@@ -416,15 +442,21 @@ impl Durable {
     }
 
     /// Writes the claimed checkpoint of `rows` (exported right after `wal.rotate()`
-    /// returned `seq`) on its own thread.
-    pub fn checkpoint(&self, seq: u64, dim: usize, rows: Vec<(u64, Arc<[f32]>)>) -> bool {
+    /// returned `seq`, with the graph dumped then, if any) on its own thread.
+    pub fn checkpoint(
+        &self,
+        seq: u64,
+        dim: usize,
+        rows: Vec<(u64, Arc<[f32]>)>,
+        graph: Option<graph::Dumped>,
+    ) -> bool {
         debug_assert!(self.checkpointing(), "claimed with begin_checkpoint");
         let (dir, metric) = (self.dir.clone(), self.metric);
         let (flag, written) = (self.checkpointing.clone(), self.checkpoints_written.clone());
         let spawned = std::thread::Builder::new()
             .name("aker-checkpoint".into())
             .spawn(move || {
-                match write_checkpoint(&dir, seq, dim, metric, rows) {
+                match write_checkpoint(&dir, seq, dim, metric, rows, graph) {
                     Ok(()) => {
                         written.fetch_add(1, Ordering::Relaxed);
                     }
@@ -451,22 +483,55 @@ impl Durable {
         }
     }
 
+    /// Dumps `store`'s graph for the checkpoint at `seq` when it is an HNSW store; call
+    /// it with writers excluded. A failed dump is logged: the checkpoint goes without.
+    pub fn dump_graph(&self, seq: u64, store: &dyn shards::Backend) -> Option<graph::Dumped> {
+        // An empty store has no graph to dump, and builds at once.
+        let hnsw = store.as_hnsw().filter(|_| !store.is_empty())?;
+        let t = Instant::now();
+        match graph::dump(&self.dir, seq, hnsw) {
+            Ok(d) => {
+                tracing::info!(
+                    seq,
+                    secs = t.elapsed().as_secs_f64(),
+                    "graph dumped for a checkpoint"
+                );
+                Some(d)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, seq, "graph not dumped (the checkpoint goes without it)");
+                None
+            }
+        }
+    }
+
     /// Whether a checkpoint is being written.
     pub fn checkpointing(&self) -> bool {
         self.checkpointing.load(Ordering::Acquire)
     }
 }
 
-/// Writes the checkpoint at `seq`, then removes what it makes redundant: segments all
-/// of whose records it holds, and checkpoints older than the previous one.
+/// Writes the checkpoint at `seq` (its graph first, when dumped: see [`graph`]), then
+/// removes what it makes redundant: segments all of whose records it holds, and
+/// checkpoints older than the previous one, with their graphs. A graph that fails to
+/// commit is logged and left out: the rows are what recovery needs.
 pub fn write_checkpoint(
     dir: &Path,
     seq: u64,
     dim: usize,
     metric: Metric,
     rows: Vec<(u64, Arc<[f32]>)>,
+    graph: Option<graph::Dumped>,
 ) -> io::Result<()> {
     let t = Instant::now();
+    let with_graph = match graph.map(|g| graph::commit(dir, g)) {
+        Some(Ok(_)) => true,
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, seq, "checkpoint's graph not saved (the next start rebuilds it)");
+            false
+        }
+        None => false,
+    };
     let mut ids = Vec::with_capacity(rows.len());
     let mut vectors = Vec::with_capacity(rows.len() * dim);
     for (id, v) in rows {
@@ -490,6 +555,8 @@ pub fn write_checkpoint(
     for (_, p) in kept.iter().skip(2) {
         std::fs::remove_file(p)?;
     }
+    let seqs: Vec<u64> = kept.iter().take(2).map(|c| c.0).collect();
+    graph::remove_unkept(dir, &seqs)?;
     let older = kept.get(1).map_or(0, |c| c.0);
     let segs = wal::segments(dir)?;
     for w in segs.windows(2) {
@@ -501,6 +568,7 @@ pub fn write_checkpoint(
     tracing::info!(
         seq,
         rows = n,
+        graph = with_graph,
         secs = t.elapsed().as_secs_f64(),
         "checkpoint written"
     );
@@ -561,7 +629,7 @@ mod tests {
             (1, Arc::from(&[1.0f32, 1.0][..])),
             (2, Arc::from(&[2.0f32, 2.0][..])),
         ];
-        write_checkpoint(&d, seq, 2, Metric::L2Sq, rows).unwrap();
+        write_checkpoint(&d, seq, 2, Metric::L2Sq, rows, None).unwrap();
         let s = dur.wal.append(&Op::Delete { id: 2 }).unwrap();
         dur.wal.wait_durable(s).unwrap();
         drop(dur);

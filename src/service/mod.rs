@@ -48,6 +48,7 @@ mod handler;
 mod owner;
 pub mod pgvector;
 mod recall;
+mod recovered;
 mod snapshot;
 mod warm;
 
@@ -290,7 +291,7 @@ impl Daemon {
         );
         // Before the checkpoint below: it may remove log segments the snapshot needs.
         let warm = Daemon::warm_start(cfg, dir, rep.imported, r.dim, r.next_seq - 1)?;
-        let store = build_store(cfg, r.dim, &r.ids, &r.vectors)?;
+        let (store, loaded) = recovered::recovered_store(cfg, dir, &r)?;
         let durable = crate::durable::Durable::open(
             dir,
             lock,
@@ -298,12 +299,9 @@ impl Daemon {
             metric,
             cfg.backend.checkpoint_log_bytes,
         )?;
-        if rep.records_replayed > 0 {
-            // The replayed log becomes a checkpoint now: the next start reads one file.
-            let seq = durable.wal.rotate()?;
-            let rows = store.export().unwrap_or_default();
-            crate::durable::write_checkpoint(dir, seq, r.dim, metric, rows)?;
-        }
+        // The replayed log becomes a checkpoint now (the next start reads one file), and
+        // a graph just built is saved (the next start loads it).
+        recovered::checkpoint_at_start(dir, &durable, &store, &r, loaded)?;
         let sample = if r.ids.is_empty() {
             data::random_routing_sample(r.dim, cfg.sharding.centroids, cfg.sharding.seed)
         } else {

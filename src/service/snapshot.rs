@@ -376,6 +376,12 @@ impl Shared {
             "Checkpoints written since start.",
             d.checkpoints_written.load(Ordering::Relaxed),
         );
+        s.gauge(
+            "store_graph_loaded",
+            "1: the HNSW graph was loaded from the checkpoint at start; 0: built from the rows \
+             (or an exact store).",
+            f64::from(u8::from(d.graph_loaded.load(Ordering::Relaxed))),
+        );
         let Some(w) = &self.snapshots else { return };
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         s.counter(

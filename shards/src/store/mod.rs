@@ -5,4 +5,4 @@ mod exact;
 mod hnsw;
 
 pub use exact::ExactStore;
-pub use hnsw::HnswStore;
+pub use hnsw::{HnswParams, HnswSaved, HnswStore};

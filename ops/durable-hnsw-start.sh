@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Start-up of a durable akerd with index = "hnsw" on GloVe (400,000 x 50, release build):
+# the first start imports the .npy into data_dir, builds the graph and saves it beside
+# checkpoint 0; the second loads that graph. Seconds from launch to "akerd: ready" for
+# each, and the log lines saying what each did (built / loaded, the graph's dump time,
+# which is also what a runtime checkpoint holds writers up for).
+#   bash ops/durable-hnsw-start.sh [OUT]     outputs in OUT (bench/results/durable/hnsw-start)
+#   DATA=dir                                 the data_dir (target/hnsw-start-data: ~0.4 GB)
+set -euo pipefail
+out=${1:-bench/results/durable/hnsw-start}
+data=${DATA:-target/hnsw-start-data}
+port=${PORT:-7443}
+[ -f data/glove-6b-50d.npy ] || bash ops/get-glove.sh
+cargo build --release --bin akerd -q
+mkdir -p "$out"
+rm -rf "$data"
+pid=
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null || true' EXIT
+for start in first second; do
+  cat > "$out/$start.toml" <<TOML
+[server]
+listen = "127.0.0.1:$port"
+executors = 1
+[cache]
+recall_floor = 0.0
+[backend]
+index = "hnsw"
+data = { kind = "file", path = "$PWD/data/glove-6b-50d.npy" }
+data_dir = "$PWD/$data"
+[admin]
+enabled = false
+TOML
+  t0=$(date +%s.%N)
+  ./target/release/akerd --config "$out/$start.toml" > "$out/$start.log" 2>&1 &
+  pid=$!
+  # A build of GloVe's graph takes minutes: wait up to 15.
+  for _ in $(seq 1 9000); do
+    grep -q "akerd: ready" "$out/$start.log" && break
+    kill -0 "$pid" 2>/dev/null || { tail "$out/$start.log" >&2; exit 1; }
+    sleep 0.1
+  done
+  grep -q "akerd: ready" "$out/$start.log" || { echo "not ready in 15 min" >&2; exit 1; }
+  python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" \
+    "$t0" "$(date +%s.%N)" > "$out/$start.seconds"
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+  pid=
+done
+du -sb "$data" | cut -f1 > "$out/data.bytes"
+for start in first second; do
+  echo "$start start: $(cat "$out/$start.seconds") s to ready"
+  grep -E "recovered|built|loaded|dumped|saved|checkpoint written" "$out/$start.log" | sed 's/^/  /'
+done
+echo "data_dir: $(cat "$out/data.bytes") bytes"
