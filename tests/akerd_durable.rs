@@ -89,6 +89,8 @@ impl Akerd {
         let child = Command::new(env!("CARGO_BIN_EXE_akerd"))
             .arg("--config")
             .arg(config)
+            // Snapshots pause 30 ms before their rename: kills land inside them often.
+            .env("AKER_TEST_SNAPSHOT_HOLD_MS", "30")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -232,24 +234,18 @@ fn post_snapshot(admin: SocketAddr) -> bool {
     reply.starts_with("HTTP/1.1 200")
 }
 
-/// Searches the writers' vectors through the cache until `stop` (so the snapshots hold
-/// entries that list ids deleted later), and asks for snapshots back to back.
-fn searcher(
-    addr: SocketAddr,
-    admin: SocketAddr,
-    acked: Arc<Mutex<Acked>>,
-    stop: Arc<AtomicBool>,
-) -> u64 {
+/// Searches the writers' vectors through the cache until `stop`, so the snapshots hold
+/// entries that list ids deleted later.
+fn searcher(addr: SocketAddr, acked: Arc<Mutex<Acked>>, stop: Arc<AtomicBool>) {
     let Ok(mut c) = Client::connect(addr) else {
-        return 0;
+        return;
     };
     if c.hello().is_err() {
-        return 0;
+        return;
     }
-    let mut snapshots = 0;
     for i in 0..100_000usize {
         if stop.load(Ordering::Relaxed) {
-            break;
+            return;
         }
         let v = {
             let a = acked.lock().unwrap();
@@ -261,13 +257,25 @@ fn searcher(
         };
         let v = v.unwrap_or_else(|| vec![0.5; DIM]);
         if c.search(10, &v).is_err() {
-            break;
-        }
-        if i % 16 == 0 && post_snapshot(admin) {
-            snapshots += 1;
+            return;
         }
     }
-    snapshots
+}
+
+/// Asks for snapshots back to back until `stop` (or the server dies); how many were written.
+fn snapshotter(admin: SocketAddr, stop: Arc<AtomicBool>) -> u64 {
+    let mut written = 0;
+    for _ in 0..100_000 {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        if post_snapshot(admin) {
+            written += 1;
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    written
 }
 
 /// After a restart: the writes in flight at the kill are settled by what the store
@@ -343,7 +351,11 @@ fn acknowledged_writes_survive_sigkill_at_random_points() {
             .collect();
         let search = {
             let (acked, stop, addr) = (acked.clone(), stop.clone(), a.addr);
-            std::thread::spawn(move || searcher(addr, admin, acked, stop))
+            std::thread::spawn(move || searcher(addr, acked, stop))
+        };
+        let snap = {
+            let stop = stop.clone();
+            std::thread::spawn(move || snapshotter(admin, stop))
         };
         std::thread::sleep(Duration::from_millis(rng.gen_range(30..400)));
         if let Ok(mut c) = Client::connect(a.addr) {
@@ -357,7 +369,8 @@ fn acknowledged_writes_survive_sigkill_at_random_points() {
         for w in writers {
             w.join().unwrap();
         }
-        snapshots += search.join().unwrap();
+        search.join().unwrap();
+        snapshots += snap.join().unwrap();
         // The snapshot's temporary file left behind: the kill landed while one was written.
         mid_snapshot += usize::from(dir.join("data/cache.snapshot.tmp").exists());
         round += 1;

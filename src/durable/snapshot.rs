@@ -73,6 +73,11 @@ pub fn write_tmp(dir: &Path, s: &CacheSnapshot) -> io::Result<u64> {
     Ok((HEADER_BYTES + archive.len()) as u64)
 }
 
+/// Removes a temporary file a crash left behind (at start, before anything writes one).
+pub fn remove_tmp(dir: &Path) {
+    let _ = std::fs::remove_file(dir.join(TMP));
+}
+
 /// The written temporary file becomes the snapshot (atomically), or goes (`keep` false).
 pub fn install(dir: &Path, keep: bool) -> io::Result<()> {
     if keep {

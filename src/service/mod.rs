@@ -320,6 +320,7 @@ impl Daemon {
         last_seq: u64,
     ) -> Result<Warm, StartError> {
         use crate::durable::snapshot;
+        snapshot::remove_tmp(dir);
         let collection = snapshot::collection_id(dir, imported)?;
         let metric = cfg.cache.metric_or_default().to_string();
         let want = snapshot::Expect {

@@ -196,6 +196,7 @@ fn take_claimed(
     };
     let bytes = file::write_tmp(&st.dir, &snap).map_err(|e| e.to_string())?;
     drop(snap);
+    hold_for_tests();
     let _file = st.file_lock.lock().unwrap_or_else(|e| e.into_inner());
     let keep = st.flushes.load(Ordering::Acquire) == flushes;
     file::install(&st.dir, keep).map_err(|e| e.to_string())?;
@@ -209,6 +210,18 @@ fn take_claimed(
         bytes,
         seconds: t.elapsed().as_secs_f64(),
     })
+}
+
+/// `AKER_TEST_SNAPSHOT_HOLD_MS`: a pause between writing the temporary file and renaming
+/// it, so that a crash test's kills land inside snapshots often (a failpoint; unset in
+/// production, where it costs one environment lookup per snapshot).
+fn hold_for_tests() {
+    let ms = std::env::var("AKER_TEST_SNAPSHOT_HOLD_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(ms) = ms {
+        std::thread::sleep(Duration::from_millis(ms.min(10_000)));
+    }
 }
 
 /// Restores `warm` into freshly built shards before they serve: the router, the pool
