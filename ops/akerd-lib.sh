@@ -1,7 +1,7 @@
 # Sourced by ops/ benchmark scripts (from the repository root): one akerd at a time.
 #   akerd_start CONFIG LOG [CPUS]   start it (pinned to CPUS when given); returns once its
 #                                   log says ready, exits the script if it dies first or
-#                                   is not ready within 60 s
+#                                   is not ready within AKERD_READY_S (60) seconds
 #   akerd_stop                      stop it and wait for it
 # An akerd still running when the script exits is killed.
 akerd=
@@ -12,12 +12,13 @@ akerd_start() {
     ./target/release/akerd --config "$1" > "$2" 2>&1 &
   fi
   akerd=$!
-  for _ in $(seq 1 600); do
+  local ready_s=${AKERD_READY_S:-60}
+  for _ in $(seq 1 $((ready_s * 10))); do
     grep -q "akerd: ready" "$2" && return 0
     kill -0 "$akerd" 2>/dev/null || { tail "$2" >&2; exit 1; }
     sleep 0.1
   done
-  echo "akerd did not get ready in 60 s ($2)" >&2
+  echo "akerd did not get ready in $ready_s s ($2)" >&2
   exit 1
 }
 akerd_stop() {

@@ -7,6 +7,7 @@
 #   bash ops/durable-hnsw-start.sh [OUT]     outputs in OUT (bench/results/durable/hnsw-start)
 #   DATA=dir                                 the data_dir (target/hnsw-start-data: ~0.4 GB)
 set -euo pipefail
+cd "$(dirname "$0")/.."
 out=${1:-bench/results/durable/hnsw-start}
 data=${DATA:-target/hnsw-start-data}
 port=${PORT:-7443}
@@ -14,8 +15,9 @@ port=${PORT:-7443}
 cargo build --release --bin akerd -q
 mkdir -p "$out"
 rm -rf "$data"
-pid=
-trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null || true' EXIT
+. ops/akerd-lib.sh
+# A build of GloVe's graph takes minutes: wait up to 15.
+export AKERD_READY_S=900
 for start in first second; do
   cat > "$out/$start.toml" <<TOML
 [server]
@@ -31,20 +33,10 @@ data_dir = "$PWD/$data"
 enabled = false
 TOML
   t0=$(date +%s.%N)
-  ./target/release/akerd --config "$out/$start.toml" > "$out/$start.log" 2>&1 &
-  pid=$!
-  # A build of GloVe's graph takes minutes: wait up to 15.
-  for _ in $(seq 1 9000); do
-    grep -q "akerd: ready" "$out/$start.log" && break
-    kill -0 "$pid" 2>/dev/null || { tail "$out/$start.log" >&2; exit 1; }
-    sleep 0.1
-  done
-  grep -q "akerd: ready" "$out/$start.log" || { echo "not ready in 15 min" >&2; exit 1; }
+  akerd_start "$out/$start.toml" "$out/$start.log"
   python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" \
     "$t0" "$(date +%s.%N)" > "$out/$start.seconds"
-  kill "$pid"
-  wait "$pid" 2>/dev/null || true
-  pid=
+  akerd_stop
 done
 du -sb "$data" | cut -f1 > "$out/data.bytes"
 for start in first second; do

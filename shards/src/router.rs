@@ -34,6 +34,17 @@ const RETIRE_MARGIN: u64 = 8192;
 /// `previous` of a centroid that has not moved, or whose old shard is forgotten.
 const NO_SHARD: u32 = u32::MAX;
 
+/// The metric requests are routed by. On ip a request's answer depends only on its
+/// direction, and the largest dot product would send most requests to the longest
+/// centroids: route by angle, as the query filter ranks (`gap.rs`).
+fn routing_metric(metric: Metric) -> Metric {
+    if metric == Metric::InnerProduct {
+        Metric::Cosine
+    } else {
+        metric
+    }
+}
+
 /// A centroid re-assigned by [`Router::rebalance`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Move {
@@ -181,14 +192,7 @@ impl Router {
         }
         Ok(Router {
             dim,
-            // On ip a request's answer depends only on its direction, and the largest
-            // dot product would send most requests to the longest centroids: route by
-            // angle, as the query filter ranks (`gap.rs`).
-            metric: if metric == Metric::InnerProduct {
-                Metric::Cosine
-            } else {
-                metric
-            },
+            metric: routing_metric(metric),
             assignment: (0..c)
                 .map(|j| AtomicU32::new((j % shards) as u32))
                 .collect(),
@@ -243,11 +247,7 @@ impl Router {
         let atomic = |v: &[u32]| v.iter().map(|&x| AtomicU32::new(x)).collect();
         Ok(Router {
             dim,
-            metric: if metric == Metric::InnerProduct {
-                Metric::Cosine
-            } else {
-                metric
-            },
+            metric: routing_metric(metric),
             centroids: img.centroids.clone(),
             assignment: atomic(&img.assignment),
             load: (0..c).map(|_| Counter::default()).collect(),
