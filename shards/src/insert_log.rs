@@ -107,6 +107,23 @@ impl InsertLog {
         self.records.clear();
         self.by_id.clear();
     }
+
+    /// Every record held, oldest first (a warm-restart image).
+    pub fn records(&self) -> impl Iterator<Item = &LogRecord> {
+        self.records.iter()
+    }
+
+    /// Appends a record that was already tombstoned where it came from: it keeps its
+    /// place in the sequence but the slow path skips it.
+    pub fn append_tombstoned(&mut self, id: u64) -> u64 {
+        self.last_seq += 1;
+        self.records.push_back(LogRecord {
+            seq: self.last_seq,
+            id,
+            vector: None,
+        });
+        self.last_seq
+    }
 }
 
 /// Records of the delete log allocated at start (16 bytes each); a larger cap grows past

@@ -72,7 +72,7 @@ impl Cache {
 
     /// Entries whose cursor fell behind the cap (records or bytes) are invalidated; the
     /// head moves up.
-    fn enforce_log_cap(&mut self) {
+    pub(crate) fn enforce_log_cap(&mut self) {
         let cap = self.cfg.insert_log_records_max() as u64;
         if (self.log.len() as u64) <= cap {
             return;

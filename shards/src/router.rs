@@ -360,19 +360,20 @@ impl Router {
     /// it. Returns the moves; hand them to a [`Retirements`]. Control plane: call it from
     /// one place.
     pub fn rebalance(&self) -> Vec<Move> {
-        let loads: Vec<u64> = self
-            .load
+        let now: Vec<u64> = self.load.iter().map(Counter::get).collect();
+        let loads: Vec<u64> = now
             .iter()
             .zip(&self.load_seen)
-            .map(|(l, seen)| {
-                let now = l.get();
-                now - seen.swap(now, Ordering::Relaxed).min(now)
-            })
+            .map(|(&n, seen)| n - seen.load(Ordering::Relaxed).min(n))
             .collect();
         self.rebalances.fetch_add(1, Ordering::Relaxed);
-        // Too few requests to tell load from noise.
+        // Too few requests to tell load from noise: they count towards the next call
+        // (a slow stretch of traffic is measured over as many calls as it takes).
         if loads.iter().sum::<u64>() < MIN_REQUESTS_PER_CENTROID * loads.len() as u64 {
             return Vec::new();
+        }
+        for (seen, n) in self.load_seen.iter().zip(now) {
+            seen.store(n, Ordering::Relaxed);
         }
         let current: Vec<usize> = self
             .assignment

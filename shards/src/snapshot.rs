@@ -38,6 +38,16 @@ pub struct EntryImage {
     pub min_gap: f32,
     pub referenced: bool,
     pub aliases: Vec<u128>,
+    /// `LC`, in the shard's insert log as exported ([`ShardImage::log_head`]).
+    pub cursor: u64,
+}
+
+/// One insert-log record: the entries whose cursor is behind it have not scanned it yet.
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
+pub struct LogImage {
+    pub id: u64,
+    /// Empty once the id was deleted (the record is kept for its place).
+    pub vector: Vec<f32>,
 }
 
 /// One shard's cache.
@@ -45,6 +55,10 @@ pub struct EntryImage {
 pub struct ShardImage {
     /// Oldest admission first, so restoring in order keeps the FIFO's order.
     pub entries: Vec<EntryImage>,
+    /// Seq of `log[0]` in the shard's insert log as exported.
+    pub log_head: u64,
+    /// The insert log's records, oldest first: the work entries still owe the slow path.
+    pub log: Vec<LogImage>,
 }
 
 /// The router's state and the pool shares (`GlobalBudget`).
@@ -107,6 +121,7 @@ impl EntryImage {
             min_gap: r.min_gap,
             referenced: r.referenced.load(Ordering::Relaxed),
             aliases: r.aliases.iter().map(|a| a.0).collect(),
+            cursor: r.cursor,
         }
     }
 }
@@ -115,8 +130,18 @@ impl Cache {
     /// This shard's image (owner side: call it between messages).
     pub fn export_image(&self) -> ShardImage {
         let dim = self.cfg.dim;
+        let log = self
+            .log
+            .records()
+            .map(|r| LogImage {
+                id: r.id,
+                vector: r.vector.as_deref().map(<[f32]>::to_vec).unwrap_or_default(),
+            })
+            .collect();
         ShardImage {
             entries: self.reps.values().map(|r| EntryImage::of(r, dim)).collect(),
+            log_head: self.log.head_seq(),
+            log,
         }
     }
 
@@ -126,7 +151,11 @@ impl Cache {
     /// says the bytes are the ones written, not that this build reads them the same.
     pub fn restore_image(&mut self, image: ShardImage) -> RestoreReport {
         let mut out = RestoreReport::default();
-        for e in image.entries {
+        // The log first: restored cursors point into it (mapped from the exported seqs).
+        let base = self.restore_log(&image.log);
+        let map = |c: u64| (c + 1).saturating_sub(image.log_head) + base;
+        for mut e in image.entries {
+            e.cursor = map(e.cursor);
             let aliases = e.aliases.clone();
             let Some(entry) = self.validated(e) else {
                 out.refused += 1;
@@ -149,7 +178,24 @@ impl Cache {
                 out.aliases += usize::from(self.link_alias(QueryKey(a), id));
             }
         }
+        // A smaller cap than the one that took the image: entries behind it go.
+        self.enforce_log_cap();
+        self.trim_log();
+        self.publish_seqs();
         out
+    }
+
+    /// Appends an image's insert-log records in order; returns the seq before the first.
+    fn restore_log(&mut self, log: &[LogImage]) -> u64 {
+        let base = self.log.last_seq();
+        for r in log {
+            if r.vector.len() == self.cfg.dim && r.vector.iter().all(|x| x.is_finite()) {
+                self.log.append(r.id, Arc::from(&r.vector[..]));
+            } else {
+                self.log.append_tombstoned(r.id);
+            }
+        }
+        base
     }
 
     /// An image entry as one `install` takes, or `None` when it is not one this cache
@@ -206,7 +252,9 @@ impl Cache {
             answer,
             tau: e.tau,
             min_gap: e.min_gap,
-            cursor: self.log.last_seq(),
+            // Within the restored log: an entry behind its head (trimmed by an eviction
+            // during the restore) misses that stretch, as an admission would.
+            cursor: e.cursor.clamp(self.log.head_seq() - 1, self.log.last_seq()),
             referenced: e.referenced,
         })
     }
@@ -261,6 +309,50 @@ mod tests {
             assert!(matches!(x.kind, HitKind::Exact | HitKind::Alias));
         }
         assert!(a.aliases() > 0 && b.aliases() == a.aliases());
+    }
+
+    #[test]
+    fn the_slow_path_work_entries_owe_is_restored_with_them() {
+        let (mut a, store, queries) = setup();
+        for q in &queries {
+            a.search(&store, q, 5).unwrap();
+        }
+        // Vectors at cached queries, logged without the fast path: every entry owes the
+        // slow path a scan of them; one of them is deleted again (a tombstoned record).
+        for (i, q) in queries.iter().take(6).enumerate() {
+            a.insert_logged(9_000 + i as u64, Arc::from(&q[..]), false)
+                .unwrap();
+        }
+        a.delete(9_005);
+        let image = a.export_image();
+        assert_eq!(image.log.len(), 6);
+        assert!(
+            image.log[5].vector.is_empty(),
+            "the deleted id's record is kept empty"
+        );
+        let (mut b, _, _) = setup();
+        b.restore_image(image.clone());
+        b.check_invariants().unwrap();
+        assert_eq!(
+            b.export_image(),
+            image,
+            "entries, cursors and log as exported"
+        );
+        // Both scan the log to its end: the same lists, the inserted ids merged.
+        for c in [&mut a, &mut b] {
+            for _ in 0..10_000 {
+                if !c.slow_path_step() {
+                    break;
+                }
+            }
+        }
+        assert_eq!(a.export_image(), b.export_image());
+        let merged = b
+            .representatives()
+            .filter(|r| r.nrl.ids.contains(&9_000))
+            .count();
+        assert!(merged > 0, "the slow path merged a restored record");
+        assert!(b.representatives().all(|r| !r.nrl.ids.contains(&9_005)));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use super::wal::sync_dir;
 const MAGIC: &[u8; 8] = b"AKERCKP\0";
 /// The checkpoint format this build writes and reads.
 pub const FORMAT: u32 = 1;
-const HEADER_BYTES: usize = 8 + 4 + 8 + 8;
+pub(crate) const HEADER_BYTES: usize = 8 + 4 + 8 + 8;
 
 /// What a checkpoint holds.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, Clone, PartialEq)]
@@ -42,7 +42,7 @@ pub struct Checkpoint {
 pub enum CheckpointError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
-    #[error("{path}: not a checkpoint of this format ({why})")]
+    #[error("{path}: not a file of this format ({why})")]
     Format { path: PathBuf, why: String },
     #[error("{path}: checksum mismatch (stored {stored:016x}, computed {computed:016x}): the file is corrupt")]
     Checksum {
@@ -80,6 +80,7 @@ pub fn write(dir: &Path, c: &Checkpoint) -> io::Result<PathBuf> {
     let archive = rkyv::to_bytes::<rancor::Error>(c).map_err(io::Error::other)?;
     let tmp = dir.join("checkpoint.tmp");
     write_framed(&tmp, MAGIC, FORMAT, &archive)?;
+    super::failpoint_hold("AKER_TEST_CHECKPOINT_HOLD_MS");
     let to = path(dir, c.seq);
     std::fs::rename(&tmp, &to)?;
     sync_dir(dir)?;

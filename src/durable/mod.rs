@@ -42,6 +42,16 @@ use shards::Metric;
 use checkpoint::Checkpoint;
 use wal::{Op, Wal};
 
+/// A failpoint for crash tests: sleeps for the milliseconds the environment variable
+/// `var` names (at most 10 s), so that kills land inside the window it widens (between
+/// a file written and its rename). Unset in production, where it costs one lookup.
+pub(crate) fn failpoint_hold(var: &str) {
+    let ms = std::env::var(var).ok().and_then(|v| v.parse::<u64>().ok());
+    if let Some(ms) = ms {
+        std::thread::sleep(std::time::Duration::from_millis(ms.min(10_000)));
+    }
+}
+
 /// Why a durable store could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum RecoveryError {

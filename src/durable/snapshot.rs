@@ -13,20 +13,18 @@
 //! FLUSH removes it.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use rkyv::rancor;
-use rkyv::util::AlignedVec;
 use shards::snapshot::{RouterImage, ShardImage};
-use xxhash_rust::xxh3::xxh3_64;
 
+use super::checkpoint::{read_framed, write_framed, HEADER_BYTES};
 use super::wal::{self, sync_dir, Op};
 
 const MAGIC: &[u8; 8] = b"AKERSNP\0";
 /// The snapshot format this build writes and reads.
 pub const FORMAT: u32 = 1;
-const HEADER_BYTES: usize = 8 + 4 + 8 + 8;
 /// The snapshot's file name in the data directory.
 pub const FILE: &str = "cache.snapshot";
 const TMP: &str = "cache.snapshot.tmp";
@@ -43,6 +41,12 @@ pub struct CacheSnapshot {
     pub dim: u32,
     pub metric: String,
     pub shards: u32,
+    /// The hit policy with its parameters (`Debug` of the config): τ means what it
+    /// means only under the policy that set it.
+    pub policy: String,
+    pub store_vectors: bool,
+    /// The pool's capacity (`Debug` of `shards::Capacity`): shares are in its unit.
+    pub capacity: String,
     pub taken_unix_s: u64,
     pub router: RouterImage,
     pub images: Vec<ShardImage>,
@@ -53,6 +57,8 @@ pub struct CacheSnapshot {
 pub struct WarmStart {
     pub snapshot: CacheSnapshot,
     pub tail: Vec<Op>,
+    /// The last seq the tail reaches (recovery's last).
+    pub last_seq: u64,
 }
 
 /// `dir/cache.snapshot`.
@@ -63,13 +69,7 @@ pub fn path(dir: &Path) -> PathBuf {
 /// Writes `s` to the temporary file, synced; [`install`] renames it into place.
 pub fn write_tmp(dir: &Path, s: &CacheSnapshot) -> io::Result<u64> {
     let archive = rkyv::to_bytes::<rancor::Error>(s).map_err(io::Error::other)?;
-    let mut f = File::create(dir.join(TMP))?;
-    f.write_all(MAGIC)?;
-    f.write_all(&FORMAT.to_le_bytes())?;
-    f.write_all(&(archive.len() as u64).to_le_bytes())?;
-    f.write_all(&xxh3_64(&archive).to_le_bytes())?;
-    f.write_all(&archive)?;
-    f.sync_all()?;
+    write_framed(&dir.join(TMP), MAGIC, FORMAT, &archive)?;
     Ok((HEADER_BYTES + archive.len()) as u64)
 }
 
@@ -98,35 +98,7 @@ pub fn remove(dir: &Path) -> io::Result<()> {
 
 /// Reads and validates a snapshot: header, checksum, then rkyv's structural check.
 pub fn read(p: &Path) -> Result<CacheSnapshot, String> {
-    let mut f = File::open(p).map_err(|e| e.to_string())?;
-    let mut header = [0u8; HEADER_BYTES];
-    f.read_exact(&mut header)
-        .map_err(|_| "shorter than its header".to_string())?;
-    if &header[..8] != MAGIC {
-        return Err("bad magic: not a cache snapshot".into());
-    }
-    let format = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes"));
-    if format != FORMAT {
-        return Err(format!("format {format}, this build reads {FORMAT}"));
-    }
-    let len = u64::from_le_bytes(header[12..20].try_into().expect("8 bytes")) as usize;
-    let stored = u64::from_le_bytes(header[20..28].try_into().expect("8 bytes"));
-    let size = f.metadata().map_err(|e| e.to_string())?.len() as usize;
-    if size != HEADER_BYTES + len {
-        return Err(format!(
-            "{size} bytes, the header says {}",
-            HEADER_BYTES + len
-        ));
-    }
-    let mut archive = AlignedVec::<16>::with_capacity(len);
-    archive.resize(len, 0);
-    f.read_exact(&mut archive).map_err(|e| e.to_string())?;
-    let computed = xxh3_64(&archive);
-    if computed != stored {
-        return Err(format!(
-            "checksum mismatch (stored {stored:016x}, computed {computed:016x}): corrupt"
-        ));
-    }
+    let archive = read_framed(p, MAGIC, FORMAT).map_err(|e| e.to_string())?;
     rkyv::from_bytes::<CacheSnapshot, rancor::Error>(&archive).map_err(|e| format!("archive: {e}"))
 }
 
@@ -159,6 +131,8 @@ pub struct Expect<'a> {
     pub dim: usize,
     pub metric: &'a str,
     pub shards: usize,
+    pub policy: &'a str,
+    pub store_vectors: bool,
     /// The last seq recovery applied.
     pub last_seq: u64,
 }
@@ -186,6 +160,12 @@ pub fn load(dir: &Path, want: &Expect) -> Result<Option<WarmStart>, String> {
             s.shards, want.shards
         ));
     }
+    if s.policy != want.policy || s.store_vectors != want.store_vectors {
+        return Err(format!(
+            "taken with policy {} and store_vectors {}, this configuration has {} and {}",
+            s.policy, s.store_vectors, want.policy, want.store_vectors
+        ));
+    }
     if s.seq > want.last_seq {
         return Err(format!(
             "taken at log seq {}, but the log recovered ends at {}: writes it reflects are lost",
@@ -193,7 +173,11 @@ pub fn load(dir: &Path, want: &Expect) -> Result<Option<WarmStart>, String> {
         ));
     }
     let tail = records_after(dir, s.seq, want.last_seq)?;
-    Ok(Some(WarmStart { snapshot: s, tail }))
+    Ok(Some(WarmStart {
+        snapshot: s,
+        tail,
+        last_seq: want.last_seq,
+    }))
 }
 
 /// The log's records `after + 1 ..= last`, in order; `Err` unless the log holds every one.
@@ -251,6 +235,9 @@ mod tests {
             dim: 2,
             metric: "l2sq".into(),
             shards: 1,
+            policy: "P".into(),
+            store_vectors: false,
+            capacity: "C".into(),
             taken_unix_s: 0,
             router: RouterImage {
                 centroids: vec![0.0, 1.0],
@@ -268,6 +255,8 @@ mod tests {
             dim: 2,
             metric: "l2sq",
             shards: 1,
+            policy: "P",
+            store_vectors: false,
             last_seq,
         }
     }
@@ -299,6 +288,11 @@ mod tests {
             ..expect(id, 4)
         };
         assert!(load(&d, &three).unwrap_err().contains("shards"));
+        let other = Expect {
+            policy: "Q",
+            ..expect(id, 4)
+        };
+        assert!(load(&d, &other).unwrap_err().contains("policy"));
         // The log no longer reaches back to it.
         assert!(records_after(&d, 2, 9).unwrap_err().contains("ends at 4"));
         let seg = wal::segments(&d).unwrap()[0].1.clone();

@@ -328,15 +328,16 @@ impl AkerService {
     }
 
     async fn flush(&self) -> ServiceResult {
-        let snapshots = self.shared.snapshots.as_ref();
-        if let Some(st) = snapshots {
-            st.flush_begins();
-        }
-        let r = self.flush_shards().await;
-        if let Some(st) = snapshots {
-            st.flush_ends();
-        }
-        r
+        // The guard ends the FLUSH for the snapshots however this future ends.
+        let _flushing = match &self.shared.snapshots {
+            Some(st) => {
+                let (guard, removed) = st.flush_begins();
+                let _ = removed.recv_async().await;
+                Some(guard)
+            }
+            None => None,
+        };
+        self.flush_shards().await
     }
 
     async fn flush_shards(&self) -> ServiceResult {

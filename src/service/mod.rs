@@ -323,28 +323,34 @@ impl Daemon {
         snapshot::remove_tmp(dir);
         let collection = snapshot::collection_id(dir, imported)?;
         let metric = cfg.cache.metric_or_default().to_string();
+        let engine = cfg.cache.engine_config(dim).map_err(StartError::Config)?;
+        let policy = format!("{:?}", cfg.cache.policy);
         let want = snapshot::Expect {
             collection,
             dim,
             metric: &metric,
             shards: cfg.sharding.shard_count(cfg.server.executors),
+            policy: &policy,
+            store_vectors: engine.store_vectors,
             last_seq,
-        };
-        let start = match cfg.cache.snapshot_load {
-            false => None,
-            true => match snapshot::load(dir, &want) {
-                Ok(w) => w,
-                Err(why) => {
-                    tracing::warn!(%why, "cache snapshot refused; the cache starts cold");
-                    None
-                }
-            },
         };
         let state = warm::SnapshotState::new(
             dir.to_path_buf(),
             collection,
             cfg.cache.snapshot_on_shutdown,
+            &cfg.cache,
+            &engine,
         );
+        let start = match cfg.cache.snapshot_load {
+            false => None,
+            true => match snapshot::load(dir, &want) {
+                Ok(w) => w,
+                Err(why) => {
+                    state.discard(&why);
+                    None
+                }
+            },
+        };
         Ok(Warm {
             state: Arc::new(state),
             start,
@@ -427,9 +433,16 @@ impl Daemon {
             &sample.sample(cfg.sharding.sample_rows),
         )?;
         drop(sample);
+        let info = ServiceInfo {
+            dim: dim as u32,
+            metric: cfg.cache.metric_or_default(),
+            k_max: cache_cfg.k_max as u32,
+            executors: executors as u32,
+            shards: n_shards as u32,
+        };
         let snapshots = warm.map(|w| {
             if let Some(start) = w.start {
-                Daemon::restore(&mut set, start, dim, cfg, &w.state);
+                Daemon::restore(&mut set, start, &info, &w.state);
             }
             w.state
         });
@@ -484,13 +497,7 @@ impl Daemon {
             durable.clone(),
         )?;
         let shared = Arc::new(Shared {
-            info: ServiceInfo {
-                dim: dim as u32,
-                metric: cfg.cache.metric_or_default(),
-                k_max: cache_cfg.k_max as u32,
-                executors: executors as u32,
-                shards: n_shards as u32,
-            },
+            info,
             cache_cfg,
             router,
             budget,
@@ -588,13 +595,12 @@ impl Daemon {
     fn restore(
         set: &mut ShardSet,
         start: crate::durable::snapshot::WarmStart,
-        dim: usize,
-        cfg: &Config,
+        info: &ServiceInfo,
         state: &warm::SnapshotState,
     ) {
         let t = Instant::now();
         let (seq, replayed) = (start.snapshot.seq, start.tail.len());
-        match warm::restore(set, start, dim, cfg.cache.metric_or_default()) {
+        match warm::restore(set, start, state, info) {
             Ok(r) => {
                 state.restored.store(r.restored as u64, Ordering::Relaxed);
                 tracing::info!(
@@ -608,9 +614,7 @@ impl Daemon {
                     "cache snapshot restored"
                 );
             }
-            Err(why) => {
-                tracing::warn!(%why, "cache snapshot not restored; the cache starts cold")
-            }
+            Err(why) => state.discard(&why),
         }
     }
 
@@ -686,7 +690,7 @@ impl Daemon {
             .as_ref()
             .is_some_and(|s| s.on_shutdown);
         if on_shutdown && self.running.is_some() {
-            let _ = warm::take(&self.shared);
+            warm::take_at_shutdown(&self.shared);
         }
         let r = match self.running.take() {
             Some(r) => r.stop(),

@@ -8,9 +8,11 @@
 //!           }
 //!           wait until seq is durable; collect the images; write tmp + sync;
 //!           { file lock: no FLUSH began meanwhile ? rename : discard }
-//!  restore: router from its image, pool shares, every shard's entries (validated),
-//!           then the log's records after seq: deletes, inserts through the refresh path
-//!  FLUSH:   { file lock: flushes += 1 (odd: one runs); remove the snapshot } ... flushes += 1
+//!  restore: router from its image, pool shares, every shard's entries (validated) and
+//!           insert log, then the log's records after seq: deletes, inserts through the
+//!           refresh path; a snapshot of the result at once when there were any
+//!  FLUSH:   flushes += 1 (odd: one runs); { file lock: remove the snapshot, on a thread }
+//!           ... flushes += 1 (a guard: also when the FLUSH is cancelled)
 //! ```
 //! Why the gate: a write holds it from its log append until it is queued to every owner,
 //! so the images reflect exactly the writes up to `seq`. Why wait for `seq` to be durable:
@@ -29,7 +31,6 @@ use shards::owner::OwnerMsg;
 use shards::router::Router;
 use shards::sharded::ShardSet;
 use shards::snapshot::RestoreReport;
-use shards::Metric;
 
 use super::Shared;
 use crate::durable::snapshot::{self as file, CacheSnapshot, WarmStart};
@@ -38,11 +39,18 @@ use crate::durable::wal::Op;
 /// Longest wait for a shard's owner to hand its image over.
 const EXPORT_WAIT: Duration = Duration::from_secs(60);
 
+/// Longest wait at shutdown for a snapshot already being taken, before taking one.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(60);
+
 /// The snapshot's place and what coordinates it with FLUSH.
 pub(crate) struct SnapshotState {
     pub(crate) dir: PathBuf,
     pub(crate) collection: u64,
     pub(crate) on_shutdown: bool,
+    /// What the snapshot records of the configuration (`CacheSnapshot::policy` etc.).
+    pub(crate) policy: String,
+    pub(crate) store_vectors: bool,
+    pub(crate) capacity: String,
     /// Incremented when a FLUSH begins and when it ends: odd while one runs.
     flushes: AtomicU64,
     /// A snapshot holds it to install its file, a FLUSH to remove it.
@@ -77,11 +85,20 @@ impl SnapshotReport {
 }
 
 impl SnapshotState {
-    pub(crate) fn new(dir: PathBuf, collection: u64, on_shutdown: bool) -> SnapshotState {
+    pub(crate) fn new(
+        dir: PathBuf,
+        collection: u64,
+        on_shutdown: bool,
+        cache: &crate::config::CacheSection,
+        engine: &shards::CacheConfig,
+    ) -> SnapshotState {
         SnapshotState {
             dir,
             collection,
             on_shutdown,
+            policy: format!("{:?}", cache.policy),
+            store_vectors: engine.store_vectors,
+            capacity: format!("{:?}", engine.capacity),
             flushes: AtomicU64::new(0),
             file_lock: Mutex::new(()),
             running: AtomicBool::new(false),
@@ -93,19 +110,124 @@ impl SnapshotState {
         }
     }
 
-    /// A FLUSH begins: the snapshot on disk holds entries it drops, so it goes now,
-    /// and a snapshot being taken is discarded.
-    pub(crate) fn flush_begins(&self) {
-        let _file = self.file_lock.lock().unwrap_or_else(|e| e.into_inner());
+    /// A FLUSH begins: a snapshot being taken is discarded (it sees the count move), and
+    /// the one on disk, which holds entries the FLUSH drops, is removed on a thread (a
+    /// file removal and a directory sync must not stall an executor). Await the receiver
+    /// before flushing the shards; drop the guard when the FLUSH is over.
+    pub(crate) fn flush_begins(self: &Arc<Self>) -> (FlushGuard, flume::Receiver<()>) {
         self.flushes.fetch_add(1, Ordering::AcqRel);
+        let guard = FlushGuard(self.clone());
+        let (tx, rx) = flume::bounded(1);
+        let st = self.clone();
+        let remove = move || {
+            st.remove_file();
+            let _ = tx.send(());
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("aker-flush-snapshot".into())
+            .spawn(remove)
+        {
+            // Rare: then on this thread, which is still better than keeping the file.
+            tracing::warn!(error = %e, "FLUSH: no thread for the snapshot's removal");
+            self.remove_file();
+        }
+        (guard, rx)
+    }
+
+    fn remove_file(&self) {
+        let _file = self.file_lock.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = file::remove(&self.dir) {
-            tracing::error!(error = %e, "FLUSH: the cache snapshot could not be removed");
+            tracing::error!(error = %e, "the cache snapshot could not be removed");
         }
     }
 
-    pub(crate) fn flush_ends(&self) {
-        self.flushes.fetch_add(1, Ordering::AcqRel);
+    fn snapshot_of(
+        &self,
+        info: &crate::server::ServiceInfo,
+        seq: u64,
+        router: shards::snapshot::RouterImage,
+        images: Vec<shards::snapshot::ShardImage>,
+    ) -> CacheSnapshot {
+        CacheSnapshot {
+            format: file::FORMAT,
+            collection: self.collection,
+            seq,
+            dim: info.dim,
+            metric: info.metric.to_string(),
+            shards: images.len() as u32,
+            policy: self.policy.clone(),
+            store_vectors: self.store_vectors,
+            capacity: self.capacity.clone(),
+            taken_unix_s: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            router,
+            images,
+        }
     }
+
+    /// Writes `snap` atomically unless a FLUSH began since `flushes` was read.
+    fn write(&self, snap: &CacheSnapshot, flushes: u64) -> Result<u64, String> {
+        let bytes = file::write_tmp(&self.dir, snap).map_err(|e| e.to_string())?;
+        crate::durable::failpoint_hold("AKER_TEST_SNAPSHOT_HOLD_MS");
+        let _file = self.file_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let keep = self.flushes.load(Ordering::Acquire) == flushes;
+        file::install(&self.dir, keep).map_err(|e| e.to_string())?;
+        if !keep {
+            return Err("a FLUSH ran while it was taken: discarded".into());
+        }
+        Ok(bytes)
+    }
+
+    /// A refused or unusable snapshot goes, so that no later start, after the log has
+    /// moved on (a cut tail reuses seqs), can take it for one of its own history.
+    pub(crate) fn discard(&self, why: &str) {
+        tracing::warn!(%why, "cache snapshot refused and removed; the cache starts cold");
+        self.remove_file();
+    }
+
+    /// Counts a snapshot written (or not) and logs it.
+    fn record(&self, r: &Result<SnapshotReport, String>) {
+        match r {
+            Ok(rep) => {
+                self.written.fetch_add(1, Ordering::Relaxed);
+                self.last_seq.store(rep.seq, Ordering::Relaxed);
+                self.last_secs_bits
+                    .store(rep.seconds.to_bits(), Ordering::Relaxed);
+                tracing::info!(
+                    seq = rep.seq,
+                    entries = rep.entries,
+                    bytes = rep.bytes,
+                    secs = rep.seconds,
+                    "cache snapshot written"
+                );
+            }
+            Err(e) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "cache snapshot not written");
+            }
+        }
+    }
+}
+
+/// Ends a FLUSH for the snapshots when dropped: after the shards answered, or when the
+/// FLUSH was cancelled (its deadline) or failed.
+pub(crate) struct FlushGuard(Arc<SnapshotState>);
+
+impl Drop for FlushGuard {
+    fn drop(&mut self) {
+        self.0.flushes.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// At shutdown: waits (bounded) for a snapshot already being taken, then takes one.
+pub(crate) fn take_at_shutdown(shared: &Shared) {
+    let Some(st) = &shared.snapshots else { return };
+    let until = Instant::now() + SHUTDOWN_WAIT;
+    while st.running.load(Ordering::Acquire) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = take(shared);
 }
 
 /// Takes a snapshot now (blocking: never call it on an executor, whose owners it waits for).
@@ -118,25 +240,7 @@ pub(crate) fn take(shared: &Shared) -> Result<SnapshotReport, String> {
     }
     let r = take_claimed(shared, st, d);
     st.running.store(false, Ordering::Release);
-    match &r {
-        Ok(rep) => {
-            st.written.fetch_add(1, Ordering::Relaxed);
-            st.last_seq.store(rep.seq, Ordering::Relaxed);
-            st.last_secs_bits
-                .store(rep.seconds.to_bits(), Ordering::Relaxed);
-            tracing::info!(
-                seq = rep.seq,
-                entries = rep.entries,
-                bytes = rep.bytes,
-                secs = rep.seconds,
-                "cache snapshot written"
-            );
-        }
-        Err(e) => {
-            st.failed.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(error = %e, "cache snapshot not written");
-        }
-    }
+    st.record(&r);
     r
 }
 
@@ -181,28 +285,8 @@ fn take_claimed(
         .flat_map(|i| &i.entries)
         .map(|e| e.aliases.len())
         .sum();
-    let snap = CacheSnapshot {
-        format: file::FORMAT,
-        collection: st.collection,
-        seq,
-        dim: shared.info.dim,
-        metric: shared.info.metric.to_string(),
-        shards: shared.shards.len() as u32,
-        taken_unix_s: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        router,
-        images,
-    };
-    let bytes = file::write_tmp(&st.dir, &snap).map_err(|e| e.to_string())?;
-    drop(snap);
-    hold_for_tests();
-    let _file = st.file_lock.lock().unwrap_or_else(|e| e.into_inner());
-    let keep = st.flushes.load(Ordering::Acquire) == flushes;
-    file::install(&st.dir, keep).map_err(|e| e.to_string())?;
-    if !keep {
-        return Err("a FLUSH ran while it was taken: discarded".into());
-    }
+    let snap = st.snapshot_of(&shared.info, seq, router, images);
+    let bytes = st.write(&snap, flushes)?;
     Ok(SnapshotReport {
         seq,
         entries,
@@ -212,42 +296,54 @@ fn take_claimed(
     })
 }
 
-/// `AKER_TEST_SNAPSHOT_HOLD_MS`: a pause between writing the temporary file and renaming
-/// it, so that a crash test's kills land inside snapshots often (a failpoint; unset in
-/// production, where it costs one environment lookup per snapshot).
-fn hold_for_tests() {
-    let ms = std::env::var("AKER_TEST_SNAPSHOT_HOLD_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok());
-    if let Some(ms) = ms {
-        std::thread::sleep(Duration::from_millis(ms.min(10_000)));
-    }
-}
-
 /// Restores `warm` into freshly built shards before they serve: the router, the pool
 /// shares, the entries, then the log's writes after the snapshot. On an error the
 /// shards are emptied again (a cold start).
 pub(crate) fn restore(
     set: &mut ShardSet,
     warm: WarmStart,
-    dim: usize,
-    metric: Metric,
+    st: &SnapshotState,
+    info: &crate::server::ServiceInfo,
 ) -> Result<RestoreReport, String> {
+    let (dim, metric) = (info.dim as usize, info.metric);
     let s = warm.snapshot;
-    set.router =
+    let image =
         Router::from_image(&s.router, dim, metric, set.caches.len()).map_err(|e| e.to_string())?;
-    if !set.budget.set_shares(&s.router.shares) {
-        tracing::info!("cache snapshot: pool shares do not fit this budget; shares start even");
+    let trained = std::mem::replace(&mut set.router, image);
+    let even = set.budget.shares();
+    if s.capacity != st.capacity || !set.budget.set_shares(&s.router.shares) {
+        tracing::info!("cache snapshot: another pool capacity; shares start even");
     }
     let mut report = RestoreReport::default();
     for (c, img) in set.caches.iter_mut().zip(s.images) {
         report.add(c.restore_image(img));
     }
+    let replayed = !warm.tail.is_empty();
     if let Err(e) = replay(set, warm.tail) {
         for c in &mut set.caches {
             c.flush();
         }
+        set.router = trained;
+        set.budget.set_shares(&even);
         return Err(e);
+    }
+    // What survived the replay (deletes and the log's cap invalidate entries).
+    report.restored = set.caches.iter().map(|c| c.len()).sum();
+    if replayed {
+        // The file on disk is older than what the log will reach back to once the
+        // start's checkpoint has truncated it: a snapshot of what will serve replaces it.
+        let t = Instant::now();
+        let images = set.caches.iter().map(|c| c.export_image()).collect();
+        let router = set.router.image(set.budget.shares());
+        let snap = st.snapshot_of(info, warm.last_seq, router, images);
+        let written = st.write(&snap, st.flushes.load(Ordering::Acquire));
+        st.record(&written.map(|bytes| SnapshotReport {
+            seq: warm.last_seq,
+            entries: report.restored,
+            aliases: report.aliases,
+            bytes,
+            seconds: t.elapsed().as_secs_f64(),
+        }));
     }
     Ok(report)
 }
