@@ -8,7 +8,8 @@
 # loadgen on core 1, closed loop over one connection with one request in flight, so
 # every run sends the trace in the same order; loopback only.
 #   bash ops/warm-restart.sh            # results in target/warm-restart/
-#   env: WARM_OPS (30000), OUT (target/warm-restart), CONNECTIONS (1), DEPTH (1)
+#   env: WARM_OPS (30000), OUT (target/warm-restart), CONNECTIONS (1), DEPTH (1),
+#        FLOOR (cache.recall_floor; unset: akerd's default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 warm_ops=${WARM_OPS:-30000}
@@ -34,6 +35,7 @@ request_timeout_ms = 60000
 [cache]
 capacity_objects = 19950
 snapshot_load = $2
+${FLOOR:+recall_floor = $FLOOR}
 [backend]
 index = "exact"
 threads = 2
