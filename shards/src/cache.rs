@@ -30,6 +30,7 @@ use crate::policy::HitPolicy;
 use crate::pool::{NeighborPool, OBJECT_OVERHEAD_BYTES};
 use crate::reach::MaxDistances;
 use crate::read::{CacheReader, Counters, HitKind, Lookup, MissTicket, Neighbor};
+use crate::takers::Takers;
 
 /// Bytes charged per representative beyond its query vector and list.
 pub const REP_OVERHEAD_BYTES: usize = 160;
@@ -196,6 +197,9 @@ pub struct Cache {
     /// `reps` (a B-tree of 100,000 entries, then the list behind two pointers) cost
     /// several dependent cache misses.
     pub(crate) max_d_by_rep: HashMap<RepId, f32>,
+    /// Every representative by where its query is, exactly: the fast path reaches all
+    /// the entries that take a vector, not only the one the filter finds (`takers.rs`).
+    pub(crate) takers: Takers,
     pub(crate) next_rep: RepId,
     /// The representative the slow path served last (round-robin position).
     pub(crate) slow_path_last: RepId,
@@ -239,6 +243,7 @@ impl Cache {
             risk: RiskSums::default(),
             max_ds: MaxDistances::default(),
             max_d_by_rep: HashMap::default(),
+            takers: Takers::default(),
             next_rep: 1,
             slow_path_last: 0,
             clock_hand: 0,
@@ -518,6 +523,7 @@ impl Cache {
         let max_d = gauge.filter_max_d(view.nrl.max_d(), query_norm);
         self.max_ds.add(max_d);
         self.max_d_by_rep.insert(id, max_d);
+        self.takers.add(gauge, id, &e.query, max_d);
         self.risk.sum_cursor += e.cursor as u128;
         self.cursors.insert((e.cursor, id));
         self.entry_bytes += self.rep_bytes(e.k);
@@ -623,6 +629,7 @@ impl Cache {
             .remove(&id)
             .expect("every representative has its maxD");
         self.max_ds.remove(max_d);
+        self.takers.remove(self.gauge(), id);
         if self.reps.is_empty() {
             self.risk = RiskSums::default();
             debug_assert!(self.max_ds.is_empty());
@@ -715,6 +722,7 @@ impl Cache {
         let old = self.max_d_by_rep.insert(id, max_d);
         self.max_ds
             .replace(old.expect("every representative has its maxD"), max_d);
+        self.takers.update(gauge, id, max_d);
         let listed = nrl.dists.iter().zip(&nrl.vectors);
         let min_gap = if !gauge.angular() || self.cfg.store_vectors {
             gauge.min_gap(&rep.query, listed.map(|(&d, v)| (d, v.as_deref())))
@@ -866,6 +874,9 @@ impl Cache {
         if self.max_d_by_rep.len() != self.reps.len() {
             return Err("maxD map and representatives differ in size".into());
         }
+        if self.takers.len() != self.reps.len() {
+            return Err("the takers' index and representatives differ in size".into());
+        }
         for (&id, rep) in &self.reps {
             let nrl = &rep.nrl;
             let ctx = |m: &str| format!("rep {id}: {m}");
@@ -875,6 +886,9 @@ impl Cache {
             let max_d = self.gauge().filter_max_d(nrl.max_d(), rep.query_norm);
             if self.max_d_by_rep.get(&id) != Some(&max_d) {
                 return Err(ctx("maxD map out of date"));
+            }
+            if !self.takers.check(self.gauge(), id, &rep.query, max_d) {
+                return Err(ctx("the takers' index does not cover it"));
             }
             if nrl.len() < rep.k || nrl.len() > self.answer_len(rep.k) {
                 return Err(ctx(&format!(

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //!  insert(id, v) ─► log.append ─► length cap (entries left behind: invalidated)
-//!               ─► fast path: nearest representative; d(v, RQ) < maxD ⇒ sorted insert
+//!               ─► fast path: every representative with d(v, RQ) < maxD (exact index,
+//!                  `takers.rs`) ⇒ sorted insert into each
 //!               ─► slow path while R ≥ τ_risk (bounded steps)
 //!  slow path step: next representative round-robin with unchecked records;
 //!                  scan B records from LC, sorted-merge those with d < maxD, advance LC
@@ -19,7 +20,7 @@ use crate::error::{validate_vector, Result};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InsertOutcome {
     pub seq: u64,
-    /// The fast path put the vector into its nearest representative's list.
+    /// The fast path put the vector into at least one list (every list that takes it).
     pub fast_path: bool,
     pub slow_path_steps: usize,
     /// The id was cached or logged before: treated as delete + insert.
@@ -33,23 +34,39 @@ impl Cache {
     }
 
     /// INSERT as a shard of many sees it: every shard logs every insert (so its slow
-    /// path can reach all of its entries), only the shards nearest the vector run the
-    /// fast path. The vector is shared, so a shard's log costs a record, not a copy.
-    pub fn insert_with(
-        &mut self,
-        id: u64,
-        v: Arc<[f32]>,
-        fast_path: bool,
-    ) -> Result<InsertOutcome> {
-        let mut out = self.insert_logged(id, v, fast_path)?;
+    /// path can reach all of its entries) and runs the fast path, whatever `nearest`
+    /// says: an entry the vector belongs in can live in any shard (`ShardedCache::insert`),
+    /// and a shard without one rules itself out for one distance per cell of its exact
+    /// taker index (`takers.rs`). `nearest` (whether the vector routes to this shard)
+    /// is kept for the callers that pass it and changes nothing since issue #25. The
+    /// vector is shared, so a shard's log costs a record, not a copy.
+    pub fn insert_with(&mut self, id: u64, v: Arc<[f32]>, nearest: bool) -> Result<InsertOutcome> {
+        let mut out = self.insert_logged(id, v, nearest)?;
         out.slow_path_steps = self.run_slow_path();
         self.trim_log();
         Ok(out)
     }
 
     /// The insert without the slow-path steps that follow it (`insert_with` runs them):
-    /// log append, length cap, fast path.
+    /// log append, length cap, fast path (`nearest` as in `insert_with`: ignored).
     pub fn insert_logged(
+        &mut self,
+        id: u64,
+        v: Arc<[f32]>,
+        nearest: bool,
+    ) -> Result<InsertOutcome> {
+        let _ = nearest;
+        self.insert_logged_as(id, v, true)
+    }
+
+    /// Tests and tools: an insert logged without the fast path (no slow-path steps
+    /// either), so that every entry owes the slow path its record, as a shard a vector
+    /// did not route to did before issue #25.
+    pub fn insert_log_only(&mut self, id: u64, v: Arc<[f32]>) -> Result<InsertOutcome> {
+        self.insert_logged_as(id, v, false)
+    }
+
+    fn insert_logged_as(
         &mut self,
         id: u64,
         v: Arc<[f32]>,
@@ -87,34 +104,47 @@ impl Cache {
         self.log.trim_to(new_head - 1);
     }
 
-    /// The nearest representative to `v` takes it if it is closer than its `maxD`.
-    /// (Distances and `maxD`s here are the filter's: `Gauge::filter_max_d`.)
+    /// Every representative that takes `v` (closer than its `maxD`) gets it, before the
+    /// insert returns: the candidates come from the exact index (`takers.rs`), which
+    /// cannot miss one, and each is tested exactly here. (The query filter's nearest
+    /// taker, used before issue #25, missed entries the graph search did not find and
+    /// every near-duplicate but one.) Returns whether any list took it.
     fn fast_path(&mut self, id: u64, v: &Arc<[f32]>) -> bool {
-        let max_d = &self.max_d_by_rep;
-        let takes = |r: RepId, d: f32| max_d.get(&r).is_some_and(|&m| d < m);
-        // No list ends farther than `reach`: nothing beyond it can take the vector.
-        let Some(reach) = self.max_ds.max() else {
-            return false;
-        };
-        let Some((rid, df)) = self.filter.nearest_taker(v, reach, &takes) else {
-            return false;
-        };
-        if df >= self.max_d_by_rep[&rid] {
-            return false;
+        let mut candidates = Vec::new();
+        self.takers.candidates(self.gauge(), v, &mut candidates);
+        // In admission order, so that a merge's eviction (FIFO) meets the same entries
+        // whatever the cells' order (the model test replays it).
+        candidates.sort_unstable();
+        let mut taken = false;
+        for rid in candidates {
+            // An earlier merge may have evicted it to stay within budget.
+            let Some(d) = self.taker_distance(rid, v) else {
+                continue;
+            };
+            if self.merge(rid, id, d, v) {
+                self.read.counters.fast_path_updates.bump();
+                taken = true;
+            }
         }
-        // The list keeps the metric's own distance, which the filter's is not on `ip`
-        // (there the exact test is repeated: the two agree but for rounding).
-        let angular = self.gauge().angular();
-        let d = if angular {
-            self.cfg.metric.distance(v, &self.reps[&rid].query)
-        } else {
-            df
-        };
-        if (!angular || d < self.reps[&rid].max_d()) && self.merge(rid, id, d, v) {
-            self.read.counters.fast_path_updates.bump();
-            return true;
+        taken
+    }
+
+    /// `d(v, RQ)` in the list's unit if `rid` is live and takes `v`: the filter's
+    /// distance below the filter's `maxD` (`Gauge::filter_max_d`); on `ip`, where the
+    /// two units differ, the metric's own test is repeated (they agree but for rounding).
+    fn taker_distance(&self, rid: RepId, v: &[f32]) -> Option<f32> {
+        let &max_d = self.max_d_by_rep.get(&rid)?;
+        let rep = &self.reps[&rid];
+        let gauge = self.gauge();
+        let df = gauge.filter_distance(v, &rep.query, rep.query_norm);
+        if df >= max_d {
+            return None;
         }
-        false
+        if !gauge.angular() {
+            return Some(df);
+        }
+        let d = self.cfg.metric.distance(v, &rep.query);
+        (d < rep.max_d()).then_some(d)
     }
 
     /// Sorted insert of `(id, d)` into `rid`'s list, dropping what falls past `k + Δ`.

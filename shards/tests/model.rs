@@ -382,20 +382,18 @@ impl Model {
             let head = self.head;
             self.log.retain(|r| r.0 >= head);
         }
-        // The fast path: the nearest representative as the filter sees it (on ip, by
-        // -dot with RQ's direction, against maxD per unit of |RQ|).
+        // The fast path (issue #25): every representative that takes the vector, in id
+        // order, each tested as the filter sees it (on ip, by -dot with RQ's direction,
+        // against maxD per unit of |RQ|) and by the metric; a merge may evict one
+        // still to come.
         let g = self.gauge();
-        let mut near: Vec<(f32, u64, usize)> = self
-            .reps
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let p = g.filter_point(&std::sync::Arc::from(&r.q[..]));
-                (self.dist(v, &p), r.id, i)
-            })
-            .collect();
-        near.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        if let Some(&(df, _, i)) = near.first() {
+        let ids: Vec<u64> = self.reps.iter().map(|r| r.id).collect();
+        for rid in ids {
+            let Some(i) = self.reps.iter().position(|r| r.id == rid) else {
+                continue;
+            };
+            let p = g.filter_point(&std::sync::Arc::from(&self.reps[i].q[..]));
+            let df = self.dist(v, &p);
             let max_d = self.reps[i].list.last().unwrap().1;
             let d = self.dist(v, &self.reps[i].q);
             if df < g.filter_max_d(max_d, norm(&self.reps[i].q)) && d < max_d {
