@@ -39,6 +39,9 @@ use crate::gap::{self, Gauge};
 use crate::hash::HashMap;
 use crate::metric::Metric;
 
+/// What the cosine radius allows for the metric's own rounding (`Takers::radius`).
+const COSINE_SLACK: f32 = 1e-3;
+
 /// The chord radius of a cell on `ip`, where a list's `maxD` gives no radius.
 const IP_LEADER_CHORD: f32 = 0.5;
 
@@ -59,9 +62,15 @@ struct Cell {
     max_d: f32,
 }
 
+/// `cell_of` for a representative in `Takers::always`.
+const ALWAYS: usize = usize::MAX;
+
 #[derive(Default)]
 pub(crate) struct Takers {
     cells: Vec<Cell>,
+    /// `cosine` / `ip` representatives whose `RQ` is zero: they have no direction, and
+    /// the metric's distance from them is no chord, so every search tests them.
+    always: Vec<RepId>,
     /// Representative -> its cell.
     cell_of: HashMap<RepId, usize>,
 }
@@ -89,7 +98,9 @@ impl Takers {
     fn radius(gauge: Gauge, max_d: f32) -> f32 {
         match gauge.0 {
             Metric::L2Sq => max_d.max(0.0).sqrt(),
-            Metric::Cosine => (2.0 * max_d).max(0.0).sqrt(),
+            // The metric's cosine (simsimd) is not the chord's exact `1 − cos`: its
+            // error is covered by an absolute 1e-3 on `maxD` (the model test found it).
+            Metric::Cosine => (2.0 * (max_d + COSINE_SLACK)).max(0.0).sqrt(),
             Metric::InnerProduct => IP_LEADER_CHORD,
         }
     }
@@ -101,6 +112,11 @@ impl Takers {
     /// Adds representative `rep` at query `rq`, its list ending at `max_d` (filter unit).
     pub fn add(&mut self, gauge: Gauge, rep: RepId, rq: &[f32], max_d: f32) {
         debug_assert!(!self.cell_of.contains_key(&rep));
+        if gauge.0 != Metric::L2Sq && gap::norm(rq) == 0.0 {
+            self.always.push(rep);
+            self.cell_of.insert(rep, ALWAYS);
+            return;
+        }
         let p = Self::point(gauge, rq);
         let radius = Self::radius(gauge, max_d);
         let nearest = self
@@ -139,7 +155,7 @@ impl Takers {
 
     /// `rep`'s list now ends at `max_d`: the bounds grow if it did (never shrink).
     pub fn update(&mut self, gauge: Gauge, rep: RepId, max_d: f32) {
-        let Some(&at) = self.cell_of.get(&rep) else {
+        let Some(&at) = self.cell_of.get(&rep).filter(|&&at| at != ALWAYS) else {
             return;
         };
         let cell = &mut self.cells[at];
@@ -157,6 +173,10 @@ impl Takers {
         let Some(at) = self.cell_of.remove(&rep) else {
             return;
         };
+        if at == ALWAYS {
+            self.always.retain(|&r| r != rep);
+            return;
+        }
         let cell = &mut self.cells[at];
         cell.members.retain(|m| m.rep != rep);
         if !cell.members.is_empty() {
@@ -179,6 +199,16 @@ impl Takers {
     /// Every representative that may take `v` (a superset of those that do), pushed to
     /// `out`: the members of each cell the bounds cannot rule out.
     pub fn candidates(&self, gauge: Gauge, v: &[f32], out: &mut Vec<RepId>) {
+        out.extend_from_slice(&self.always);
+        // A zero vector has no direction either: on cosine, test everything.
+        if gauge.0 == Metric::Cosine && gap::norm(v) == 0.0 {
+            out.extend(
+                self.cells
+                    .iter()
+                    .flat_map(|c| c.members.iter().map(|m| m.rep)),
+            );
+            return;
+        }
         match gauge.0 {
             Metric::L2Sq => self.balls(v, out),
             Metric::Cosine => self.balls(&gap::unit(v), out),
@@ -214,6 +244,9 @@ impl Takers {
         let Some(&at) = self.cell_of.get(&rep) else {
             return false;
         };
+        if at == ALWAYS {
+            return self.always.contains(&rep);
+        }
         let c = &self.cells[at];
         let rho = euclid(&Self::point(gauge, rq), &c.centre);
         let covered = if gauge.angular() {

@@ -757,8 +757,11 @@ fn long_run(metric: Metric) {
         st.evictions > 0 && st.invalidations > 0 && st.delete_repairs > 0,
         "{metric}: {st:?}"
     );
+    // Since issue #25 the fast path reaches every entry that takes a vector, so the
+    // slow path's steps find nothing left to merge in this run (misses here take their
+    // ticket after the inserts they could have missed); that they run is what remains.
     assert!(
-        st.fast_path_updates > 0 && st.slow_path_merges > 0 && st.log_cap_invalidations > 0,
+        st.fast_path_updates > 0 && st.slow_path_steps > 0 && st.log_cap_invalidations > 0,
         "{metric}: {st:?}"
     );
     assert!(st.filter.rotations > 0, "{metric}: {st:?}");
