@@ -211,6 +211,109 @@ fn cache_aside_fill_after_a_delete_strips_the_deleted_id() {
     d.stop().unwrap();
 }
 
+#[test]
+fn cache_aside_fill_never_readmits_a_deleted_id() {
+    // Defect 1 of #25: DELETE x, then a FILL whose answer holds x with no SEARCH miss
+    // before it was admitted, and x then served as an EXACT hit.
+    let mut cfg = config();
+    cfg.backend.kind = BackendKind::CacheAside;
+    cfg.backend.data = DataSource::None { dim: DIM };
+    let d = start(&cfg);
+    let mut c = client(d.local_addr());
+    let answer = |q: &[f32], first: u64| -> Vec<FillCandidate> {
+        (0..8u64)
+            .map(|i| FillCandidate {
+                id: first + i,
+                distance: 1.0 + i as f32,
+                vector: q.iter().map(|x| x + 1.0 + i as f32).collect(),
+            })
+            .collect()
+    };
+    // No miss before the FILL (another connection, no token): the logged delete of 7 is
+    // stripped.
+    let q: Vec<f32> = (0..DIM).map(|i| i as f32 * 2.0).collect();
+    assert!(!c.delete(7).unwrap());
+    let mut other = client(d.local_addr());
+    assert!(other.fill(&q, K, answer(&q, 7)).unwrap());
+    let hit = search_until(&mut c, &q, HitKind::Exact);
+    assert!(
+        !ids(&hit).contains(&7),
+        "deleted id re-admitted: {:?}",
+        ids(&hit)
+    );
+    // With the MISS reply's token, on another connection: the delete between the miss
+    // and the FILL is stripped too.
+    let q2: Vec<f32> = (0..DIM).map(|i| i as f32 * -3.0).collect();
+    let miss = c.search(K, &q2).unwrap();
+    assert_eq!(miss.hit, HitKind::Miss);
+    let token = miss
+        .token
+        .expect("a version 2 MISS in cache-aside carries a token");
+    assert!(!c.delete(107).unwrap());
+    assert!(other
+        .fill_token(&q2, K, answer(&q2, 107), Some(token))
+        .unwrap());
+    let hit = search_until(&mut c, &q2, HitKind::Exact);
+    assert!(!ids(&hit).contains(&107), "{:?}", ids(&hit));
+    // A token naming no shard here is refused.
+    let e = other
+        .fill_token(&q2, K, answer(&q2, 300), Some(u64::MAX))
+        .unwrap_err();
+    assert!(e.to_string().contains("BAD_REQUEST"), "{e}");
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_fill_without_a_token_is_declined_once_the_delete_log_wrapped() {
+    let mut cfg = config();
+    cfg.backend.kind = BackendKind::CacheAside;
+    cfg.backend.data = DataSource::None { dim: DIM };
+    cfg.cache.delete_log_cap = 4;
+    let d = start(&cfg);
+    let mut c = client(d.local_addr());
+    for id in 0..10 {
+        c.delete(1_000 + id).unwrap();
+    }
+    let q: Vec<f32> = (0..DIM).map(|i| i as f32 * 5.0).collect();
+    let cands: Vec<FillCandidate> = (0..8u64)
+        .map(|i| FillCandidate {
+            id: 50 + i,
+            distance: 1.0 + i as f32,
+            vector: q.iter().map(|x| x + 1.0 + i as f32).collect(),
+        })
+        .collect();
+    // Deletes older than the log's window could be in the answer: declined.
+    assert!(!c.fill(&q, K, cands.clone()).unwrap());
+    // A miss's token is within the window: admitted.
+    let token = c.search(K, &q).unwrap().token;
+    assert!(c.fill_token(&q, K, cands, token).unwrap());
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_version_1_client_keeps_working() {
+    let d = start(&config());
+    let mut c = aker::client::Client::connect_with(
+        d.local_addr(),
+        aker::client::ClientOptions {
+            version: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let h = c.hello().unwrap();
+    assert_eq!((h.version_max, h.delta, c.version()), (2, None, 1));
+    let q: Vec<f32> = (0..DIM).map(|i| i as f32 * 0.3).collect();
+    let miss = c.search(K, &q).unwrap();
+    assert_eq!((miss.hit, miss.token), (HitKind::Miss, None));
+    let hit = search_until(&mut c, &q, HitKind::Exact);
+    assert_eq!(hit.neighbors.len(), K as usize);
+    c.insert(9_999_999, &q).unwrap();
+    assert!(c.delete(9_999_999).unwrap());
+    assert!(c.stats().unwrap().contains("lookups"));
+    d.stop().unwrap();
+}
+
 /// Sends `n` distinct searches (misses) on one connection with a window far above
 /// the server's `max_inflight`; returns the reply statuses.
 fn flood(

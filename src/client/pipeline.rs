@@ -104,6 +104,7 @@ impl Pipeline {
         let op = req.opcode();
         self.conn.queue(&RequestFrame {
             request_id: id,
+            version: self.conn.version,
             request: req,
         })?;
         self.next_id += 1;

@@ -23,6 +23,22 @@ use crate::server::{LocalBoxFuture, RequestContext, Service, ServiceInfo, Servic
 /// Cache-aside: miss tickets kept per executor for the FILL that follows a miss.
 const PENDING_FILLS_MAX: usize = 4096;
 
+/// A MISS token (version 2, cache-aside): the shard the miss was taken on and its delete
+/// log's sequence number then. A FILL presenting it has every id that shard deleted
+/// since stripped, on any connection, however long after.
+const TOKEN_SEQ_BITS: u32 = 48;
+
+fn miss_token(shard: usize, delete_seq: u64) -> u64 {
+    debug_assert!(delete_seq < 1 << TOKEN_SEQ_BITS && shard < 1 << 16);
+    ((shard as u64) << TOKEN_SEQ_BITS) | (delete_seq & ((1 << TOKEN_SEQ_BITS) - 1))
+}
+
+/// (shard, delete seq) of a token; `None` for a shard this server does not have.
+fn token_parts(token: u64, shards: usize) -> Option<(usize, u64)> {
+    let shard = (token >> TOKEN_SEQ_BITS) as usize;
+    (shard < shards).then_some((shard, token & ((1 << TOKEN_SEQ_BITS) - 1)))
+}
+
 pub(crate) struct AkerService {
     shared: Arc<Shared>,
     metrics: Arc<ExecutorMetrics>,
@@ -98,6 +114,7 @@ fn wire_kind(k: shards::HitKind) -> HitKind {
 
 fn miss_reply(answer: &[Candidate], k: usize) -> Reply {
     Reply::Search(SearchReply {
+        token: None,
         hit: HitKind::Miss,
         distances_to_query: true,
         neighbors: answer
@@ -161,6 +178,7 @@ impl AkerService {
                     );
                 }
                 Ok(Reply::Search(SearchReply {
+                    token: None,
                     hit: wire_kind(hit.kind),
                     distances_to_query: hit.exact_distances,
                     // Same layout: the collect reuses the engine's allocation.
@@ -190,9 +208,15 @@ impl AkerService {
     ) -> ServiceResult {
         let sh = &*self.shared;
         if !sh.backend.has_store() {
-            // Cache-aside: the client searches its database and FILLs.
+            // Cache-aside: the client searches its database and FILLs, presenting the
+            // token (version 2) or on this connection (version 1: the pending ticket).
+            let token = miss_token(shard, ticket.delete_seq);
             self.pending_fills.borrow_mut().put(shard, ticket);
-            return Ok(miss_reply(&[], 0));
+            let mut reply = miss_reply(&[], 0);
+            if let Reply::Search(s) = &mut reply {
+                s.token = Some(token);
+            }
+            return Ok(reply);
         }
         let k = ticket.k;
         let answer = self
@@ -301,11 +325,30 @@ impl AkerService {
         let k = f.k as usize;
         let key = QueryKey::new(&f.query, k);
         let pending = self.pending_fills.borrow_mut().take(&key);
-        let (shard, ticket) = match pending {
-            Some(p) => p,
-            None => {
+        let (shard, ticket) = match (f.token, pending) {
+            // The token names the deletes to strip: every one since its miss (Stale,
+            // admitted = 0, when the shard's delete log no longer reaches back to it).
+            (Some(token), _) => {
+                let (s, seq) = token_parts(token, sh.shards.len()).ok_or_else(|| {
+                    rejection(Status::BadRequest, "the FILL token names no shard here")
+                })?;
+                let t = sh.shards[s].reader.miss_ticket(&f.query, k, false)?;
+                (
+                    s,
+                    MissTicket {
+                        delete_seq: seq.min(t.delete_seq),
+                        ..t
+                    },
+                )
+            }
+            (None, Some(p)) => p,
+            // No miss to go by: every delete the log holds is stripped, and the FILL is
+            // declined once the log has dropped any (a delete before the window could be
+            // in the answer).
+            (None, None) => {
                 let [s1, _] = sh.router.route_write(&f.query);
-                (s1, sh.shards[s1].reader.miss_ticket(&f.query, k, false)?)
+                let t = sh.shards[s1].reader.miss_ticket(&f.query, k, false)?;
+                (s1, MissTicket { delete_seq: 0, ..t })
             }
         };
         let answer: Vec<Candidate> = f.candidates.into_iter().map(Candidate::from).collect();

@@ -439,6 +439,7 @@ impl Daemon {
             k_max: cache_cfg.k_max as u32,
             executors: executors as u32,
             shards: n_shards as u32,
+            delta: cache_cfg.delta as u32,
         };
         let snapshots = warm.map(|w| {
             if let Some(start) = w.start {
