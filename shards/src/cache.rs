@@ -815,8 +815,8 @@ impl Cache {
     pub fn representatives(&self) -> impl Iterator<Item = &Representative> {
         self.reps.values()
     }
-    pub fn slot(&self, q: &[f32], k: usize) -> Option<Slot> {
-        self.read.slot(q, k)
+    pub fn slot(&self, q: &[f32]) -> Option<Slot> {
+        self.read.slot(q)
     }
     pub fn insert_log_len(&self) -> usize {
         self.log.len()

@@ -116,7 +116,7 @@ fn top(m: Metric, q: &[f32], n: usize) -> Vec<(u64, [f32; 2])> {
 }
 
 fn tau(c: &Cache, q: &[f32], k: usize) -> f64 {
-    let rep = c.slot(q, k).unwrap().rep();
+    let rep = c.slot(q).unwrap().rep();
     c.representative(rep).unwrap().tau.load() as f64
 }
 
@@ -224,7 +224,7 @@ fn merges_and_deletes_keep_min_gap_on_the_nearest_result() {
     for m in METRICS {
         let (mut c, mut s) = (cache(m, 1, PolicyConfig::default()), store(m));
         c.search(&s, &q(), 2).unwrap();
-        let rep = c.slot(&q(), 2).unwrap().rep();
+        let rep = c.slot(&q()).unwrap().rep();
         let before = top(m, &q(), 3);
         // A new best, half a degree off the request: near it (squared L2), or long
         // enough to outscore point 5 (inner product).
@@ -317,7 +317,7 @@ fn ip_filter_finds_the_nearest_direction_not_the_longest_query() {
             panic!("the short query's entry serves it")
         };
         assert_eq!(hit.kind, HitKind::Approximate);
-        assert_eq!(hit.rep, c.slot(&short, 2).unwrap().rep());
+        assert_eq!(hit.rep, c.slot(&short).unwrap().rep());
     }
 }
 
@@ -372,7 +372,7 @@ fn ip_without_kept_vectors_min_gap_falls_on_merges_and_holds_on_deletes() {
     let mut c = Cache::new(cfg, PolicyConfig::default().build()).unwrap();
     let mut s = store(m);
     c.search(&s, &q(), 2).unwrap();
-    let rep = c.slot(&q(), 2).unwrap().rep();
+    let rep = c.slot(&q()).unwrap().rep();
     let r = c.representative(rep).unwrap();
     assert!(
         r.nrl.vectors.iter().all(|v| v.is_none()),

@@ -323,7 +323,7 @@ impl AkerService {
             ));
         }
         let k = f.k as usize;
-        let key = QueryKey::new(&f.query, k);
+        let key = QueryKey::new(&f.query);
         let pending = self.pending_fills.borrow_mut().take(&key);
         let (shard, ticket) = match (f.token, pending) {
             // The token names the deletes to strip: every one since its miss (Stale,
