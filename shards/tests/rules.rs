@@ -49,7 +49,7 @@ fn ids(r: &shards::SearchOutcome) -> Vec<u64> {
     r.results.iter().map(|n| n.id).collect()
 }
 
-fn tau(c: &Cache, q: f32, k: usize) -> f32 {
+fn tau(c: &Cache, q: f32) -> f32 {
     let rep = c.slot(&[q]).unwrap().rep();
     c.representative(rep).unwrap().tau.load()
 }
@@ -65,22 +65,19 @@ fn miss_admits_with_tau_min_d_over_4_then_equality_hit_grows_tau() {
     let r = c.search(&s, &[1.0], 2).unwrap();
     assert_eq!(r.kind, HitKind::Miss);
     assert_eq!(ids(&r), vec![1, 2]);
-    assert!(close(tau(&c, 1.0, 2), 0.25));
+    assert!(close(tau(&c, 1.0), 0.25));
     let r = c.search(&s, &[1.0], 2).unwrap();
     assert_eq!(r.kind, HitKind::Exact);
     assert_eq!(ids(&r), vec![1, 2]);
-    assert!(
-        close(tau(&c, 1.0, 2), 0.275),
-        "τ ← min(0.25 · 1.1, minD = 1)"
-    );
+    assert!(close(tau(&c, 1.0), 0.275), "τ ← min(0.25 · 1.1, minD = 1)");
     // growth is capped by minD
     for _ in 0..40 {
         c.search(&s, &[1.0], 2).unwrap();
     }
     assert!(
-        close(tau(&c, 1.0, 2), 1.0),
+        close(tau(&c, 1.0), 1.0),
         "capped at minD, got {}",
-        tau(&c, 1.0, 2)
+        tau(&c, 1.0)
     );
     c.check_invariants().unwrap();
 }
@@ -100,11 +97,11 @@ fn approximate_hit_shrinks_tau_links_alias_and_reranks_for_the_request() {
         r.results
     );
     assert!(r.exact_distances);
-    assert!(close(tau(&c, 1.0, 2), 0.06875), "τ ← 0.275 · 0.25");
+    assert!(close(tau(&c, 1.0), 0.06875), "τ ← 0.275 · 0.25");
     // the same query again comes back through its alias, τ unchanged
     let r = c.search(&s, &[1.3], 2).unwrap();
     assert_eq!(r.kind, HitKind::Alias);
-    assert!(close(tau(&c, 1.0, 2), 0.06875));
+    assert!(close(tau(&c, 1.0), 0.06875));
     assert_eq!(c.aliases(), 1);
     // d = 0.09 is no longer < τ for another near query
     let r = c.search(&s, &[0.7], 2).unwrap();
@@ -629,7 +626,7 @@ fn aliases_stop_at_max_aliases_per_rep() {
     for _ in 0..40 {
         c.search(&s, &[1.0], 2).unwrap();
     }
-    assert!(close(tau(&c, 1.0, 2), 1.0));
+    assert!(close(tau(&c, 1.0), 1.0));
     // Three approximate hits, each within the τ the one before left (τ ← τ · 0.25):
     // 1.9 (d 0.81 < 1), 1.45 (d 0.2025 < 0.25), 1.2 (d 0.04 < 0.0625).
     for q in [1.9, 1.45, 1.2] {
@@ -687,7 +684,7 @@ fn an_entry_answers_every_smaller_k_from_its_prefix_and_a_larger_k_refreshes_it(
     let st = store();
     let mut c = cache(0);
     let first = c.search(&st, &[4.0], 3).unwrap();
-    assert_eq!((first.kind, ids(&first)), (HitKind::Miss, vec![3, 2, 1]));
+    assert_eq!((first.kind, ids(&first)), (HitKind::Miss, vec![2, 3, 1]));
     for k in 1..=3 {
         let r = c.search(&st, &[4.0], k).unwrap();
         assert_eq!(r.kind, HitKind::Exact, "k = {k}");
@@ -695,14 +692,14 @@ fn an_entry_answers_every_smaller_k_from_its_prefix_and_a_larger_k_refreshes_it(
     }
     // Asked for 4: a miss; the backend's answer of 4 replaces the entry of 3.
     let more = c.search(&st, &[4.0], 4).unwrap();
-    assert_eq!((more.kind, ids(&more)), (HitKind::Miss, vec![3, 2, 1, 4]));
+    assert_eq!((more.kind, ids(&more)), (HitKind::Miss, vec![2, 3, 1, 4]));
     assert_eq!(c.len(), 1, "replaced, not added");
     let rep = c.representative(c.slot(&[4.0]).unwrap().rep()).unwrap();
     assert_eq!(rep.k, 4);
     let again = c.search(&st, &[4.0], 4).unwrap();
     assert_eq!(
         (again.kind, ids(&again)),
-        (HitKind::Exact, vec![3, 2, 1, 4])
+        (HitKind::Exact, vec![2, 3, 1, 4])
     );
     // A nearby query with a smaller k is served approximately by the larger entry.
     let near = c.search(&st, &[4.01], 2).unwrap();
