@@ -255,11 +255,34 @@ fn cache_aside_fill_never_readmits_a_deleted_id() {
         .unwrap());
     let hit = search_until(&mut c, &q2, HitKind::Exact);
     assert!(!ids(&hit).contains(&107), "{:?}", ids(&hit));
-    // A token naming no shard here is refused.
-    let e = other
-        .fill_token(&q2, K, answer(&q2, 300), Some(u64::MAX))
-        .unwrap_err();
-    assert!(e.to_string().contains("BAD_REQUEST"), "{e}");
+    // A forged token (another epoch, a future seq, a shard not here) counts as none:
+    // the logged deletes are stripped all the same.
+    let q3: Vec<f32> = (0..DIM).map(|i| i as f32 * 7.0).collect();
+    assert!(!c.delete(300).unwrap());
+    assert!(other
+        .fill_token(&q3, K, answer(&q3, 300), Some(u64::MAX))
+        .unwrap());
+    let hit = search_until(&mut c, &q3, HitKind::Exact);
+    assert!(!ids(&hit).contains(&300), "{:?}", ids(&hit));
+    // A wider k for a cached query: the MISS's FILL replaces the entry (version 2 too).
+    let wide = c.search(2 * K, &q2).unwrap();
+    assert_eq!(wide.hit, HitKind::Miss);
+    let cands: Vec<FillCandidate> = (0..2 * K as u64 + 3)
+        .map(|i| FillCandidate {
+            id: 500 + i,
+            distance: 1.0 + i as f32,
+            vector: q2.iter().map(|x| x + 1.0 + i as f32).collect(),
+        })
+        .collect();
+    assert!(other.fill_token(&q2, 2 * K, cands, wide.token).unwrap());
+    let end = Instant::now() + Duration::from_secs(5);
+    let r = loop {
+        let r = c.search(2 * K, &q2).unwrap();
+        if r.hit == HitKind::Exact || Instant::now() > end {
+            break r;
+        }
+    };
+    assert_eq!((r.hit, r.neighbors.len()), (HitKind::Exact, 2 * K as usize));
     d.stop().unwrap();
 }
 
@@ -287,6 +310,77 @@ fn a_fill_without_a_token_is_declined_once_the_delete_log_wrapped() {
     // A miss's token is within the window: admitted.
     let token = c.search(K, &q).unwrap().token;
     assert!(c.fill_token(&q, K, cands, token).unwrap());
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_token_from_before_a_restart_counts_as_none() {
+    let mut cfg = config();
+    cfg.backend.kind = BackendKind::CacheAside;
+    cfg.backend.data = DataSource::None { dim: DIM };
+    let q: Vec<f32> = (0..DIM).map(|i| i as f32 * 11.0).collect();
+    let d = start(&cfg);
+    let mut c = client(d.local_addr());
+    for id in 0..5 {
+        c.delete(10_000 + id).unwrap();
+    }
+    let token = c.search(K, &q).unwrap().token; // at delete seq 5
+    assert!(token.is_some());
+    d.stop().unwrap();
+    // A new process: its delete log starts at 0 again. 900 is deleted at seq 1, then five
+    // more: taken for this process's, the old token (seq 5) would strip only seq 6.
+    let d = start(&cfg);
+    let mut c = client(d.local_addr());
+    assert!(!c.delete(900).unwrap());
+    for id in 0..5 {
+        c.delete(20_000 + id).unwrap();
+    }
+    let cands: Vec<FillCandidate> = (0..8u64)
+        .map(|i| FillCandidate {
+            id: 900 + i,
+            distance: 1.0 + i as f32,
+            vector: q.iter().map(|x| x + 1.0 + i as f32).collect(),
+        })
+        .collect();
+    assert!(client(d.local_addr())
+        .fill_token(&q, K, cands, token)
+        .unwrap());
+    let hit = search_until(&mut c, &q, HitKind::Exact);
+    assert!(!ids(&hit).contains(&900), "{:?}", ids(&hit));
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_version_1_cache_aside_client_gets_version_1_bytes() {
+    // The version 1 decoder is strict: a MISS with the version 2 TOKEN flag, or a HELLO
+    // with Δ, would fail to decode here.
+    let mut cfg = config();
+    cfg.backend.kind = BackendKind::CacheAside;
+    cfg.backend.data = DataSource::None { dim: DIM };
+    let d = start(&cfg);
+    let v1 = ClientOptions {
+        version: 1,
+        ..Default::default()
+    };
+    let mut c = aker::client::Client::connect_with(d.local_addr(), v1).unwrap();
+    assert_eq!(c.hello().unwrap().delta, None);
+    let q: Vec<f32> = (0..DIM).map(|i| i as f32 * 13.0).collect();
+    let miss = c.search(K, &q).unwrap();
+    assert_eq!((miss.hit, miss.token), (HitKind::Miss, None));
+    let cands: Vec<FillCandidate> = (0..8u64)
+        .map(|i| FillCandidate {
+            id: 700 + i,
+            distance: 1.0 + i as f32,
+            vector: q.iter().map(|x| x + 1.0 + i as f32).collect(),
+        })
+        .collect();
+    assert!(!c.delete(700).unwrap());
+    assert!(
+        c.fill(&q, K, cands).unwrap(),
+        "the pending ticket of the miss"
+    );
+    let hit = search_until(&mut c, &q, HitKind::Exact);
+    assert!(!ids(&hit).contains(&700));
     d.stop().unwrap();
 }
 

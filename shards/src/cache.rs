@@ -415,6 +415,13 @@ impl Cache {
             self.read.counters.admissions_refused.bump();
             return Ok(Admission::Stale);
         };
+        // A replacement never shrinks an entry: it keeps the larger k (REFRESH_ENTRY or a
+        // recall repair asked at a smaller k), and an answer too short for it is TooFew
+        // (the entry stays as it is).
+        let k = match self.read.representative_k(ticket.key) {
+            Some(held) if ticket.replace => k.max(held),
+            _ => k,
+        };
         let mut answer: Vec<Candidate> = answer
             .into_iter()
             .filter(|c| c.distance.is_finite() && !deleted.contains(&c.id))

@@ -391,6 +391,15 @@ impl CacheReader {
         self.reps.is_empty()
     }
 
+    /// The `k` the representative of `key` was cached for (`None`: no representative;
+    /// an alias answers with another entry's list).
+    pub fn representative_k(&self, key: QueryKey) -> Option<usize> {
+        match self.table.pin().get(&key).copied()? {
+            Slot::Representative(r) => self.reps.pin().get(&r).map(|v| v.k),
+            Slot::Alias(_) => None,
+        }
+    }
+
     /// The slot of `q` (whatever `k` its entry was cached for).
     pub fn slot(&self, q: &[f32]) -> Option<Slot> {
         self.table.pin().get(&QueryKey::new(q)).copied()

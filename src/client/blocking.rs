@@ -90,10 +90,9 @@ impl Client {
         self.conn.read_frame()
     }
 
-    /// HELLO: the server's limits. Remembered, so that oversized requests are refused here
-    /// instead of costing the connection.
-    /// HELLO; the connection then speaks the newest version both ends know (a server
-    /// that answers `BAD_VERSION` is asked again in the oldest).
+    /// HELLO: the server's limits, remembered so that oversized requests are refused here
+    /// instead of costing the connection; the connection then speaks the newest version
+    /// both ends know (a server that answers `BAD_VERSION` is asked again in the oldest).
     pub fn hello(&mut self) -> Result<HelloReply> {
         let mut reply = self.call(Request::Hello)?;
         if reply.status() == crate::protocol::Status::BadVersion

@@ -507,8 +507,8 @@ fn every_bad_input_gets_its_exact_status() {
         // -- this request only: error reply with its id, connection stays
         ("bad version 0", raw(m, 0, 0x02, 0, 0, 11, &[]), rejected(BadVersion, 11, false)),
         ("bad version 3", raw(m, 3, 0x03, 0, 0, 12, &search_body(1, &v4())), rejected(BadVersion, 12, false)),
-        ("version 1 search", raw(m, 1, 0x03, 0, 0, 13, &search_body(1, &v4())), Outcome::Accepted),
-        ("fill token flag in version 1", raw(m, 1, 0x06, FLAG_FILL_TOKEN, 0, 14, &[0; 24]), rejected(BadRequest, 14, false)),
+        ("version 1 search", raw(m, 1, 0x03, 0, 0, 61, &search_body(1, &v4())), Outcome::Accepted),
+        ("fill token flag in version 1", raw(m, 1, 0x06, FLAG_FILL_TOKEN, 0, 62, &[0; 24]), rejected(BadRequest, 62, false)),
         ("unknown opcode", raw(m, 1, 0x42, 0, 0, 13, b"xyz"), rejected(UnknownOp, 13, false)),
         ("opcode 0", raw(m, 1, 0x00, 0, 0, 14, &[]), rejected(UnknownOp, 14, false)),
         ("reply opcode as request", raw(m, 1, 0x83, 0, 0, 15, &[]), rejected(UnknownOp, 15, false)),
