@@ -193,13 +193,7 @@ fn cache_aside_fill_after_a_delete_strips_the_deleted_id() {
     let q: Vec<f32> = (0..DIM).map(|i| i as f32).collect();
     assert_eq!(c.search(K, &q).unwrap().hit, HitKind::Miss);
     // The client's database answered (k + Δ = 8), then id 7 is deleted.
-    let cands: Vec<FillCandidate> = (0..8u64)
-        .map(|i| FillCandidate {
-            id: 7 + i,
-            distance: 1.0 + i as f32,
-            vector: q.iter().map(|x| x + 1.0 + i as f32).collect(),
-        })
-        .collect();
+    let cands = db_answer(&q, 7, 8);
     assert!(!c.delete(7).unwrap(), "not cached yet");
     assert!(c.fill(&q, K, cands).unwrap());
     let hit = search_until(&mut c, &q, HitKind::Exact);
@@ -211,6 +205,18 @@ fn cache_aside_fill_after_a_delete_strips_the_deleted_id() {
     d.stop().unwrap();
 }
 
+/// A cache-aside client's database answer for `q`: `n` candidates from id `first` on,
+/// ascending by distance.
+fn db_answer(q: &[f32], first: u64, n: u64) -> Vec<FillCandidate> {
+    (0..n)
+        .map(|i| FillCandidate {
+            id: first + i,
+            distance: 1.0 + i as f32,
+            vector: q.iter().map(|x| x + 1.0 + i as f32).collect(),
+        })
+        .collect()
+}
+
 #[test]
 fn cache_aside_fill_never_readmits_a_deleted_id() {
     // Defect 1 of #25: DELETE x, then a FILL whose answer holds x with no SEARCH miss
@@ -220,15 +226,7 @@ fn cache_aside_fill_never_readmits_a_deleted_id() {
     cfg.backend.data = DataSource::None { dim: DIM };
     let d = start(&cfg);
     let mut c = client(d.local_addr());
-    let answer = |q: &[f32], first: u64| -> Vec<FillCandidate> {
-        (0..8u64)
-            .map(|i| FillCandidate {
-                id: first + i,
-                distance: 1.0 + i as f32,
-                vector: q.iter().map(|x| x + 1.0 + i as f32).collect(),
-            })
-            .collect()
-    };
+    let answer = |q: &[f32], first: u64| db_answer(q, first, 8);
     // No miss before the FILL (another connection, no token): the logged delete of 7 is
     // stripped.
     let q: Vec<f32> = (0..DIM).map(|i| i as f32 * 2.0).collect();
@@ -267,13 +265,7 @@ fn cache_aside_fill_never_readmits_a_deleted_id() {
     // A wider k for a cached query: the MISS's FILL replaces the entry (version 2 too).
     let wide = c.search(2 * K, &q2).unwrap();
     assert_eq!(wide.hit, HitKind::Miss);
-    let cands: Vec<FillCandidate> = (0..2 * K as u64 + 3)
-        .map(|i| FillCandidate {
-            id: 500 + i,
-            distance: 1.0 + i as f32,
-            vector: q2.iter().map(|x| x + 1.0 + i as f32).collect(),
-        })
-        .collect();
+    let cands = db_answer(&q2, 500, 2 * K as u64 + 3);
     assert!(other.fill_token(&q2, 2 * K, cands, wide.token).unwrap());
     let end = Instant::now() + Duration::from_secs(5);
     let r = loop {
@@ -298,13 +290,7 @@ fn a_fill_without_a_token_is_declined_once_the_delete_log_wrapped() {
         c.delete(1_000 + id).unwrap();
     }
     let q: Vec<f32> = (0..DIM).map(|i| i as f32 * 5.0).collect();
-    let cands: Vec<FillCandidate> = (0..8u64)
-        .map(|i| FillCandidate {
-            id: 50 + i,
-            distance: 1.0 + i as f32,
-            vector: q.iter().map(|x| x + 1.0 + i as f32).collect(),
-        })
-        .collect();
+    let cands = db_answer(&q, 50, 8);
     // Deletes older than the log's window could be in the answer: declined.
     assert!(!c.fill(&q, K, cands.clone()).unwrap());
     // A miss's token is within the window: admitted.
@@ -335,13 +321,7 @@ fn a_token_from_before_a_restart_counts_as_none() {
     for id in 0..5 {
         c.delete(20_000 + id).unwrap();
     }
-    let cands: Vec<FillCandidate> = (0..8u64)
-        .map(|i| FillCandidate {
-            id: 900 + i,
-            distance: 1.0 + i as f32,
-            vector: q.iter().map(|x| x + 1.0 + i as f32).collect(),
-        })
-        .collect();
+    let cands = db_answer(&q, 900, 8);
     assert!(client(d.local_addr())
         .fill_token(&q, K, cands, token)
         .unwrap());
@@ -367,13 +347,7 @@ fn a_version_1_cache_aside_client_gets_version_1_bytes() {
     let q: Vec<f32> = (0..DIM).map(|i| i as f32 * 13.0).collect();
     let miss = c.search(K, &q).unwrap();
     assert_eq!((miss.hit, miss.token), (HitKind::Miss, None));
-    let cands: Vec<FillCandidate> = (0..8u64)
-        .map(|i| FillCandidate {
-            id: 700 + i,
-            distance: 1.0 + i as f32,
-            vector: q.iter().map(|x| x + 1.0 + i as f32).collect(),
-        })
-        .collect();
+    let cands = db_answer(&q, 700, 8);
     assert!(!c.delete(700).unwrap());
     assert!(
         c.fill(&q, K, cands).unwrap(),
