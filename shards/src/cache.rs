@@ -418,8 +418,11 @@ impl Cache {
         // A replacement never shrinks an entry: it keeps the larger k (REFRESH_ENTRY or a
         // recall repair asked at a smaller k), and an answer too short for it is TooFew
         // (the entry stays as it is).
-        let k = match self.read.representative_k(ticket.key) {
-            Some(held) if ticket.replace => k.max(held),
+        let existing = self.read.table.pin().get(&ticket.key).copied();
+        let k = match existing {
+            Some(Slot::Representative(r)) if ticket.replace => {
+                self.reps.get(&r).map_or(k, |held| k.max(held.k))
+            }
             _ => k,
         };
         let mut answer: Vec<Candidate> = answer
@@ -436,7 +439,6 @@ impl Cache {
             return Ok(Admission::TooFew);
         }
 
-        let existing = self.read.table.pin().get(&ticket.key).copied();
         match existing {
             Some(Slot::Representative(r)) if !ticket.replace => return Ok(Admission::Duplicate(r)),
             Some(Slot::Representative(r)) => self.remove_rep(r, Removal::Replaced),
