@@ -193,13 +193,7 @@ fn cache_aside_fill_after_a_delete_strips_the_deleted_id() {
     let q: Vec<f32> = (0..DIM).map(|i| i as f32).collect();
     assert_eq!(c.search(K, &q).unwrap().hit, HitKind::Miss);
     // The client's database answered (k + Δ = 8), then id 7 is deleted.
-    let cands: Vec<FillCandidate> = (0..8u64)
-        .map(|i| FillCandidate {
-            id: 7 + i,
-            distance: 1.0 + i as f32,
-            vector: q.iter().map(|x| x + 1.0 + i as f32).collect(),
-        })
-        .collect();
+    let cands = db_answer(&q, 7, 8);
     assert!(!c.delete(7).unwrap(), "not cached yet");
     assert!(c.fill(&q, K, cands).unwrap());
     let hit = search_until(&mut c, &q, HitKind::Exact);
@@ -208,6 +202,183 @@ fn cache_aside_fill_after_a_delete_strips_the_deleted_id() {
         vec![8, 9, 10, 11, 12],
         "7 was stripped at admission"
     );
+    d.stop().unwrap();
+}
+
+/// A cache-aside client's database answer for `q`: `n` candidates from id `first` on,
+/// ascending by distance.
+fn db_answer(q: &[f32], first: u64, n: u64) -> Vec<FillCandidate> {
+    (0..n)
+        .map(|i| FillCandidate {
+            id: first + i,
+            distance: 1.0 + i as f32,
+            vector: q.iter().map(|x| x + 1.0 + i as f32).collect(),
+        })
+        .collect()
+}
+
+#[test]
+fn cache_aside_fill_never_readmits_a_deleted_id() {
+    // Defect 1 of #25: DELETE x, then a FILL whose answer holds x with no SEARCH miss
+    // before it was admitted, and x then served as an EXACT hit.
+    let mut cfg = config();
+    cfg.backend.kind = BackendKind::CacheAside;
+    cfg.backend.data = DataSource::None { dim: DIM };
+    let d = start(&cfg);
+    let mut c = client(d.local_addr());
+    let answer = |q: &[f32], first: u64| db_answer(q, first, 8);
+    // No miss before the FILL (another connection, no token): the logged delete of 7 is
+    // stripped.
+    let q: Vec<f32> = (0..DIM).map(|i| i as f32 * 2.0).collect();
+    assert!(!c.delete(7).unwrap());
+    let mut other = client(d.local_addr());
+    assert!(other.fill(&q, K, answer(&q, 7)).unwrap());
+    let hit = search_until(&mut c, &q, HitKind::Exact);
+    assert!(
+        !ids(&hit).contains(&7),
+        "deleted id re-admitted: {:?}",
+        ids(&hit)
+    );
+    // With the MISS reply's token, on another connection: the delete between the miss
+    // and the FILL is stripped too.
+    let q2: Vec<f32> = (0..DIM).map(|i| i as f32 * -3.0).collect();
+    let miss = c.search(K, &q2).unwrap();
+    assert_eq!(miss.hit, HitKind::Miss);
+    let token = miss
+        .token
+        .expect("a version 2 MISS in cache-aside carries a token");
+    assert!(!c.delete(107).unwrap());
+    assert!(other
+        .fill_token(&q2, K, answer(&q2, 107), Some(token))
+        .unwrap());
+    let hit = search_until(&mut c, &q2, HitKind::Exact);
+    assert!(!ids(&hit).contains(&107), "{:?}", ids(&hit));
+    // A forged token (another epoch, a future seq, a shard not here) counts as none:
+    // the logged deletes are stripped all the same.
+    let q3: Vec<f32> = (0..DIM).map(|i| i as f32 * 7.0).collect();
+    assert!(!c.delete(300).unwrap());
+    assert!(other
+        .fill_token(&q3, K, answer(&q3, 300), Some(u64::MAX))
+        .unwrap());
+    let hit = search_until(&mut c, &q3, HitKind::Exact);
+    assert!(!ids(&hit).contains(&300), "{:?}", ids(&hit));
+    // A wider k for a cached query: the MISS's FILL replaces the entry (version 2 too).
+    let wide = c.search(2 * K, &q2).unwrap();
+    assert_eq!(wide.hit, HitKind::Miss);
+    let cands = db_answer(&q2, 500, 2 * K as u64 + 3);
+    assert!(other.fill_token(&q2, 2 * K, cands, wide.token).unwrap());
+    let end = Instant::now() + Duration::from_secs(5);
+    let r = loop {
+        let r = c.search(2 * K, &q2).unwrap();
+        if r.hit == HitKind::Exact || Instant::now() > end {
+            break r;
+        }
+    };
+    assert_eq!((r.hit, r.neighbors.len()), (HitKind::Exact, 2 * K as usize));
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_fill_without_a_token_is_declined_once_the_delete_log_wrapped() {
+    let mut cfg = config();
+    cfg.backend.kind = BackendKind::CacheAside;
+    cfg.backend.data = DataSource::None { dim: DIM };
+    cfg.cache.delete_log_cap = 4;
+    let d = start(&cfg);
+    let mut c = client(d.local_addr());
+    for id in 0..10 {
+        c.delete(1_000 + id).unwrap();
+    }
+    let q: Vec<f32> = (0..DIM).map(|i| i as f32 * 5.0).collect();
+    let cands = db_answer(&q, 50, 8);
+    // Deletes older than the log's window could be in the answer: declined.
+    assert!(!c.fill(&q, K, cands.clone()).unwrap());
+    // A miss's token is within the window: admitted.
+    let token = c.search(K, &q).unwrap().token;
+    assert!(c.fill_token(&q, K, cands, token).unwrap());
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_token_from_before_a_restart_counts_as_none() {
+    let mut cfg = config();
+    cfg.backend.kind = BackendKind::CacheAside;
+    cfg.backend.data = DataSource::None { dim: DIM };
+    let q: Vec<f32> = (0..DIM).map(|i| i as f32 * 11.0).collect();
+    let d = start(&cfg);
+    let mut c = client(d.local_addr());
+    for id in 0..5 {
+        c.delete(10_000 + id).unwrap();
+    }
+    let token = c.search(K, &q).unwrap().token; // at delete seq 5
+    assert!(token.is_some());
+    d.stop().unwrap();
+    // A new process: its delete log starts at 0 again. 900 is deleted at seq 1, then five
+    // more: taken for this process's, the old token (seq 5) would strip only seq 6.
+    let d = start(&cfg);
+    let mut c = client(d.local_addr());
+    assert!(!c.delete(900).unwrap());
+    for id in 0..5 {
+        c.delete(20_000 + id).unwrap();
+    }
+    let cands = db_answer(&q, 900, 8);
+    assert!(client(d.local_addr())
+        .fill_token(&q, K, cands, token)
+        .unwrap());
+    let hit = search_until(&mut c, &q, HitKind::Exact);
+    assert!(!ids(&hit).contains(&900), "{:?}", ids(&hit));
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_version_1_cache_aside_client_gets_version_1_bytes() {
+    // The version 1 decoder is strict: a MISS with the version 2 TOKEN flag, or a HELLO
+    // with Δ, would fail to decode here.
+    let mut cfg = config();
+    cfg.backend.kind = BackendKind::CacheAside;
+    cfg.backend.data = DataSource::None { dim: DIM };
+    let d = start(&cfg);
+    let v1 = ClientOptions {
+        version: 1,
+        ..Default::default()
+    };
+    let mut c = aker::client::Client::connect_with(d.local_addr(), v1).unwrap();
+    assert_eq!(c.hello().unwrap().delta, None);
+    let q: Vec<f32> = (0..DIM).map(|i| i as f32 * 13.0).collect();
+    let miss = c.search(K, &q).unwrap();
+    assert_eq!((miss.hit, miss.token), (HitKind::Miss, None));
+    let cands = db_answer(&q, 700, 8);
+    assert!(!c.delete(700).unwrap());
+    assert!(
+        c.fill(&q, K, cands).unwrap(),
+        "the pending ticket of the miss"
+    );
+    let hit = search_until(&mut c, &q, HitKind::Exact);
+    assert!(!ids(&hit).contains(&700));
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_version_1_client_keeps_working() {
+    let d = start(&config());
+    let mut c = aker::client::Client::connect_with(
+        d.local_addr(),
+        aker::client::ClientOptions {
+            version: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let h = c.hello().unwrap();
+    assert_eq!((h.version_max, h.delta, c.version()), (2, None, 1));
+    let q: Vec<f32> = (0..DIM).map(|i| i as f32 * 0.3).collect();
+    let miss = c.search(K, &q).unwrap();
+    assert_eq!((miss.hit, miss.token), (HitKind::Miss, None));
+    let hit = search_until(&mut c, &q, HitKind::Exact);
+    assert_eq!(hit.neighbors.len(), K as usize);
+    c.insert(9_999_999, &q).unwrap();
+    assert!(c.delete(9_999_999).unwrap());
+    assert!(c.stats().unwrap().contains("lookups"));
     d.stop().unwrap();
 }
 

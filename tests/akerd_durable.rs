@@ -39,7 +39,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 /// A config for a child akerd: exact store over a small synthetic set, durable in
-/// `dir/data`, checkpoints every 4 KiB of log (~60 writes: kills land in checkpoints too).
+/// `dir/data`, checkpoints every 2 KiB of log (~30 writes: kills land in checkpoints too).
 fn write_config(dir: &Path, port: u16) -> PathBuf {
     write_config_with(dir, port, "exact", None)
 }
@@ -69,7 +69,7 @@ index = "{index}"
 hnsw_ef_search = 400
 data = {{ kind = "synthetic", n = {ROWS}, dim = {DIM}, clusters = 8, seed = 3 }}
 data_dir = "data"
-checkpoint_log_bytes = 4096
+checkpoint_log_bytes = 2048
 [admin]
 {admin}
 "#
@@ -89,10 +89,10 @@ impl Akerd {
         let child = Command::new(env!("CARGO_BIN_EXE_akerd"))
             .arg("--config")
             .arg(config)
-            // Snapshots and checkpoints pause 30 ms before their rename: kills land
-            // inside them often.
+            // Snapshots pause 30 ms before their rename, checkpoints 80 ms (one runs at
+            // a time, and a slow machine logs few writes): kills land inside them often.
             .env("AKER_TEST_SNAPSHOT_HOLD_MS", "30")
-            .env("AKER_TEST_CHECKPOINT_HOLD_MS", "30")
+            .env("AKER_TEST_CHECKPOINT_HOLD_MS", "80")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -405,9 +405,10 @@ fn acknowledged_writes_survive_sigkill_at_random_points() {
         g.live.len(),
         g.deleted.len()
     );
+    // Checkpoints that ran: those written before a round's kill, and those it cut.
     assert!(
-        checkpoints >= 5.0,
-        "checkpoints ran while the writers wrote: {checkpoints}"
+        checkpoints + mid_checkpoint as f64 >= 5.0,
+        "checkpoints ran while the writers wrote: {checkpoints} written, {mid_checkpoint} cut"
     );
     a.kill();
 }

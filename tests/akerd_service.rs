@@ -568,3 +568,43 @@ fn a_router_rebalance_costs_no_hits() {
     );
     d.stop().unwrap();
 }
+
+#[test]
+fn k_is_a_request_parameter_through_akerd() {
+    // An entry cached for k answers every smaller k from its prefix; a larger k misses
+    // and refreshes it (PROTOCOL.md, SEARCH).
+    let d = start(&config());
+    let mut c = client(d.local_addr());
+    let ds = dataset();
+    let q = query_near(&ds, 3, 0.01);
+    let first = c.search(K, &q).unwrap();
+    assert_eq!(first.hit, HitKind::Miss);
+    let full = search_until(&mut c, &q, HitKind::Exact);
+    for k in 1..K {
+        let r = c.search(k, &q).unwrap();
+        assert_eq!(r.hit, HitKind::Exact, "k = {k}");
+        assert_eq!(r.neighbors[..], full.neighbors[..k as usize], "k = {k}");
+    }
+    let wide = c.search(2 * K, &q).unwrap();
+    assert_eq!(wide.hit, HitKind::Miss, "more than the entry holds");
+    assert_eq!(wide.neighbors[..K as usize], full.neighbors[..]);
+    // The admission of the wider answer is the owner's (asynchronous): bounded wait.
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    let again = loop {
+        let r = c.search(2 * K, &q).unwrap();
+        if r.hit == HitKind::Exact || std::time::Instant::now() > end {
+            break r;
+        }
+    };
+    assert_eq!(
+        (again.hit, again.neighbors.len()),
+        (HitKind::Exact, 2 * K as usize)
+    );
+    assert_eq!(again.neighbors[..], wide.neighbors[..]);
+    let prefix = c.search(K, &q).unwrap();
+    assert_eq!(
+        (prefix.hit, &prefix.neighbors[..]),
+        (HitKind::Exact, &full.neighbors[..])
+    );
+    d.stop().unwrap();
+}

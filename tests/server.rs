@@ -44,6 +44,7 @@ impl Service for MapService {
             k_max: K_MAX,
             executors: 1,
             shards: 3,
+            delta: 2,
         }
     }
 
@@ -72,6 +73,7 @@ impl Service for MapService {
                     all.truncate(s.k as usize);
                     let exact = all.first().is_some_and(|n| n.distance == 0.0);
                     Ok(Reply::Search(protocol::SearchReply {
+                        token: None,
                         hit: if exact { HitKind::Exact } else { HitKind::Miss },
                         distances_to_query: true,
                         neighbors: all,
@@ -181,6 +183,7 @@ fn encode(id: u64, req: Request) -> Vec<u8> {
     let mut out = Vec::new();
     protocol::encode_request(
         &protocol::RequestFrame {
+            version: protocol::VERSION,
             request_id: id,
             request: req,
         },
@@ -220,7 +223,8 @@ fn ping_hello_and_every_operation() {
     let mut c = client(&s);
     c.ping().unwrap();
     let h = c.hello().unwrap();
-    assert_eq!((h.version_min, h.version_max), (1, 1));
+    assert_eq!((h.version_min, h.version_max), (1, 2));
+    assert_eq!((h.delta, c.version()), (Some(2), 2));
     assert_eq!(h.max_frame_bytes, 4096);
     assert_eq!((h.dim, h.k_max, h.metric), (DIM, K_MAX, Metric::L2Sq));
     assert_eq!(h.max_inflight, 8);

@@ -387,6 +387,7 @@ fn build_workload(cli: &Cli, hello: &HelloReply) -> Res<Workload> {
         }
     };
     w.bypass = cli.bypass;
+    w.version = aker::protocol::VERSION.min(hello.version_max);
     w.collection = cli.collection;
     w.deadline_us = u32::try_from(cli.deadline.as_micros())
         .map_err(|_| "the SEARCH deadline does not fit in u32 microseconds".to_string())?;

@@ -47,6 +47,7 @@ impl Service for FixedService {
             k_max: K_MAX,
             executors: 1,
             shards: 1,
+            delta: 0,
         }
     }
 
@@ -65,6 +66,7 @@ impl Service for FixedService {
             }
             Ok(match req {
                 Request::Search(s) => Reply::Search(SearchReply {
+                    token: None,
                     hit: if s.bypass_cache {
                         HitKind::Miss
                     } else if s.vector.first().is_some_and(|&x| x < 0.0) {

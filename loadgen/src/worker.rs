@@ -227,6 +227,7 @@ impl SendConn {
         self.next_id += 1;
         let start = self.wbuf.len();
         let frame = RequestFrame {
+            version: w.version,
             request_id: id,
             request: w.request(&plan),
         };

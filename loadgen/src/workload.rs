@@ -152,6 +152,8 @@ pub struct Workload {
     /// SEARCH deadline in µs sent to the server (0 = none).
     pub deadline_us: u32,
     pub collection: u32,
+    /// The protocol version requests go out in (the newest both ends speak).
+    pub version: u8,
     vectors: Vec<f32>,
     ground_truth: Option<Vec<Vec<u64>>>,
     source: Source,
@@ -175,6 +177,7 @@ impl Workload {
             bypass: false,
             deadline_us: 0,
             collection: 0,
+            version: aker::protocol::VERSION,
             vectors: trace.vectors,
             ground_truth: trace.ground_truth,
             source: Source::Trace {
@@ -230,6 +233,7 @@ impl Workload {
             bypass: false,
             deadline_us: 0,
             collection: 0,
+            version: aker::protocol::VERSION,
             vectors,
             ground_truth: None,
             source: Source::Generated(params),

@@ -420,6 +420,16 @@ impl Cache {
             self.read.counters.admissions_refused.bump();
             return Ok(Admission::Stale);
         };
+        // A replacement never shrinks an entry: it keeps the larger k (REFRESH_ENTRY or a
+        // recall repair asked at a smaller k), and an answer too short for it is TooFew
+        // (the entry stays as it is).
+        let existing = self.read.table.pin().get(&ticket.key).copied();
+        let k = match existing {
+            Some(Slot::Representative(r)) if ticket.replace => {
+                self.reps.get(&r).map_or(k, |held| k.max(held.k))
+            }
+            _ => k,
+        };
         let mut answer: Vec<Candidate> = answer
             .into_iter()
             .filter(|c| c.distance.is_finite() && !deleted.contains(&c.id))
@@ -434,7 +444,6 @@ impl Cache {
             return Ok(Admission::TooFew);
         }
 
-        let existing = self.read.table.pin().get(&ticket.key).copied();
         match existing {
             Some(Slot::Representative(r)) if !ticket.replace => return Ok(Admission::Duplicate(r)),
             Some(Slot::Representative(r)) => self.remove_rep(r, Removal::Replaced),
@@ -823,8 +832,8 @@ impl Cache {
     pub fn representatives(&self) -> impl Iterator<Item = &Representative> {
         self.reps.values()
     }
-    pub fn slot(&self, q: &[f32], k: usize) -> Option<Slot> {
-        self.read.slot(q, k)
+    pub fn slot(&self, q: &[f32]) -> Option<Slot> {
+        self.read.slot(q)
     }
     pub fn insert_log_len(&self) -> usize {
         self.log.len()

@@ -1,7 +1,8 @@
 //! The two identifiers the engine's tables are keyed by, in a leaf module both the
 //! entries and the exact table import.
 //!
-//! Query keys are 128-bit xxh3 hashes of the vector's bytes, seeded with `k`. A 64-bit
+//! Query keys are 128-bit xxh3 hashes of the vector's bytes (not of `k`: an entry cached
+//! for `k` answers any `k' <= k` from its prefix, `read.rs`). A 64-bit
 //! hash (the authors' artifact) can collide within a busy cache's lifetime and would
 //! then serve another query's answer; at 128 bits a collision needs ~2^64 distinct
 //! queries, so aliases need not store their vectors.
@@ -13,7 +14,7 @@ pub type RepId = u64;
 pub struct QueryKey(pub u128);
 
 impl QueryKey {
-    pub fn new(q: &[f32], k: usize) -> Self {
+    pub fn new(q: &[f32]) -> Self {
         // Hash the vector's bytes in place; only a vector holding -0.0 is copied, with
         // -0.0 made 0.0, so two vectors that compare equal share a key.
         // A fold, not `any`: without the early exit it vectorises.
@@ -21,13 +22,13 @@ impl QueryKey {
             .fold(false, |seen, x| seen | (x.to_bits() == NEGATIVE_ZERO))
         {
             let fixed: Vec<f32> = q.iter().map(|&x| if x == 0.0 { 0.0 } else { x }).collect();
-            return QueryKey::new(&fixed, k);
+            return QueryKey::new(&fixed);
         }
         // SAFETY: f32 has no padding and u8 has alignment 1; the length is in bytes.
         let bytes = unsafe {
             std::slice::from_raw_parts(q.as_ptr().cast::<u8>(), std::mem::size_of_val(q))
         };
-        QueryKey(xxhash_rust::xxh3::xxh3_128_with_seed(bytes, k as u64))
+        QueryKey(xxhash_rust::xxh3::xxh3_128(bytes))
     }
 }
 
@@ -38,12 +39,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_follow_value_and_k() {
-        assert_eq!(
-            QueryKey::new(&[1.0, 0.0], 3),
-            QueryKey::new(&[1.0, -0.0], 3)
-        );
-        assert_ne!(QueryKey::new(&[1.0, 0.0], 3), QueryKey::new(&[1.0, 0.0], 4));
-        assert_ne!(QueryKey::new(&[1.0, 0.0], 3), QueryKey::new(&[0.0, 1.0], 3));
+    fn keys_follow_the_value_only() {
+        assert_eq!(QueryKey::new(&[1.0, 0.0]), QueryKey::new(&[1.0, -0.0]));
+        assert_ne!(QueryKey::new(&[1.0, 0.0]), QueryKey::new(&[0.0, 1.0]));
     }
 }

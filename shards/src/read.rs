@@ -174,7 +174,7 @@ impl CacheReader {
     pub fn lookup(&self, q: &[f32], k: usize) -> Result<Lookup> {
         self.validate_request(q, k)?;
         self.counters.lookups.bump();
-        let key = QueryKey::new(q, k);
+        let key = QueryKey::new(q);
         if let Some(hit) = self.probe_exact(q, k, key) {
             return Ok(hit);
         }
@@ -189,10 +189,17 @@ impl CacheReader {
 
     /// Step 1: the exact table. `None` also when the slot's representative is gone
     /// (removed between the two reads): the lookup goes on as if the key were absent.
+    /// An entry cached for `k` answers `k' <= k` from its prefix; asked for more, it is
+    /// a miss that replaces the entry with the larger answer.
     pub fn probe_exact(&self, q: &[f32], k: usize, key: QueryKey) -> Option<Lookup> {
         let slot = self.table.pin().get(&key).copied()?;
         let reps = self.reps.pin();
         let rep = reps.get(&slot.rep())?;
+        if k > rep.k {
+            self.counters.misses.bump();
+            let replace = matches!(slot, Slot::Representative(_));
+            return Some(Lookup::Miss(self.ticket(q, k, key, None, replace)));
+        }
         let kind = match slot {
             Slot::Representative(_) => {
                 // Potluck+ drops out of equality hits too: a repeat verifies the
@@ -237,7 +244,8 @@ impl CacheReader {
         seeds: Option<&mut InsertSeeds>,
     ) -> Option<Lookup> {
         let reps = self.reps.pin();
-        let same_k = |r: RepId| reps.get(&r).is_some_and(|e| e.k == k);
+        // Entries cached for at least `k` answer from their prefix.
+        let holds_k = |r: RepId| reps.get(&r).is_some_and(|e| e.k >= k);
         let n = self.cfg.filter_candidates;
         let mut ids = Vec::with_capacity(2 * n);
         // Exact distances computed while the filter asks whether a candidate serves
@@ -260,7 +268,7 @@ impl CacheReader {
             ..CandidateSearch::nearest(n)
         };
         self.filter
-            .read(|set| set.candidates(&fq, want, &same_k, &mut serves, &mut ids, seeds));
+            .read(|set| set.candidates(&fq, want, &holds_k, &mut serves, &mut ids, seeds));
         let mut cands: Vec<(f32, RepId, &RepView)> = Vec::with_capacity(ids.len());
         for r in ids {
             if let Some(view) = reps.get(&r) {
@@ -318,7 +326,7 @@ impl CacheReader {
     /// bypass that still admits.
     pub fn miss_ticket(&self, q: &[f32], k: usize, replace: bool) -> Result<MissTicket> {
         self.validate_request(q, k)?;
-        Ok(self.ticket(q, k, QueryKey::new(q, k), None, replace))
+        Ok(self.ticket(q, k, QueryKey::new(q), None, replace))
     }
 
     /// The `k` results a hit returns, ascending by distance to the request's vector.
@@ -383,7 +391,17 @@ impl CacheReader {
         self.reps.is_empty()
     }
 
-    pub fn slot(&self, q: &[f32], k: usize) -> Option<Slot> {
-        self.table.pin().get(&QueryKey::new(q, k)).copied()
+    /// The `k` the representative of `key` was cached for (`None`: no representative;
+    /// an alias answers with another entry's list).
+    pub fn representative_k(&self, key: QueryKey) -> Option<usize> {
+        match self.table.pin().get(&key).copied()? {
+            Slot::Representative(r) => self.reps.pin().get(&r).map(|v| v.k),
+            Slot::Alias(_) => None,
+        }
+    }
+
+    /// The slot of `q` (whatever `k` its entry was cached for).
+    pub fn slot(&self, q: &[f32]) -> Option<Slot> {
+        self.table.pin().get(&QueryKey::new(q)).copied()
     }
 }

@@ -101,7 +101,7 @@ pub fn lookup_across<'a>(
     k: usize,
 ) -> (usize, Lookup) {
     let (s1, probe) = (probes.first(), probes.as_slice());
-    let key = QueryKey::new(q, k);
+    let key = QueryKey::new(q);
     let nearest = reader(s1);
     nearest.counters.lookups.bump();
     let exact = probe

@@ -214,7 +214,7 @@ impl Cache {
             && e.tau.is_finite()
             && e.tau >= 0.0
             && e.min_gap.is_finite();
-        if !shape_ok || QueryKey::new(&e.query, k).0 != e.key {
+        if !shape_ok || QueryKey::new(&e.query).0 != e.key {
             return None;
         }
         let key = QueryKey(e.key);

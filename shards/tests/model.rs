@@ -55,6 +55,9 @@ struct Model {
     head: u64,
     rr_last: u64,
     deletes: Vec<(u64, u64)>,
+    /// Set by a lookup that missed because the query's entry holds fewer than the `k`
+    /// asked for: the admission that follows replaces it.
+    replace_next: bool,
 }
 
 fn before(a: (f32, u64), b: (f32, u64)) -> bool {
@@ -71,6 +74,7 @@ impl Model {
             last_seq: 0,
             head: 1,
             rr_last: 0,
+            replace_next: false,
             deletes: vec![],
         }
     }
@@ -130,7 +134,14 @@ impl Model {
 
     /// Returns (kind, ids).
     fn lookup(&mut self, q: &[f32], k: usize) -> (HitKind, Vec<u64>, Option<usize>) {
-        if let Some(i) = self.reps.iter().position(|r| r.k == k && r.q == q) {
+        self.replace_next = false;
+        // An entry answers every k' <= its k; asked for more, it is a miss (the
+        // representative's own query: replaced by the admission).
+        if let Some(i) = self.reps.iter().position(|r| r.q == q) {
+            if k > self.reps[i].k {
+                self.replace_next = true;
+                return (HitKind::Miss, vec![], None);
+            }
             if self.p.proximity.is_none() {
                 let cap = self.min_gap(&self.reps[i]);
                 let r = &mut self.reps[i];
@@ -142,15 +153,18 @@ impl Model {
         if let Some(i) = self
             .reps
             .iter()
-            .position(|r| r.k == k && r.aliases.iter().any(|a| a == q))
+            .position(|r| r.aliases.iter().any(|a| a == q))
         {
+            if k > self.reps[i].k {
+                return (HitKind::Miss, vec![], None);
+            }
             return (HitKind::Alias, self.rerank(i, q, k), None);
         }
         let mut cands: Vec<(f32, u64, usize, f32)> = self
             .reps
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.k == k)
+            .filter(|(_, r)| r.k >= k)
             .map(|(i, r)| {
                 let (d, gap) = self.lookup_distance(q, r);
                 (d, r.id, i, gap)
@@ -207,13 +221,16 @@ impl Model {
         if list.len() < k {
             return Admission::TooFew;
         }
-        if let Some(r) = self.reps.iter().find(|r| r.k == k && r.q == q) {
-            return Admission::Duplicate(r.id);
+        let replace = std::mem::take(&mut self.replace_next);
+        if let Some(r) = self.reps.iter().find(|r| r.q == q) {
+            if !replace {
+                return Admission::Duplicate(r.id);
+            }
+            let id = r.id;
+            self.remove(id);
         }
         for r in self.reps.iter_mut() {
-            if r.k == k {
-                r.aliases.retain(|a| a != q);
-            }
+            r.aliases.retain(|a| a != q);
         }
         while self.objects() + list.len() > self.p.capacity && !self.reps.is_empty() {
             let oldest = self.reps[0].id;

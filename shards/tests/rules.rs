@@ -49,8 +49,8 @@ fn ids(r: &shards::SearchOutcome) -> Vec<u64> {
     r.results.iter().map(|n| n.id).collect()
 }
 
-fn tau(c: &Cache, q: f32, k: usize) -> f32 {
-    let rep = c.slot(&[q], k).unwrap().rep();
+fn tau(c: &Cache, q: f32) -> f32 {
+    let rep = c.slot(&[q]).unwrap().rep();
     c.representative(rep).unwrap().tau.load()
 }
 
@@ -65,22 +65,19 @@ fn miss_admits_with_tau_min_d_over_4_then_equality_hit_grows_tau() {
     let r = c.search(&s, &[1.0], 2).unwrap();
     assert_eq!(r.kind, HitKind::Miss);
     assert_eq!(ids(&r), vec![1, 2]);
-    assert!(close(tau(&c, 1.0, 2), 0.25));
+    assert!(close(tau(&c, 1.0), 0.25));
     let r = c.search(&s, &[1.0], 2).unwrap();
     assert_eq!(r.kind, HitKind::Exact);
     assert_eq!(ids(&r), vec![1, 2]);
-    assert!(
-        close(tau(&c, 1.0, 2), 0.275),
-        "τ ← min(0.25 · 1.1, minD = 1)"
-    );
+    assert!(close(tau(&c, 1.0), 0.275), "τ ← min(0.25 · 1.1, minD = 1)");
     // growth is capped by minD
     for _ in 0..40 {
         c.search(&s, &[1.0], 2).unwrap();
     }
     assert!(
-        close(tau(&c, 1.0, 2), 1.0),
+        close(tau(&c, 1.0), 1.0),
         "capped at minD, got {}",
-        tau(&c, 1.0, 2)
+        tau(&c, 1.0)
     );
     c.check_invariants().unwrap();
 }
@@ -100,11 +97,11 @@ fn approximate_hit_shrinks_tau_links_alias_and_reranks_for_the_request() {
         r.results
     );
     assert!(r.exact_distances);
-    assert!(close(tau(&c, 1.0, 2), 0.06875), "τ ← 0.275 · 0.25");
+    assert!(close(tau(&c, 1.0), 0.06875), "τ ← 0.275 · 0.25");
     // the same query again comes back through its alias, τ unchanged
     let r = c.search(&s, &[1.3], 2).unwrap();
     assert_eq!(r.kind, HitKind::Alias);
-    assert!(close(tau(&c, 1.0, 2), 0.06875));
+    assert!(close(tau(&c, 1.0), 0.06875));
     assert_eq!(c.aliases(), 1);
     // d = 0.09 is no longer < τ for another near query
     let r = c.search(&s, &[0.7], 2).unwrap();
@@ -198,10 +195,10 @@ fn second_chance_keeps_an_entry_that_served_a_hit() {
         c.search(&s, &[20.0], 2).unwrap(); // ids 6, 5: one entry must leave
         assert_eq!(c.len(), 2, "{eviction:?}");
         assert!(
-            c.slot(&[survivor], 2).is_some(),
+            c.slot(&[survivor]).is_some(),
             "{eviction:?} keeps {survivor}"
         );
-        assert!(c.slot(&[20.0], 2).is_some());
+        assert!(c.slot(&[20.0]).is_some());
         c.check_invariants().unwrap();
     }
 }
@@ -215,7 +212,7 @@ fn threshold_is_strict() {
 }
 
 #[test]
-fn entries_are_keyed_by_k() {
+fn a_larger_k_misses_and_replaces_the_entry() {
     let (mut c, s) = (cache(0), store());
     c.search(&s, &[1.0], 2).unwrap();
     let r = c.search(&s, &[1.0], 3).unwrap();
@@ -299,7 +296,7 @@ fn fast_path_inserts_at_the_sorted_place() {
     s.insert(9, &[0.0]).unwrap(); // d = 1, ties with id 1: after it by id
     let out = c.insert(9, &[0.0]).unwrap();
     assert!(out.fast_path);
-    let rep = c.representative(c.slot(&[1.0], 2).unwrap().rep()).unwrap();
+    let rep = c.representative(c.slot(&[1.0]).unwrap().rep()).unwrap();
     assert_eq!(
         rep.nrl.ids,
         vec![1, 9, 2],
@@ -361,7 +358,7 @@ fn slow_path_merge_reaches_entries_the_fast_path_skips() {
     s.insert(30, &[4.6]).unwrap();
     c.insert_with(30, std::sync::Arc::from(&[4.6f32][..]), true)
         .unwrap();
-    let b = c.slot(&[6.0], 2).unwrap().rep();
+    let b = c.slot(&[6.0]).unwrap().rep();
     assert_eq!(
         c.representative(b).unwrap().nrl.ids,
         vec![3, 30],
@@ -394,7 +391,7 @@ fn fifo_eviction_releases_references_and_aliases() {
     c.search(&s, &[9.0], 2).unwrap(); // 4, 3: evicts the oldest (q = 1.0) and its alias
     assert_eq!(c.len(), 2);
     assert_eq!(c.aliases(), 0);
-    assert!(c.slot(&[1.3], 2).is_none() && c.slot(&[1.0], 2).is_none());
+    assert!(c.slot(&[1.3]).is_none() && c.slot(&[1.0]).is_none());
     assert_eq!(c.stats().evictions, 1);
     c.check_invariants().unwrap();
 }
@@ -645,7 +642,7 @@ fn aliases_stop_at_max_aliases_per_rep() {
     for _ in 0..40 {
         c.search(&s, &[1.0], 2).unwrap();
     }
-    assert!(close(tau(&c, 1.0, 2), 1.0));
+    assert!(close(tau(&c, 1.0), 1.0));
     // Three approximate hits, each within the τ the one before left (τ ← τ · 0.25):
     // 1.9 (d 0.81 < 1), 1.45 (d 0.2025 < 0.25), 1.2 (d 0.04 < 0.0625).
     for q in [1.9, 1.45, 1.2] {
@@ -691,6 +688,43 @@ fn a_ticket_older_than_the_delete_log_is_stale() {
     }
     let answer = s.search(&[3.0], 2).unwrap();
     assert_eq!(c.admit(ticket, answer).unwrap(), Admission::Stale);
-    assert!(c.slot(&[3.0], 2).is_none(), "nothing was admitted");
+    assert!(c.slot(&[3.0]).is_none(), "nothing was admitted");
     c.check_invariants().unwrap();
+}
+
+/// k is a request parameter, not part of the key: an entry cached for k answers any
+/// k' <= k from its prefix (every hit kind), and a request for more is a miss that
+/// replaces the entry with the larger answer.
+#[test]
+fn an_entry_answers_every_smaller_k_from_its_prefix_and_a_larger_k_refreshes_it() {
+    let st = store();
+    let mut c = cache(0);
+    let first = c.search(&st, &[4.0], 3).unwrap();
+    assert_eq!((first.kind, ids(&first)), (HitKind::Miss, vec![2, 3, 1]));
+    for k in 1..=3 {
+        let r = c.search(&st, &[4.0], k).unwrap();
+        assert_eq!(r.kind, HitKind::Exact, "k = {k}");
+        assert_eq!(ids(&r), ids(&first)[..k].to_vec());
+    }
+    // Asked for 4: a miss; the backend's answer of 4 replaces the entry of 3.
+    let more = c.search(&st, &[4.0], 4).unwrap();
+    assert_eq!((more.kind, ids(&more)), (HitKind::Miss, vec![2, 3, 1, 4]));
+    assert_eq!(c.len(), 1, "replaced, not added");
+    let rep = c.representative(c.slot(&[4.0]).unwrap().rep()).unwrap();
+    assert_eq!(rep.k, 4);
+    let again = c.search(&st, &[4.0], 4).unwrap();
+    assert_eq!(
+        (again.kind, ids(&again)),
+        (HitKind::Exact, vec![2, 3, 1, 4])
+    );
+    // A nearby query with a smaller k is served approximately by the larger entry.
+    let near = c.search(&st, &[4.01], 2).unwrap();
+    assert_eq!((near.kind, near.results.len()), (HitKind::Approximate, 2));
+    // ... and with a larger k than any entry holds it is not.
+    let mut small = cache(0);
+    small.search(&st, &[4.0], 2).unwrap();
+    let wide = small.search(&st, &[4.01], 3).unwrap();
+    assert_eq!(wide.kind, HitKind::Miss);
+    c.check_invariants().unwrap();
+    small.check_invariants().unwrap();
 }

@@ -115,8 +115,8 @@ fn top(m: Metric, q: &[f32], n: usize) -> Vec<(u64, [f32; 2])> {
     p
 }
 
-fn tau(c: &Cache, q: &[f32], k: usize) -> f64 {
-    let rep = c.slot(q, k).unwrap().rep();
+fn tau(c: &Cache, q: &[f32]) -> f64 {
+    let rep = c.slot(q).unwrap().rep();
     c.representative(rep).unwrap().tau.load() as f64
 }
 
@@ -164,13 +164,13 @@ fn a_miss_admits_at_a_quarter_of_min_gap_and_equality_hits_grow_it_to_min_gap() 
         assert_eq!(ids, want.iter().map(|p| p.0).collect::<Vec<_>>(), "{m}");
         let min_gap = min_gap(m, &q(), &vectors(&want));
         assert!(min_gap > 0.0, "{m}: a positive minD");
-        assert!(close(tau(&c, &q(), 2), min_gap / 4.0), "{m}: τ0 = minD / 4");
+        assert!(close(tau(&c, &q()), min_gap / 4.0), "{m}: τ0 = minD / 4");
         c.search(&s, &q(), 2).unwrap();
-        assert!(close(tau(&c, &q(), 2), min_gap / 4.0 * 1.1), "{m}: τ · α_L");
+        assert!(close(tau(&c, &q()), min_gap / 4.0 * 1.1), "{m}: τ · α_L");
         for _ in 0..40 {
             assert_eq!(c.search(&s, &q(), 2).unwrap().kind, HitKind::Exact);
         }
-        assert!(close(tau(&c, &q(), 2), min_gap), "{m}: capped at minD");
+        assert!(close(tau(&c, &q()), min_gap), "{m}: capped at minD");
         c.check_invariants().unwrap();
     }
 }
@@ -182,7 +182,7 @@ fn approximate_hits_are_decided_on_the_gap_and_tighten_it() {
             let policy = PolicyConfig::default();
             let (mut c, s) = (cache_checking(m, 0, policy, 2, filter), store(m));
             c.search(&s, &q(), 2).unwrap();
-            let t = tau(&c, &q(), 2);
+            let t = tau(&c, &q());
             let near = at_gap(m, q(), t * share);
             assert!(
                 close(gap(m, &near, &q()), t * share),
@@ -200,7 +200,7 @@ fn approximate_hits_are_decided_on_the_gap_and_tighten_it() {
                 let v = points().into_iter().find(|p| p.0 == n.id).unwrap().1;
                 assert!(close(n.distance as f64, distance(m, &near, &v)), "{m}");
             }
-            assert!(close(tau(&c, &q(), 2), t * 0.25), "{m}: τ · α_T, tighter");
+            assert!(close(tau(&c, &q()), t * 0.25), "{m}: τ · α_T, tighter");
         }
     }
 }
@@ -224,7 +224,7 @@ fn merges_and_deletes_keep_min_gap_on_the_nearest_result() {
     for m in METRICS {
         let (mut c, mut s) = (cache(m, 1, PolicyConfig::default()), store(m));
         c.search(&s, &q(), 2).unwrap();
-        let rep = c.slot(&q(), 2).unwrap().rep();
+        let rep = c.slot(&q()).unwrap().rep();
         let before = top(m, &q(), 3);
         // A new best, half a degree off the request: near it (squared L2), or long
         // enough to outscore point 5 (inner product).
@@ -281,7 +281,7 @@ fn ip_without_result_vectors_admits_but_serves_no_approximate_hit() {
             Admission::Admitted(_)
         ));
         // The angle to the best result is unknown on ip: no threshold at all.
-        let t = tau(&c, &q(), 2);
+        let t = tau(&c, &q());
         assert_eq!(t == 0.0, m == Metric::InnerProduct, "{m}: τ = {t}");
         let near = at_gap(m, q(), min_gap(m, &q(), &vectors(&top(m, &q(), 2))) / 100.0);
         let kind = c.search(&s, &near, 2).unwrap().kind;
@@ -317,7 +317,7 @@ fn ip_filter_finds_the_nearest_direction_not_the_longest_query() {
             panic!("the short query's entry serves it")
         };
         assert_eq!(hit.kind, HitKind::Approximate);
-        assert_eq!(hit.rep, c.slot(&short, 2).unwrap().rep());
+        assert_eq!(hit.rep, c.slot(&short).unwrap().rep());
     }
 }
 
@@ -372,7 +372,7 @@ fn ip_without_kept_vectors_min_gap_falls_on_merges_and_holds_on_deletes() {
     let mut c = Cache::new(cfg, PolicyConfig::default().build()).unwrap();
     let mut s = store(m);
     c.search(&s, &q(), 2).unwrap();
-    let rep = c.slot(&q(), 2).unwrap().rep();
+    let rep = c.slot(&q()).unwrap().rep();
     let r = c.representative(rep).unwrap();
     assert!(
         r.nrl.vectors.iter().all(|v| v.is_none()),

@@ -129,7 +129,7 @@ fn run_stress(filter: FilterKind, standby_search: StandbySearch) {
                     // As akerd's handler: the shards a moved centroid left are probed too.
                     let probes = router.route_probes(&q);
                     let (s1, probe) = (probes.first(), probes.as_slice());
-                    let key = QueryKey::new(&q, K);
+                    let key = QueryKey::new(&q);
                     // As akerd's handler: the nearest shard's filter search leaves the
                     // admission its seeds (the owner links the new node among them).
                     let mut seeds = InsertSeeds::default();

@@ -54,6 +54,7 @@ impl Client {
         self.next_id += 1;
         self.conn.queue(&RequestFrame {
             request_id: id,
+            version: self.conn.version,
             request: req,
         })?;
         self.conn.flush()?;
@@ -89,17 +90,31 @@ impl Client {
         self.conn.read_frame()
     }
 
-    /// HELLO: the server's limits. Remembered, so that oversized requests are refused here
-    /// instead of costing the connection.
+    /// HELLO: the server's limits, remembered so that oversized requests are refused here
+    /// instead of costing the connection; the connection then speaks the newest version
+    /// both ends know (a server that answers `BAD_VERSION` is asked again in the oldest).
     pub fn hello(&mut self) -> Result<HelloReply> {
-        match self.call(Request::Hello)? {
+        let mut reply = self.call(Request::Hello)?;
+        if reply.status() == crate::protocol::Status::BadVersion
+            && self.conn.version > crate::protocol::VERSION_MIN
+        {
+            self.conn.version = crate::protocol::VERSION_MIN;
+            reply = self.call(Request::Hello)?;
+        }
+        match reply {
             Reply::Hello(h) => {
                 self.conn.set_server_max_frame(h.max_frame_bytes as usize);
+                self.conn.version = self.conn.version.min(h.version_max);
                 self.server = Some(h);
                 Ok(h)
             }
             other => Err(server_error(self.next_id - 1, other)),
         }
+    }
+
+    /// The protocol version this connection's requests go out in.
+    pub fn version(&self) -> u8 {
+        self.conn.version
     }
 
     pub fn ping(&mut self) -> Result<()> {
@@ -148,6 +163,25 @@ impl Client {
     /// FILL collection 0 with a backend answer; `Ok(true)` when the cache admitted it.
     pub fn fill(&mut self, query: &[f32], k: u32, candidates: Vec<FillCandidate>) -> Result<bool> {
         self.fill_with(FillRequest {
+            token: None,
+            collection: 0,
+            k,
+            query: query.to_vec(),
+            candidates,
+        })
+    }
+
+    /// FILL after a MISS, presenting its token (version 2; `SearchReply::token`): every
+    /// id deleted since that miss is stripped, whichever connection the FILL comes on.
+    pub fn fill_token(
+        &mut self,
+        query: &[f32],
+        k: u32,
+        candidates: Vec<FillCandidate>,
+        token: Option<u64>,
+    ) -> Result<bool> {
+        self.fill_with(FillRequest {
+            token,
             collection: 0,
             k,
             query: query.to_vec(),

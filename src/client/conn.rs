@@ -24,6 +24,8 @@ pub(crate) struct Conn {
     /// Largest request frame the server accepts, once known (HELLO).
     server_max_frame: Option<usize>,
     io_timeout: Option<Duration>,
+    /// The version requests go out in.
+    pub(crate) version: u8,
     /// Set when the byte stream is no longer in a known state (partial write, lost
     /// framing, closed by the peer): every later call fails fast.
     broken: bool,
@@ -60,6 +62,7 @@ impl Conn {
             max_frame: opts.max_frame_bytes,
             server_max_frame: None,
             io_timeout: opts.io_timeout,
+            version: opts.version,
             broken: false,
         })
     }

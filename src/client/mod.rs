@@ -45,6 +45,9 @@ pub struct ClientOptions {
     /// Largest reply frame accepted.
     pub max_frame_bytes: usize,
     pub nodelay: bool,
+    /// The protocol version requests are sent in (`protocol::VERSION`, the newest, by
+    /// default; HELLO lowers it to what the server speaks).
+    pub version: u8,
 }
 
 impl Default for ClientOptions {
@@ -54,6 +57,7 @@ impl Default for ClientOptions {
             io_timeout: Some(Duration::from_secs(10)),
             max_frame_bytes: 64 << 20,
             nodelay: true,
+            version: crate::protocol::VERSION,
         }
     }
 }

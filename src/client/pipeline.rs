@@ -52,6 +52,7 @@ impl Pipeline {
         window: usize,
         opts: ClientOptions,
     ) -> Result<(Pipeline, HelloReply)> {
+        let retry = opts.clone();
         let mut p = Pipeline::connect_with(addr, window, opts)?;
         let id = p.send(Request::Hello)?;
         let (got, reply) = p.recv()?;
@@ -60,7 +61,19 @@ impl Pipeline {
             Reply::Hello(h) => {
                 p.window = p.window.min(h.max_inflight.max(1) as usize);
                 p.conn.set_server_max_frame(h.max_frame_bytes as usize);
+                p.conn.version = p.conn.version.min(h.version_max);
                 Ok((p, h))
+            }
+            // A server older than this client: HELLO again in the oldest version.
+            Reply::Error {
+                status: crate::protocol::Status::BadVersion,
+                ..
+            } if p.conn.version > crate::protocol::VERSION_MIN => {
+                let opts = ClientOptions {
+                    version: crate::protocol::VERSION_MIN,
+                    ..retry
+                };
+                Pipeline::connect_negotiated(p.peer_addr()?, window, opts)
             }
             other => Err(server_error(id, other)),
         }
@@ -104,6 +117,7 @@ impl Pipeline {
         let op = req.opcode();
         self.conn.queue(&RequestFrame {
             request_id: id,
+            version: self.conn.version,
             request: req,
         })?;
         self.next_id += 1;

@@ -23,8 +23,9 @@ use super::checkpoint::{read_framed, write_framed, HEADER_BYTES};
 use super::wal::{self, sync_dir, Op};
 
 const MAGIC: &[u8; 8] = b"AKERSNP\0";
-/// The snapshot format this build writes and reads.
-pub const FORMAT: u32 = 1;
+/// The snapshot format this build writes and reads. 2: query keys no longer hash `k`
+/// (an entry answers any smaller `k`); a format 1 snapshot's keys would not match.
+pub const FORMAT: u32 = 2;
 /// The snapshot's file name in the data directory.
 pub const FILE: &str = "cache.snapshot";
 const TMP: &str = "cache.snapshot.tmp";

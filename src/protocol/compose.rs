@@ -19,6 +19,10 @@ pub enum EncodeError {
     },
     #[error("an error reply cannot carry status OK")]
     ErrorWithOk,
+    #[error("{0} is not part of protocol version 1")]
+    NotInVersion1(&'static str),
+    #[error("version {0} is not spoken here")]
+    Version(u8),
 }
 
 fn count(what: &'static str, n: usize) -> Result<u32, EncodeError> {
@@ -43,8 +47,10 @@ fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
 
 /// Writes a header with a zero length, the body via `body`, then patches the length.
 /// Truncates `out` back on error.
+#[allow(clippy::too_many_arguments)]
 fn frame(
     out: &mut Vec<u8>,
+    version: u8,
     opcode: u8,
     flags: u16,
     status: u16,
@@ -53,7 +59,7 @@ fn frame(
 ) -> Result<usize, EncodeError> {
     let start = out.len();
     put_u16(out, MAGIC);
-    out.push(VERSION);
+    out.push(version);
     out.push(opcode);
     put_u16(out, flags);
     put_u16(out, status);
@@ -78,11 +84,20 @@ fn frame(
 /// Appends one request frame to `out`; returns its length.
 pub fn encode_request(f: &RequestFrame, out: &mut Vec<u8>) -> Result<usize, EncodeError> {
     let op = f.request.opcode().code();
+    if !(VERSION_MIN..=VERSION).contains(&f.version) {
+        return Err(EncodeError::Version(f.version));
+    }
     let flags = match &f.request {
         Request::Search(s) => s.flags(),
+        Request::Fill(fill) if fill.token.is_some() => {
+            if f.version < 2 {
+                return Err(EncodeError::NotInVersion1("a FILL token"));
+            }
+            FLAG_FILL_TOKEN
+        }
         _ => 0,
     };
-    frame(out, op, flags, 0, f.request_id, |out| {
+    frame(out, f.version, op, flags, 0, f.request_id, |out| {
         match &f.request {
             Request::Hello | Request::Flush | Request::Stats => {}
             Request::Ping(payload) => out.extend_from_slice(payload),
@@ -124,6 +139,9 @@ pub fn encode_request(f: &RequestFrame, out: &mut Vec<u8>) -> Result<usize, Enco
                     put_u32(out, c.distance.to_bits());
                     put_f32s(out, &c.vector);
                 }
+                if let Some(t) = fill.token {
+                    put_u64(out, t);
+                }
             }
         }
         Ok(())
@@ -137,42 +155,65 @@ pub fn encode_reply(f: &ReplyFrame, out: &mut Vec<u8>) -> Result<usize, EncodeEr
     if matches!(f.reply, Reply::Error { .. }) && status == Status::Ok {
         return Err(EncodeError::ErrorWithOk);
     }
-    frame(out, opcode, 0, status.code(), f.request_id, |out| {
-        match &f.reply {
-            Reply::Hello(h) => {
-                out.push(h.version_min);
-                out.push(h.version_max);
-                out.push(h.metric.code());
-                out.push(0);
-                put_u32(out, h.max_frame_bytes);
-                put_u32(out, h.dim);
-                put_u32(out, h.k_max);
-                put_u32(out, h.max_inflight);
-                put_u32(out, h.executors);
-                put_u32(out, h.shards);
-            }
-            Reply::Pong(payload) => out.extend_from_slice(payload),
-            Reply::Search(s) => {
-                out.push(s.hit.code());
-                out.push(if s.distances_to_query {
-                    REPLY_DISTANCES_TO_QUERY
-                } else {
-                    0
-                });
-                put_u16(out, 0);
-                put_u32(out, count("neighbors", s.neighbors.len())?);
-                out.reserve(s.neighbors.len() * 12);
-                for n in &s.neighbors {
-                    put_u64(out, n.id);
-                    put_u32(out, n.distance.to_bits());
+    if !(VERSION_MIN..=VERSION).contains(&f.version) {
+        return Err(EncodeError::Version(f.version));
+    }
+    // Version 1 has no place for what version 2 added: a version 1 peer never gets it.
+    let v2 = f.version >= 2;
+    frame(
+        out,
+        f.version,
+        opcode,
+        0,
+        status.code(),
+        f.request_id,
+        |out| {
+            match &f.reply {
+                Reply::Hello(h) => {
+                    out.push(h.version_min);
+                    out.push(h.version_max);
+                    out.push(h.metric.code());
+                    out.push(0);
+                    put_u32(out, h.max_frame_bytes);
+                    put_u32(out, h.dim);
+                    put_u32(out, h.k_max);
+                    put_u32(out, h.max_inflight);
+                    put_u32(out, h.executors);
+                    put_u32(out, h.shards);
+                    if v2 {
+                        put_u32(out, h.delta.unwrap_or(0));
+                    }
                 }
+                Reply::Pong(payload) => out.extend_from_slice(payload),
+                Reply::Search(s) => {
+                    let token = s.token.filter(|_| v2);
+                    out.push(s.hit.code());
+                    let mut flags = 0;
+                    if s.distances_to_query {
+                        flags |= REPLY_DISTANCES_TO_QUERY;
+                    }
+                    if token.is_some() {
+                        flags |= REPLY_TOKEN;
+                    }
+                    out.push(flags);
+                    put_u16(out, 0);
+                    put_u32(out, count("neighbors", s.neighbors.len())?);
+                    out.reserve(s.neighbors.len() * 12);
+                    for n in &s.neighbors {
+                        put_u64(out, n.id);
+                        put_u32(out, n.distance.to_bits());
+                    }
+                    if let Some(t) = token {
+                        put_u64(out, t);
+                    }
+                }
+                Reply::Inserted | Reply::Flushed => {}
+                Reply::Deleted { existed } => out.push(*existed as u8),
+                Reply::Filled { admitted } => out.push(*admitted as u8),
+                Reply::Stats(text) => out.extend_from_slice(text.as_bytes()),
+                Reply::Error { message, .. } => out.extend_from_slice(message.as_bytes()),
             }
-            Reply::Inserted | Reply::Flushed => {}
-            Reply::Deleted { existed } => out.push(*existed as u8),
-            Reply::Filled { admitted } => out.push(*admitted as u8),
-            Reply::Stats(text) => out.extend_from_slice(text.as_bytes()),
-            Reply::Error { message, .. } => out.extend_from_slice(message.as_bytes()),
-        }
-        Ok(())
-    })
+            Ok(())
+        },
+    )
 }

@@ -1,4 +1,6 @@
-//! The aker wire protocol, version 1 (byte layouts: `PROTOCOL.md` at the repository root).
+//! The aker wire protocol, versions 1 and 2 (byte layouts and the changelog:
+//! `PROTOCOL.md` at the repository root). A frame carries its version; the server
+//! answers in the version of the request, so a version 1 client keeps working.
 //!
 //! Pelikan-style split: [`parse`] turns bytes into frames (a pure function over a buffer
 //! that never panics and never allocates more than the frame it was allowed to read),
@@ -33,11 +35,22 @@ use shards::Metric;
 
 /// `"AK"` on the wire (bytes `0x41 0x4B`), read as a little-endian u16.
 pub const MAGIC: u16 = 0x4B41;
-/// The protocol version this build speaks.
-pub const VERSION: u8 = 1;
+/// The newest protocol version this build speaks (what the clients send).
+pub const VERSION: u8 = 2;
 /// Oldest version this build accepts (the header layout is frozen across versions, so a
 /// peer speaking another version gets a per-request `BAD_VERSION`, not a closed socket).
+/// Connection-level replies go out in it: every client decodes them.
 pub const VERSION_MIN: u8 = 1;
+
+/// The version a reply to a frame of version `v` is sent in: `v` when spoken here, else
+/// the newest (a `BAD_VERSION` reply tells the peer what this server speaks).
+pub fn reply_version(v: u8) -> u8 {
+    if (VERSION_MIN..=VERSION).contains(&v) {
+        v
+    } else {
+        VERSION
+    }
+}
 /// Fixed header length in bytes.
 pub const HEADER_LEN: usize = 20;
 /// Set in the opcode byte of every reply.
@@ -52,10 +65,14 @@ pub const FLAG_BYPASS_CACHE: u16 = 0x0001;
 pub const FLAG_REFRESH_ENTRY: u16 = 0x0002;
 /// Every flag bit a SEARCH may carry.
 pub const SEARCH_FLAGS: u16 = FLAG_BYPASS_CACHE | FLAG_REFRESH_ENTRY;
+/// FILL request flag (version 2): an 8-byte MISS token ends the body.
+pub const FLAG_FILL_TOKEN: u16 = 0x0001;
 
 /// SEARCH reply body flag: the distances are to the request's own vector (re-ranked), not
 /// to the cached representative query's.
 pub const REPLY_DISTANCES_TO_QUERY: u8 = 0x01;
+/// SEARCH reply body flag (version 2): an 8-byte MISS token follows the neighbours.
+pub const REPLY_TOKEN: u8 = 0x02;
 
 /// Request opcodes. A reply carries `opcode | REPLY_BIT`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -338,6 +355,8 @@ pub struct FillRequest {
     pub query: Vec<f32>,
     /// Every candidate vector has the query's dimension.
     pub candidates: Vec<FillCandidate>,
+    /// The MISS reply's token (version 2): ids deleted since that miss are stripped.
+    pub token: Option<u64>,
 }
 
 /// A decoded request.
@@ -373,7 +392,20 @@ impl Request {
 #[derive(Clone, Debug, PartialEq)]
 pub struct RequestFrame {
     pub request_id: u64,
+    /// The protocol version of the frame (`VERSION_MIN..=VERSION`).
+    pub version: u8,
     pub request: Request,
+}
+
+impl RequestFrame {
+    /// A frame of this build's newest version.
+    pub fn new(request_id: u64, request: Request) -> Self {
+        RequestFrame {
+            request_id,
+            version: VERSION,
+            request,
+        }
+    }
 }
 
 /// HELLO reply: what a client must know before sending anything else.
@@ -389,6 +421,8 @@ pub struct HelloReply {
     pub max_inflight: u32,
     pub executors: u32,
     pub shards: u32,
+    /// Δ: a cache-aside client FILLs `k + Δ` candidates. Version 2 only (`None` in 1).
+    pub delta: Option<u32>,
 }
 
 /// One search result.
@@ -407,6 +441,8 @@ pub struct SearchReply {
     pub distances_to_query: bool,
     /// Ascending by distance.
     pub neighbors: Vec<Neighbor>,
+    /// Version 2, a cache-aside MISS: the token its FILL presents.
+    pub token: Option<u64>,
 }
 
 /// A reply. Every request opcode has its own success variant; any failure is `Error`.
@@ -475,5 +511,7 @@ impl Reply {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReplyFrame {
     pub request_id: u64,
+    /// The protocol version of the frame: the request's ([`reply_version`]).
+    pub version: u8,
     pub reply: Reply,
 }

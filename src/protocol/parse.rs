@@ -61,6 +61,8 @@ pub enum DecodeError {
         request_id: u64,
         /// Opcode byte without the reply bit ([`CONNECTION_OP`] when unknown).
         op: u8,
+        /// The header's version, when a header was read.
+        version: Option<u8>,
         reason: String,
     },
     /// Only this frame is bad: answer `request_id` with `status`, skip `consumed` bytes.
@@ -69,6 +71,7 @@ pub enum DecodeError {
         status: Status,
         request_id: u64,
         op: u8,
+        version: Option<u8>,
         consumed: usize,
         reason: String,
     },
@@ -109,6 +112,16 @@ impl DecodeError {
     }
 
     /// The reply a server sends for this error.
+    /// The version an error reply is sent in: the frame's when spoken here (and known),
+    /// the oldest for bytes that are not a frame, the newest for a version not spoken.
+    fn reply_version(&self) -> u8 {
+        match self {
+            DecodeError::Framing { version, .. } | DecodeError::Frame { version, .. } => {
+                version.map_or(VERSION_MIN, reply_version)
+            }
+        }
+    }
+
     pub fn error_reply(&self) -> ReplyFrame {
         let (op, status, request_id, reason) = match self {
             DecodeError::Framing {
@@ -116,6 +129,7 @@ impl DecodeError {
                 status,
                 request_id,
                 reason,
+                ..
             }
             | DecodeError::Frame {
                 op,
@@ -127,6 +141,7 @@ impl DecodeError {
         };
         ReplyFrame {
             request_id,
+            version: self.reply_version(),
             reply: Reply::error(op, status, reason.clone()),
         }
     }
@@ -145,6 +160,7 @@ impl RawFrame<'_> {
             status,
             request_id: self.header.request_id,
             op: self.header.opcode & !REPLY_BIT,
+            version: Some(self.header.version),
             consumed: self.consumed,
             reason: reason.into(),
         }
@@ -156,6 +172,7 @@ fn bad_magic() -> DecodeError {
         status: Status::BadFrame,
         request_id: 0,
         op: CONNECTION_OP,
+        version: None,
         reason: "bad magic: not an aker frame".into(),
     }
 }
@@ -177,6 +194,7 @@ fn split_frame(buf: &[u8], max_frame_bytes: usize) -> Result<Option<RawFrame<'_>
             status: Status::TooLarge,
             request_id: header.request_id,
             op: header.opcode & !REPLY_BIT,
+            version: Some(header.version),
             reason: format!("frame of {frame_len} bytes is over the limit of {max_frame_bytes}"),
         });
     }
@@ -226,10 +244,10 @@ pub fn decode_request(
     if h.status != 0 {
         return Err(raw.bad(Status::BadRequest, "status field must be 0 in a request"));
     }
-    let allowed_flags = if op == Opcode::Search {
-        SEARCH_FLAGS
-    } else {
-        0
+    let allowed_flags = match op {
+        Opcode::Search => SEARCH_FLAGS,
+        Opcode::Fill if h.version >= 2 => FLAG_FILL_TOKEN,
+        _ => 0,
     };
     if h.flags & !allowed_flags != 0 {
         return Err(raw.bad(
@@ -242,6 +260,7 @@ pub fn decode_request(
     Ok(Some((
         RequestFrame {
             request_id: h.request_id,
+            version: h.version,
             request,
         },
         raw.consumed,
@@ -274,7 +293,7 @@ pub fn decode_reply(
         let Some(op) = Opcode::from_code(op) else {
             return Err(raw.bad(Status::UnknownOp, format!("unknown reply opcode {op:#04x}")));
         };
-        parse_reply_body(op, raw.body)
+        parse_reply_body(op, h.version, raw.body)
             .map_err(|reason| raw.bad(Status::BadRequest, format!("{op} reply body: {reason}")))?
     } else {
         let message = std::str::from_utf8(raw.body)
@@ -288,6 +307,7 @@ pub fn decode_reply(
     Ok(Some((
         ReplyFrame {
             request_id: h.request_id,
+            version: h.version,
             reply,
         },
         raw.consumed,
@@ -422,6 +442,15 @@ fn parse_request_body(op: Opcode, flags: u16, body: &[u8]) -> Parse<Request> {
             let n = c.u32("dim")?;
             let m = c.u32("count")?;
             let query = c.f32s(n, "query")?;
+            // Version 2: the MISS token ends the body (after the candidates).
+            let token = if flags & FLAG_FILL_TOKEN != 0 {
+                let at = c.buf.len().checked_sub(8).ok_or("short body: token")?;
+                let (rest, tail) = c.buf.split_at(at);
+                c.buf = rest;
+                Some(u64::from_le_bytes(tail.try_into().expect("8 bytes")))
+            } else {
+                None
+            };
             // Check the whole candidate array fits before reserving room for it.
             // u128: 2^32 candidates of 2^32 components do not fit in a u64.
             let need = (12u128 + 4 * n as u128) * m as u128;
@@ -447,6 +476,7 @@ fn parse_request_body(op: Opcode, flags: u16, body: &[u8]) -> Parse<Request> {
                 k,
                 query,
                 candidates,
+                token,
             })
         }
         Opcode::Flush => Request::Flush,
@@ -456,7 +486,7 @@ fn parse_request_body(op: Opcode, flags: u16, body: &[u8]) -> Parse<Request> {
     Ok(req)
 }
 
-fn parse_reply_body(op: Opcode, body: &[u8]) -> Parse<Reply> {
+fn parse_reply_body(op: Opcode, version: u8, body: &[u8]) -> Parse<Reply> {
     let mut c = Cursor::new(body);
     let reply = match op {
         Opcode::Hello => {
@@ -478,6 +508,11 @@ fn parse_reply_body(op: Opcode, body: &[u8]) -> Parse<Reply> {
                 max_inflight: c.u32("max_inflight")?,
                 executors: c.u32("executors")?,
                 shards: c.u32("shards")?,
+                delta: if version >= 2 {
+                    Some(c.u32("delta")?)
+                } else {
+                    None
+                },
             })
         }
         Opcode::Ping => Reply::Pong(c.rest().to_vec()),
@@ -486,17 +521,23 @@ fn parse_reply_body(op: Opcode, body: &[u8]) -> Parse<Reply> {
             let hit = HitKind::from_code(hit_code)
                 .ok_or_else(|| format!("unknown hit kind {hit_code}"))?;
             let flags = c.u8("flags")?;
-            if flags & !REPLY_DISTANCES_TO_QUERY != 0 {
+            let defined = if version >= 2 {
+                REPLY_DISTANCES_TO_QUERY | REPLY_TOKEN
+            } else {
+                REPLY_DISTANCES_TO_QUERY
+            };
+            if flags & !defined != 0 {
                 return Err(format!("undefined search reply flags {flags:#04x}"));
             }
             if c.u16("reserved")? != 0 {
                 return Err("reserved field must be 0".into());
             }
             let n = c.u32("count")?;
-            if 12 * n as u64 != c.buf.len() as u64 {
+            let token_len = if flags & REPLY_TOKEN != 0 { 8 } else { 0 };
+            if 12 * n as u64 + token_len != c.buf.len() as u64 {
                 return Err(format!(
                     "{n} neighbours need {} bytes, {} left",
-                    12 * n as u64,
+                    12 * n as u64 + token_len,
                     c.buf.len()
                 ));
             }
@@ -506,10 +547,16 @@ fn parse_reply_body(op: Opcode, body: &[u8]) -> Parse<Reply> {
                 let distance = c.f32("distance")?;
                 neighbors.push(Neighbor { id, distance });
             }
+            let token = if token_len > 0 {
+                Some(c.u64("token")?)
+            } else {
+                None
+            };
             Reply::Search(SearchReply {
                 hit,
                 distances_to_query: flags & REPLY_DISTANCES_TO_QUERY != 0,
                 neighbors,
+                token,
             })
         }
         Opcode::Insert => Reply::Inserted,

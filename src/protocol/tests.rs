@@ -8,6 +8,7 @@ fn enc_req(id: u64, r: Request) -> Vec<u8> {
     let mut out = Vec::new();
     encode_request(
         &RequestFrame {
+            version: VERSION,
             request_id: id,
             request: r,
         },
@@ -21,6 +22,7 @@ fn enc_reply(id: u64, r: Reply) -> Vec<u8> {
     let mut out = Vec::new();
     encode_reply(
         &ReplyFrame {
+            version: VERSION,
             request_id: id,
             reply: r,
         },
@@ -73,6 +75,7 @@ fn all_requests() -> Vec<Request> {
             collection: 1,
         }),
         Request::Fill(FillRequest {
+            token: None,
             collection: 0,
             k: 2,
             query: v4(),
@@ -89,6 +92,18 @@ fn all_requests() -> Vec<Request> {
                     vector: vec![i as f32; 4],
                 })
                 .collect(),
+            token: None,
+        }),
+        Request::Fill(FillRequest {
+            collection: 0,
+            k: 1,
+            query: v4(),
+            candidates: vec![FillCandidate {
+                id: 3,
+                distance: 0.5,
+                vector: v4(),
+            }],
+            token: Some(0x0102_0304_0506_0708),
         }),
         Request::Flush,
         Request::Stats,
@@ -98,8 +113,9 @@ fn all_requests() -> Vec<Request> {
 fn all_replies() -> Vec<Reply> {
     let mut v = vec![
         Reply::Hello(HelloReply {
+            delta: Some(2),
             version_min: 1,
-            version_max: 1,
+            version_max: 2,
             metric: shards::Metric::Cosine,
             max_frame_bytes: 1 << 20,
             dim: 768,
@@ -111,6 +127,13 @@ fn all_replies() -> Vec<Reply> {
         Reply::Pong(vec![]),
         Reply::Pong(vec![1, 2, 3]),
         Reply::Search(SearchReply {
+            token: None,
+            hit: HitKind::Miss,
+            distances_to_query: true,
+            neighbors: vec![],
+        }),
+        Reply::Search(SearchReply {
+            token: Some(u64::MAX - 3),
             hit: HitKind::Miss,
             distances_to_query: true,
             neighbors: vec![],
@@ -126,6 +149,7 @@ fn all_replies() -> Vec<Reply> {
     ];
     for hit in HitKind::ALL {
         v.push(Reply::Search(SearchReply {
+            token: None,
             hit,
             distances_to_query: hit != HitKind::Approximate,
             neighbors: (0..5)
@@ -193,6 +217,67 @@ fn every_reply_round_trips() {
     }
 }
 
+/// What a version 1 peer sees of a value: version 2's additions dropped.
+fn as_version_1_reply(r: Reply) -> Reply {
+    match r {
+        Reply::Hello(h) => Reply::Hello(HelloReply { delta: None, ..h }),
+        Reply::Search(s) => Reply::Search(SearchReply { token: None, ..s }),
+        r => r,
+    }
+}
+
+#[test]
+fn version_1_frames_round_trip_without_version_2_fields() {
+    for (i, r) in all_replies().into_iter().enumerate() {
+        let mut bytes = Vec::new();
+        let frame = ReplyFrame {
+            request_id: i as u64 + 1,
+            version: 1,
+            reply: r.clone(),
+        };
+        encode_reply(&frame, &mut bytes).unwrap();
+        assert_eq!(bytes[2], 1, "the version byte");
+        let (f, _) = decode_reply(&bytes, MAX).unwrap().unwrap();
+        assert_eq!((f.version, f.reply), (1, as_version_1_reply(r)));
+    }
+    for (i, r) in all_requests().into_iter().enumerate() {
+        let frame = RequestFrame {
+            request_id: i as u64,
+            version: 1,
+            request: r.clone(),
+        };
+        let mut bytes = Vec::new();
+        match &r {
+            // A token has no place in version 1: refused, never dropped silently.
+            Request::Fill(f) if f.token.is_some() => {
+                assert!(encode_request(&frame, &mut bytes).is_err());
+                continue;
+            }
+            _ => encode_request(&frame, &mut bytes).unwrap(),
+        };
+        let (f, _) = decode_request(&bytes, MAX).unwrap().unwrap();
+        assert_eq!((f.version, f.request), (1, r));
+    }
+    // A version 2 HELLO reply is 4 bytes longer than version 1's (Δ).
+    let hello = all_replies()[0].clone();
+    let (mut v1, mut v2) = (Vec::new(), Vec::new());
+    for (v, out) in [(1, &mut v1), (2, &mut v2)] {
+        let f = ReplyFrame {
+            request_id: 1,
+            version: v,
+            reply: hello.clone(),
+        };
+        encode_reply(&f, out).unwrap();
+    }
+    assert_eq!((v1.len(), v2.len()), (HEADER_LEN + 28, HEADER_LEN + 32));
+    // An error reply to a frame of a version not spoken carries the newest.
+    let bad = raw(MAGIC, 9, 0x02, 0, 0, 4, &[]);
+    let e = decode_request(&bad, MAX).unwrap_err();
+    assert_eq!(e.error_reply().version, VERSION);
+    let garbage = decode_request(b"GET / HTTP/1.1\r\n", MAX).unwrap_err();
+    assert_eq!(garbage.error_reply().version, VERSION_MIN);
+}
+
 #[test]
 fn nan_bit_patterns_survive_the_wire() {
     // Validation refuses them, but the codec itself must be lossless.
@@ -237,7 +322,7 @@ fn header_layout_is_the_documented_one() {
         &bytes[..HEADER_LEN],
         &[
             0x41, 0x4B, // magic "AK"
-            1,    // version
+            2,    // version
             0x05, // DELETE
             0, 0, // flags
             0, 0, // status
@@ -255,8 +340,10 @@ fn header_layout_is_the_documented_one() {
 fn encoder_refuses_what_it_cannot_represent() {
     let mut out = vec![9u8];
     let bad = RequestFrame {
+        version: VERSION,
         request_id: 1,
         request: Request::Fill(FillRequest {
+            token: None,
             collection: 0,
             k: 1,
             query: v4(),
@@ -277,6 +364,7 @@ fn encoder_refuses_what_it_cannot_represent() {
     ));
     assert_eq!(out, vec![9u8], "nothing is left behind on error");
     let ok_error = ReplyFrame {
+        version: VERSION,
         request_id: 1,
         reply: Reply::Error {
             op: 3,
@@ -324,6 +412,7 @@ fn fill(id: u64, k: u32, cands: Vec<(u64, f32, Vec<f32>)>) -> Vec<u8> {
     enc_req(
         id,
         Request::Fill(FillRequest {
+            token: None,
             collection: 0,
             k,
             query: v4(),
@@ -417,7 +506,9 @@ fn every_bad_input_gets_its_exact_status() {
         ("truncated body", { let b = search(3, 1, v4()); b[..b.len() - 1].to_vec() }, Outcome::NeedMore),
         // -- this request only: error reply with its id, connection stays
         ("bad version 0", raw(m, 0, 0x02, 0, 0, 11, &[]), rejected(BadVersion, 11, false)),
-        ("bad version 2", raw(m, 2, 0x03, 0, 0, 12, &search_body(1, &v4())), rejected(BadVersion, 12, false)),
+        ("bad version 3", raw(m, 3, 0x03, 0, 0, 12, &search_body(1, &v4())), rejected(BadVersion, 12, false)),
+        ("version 1 search", raw(m, 1, 0x03, 0, 0, 61, &search_body(1, &v4())), Outcome::Accepted),
+        ("fill token flag in version 1", raw(m, 1, 0x06, FLAG_FILL_TOKEN, 0, 62, &[0; 24]), rejected(BadRequest, 62, false)),
         ("unknown opcode", raw(m, 1, 0x42, 0, 0, 13, b"xyz"), rejected(UnknownOp, 13, false)),
         ("opcode 0", raw(m, 1, 0x00, 0, 0, 14, &[]), rejected(UnknownOp, 14, false)),
         ("reply opcode as request", raw(m, 1, 0x83, 0, 0, 15, &[]), rejected(UnknownOp, 15, false)),
@@ -620,7 +711,7 @@ fn protocol_md_example_is_exact() {
     );
     #[rustfmt::skip]
     let want_req: &[u8] = &[
-        0x41, 0x4B, 0x01, 0x03, 0x00, 0x00, 0x00, 0x00, 0x07, 0, 0, 0, 0, 0, 0, 0, 0x18, 0, 0, 0,
+        0x41, 0x4B, 0x02, 0x03, 0x00, 0x00, 0x00, 0x00, 0x07, 0, 0, 0, 0, 0, 0, 0, 0x18, 0, 0, 0,
         0, 0, 0, 0, 0x02, 0, 0, 0, 0, 0, 0, 0, 0x02, 0, 0, 0,
         0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x00, 0x00,
     ];
@@ -628,6 +719,7 @@ fn protocol_md_example_is_exact() {
     let reply = enc_reply(
         7,
         Reply::Search(SearchReply {
+            token: None,
             hit: HitKind::Exact,
             distances_to_query: true,
             neighbors: vec![
@@ -644,7 +736,7 @@ fn protocol_md_example_is_exact() {
     );
     #[rustfmt::skip]
     let want_reply: &[u8] = &[
-        0x41, 0x4B, 0x01, 0x83, 0x00, 0x00, 0x00, 0x00, 0x07, 0, 0, 0, 0, 0, 0, 0, 0x20, 0, 0, 0,
+        0x41, 0x4B, 0x02, 0x83, 0x00, 0x00, 0x00, 0x00, 0x07, 0, 0, 0, 0, 0, 0, 0, 0x20, 0, 0, 0,
         0x01, 0x01, 0x00, 0x00, 0x02, 0, 0, 0,
         0x05, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x00, 0x00, 0x00,
         0x09, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x00, 0x80, 0x3E,

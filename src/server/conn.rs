@@ -98,7 +98,8 @@ impl ConnState {
     /// Encodes `reply` for `request_id` into the output buffer. A reply that cannot be
     /// encoded or is over the frame limit becomes INTERNAL, so the peer always gets an
     /// answer it can read.
-    fn push(&self, request_id: u64, reply: Reply) {
+    /// Queues a reply in `version` (the request's: a version 1 client gets version 1).
+    fn push(&self, request_id: u64, version: u8, reply: Reply) {
         if self.dead.get() {
             return;
         }
@@ -120,7 +121,11 @@ impl ConnState {
         };
         let mut out = self.out.borrow_mut();
         let start = out.len();
-        let frame = ReplyFrame { request_id, reply };
+        let frame = ReplyFrame {
+            request_id,
+            version,
+            reply,
+        };
         let failure = match encode_reply(&frame, &mut out) {
             Ok(n) if n <= self.max_frame => None,
             Ok(n) => {
@@ -134,6 +139,7 @@ impl ConnState {
             tracing::warn!(request_id, "{msg}");
             let fallback = ReplyFrame {
                 request_id,
+                version,
                 reply: Reply::error(op, Status::Internal, msg),
             };
             // A short error always encodes and fits (max_frame >= 256 by config).
@@ -144,8 +150,15 @@ impl ConnState {
         self.writer_wake.notify();
     }
 
-    fn push_error(&self, request_id: u64, op: u8, status: Status, message: impl Into<String>) {
-        self.push(request_id, Reply::error(op, status, message));
+    fn push_error(
+        &self,
+        request_id: u64,
+        version: u8,
+        op: u8,
+        status: Status,
+        message: impl Into<String>,
+    ) {
+        self.push(request_id, version, Reply::error(op, status, message));
     }
 }
 
@@ -210,6 +223,7 @@ pub(crate) async fn serve_connection(stream: TcpStream, peer: SocketAddr, ctx: R
         }
         conn.push_error(
             0,
+            protocol::VERSION_MIN,
             CONNECTION_OP,
             Status::ShuttingDown,
             "server is shutting down",
@@ -288,7 +302,7 @@ async fn reader(conn: &Rc<ConnState>, io: &Io, ctx: &Rc<ExecutorCtx>, peer: Sock
                     ServerStats::inc(counter);
                     tracing::debug!(%peer, error = %e, "bad frame");
                     let r = e.error_reply();
-                    conn.push(r.request_id, r.reply);
+                    conn.push(r.request_id, r.version, r.reply);
                     match e.consumed() {
                         Some(n) if !framing => start += n,
                         _ => return ReadEnd::FramingLost,
@@ -371,21 +385,22 @@ impl ConnState {
 fn dispatch(conn: &Rc<ConnState>, ctx: &Rc<ExecutorCtx>, frame: RequestFrame, peer: SocketAddr) {
     let stats = ctx.server.stats();
     ServerStats::inc(&stats.requests);
-    let id = frame.request_id;
+    let (id, version) = (frame.request_id, frame.version);
     let op = frame.request.opcode();
     let req = match frame.request {
-        Request::Hello => return conn.push(id, Reply::Hello(ctx.hello)),
-        Request::Ping(payload) => return conn.push(id, Reply::Pong(payload)),
+        Request::Hello => return conn.push(id, version, Reply::Hello(ctx.hello)),
+        Request::Ping(payload) => return conn.push(id, version, Reply::Pong(payload)),
         other => other,
     };
     if let Err(r) = validate(&req, &ctx.limits) {
         ServerStats::inc(&stats.invalid_requests);
-        return conn.push_error(id, op.code(), r.status, r.message);
+        return conn.push_error(id, version, op.code(), r.status, r.message);
     }
     if conn.inflight.get() >= ctx.server.config().max_inflight {
         ServerStats::inc(&stats.busy_inflight);
         return conn.push_error(
             id,
+            version,
             op.code(),
             Status::Busy,
             format!(
@@ -412,7 +427,8 @@ fn dispatch(conn: &Rc<ConnState>, ctx: &Rc<ExecutorCtx>, frame: RequestFrame, pe
         deadline,
         peer,
     };
-    glommio::spawn_local(run_request(conn.clone(), ctx.clone(), op, req, rctx)).detach();
+    let run = run_request(conn.clone(), ctx.clone(), op, version, req, rctx);
+    glommio::spawn_local(run).detach();
 }
 
 /// One request in the service, raced against its deadline. A panic in the service
@@ -421,6 +437,7 @@ async fn run_request(
     conn: Rc<ConnState>,
     ctx: Rc<ExecutorCtx>,
     op: Opcode,
+    version: u8,
     req: Request,
     rctx: RequestContext,
 ) {
@@ -467,7 +484,7 @@ async fn run_request(
         }
         r => r,
     };
-    conn.push(id, reply);
+    conn.push(id, version, reply);
     conn.inflight.set(conn.inflight.get() - 1);
     conn.writer_wake.notify();
     conn.done_wake.notify();

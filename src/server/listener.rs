@@ -58,6 +58,7 @@ impl Server {
                 max_inflight: cfg.max_inflight,
                 executors: info.executors,
                 shards: info.shards,
+                delta: Some(info.delta),
             },
             service,
             shutdown: Latch::default(),
@@ -155,6 +156,7 @@ async fn reject(stream: TcpStream, max: u64) {
     let mut bytes = Vec::new();
     let frame = ReplyFrame {
         request_id: 0,
+        version: VERSION_MIN,
         reply: Reply::error(
             CONNECTION_OP,
             Status::Busy,

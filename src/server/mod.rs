@@ -81,6 +81,8 @@ pub struct ServiceInfo {
     /// Topology reported by HELLO.
     pub executors: u32,
     pub shards: u32,
+    /// Δ, reported by HELLO version 2 (a cache-aside client FILLs `k + Δ`).
+    pub delta: u32,
 }
 
 /// Per-request facts from the connection layer.

@@ -23,13 +23,43 @@ use crate::server::{LocalBoxFuture, RequestContext, Service, ServiceInfo, Servic
 /// Cache-aside: miss tickets kept per executor for the FILL that follows a miss.
 const PENDING_FILLS_MAX: usize = 4096;
 
+/// A MISS token (version 2, cache-aside): `shard (12 bits) | epoch (20) | delete seq (32)`:
+/// the shard the miss was taken on, this process's epoch, and that shard's delete-log
+/// sequence number then. A FILL presenting it has every id the shard deleted since
+/// stripped, on any connection. The epoch (random at start) makes a token from before
+/// a restart, whose delete log started again at 0, count as no token at all.
+const TOKEN_SEQ_BITS: u32 = 32;
+const TOKEN_EPOCH_BITS: u32 = 20;
+const TOKEN_SHARD_BITS: u32 = 12;
+
+/// `None` where the fields do not fit (a shard past 4,095, a delete seq past 2^32): the
+/// MISS then carries no token and its FILL follows the rule for none.
+fn miss_token(shard: usize, epoch: u32, delete_seq: u64) -> Option<u64> {
+    let fits = (shard as u64) < 1 << TOKEN_SHARD_BITS && delete_seq < 1 << TOKEN_SEQ_BITS;
+    let epoch = (epoch & ((1 << TOKEN_EPOCH_BITS) - 1)) as u64;
+    let token = ((shard as u64) << (TOKEN_SEQ_BITS + TOKEN_EPOCH_BITS))
+        | (epoch << TOKEN_SEQ_BITS)
+        | delete_seq;
+    fits.then_some(token)
+}
+
+/// (shard, delete seq) of a token of this process; `None` for another epoch's (a
+/// restart, another server) or a shard this server does not have.
+fn token_parts(token: u64, epoch: u32, shards: usize) -> Option<(usize, u64)> {
+    let shard = (token >> (TOKEN_SEQ_BITS + TOKEN_EPOCH_BITS)) as usize;
+    let e = ((token >> TOKEN_SEQ_BITS) & ((1 << TOKEN_EPOCH_BITS) - 1)) as u32;
+    let seq = token & ((1 << TOKEN_SEQ_BITS) - 1);
+    (shard < shards && e == epoch & ((1 << TOKEN_EPOCH_BITS) - 1)).then_some((shard, seq))
+}
+
 pub(crate) struct AkerService {
     shared: Arc<Shared>,
     metrics: Arc<ExecutorMetrics>,
-    /// Cache-aside only. A client FILLs on the connection it missed on (so on this
-    /// executor): the ticket of that miss carries the delete sequence number from before
-    /// the client asked its database, so a delete acknowledged in between is stripped at
-    /// admission. A FILL without one gets a fresh ticket (and only the deletes after it).
+    /// Cache-aside only: the tickets of recent misses on this executor, by query, for
+    /// a FILL without a token (version 1) on a connection of this executor. A ticket
+    /// carries the delete sequence number from before the client asked its database, so
+    /// a delete acknowledged in between is stripped at admission. A FILL with neither a
+    /// token nor a ticket strips every logged delete (declined once the log wrapped).
     pending_fills: RefCell<PendingFills>,
 }
 
@@ -40,11 +70,31 @@ struct PendingFills {
 }
 
 impl PendingFills {
+    /// Keeps a miss's ticket for its FILL. A second miss of the same query (any
+    /// connection on this executor, any k) merges into the first: the older delete and
+    /// insert positions (the first client's database answer may predate a delete the
+    /// second saw), and a replacement if either needs one.
     fn put(&mut self, shard: usize, ticket: MissTicket) {
         let key = ticket.key;
-        if self.map.insert(key, (shard, ticket)).is_none() {
-            self.order.push_back(key);
-        }
+        let merged = match self.map.remove(&key) {
+            Some((s, old)) if s == shard => MissTicket {
+                delete_seq: old.delete_seq.min(ticket.delete_seq),
+                insert_seq: old.insert_seq.min(ticket.insert_seq),
+                replace: old.replace || ticket.replace,
+                ..ticket
+            },
+            // Another shard's sequence numbers are not comparable: the first one stays.
+            Some((s, old)) => {
+                let replace = old.replace || ticket.replace;
+                self.map.insert(key, (s, MissTicket { replace, ..old }));
+                return;
+            }
+            None => {
+                self.order.push_back(key);
+                ticket
+            }
+        };
+        self.map.insert(key, (shard, merged));
         while self.map.len() > PENDING_FILLS_MAX {
             match self.order.pop_front() {
                 Some(old) => {
@@ -98,6 +148,7 @@ fn wire_kind(k: shards::HitKind) -> HitKind {
 
 fn miss_reply(answer: &[Candidate], k: usize) -> Reply {
     Reply::Search(SearchReply {
+        token: None,
         hit: HitKind::Miss,
         distances_to_query: true,
         neighbors: answer
@@ -135,8 +186,12 @@ impl AkerService {
         let s1 = probes.first();
         if s.refresh_entry {
             self.metrics.count(|c| c.searches_refresh += 1);
-            let ticket = sh.shards[s1].reader.miss_ticket(q, k, true)?;
-            return self.resolve_miss(s1, ticket, ctx).await;
+            // The replacement keeps a larger cached k (the engine never shrinks an
+            // entry): ask the backend for that many, answer the request's k.
+            let reader = &sh.shards[s1].reader;
+            let held = reader.representative_k(QueryKey::new(q)).unwrap_or(0);
+            let ticket = reader.miss_ticket(q, k.max(held), true)?;
+            return self.resolve_miss(s1, ticket, k, ctx).await;
         }
         // The hit path: lock-free reads of the two nearest centroids' shards (and those a
         // rebalance moved them from) on this core (the protocol validated q and k).
@@ -161,6 +216,7 @@ impl AkerService {
                     );
                 }
                 Ok(Reply::Search(SearchReply {
+                    token: None,
                     hit: wire_kind(hit.kind),
                     distances_to_query: hit.exact_distances,
                     // Same layout: the collect reuses the engine's allocation.
@@ -175,7 +231,7 @@ impl AkerService {
                 }))
             }
             // A miss, or a sampled verification (Potluck+): answered by the backend.
-            (s, Lookup::Miss(ticket)) => self.resolve_miss(s, ticket, ctx).await,
+            (s, Lookup::Miss(ticket)) => self.resolve_miss(s, ticket, k, ctx).await,
         }
     }
 
@@ -186,19 +242,26 @@ impl AkerService {
         &self,
         shard: usize,
         ticket: MissTicket,
+        reply_k: usize,
         ctx: &RequestContext,
     ) -> ServiceResult {
         let sh = &*self.shared;
         if !sh.backend.has_store() {
-            // Cache-aside: the client searches its database and FILLs.
+            // Cache-aside: the client searches its database and FILLs, presenting the
+            // token (version 2) or on this connection (version 1: the pending ticket).
+            let token = miss_token(shard, sh.token_epoch, ticket.delete_seq);
             self.pending_fills.borrow_mut().put(shard, ticket);
-            return Ok(miss_reply(&[], 0));
+            let mut reply = miss_reply(&[], 0);
+            if let Reply::Search(s) = &mut reply {
+                s.token = token;
+            }
+            return Ok(reply);
         }
         let k = ticket.k;
         let answer = self
             .backend_search(ticket.query.clone(), k + sh.cache_cfg.delta, ctx)
             .await?;
-        let reply = miss_reply(&answer.candidates, k);
+        let reply = miss_reply(&answer.candidates, reply_k.min(k));
         if answer.complete {
             sh.shards[shard].hint(OwnerMsg::Admit {
                 ticket,
@@ -299,14 +362,44 @@ impl AkerService {
             ));
         }
         let k = f.k as usize;
-        let key = QueryKey::new(&f.query, k);
+        let key = QueryKey::new(&f.query);
         let pending = self.pending_fills.borrow_mut().take(&key);
-        let (shard, ticket) = match pending {
-            Some(p) => p,
-            None => {
-                let [s1, _] = sh.router.route_write(&f.query);
-                (s1, sh.shards[s1].reader.miss_ticket(&f.query, k, false)?)
-            }
+        let (shard, base) = match pending {
+            Some((s, t)) => (s, Some(t)),
+            None => (sh.router.route_write(&f.query)[0], None),
+        };
+        let reader = &sh.shards[shard].reader;
+        // A query whose entry holds fewer than k is replaced by this answer.
+        let replace = reader.representative_k(key).is_some_and(|held| held < k);
+        let fresh = reader.miss_ticket(&f.query, k, replace)?;
+        // The token counts only for this shard, in this process, at a seq it has reached.
+        let token_seq = f
+            .token
+            .and_then(|t| token_parts(t, sh.token_epoch, sh.shards.len()))
+            .filter(|&(s, seq)| s == shard && seq <= fresh.delete_seq)
+            .map(|(_, seq)| seq);
+        let ticket = match (base, token_seq) {
+            // The miss's own ticket (its insert position, seeds, verification), with
+            // the older of the two delete positions.
+            (Some(p), seq) => MissTicket {
+                k,
+                delete_seq: seq.map_or(p.delete_seq, |s| s.min(p.delete_seq)),
+                replace: p.replace || replace,
+                ..p
+            },
+            // The deletes since the token's miss are stripped (Stale, admitted = 0,
+            // once the shard's delete log no longer reaches back to it).
+            (None, Some(seq)) => MissTicket {
+                delete_seq: seq,
+                ..fresh
+            },
+            // No miss to go by (or a token of another shard, process or future seq):
+            // every delete the log holds is stripped, and the FILL is declined once the
+            // log has dropped any (a delete before the window could be in the answer).
+            (None, None) => MissTicket {
+                delete_seq: 0,
+                ..fresh
+            },
         };
         let answer: Vec<Candidate> = f.candidates.into_iter().map(Candidate::from).collect();
         let (tx, rx) = flume::bounded(1);

@@ -110,6 +110,9 @@ pub(crate) struct Shared {
     pub(crate) metrics: Vec<Arc<ExecutorMetrics>>,
     pub(crate) centroid_moves: AtomicU64,
     pub(crate) started: Instant,
+    /// This process's MISS-token epoch (random at start: a token from before a restart
+    /// names another process's delete log).
+    pub(crate) token_epoch: u32,
     /// The connection layer's counters, for /metrics (STATS gets them from the server).
     pub(crate) server: std::sync::OnceLock<Server>,
     /// The recall floor (`recall.rs`): `None` when it is off or unavailable.
@@ -439,6 +442,7 @@ impl Daemon {
             k_max: cache_cfg.k_max as u32,
             executors: executors as u32,
             shards: n_shards as u32,
+            delta: cache_cfg.delta as u32,
         };
         let snapshots = warm.map(|w| {
             if let Some(start) = w.start {
@@ -509,6 +513,7 @@ impl Daemon {
                 .collect(),
             centroid_moves: AtomicU64::new(0),
             started: Instant::now(),
+            token_epoch: rand::random(),
             server: std::sync::OnceLock::new(),
             recall,
             recall_unavailable,
