@@ -28,7 +28,6 @@ use crate::hash::{HashMap, HashSet, SharedMap};
 use crate::insert_log::{DeleteLog, InsertLog};
 use crate::policy::HitPolicy;
 use crate::pool::{NeighborPool, OBJECT_OVERHEAD_BYTES};
-use crate::reach::MaxDistances;
 use crate::read::{CacheReader, Counters, HitKind, Lookup, MissTicket, Neighbor};
 use crate::takers::Takers;
 
@@ -189,11 +188,9 @@ pub struct Cache {
     /// (LC, rep): the oldest cursor first, for head trimming and the length cap.
     pub(crate) cursors: BTreeSet<(u64, RepId)>,
     pub(crate) risk: RiskSums,
-    /// Every live list's `maxD` in the filter's unit (`Gauge::filter_max_d`): the
-    /// insert fast path's reach (`reach.rs`).
-    pub(crate) max_ds: MaxDistances,
-    /// Each live representative's `maxD` in the filter's unit, for the insert fast path's "does it take the
-    /// vector?" asked of every candidate its filter search offers: one hash probe where
+    /// Each live representative's `maxD` in the filter's unit, for the insert fast path's
+    /// "does it take the vector?" asked of every candidate its exact index offers (and
+    /// the index's bounds when a member leaves): one hash probe where
     /// `reps` (a B-tree of 100,000 entries, then the list behind two pointers) cost
     /// several dependent cache misses.
     pub(crate) max_d_by_rep: HashMap<RepId, f32>,
@@ -216,8 +213,7 @@ impl Cache {
     pub fn new(cfg: CacheConfig, policy: Box<dyn HitPolicy>) -> Result<Self> {
         cfg.validate()?;
         let policy: Arc<dyn HitPolicy> = Arc::from(policy);
-        let filter =
-            DualFilter::with_standby_search(cfg.filter, cfg.metric, cfg.dim, cfg.standby_search);
+        let filter = DualFilter::new(cfg.filter, cfg.metric, cfg.dim);
         let read = Arc::new(CacheReader {
             cfg: cfg.clone(),
             policy: policy.clone(),
@@ -241,7 +237,6 @@ impl Cache {
             log: InsertLog::default(),
             cursors: BTreeSet::new(),
             risk: RiskSums::default(),
-            max_ds: MaxDistances::default(),
             max_d_by_rep: HashMap::default(),
             takers: Takers::default(),
             next_rep: 1,
@@ -530,7 +525,6 @@ impl Cache {
         };
         self.risk.sum_r += view.nrl.risk_fixed(e.k, gauge, query_norm);
         let max_d = gauge.filter_max_d(view.nrl.max_d(), query_norm);
-        self.max_ds.add(max_d);
         self.max_d_by_rep.insert(id, max_d);
         self.takers.add(gauge, id, &e.query, max_d);
         self.risk.sum_cursor += e.cursor as u128;
@@ -633,15 +627,12 @@ impl Cache {
         self.cursors.remove(&(rep.cursor, id));
         self.risk.sum_r -= rep.nrl.risk_fixed(rep.k, self.gauge(), rep.query_norm);
         self.risk.sum_cursor -= rep.cursor as u128;
-        let max_d = self
-            .max_d_by_rep
+        self.max_d_by_rep
             .remove(&id)
             .expect("every representative has its maxD");
-        self.max_ds.remove(max_d);
-        self.takers.remove(self.gauge(), id);
+        self.takers.remove(self.gauge(), id, &self.max_d_by_rep);
         if self.reps.is_empty() {
             self.risk = RiskSums::default();
-            debug_assert!(self.max_ds.is_empty());
         }
         let c = &self.read.counters;
         match why {
@@ -728,9 +719,7 @@ impl Cache {
         self.risk.sum_r =
             self.risk.sum_r + nrl.risk_fixed(rep.k, gauge, n) - rep.nrl.risk_fixed(rep.k, gauge, n);
         let max_d = gauge.filter_max_d(nrl.max_d(), rep.query_norm);
-        let old = self.max_d_by_rep.insert(id, max_d);
-        self.max_ds
-            .replace(old.expect("every representative has its maxD"), max_d);
+        self.max_d_by_rep.insert(id, max_d);
         self.takers.update(gauge, id, max_d);
         let listed = nrl.dists.iter().zip(&nrl.vectors);
         let min_gap = if !gauge.angular() || self.cfg.store_vectors {
@@ -949,18 +938,6 @@ impl Cache {
                 )));
             }
             sum_cursor += rep.cursor as u128;
-        }
-        let gauge = self.gauge();
-        let max_d = self
-            .reps
-            .values()
-            .map(|r| gauge.filter_max_d(r.nrl.max_d(), r.query_norm))
-            .reduce(f32::max);
-        if self.max_ds.max() != max_d {
-            return Err(format!(
-                "fast-path reach {:?}, largest maxD {max_d:?}",
-                self.max_ds.max()
-            ));
         }
         if published.len() != self.reps.len() {
             return Err(format!(

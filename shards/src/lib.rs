@@ -49,7 +49,6 @@ pub mod metric;
 pub mod owner;
 pub mod policy;
 pub mod pool;
-mod reach;
 pub mod read;
 pub mod refresh;
 pub mod router;

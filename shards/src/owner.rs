@@ -39,7 +39,6 @@ pub enum OwnerMsg {
     Insert {
         id: u64,
         vector: Arc<[f32]>,
-        fast_path: bool,
         ack: flume::Sender<Result<InsertOutcome>>,
     },
     Delete {
@@ -132,13 +131,8 @@ impl Cache {
                     let _ = ack.send(a);
                 }
             }
-            OwnerMsg::Insert {
-                id,
-                vector,
-                fast_path,
-                ack,
-            } => {
-                let _ = ack.send(self.insert_with(id, vector, fast_path));
+            OwnerMsg::Insert { id, vector, ack } => {
+                let _ = ack.send(self.insert_with(id, vector));
             }
             OwnerMsg::Delete { id, ack } => {
                 let _ = ack.send(self.delete(id));

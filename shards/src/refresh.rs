@@ -30,38 +30,30 @@ pub struct InsertOutcome {
 impl Cache {
     /// INSERT: call after the backend has applied the insert.
     pub fn insert(&mut self, id: u64, v: &[f32]) -> Result<InsertOutcome> {
-        self.insert_with(id, Arc::from(v), true)
+        self.insert_with(id, Arc::from(v))
     }
 
-    /// INSERT as a shard of many sees it: every shard logs every insert (so its slow
-    /// path can reach all of its entries) and runs the fast path, whatever `nearest`
-    /// says: an entry the vector belongs in can live in any shard (`ShardedCache::insert`),
-    /// and a shard without one rules itself out for one distance per cell of its exact
-    /// taker index (`takers.rs`). `nearest` (whether the vector routes to this shard)
-    /// is kept for the callers that pass it and changes nothing since issue #25. The
-    /// vector is shared, so a shard's log costs a record, not a copy.
-    pub fn insert_with(&mut self, id: u64, v: Arc<[f32]>, nearest: bool) -> Result<InsertOutcome> {
-        let mut out = self.insert_logged(id, v, nearest)?;
+    /// INSERT with a shared vector, as a shard of many sees it: every shard logs every
+    /// insert (so its slow path can reach all of its entries) and runs the fast path,
+    /// wherever the vector routes: an entry it belongs in can live in any shard
+    /// (`ShardedCache::insert`), and a shard without one rules itself out for one
+    /// distance per cell of its exact taker index (`takers.rs`). Shared, the vector
+    /// costs each shard's log a record, not a copy.
+    pub fn insert_with(&mut self, id: u64, v: Arc<[f32]>) -> Result<InsertOutcome> {
+        let mut out = self.insert_logged(id, v)?;
         out.slow_path_steps = self.run_slow_path();
         self.trim_log();
         Ok(out)
     }
 
     /// The insert without the slow-path steps that follow it (`insert_with` runs them):
-    /// log append, length cap, fast path (`nearest` as in `insert_with`: ignored).
-    pub fn insert_logged(
-        &mut self,
-        id: u64,
-        v: Arc<[f32]>,
-        nearest: bool,
-    ) -> Result<InsertOutcome> {
-        let _ = nearest;
+    /// log append, length cap, fast path.
+    pub fn insert_logged(&mut self, id: u64, v: Arc<[f32]>) -> Result<InsertOutcome> {
         self.insert_logged_as(id, v, true)
     }
 
     /// Tests and tools: an insert logged without the fast path (no slow-path steps
-    /// either), so that every entry owes the slow path its record, as a shard a vector
-    /// did not route to did before issue #25.
+    /// either), so that every entry owes the slow path its record.
     pub fn insert_log_only(&mut self, id: u64, v: Arc<[f32]>) -> Result<InsertOutcome> {
         self.insert_logged_as(id, v, false)
     }

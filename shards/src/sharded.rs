@@ -227,9 +227,8 @@ impl ShardedCache {
     /// promoted alias is admitted by the shard that held it).
     pub fn insert(&mut self, id: u64, v: &[f32]) -> Result<()> {
         let v: Arc<[f32]> = Arc::from(v);
-        let near = self.router.route_write(&v);
-        for (s, shard) in self.shards.iter_mut().enumerate() {
-            shard.insert_with(id, v.clone(), near.contains(&s))?;
+        for shard in &mut self.shards {
+            shard.insert_with(id, v.clone())?;
         }
         Ok(())
     }

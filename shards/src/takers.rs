@@ -45,17 +45,9 @@ const COSINE_SLACK: f32 = 1e-3;
 /// The chord radius of a cell on `ip`, where a list's `maxD` gives no radius.
 const IP_LEADER_CHORD: f32 = 0.5;
 
-struct Member {
-    rep: RepId,
-    /// `|p_e − c|` in the index space.
-    rho: f32,
-    /// `maxD` in the filter's unit.
-    max_d: f32,
-}
-
 struct Cell {
     centre: Box<[f32]>,
-    members: Vec<Member>,
+    members: Vec<RepId>,
     /// Ball metrics: the largest `rho + R_e`; `ip`: the largest `rho`.
     reach: f32,
     /// `ip`: the largest `maxD` in the filter's unit.
@@ -71,8 +63,10 @@ pub(crate) struct Takers {
     /// `cosine` / `ip` representatives whose `RQ` is zero: they have no direction, and
     /// the metric's distance from them is no chord, so every search tests them.
     always: Vec<RepId>,
-    /// Representative -> its cell.
-    cell_of: HashMap<RepId, usize>,
+    /// Representative -> its cell and `rho`, `|p_e − c|` in the index space (a member's
+    /// `maxD` is the cache's `max_d_by_rep`: one copy, and a merge's `update` finds its
+    /// member in one probe instead of a scan of its cell).
+    cell_of: HashMap<RepId, (usize, f32)>,
 }
 
 /// Slack for float rounding in the bounds (relative and absolute): a bound that is a
@@ -114,7 +108,7 @@ impl Takers {
         debug_assert!(!self.cell_of.contains_key(&rep));
         if gauge.0 != Metric::L2Sq && gap::norm(rq) == 0.0 {
             self.always.push(rep);
-            self.cell_of.insert(rep, ALWAYS);
+            self.cell_of.insert(rep, (ALWAYS, 0.0));
             return;
         }
         let p = Self::point(gauge, rq);
@@ -138,9 +132,9 @@ impl Takers {
             }
         };
         let cell = &mut self.cells[at];
-        cell.members.push(Member { rep, rho, max_d });
+        cell.members.push(rep);
         Self::widen(gauge, cell, rho, max_d);
-        self.cell_of.insert(rep, at);
+        self.cell_of.insert(rep, (at, rho));
     }
 
     /// Grows `cell`'s bounds to cover a member at `rho` whose list ends at `max_d`.
@@ -155,22 +149,16 @@ impl Takers {
 
     /// `rep`'s list now ends at `max_d`: the bounds grow if it did (never shrink).
     pub fn update(&mut self, gauge: Gauge, rep: RepId, max_d: f32) {
-        let Some(&at) = self.cell_of.get(&rep).filter(|&&at| at != ALWAYS) else {
+        let Some(&(at, rho)) = self.cell_of.get(&rep).filter(|&&(at, _)| at != ALWAYS) else {
             return;
         };
-        let cell = &mut self.cells[at];
-        let Some(m) = cell.members.iter_mut().find(|m| m.rep == rep) else {
-            return;
-        };
-        m.max_d = max_d;
-        let rho = m.rho;
-        Self::widen(gauge, cell, rho, max_d);
+        Self::widen(gauge, &mut self.cells[at], rho, max_d);
     }
 
-    /// Removes `rep`; its cell's bounds are recomputed from the members left, and an
-    /// empty cell goes.
-    pub fn remove(&mut self, gauge: Gauge, rep: RepId) {
-        let Some(at) = self.cell_of.remove(&rep) else {
+    /// Removes `rep`; its cell's bounds are recomputed from the members left (their
+    /// `maxD` from `max_ds`, the live representatives'), and an empty cell goes.
+    pub fn remove(&mut self, gauge: Gauge, rep: RepId, max_ds: &HashMap<RepId, f32>) {
+        let Some((at, _)) = self.cell_of.remove(&rep) else {
             return;
         };
         if at == ALWAYS {
@@ -178,20 +166,21 @@ impl Takers {
             return;
         }
         let cell = &mut self.cells[at];
-        cell.members.retain(|m| m.rep != rep);
+        cell.members.retain(|&m| m != rep);
         if !cell.members.is_empty() {
             cell.reach = 0.0;
             cell.max_d = f32::NEG_INFINITY;
             for i in 0..cell.members.len() {
-                let (rho, max_d) = (cell.members[i].rho, cell.members[i].max_d);
-                Self::widen(gauge, cell, rho, max_d);
+                let m = cell.members[i];
+                let rho = self.cell_of[&m].1;
+                Self::widen(gauge, cell, rho, max_ds[&m]);
             }
             return;
         }
         self.cells.swap_remove(at);
         if let Some(moved) = self.cells.get(at) {
             for m in &moved.members {
-                self.cell_of.insert(m.rep, at);
+                self.cell_of.get_mut(m).expect("a member has its cell").0 = at;
             }
         }
     }
@@ -202,11 +191,7 @@ impl Takers {
         out.extend_from_slice(&self.always);
         // A zero vector has no direction either: on cosine, test everything.
         if gauge.0 == Metric::Cosine && gap::norm(v) == 0.0 {
-            out.extend(
-                self.cells
-                    .iter()
-                    .flat_map(|c| c.members.iter().map(|m| m.rep)),
-            );
+            out.extend(self.cells.iter().flat_map(|c| c.members.iter().copied()));
             return;
         }
         match gauge.0 {
@@ -219,7 +204,7 @@ impl Takers {
     fn balls(&self, x: &[f32], out: &mut Vec<RepId>) {
         for c in &self.cells {
             if euclid(x, &c.centre) < slack(c.reach) {
-                out.extend(c.members.iter().map(|m| m.rep));
+                out.extend_from_slice(&c.members);
             }
         }
     }
@@ -233,7 +218,7 @@ impl Takers {
             let low = score - margin;
             let tol = 1e-4 * (score.abs() + margin + c.max_d.abs()) + 1e-6;
             if low < c.max_d + tol {
-                out.extend(c.members.iter().map(|m| m.rep));
+                out.extend_from_slice(&c.members);
             }
         }
     }
@@ -241,7 +226,7 @@ impl Takers {
     /// Tests and `Cache::check_invariants`: `rep`'s place and bounds are consistent
     /// with `rq` and `max_d`.
     pub fn check(&self, gauge: Gauge, rep: RepId, rq: &Arc<[f32]>, max_d: f32) -> bool {
-        let Some(&at) = self.cell_of.get(&rep) else {
+        let Some(&(at, rho_kept)) = self.cell_of.get(&rep) else {
             return false;
         };
         if at == ALWAYS {
@@ -254,6 +239,8 @@ impl Takers {
         } else {
             slack(c.reach) >= rho + Self::radius(gauge, max_d)
         };
-        covered && c.members.iter().any(|m| m.rep == rep && m.max_d == max_d)
+        // `rho` as kept is what it was computed from the same point and centre.
+        let rho_kept_holds = slack(rho_kept) >= rho && slack(rho) >= rho_kept;
+        covered && rho_kept_holds && c.members.contains(&rep)
     }
 }

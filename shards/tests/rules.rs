@@ -356,7 +356,7 @@ fn slow_path_merge_reaches_entries_the_fast_path_skips() {
                                       // reaches both (issue #25); logged only, as a shard did for a vector that did not
                                       // route to it before, only the slow path brings it.
     s.insert(30, &[4.6]).unwrap();
-    c.insert_with(30, std::sync::Arc::from(&[4.6f32][..]), true)
+    c.insert_with(30, std::sync::Arc::from(&[4.6f32][..]))
         .unwrap();
     let b = c.slot(&[6.0]).unwrap().rep();
     assert_eq!(
