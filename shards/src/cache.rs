@@ -104,6 +104,9 @@ pub struct CacheStats {
     pub objects: usize,
     pub bytes: usize,
     pub insert_log_len: usize,
+    /// Cells of the insert fast path's exact index (`takers.rs`): an insert computes one
+    /// distance per cell, an admission one per cell too.
+    pub taker_cells: usize,
     pub risk: f64,
     pub filter: FilterStats,
 }
@@ -138,6 +141,7 @@ impl CacheStats {
             aliases,
             objects,
             bytes,
+            taker_cells,
             insert_log_len
         );
         self.risk = self.risk.max(o.risk);
@@ -858,6 +862,7 @@ impl Cache {
             objects: self.pool.len(),
             bytes: self.bytes(),
             insert_log_len: self.log.len(),
+            taker_cells: self.takers.cells(),
             risk: self.risk(),
             filter: self.filter.stats(),
         }

@@ -99,6 +99,10 @@ impl Takers {
         }
     }
 
+    pub fn cells(&self) -> usize {
+        self.cells.len()
+    }
+
     pub fn len(&self) -> usize {
         self.cell_of.len()
     }
