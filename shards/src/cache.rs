@@ -24,7 +24,7 @@ use crate::error::{validate_k, validate_vector, Result};
 use crate::exact_table::{QueryKey, Slot};
 use crate::filter::{DualFilter, FilterStats, InsertSeeds};
 use crate::gap::{self, Gauge};
-use crate::hash::{HashMap, HashSet, SharedMap};
+use crate::hash::{HashSet, SharedMap};
 use crate::insert_log::{DeleteLog, InsertLog};
 use crate::policy::HitPolicy;
 use crate::pool::{NeighborPool, OBJECT_OVERHEAD_BYTES};
@@ -192,14 +192,9 @@ pub struct Cache {
     /// (LC, rep): the oldest cursor first, for head trimming and the length cap.
     pub(crate) cursors: BTreeSet<(u64, RepId)>,
     pub(crate) risk: RiskSums,
-    /// Each live representative's `maxD` in the filter's unit, for the insert fast path's
-    /// "does it take the vector?" asked of every candidate its exact index offers (and
-    /// the index's bounds when a member leaves): one hash probe where
-    /// `reps` (a B-tree of 100,000 entries, then the list behind two pointers) cost
-    /// several dependent cache misses.
-    pub(crate) max_d_by_rep: HashMap<RepId, f32>,
-    /// Every representative by where its query is, exactly: the fast path reaches all
-    /// the entries that take a vector, not only the one the filter finds (`takers.rs`).
+    /// Every representative by where its query is, with its `maxD` in the filter's unit,
+    /// exactly: the fast path reaches all the entries that take a vector, not only the
+    /// one the filter finds (`takers.rs`).
     pub(crate) takers: Takers,
     pub(crate) next_rep: RepId,
     /// The representative the slow path served last (round-robin position).
@@ -241,7 +236,6 @@ impl Cache {
             log: InsertLog::default(),
             cursors: BTreeSet::new(),
             risk: RiskSums::default(),
-            max_d_by_rep: HashMap::default(),
             takers: Takers::default(),
             next_rep: 1,
             slow_path_last: 0,
@@ -529,8 +523,7 @@ impl Cache {
         };
         self.risk.sum_r += view.nrl.risk_fixed(e.k, gauge, query_norm);
         let max_d = gauge.filter_max_d(view.nrl.max_d(), query_norm);
-        self.max_d_by_rep.insert(id, max_d);
-        self.takers.add(gauge, id, &e.query, max_d);
+        self.takers.add(gauge, id, &e.query, query_norm, max_d);
         self.risk.sum_cursor += e.cursor as u128;
         self.cursors.insert((e.cursor, id));
         self.entry_bytes += self.rep_bytes(e.k);
@@ -631,10 +624,7 @@ impl Cache {
         self.cursors.remove(&(rep.cursor, id));
         self.risk.sum_r -= rep.nrl.risk_fixed(rep.k, self.gauge(), rep.query_norm);
         self.risk.sum_cursor -= rep.cursor as u128;
-        self.max_d_by_rep
-            .remove(&id)
-            .expect("every representative has its maxD");
-        self.takers.remove(self.gauge(), id, &self.max_d_by_rep);
+        self.takers.remove(self.gauge(), id);
         if self.reps.is_empty() {
             self.risk = RiskSums::default();
         }
@@ -723,7 +713,6 @@ impl Cache {
         self.risk.sum_r =
             self.risk.sum_r + nrl.risk_fixed(rep.k, gauge, n) - rep.nrl.risk_fixed(rep.k, gauge, n);
         let max_d = gauge.filter_max_d(nrl.max_d(), rep.query_norm);
-        self.max_d_by_rep.insert(id, max_d);
         self.takers.update(gauge, id, max_d);
         let listed = nrl.dists.iter().zip(&nrl.vectors);
         let min_gap = if !gauge.angular() || self.cfg.store_vectors {
@@ -874,9 +863,6 @@ impl Cache {
         let published = self.read.reps.pin();
         let mut aliases = 0;
         let mut sum_cursor: u128 = 0;
-        if self.max_d_by_rep.len() != self.reps.len() {
-            return Err("maxD map and representatives differ in size".into());
-        }
         if self.takers.len() != self.reps.len() {
             return Err("the takers' index and representatives differ in size".into());
         }
@@ -887,9 +873,6 @@ impl Cache {
                 return Err(ctx("id mismatch"));
             }
             let max_d = self.gauge().filter_max_d(nrl.max_d(), rep.query_norm);
-            if self.max_d_by_rep.get(&id) != Some(&max_d) {
-                return Err(ctx("maxD map out of date"));
-            }
             if !self.takers.check(self.gauge(), id, &rep.query, max_d) {
                 return Err(ctx("the takers' index does not cover it"));
             }

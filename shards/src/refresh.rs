@@ -102,15 +102,16 @@ impl Cache {
     /// taker, used before issue #25, missed entries the graph search did not find and
     /// every near-duplicate but one.) Returns whether any list took it.
     fn fast_path(&mut self, id: u64, v: &Arc<[f32]>) -> bool {
-        let mut candidates = Vec::new();
-        self.takers.candidates(self.gauge(), v, &mut candidates);
+        let gauge = self.gauge();
+        let mut takers = Vec::new();
+        self.takers.takers(gauge, v, &mut takers);
         // In admission order, so that a merge's eviction (FIFO) meets the same entries
         // whatever the cells' order (the model test replays it).
-        candidates.sort_unstable();
+        takers.sort_unstable_by_key(|t| t.0);
         let mut taken = false;
-        for rid in candidates {
+        for (rid, df) in takers {
             // An earlier merge may have evicted it to stay within budget.
-            let Some(d) = self.taker_distance(rid, v) else {
+            let Some(d) = self.list_distance(rid, df, v) else {
                 continue;
             };
             if self.merge(rid, id, d, v) {
@@ -121,20 +122,15 @@ impl Cache {
         taken
     }
 
-    /// `d(v, RQ)` in the list's unit if `rid` is live and takes `v`: the filter's
-    /// distance below the filter's `maxD` (`Gauge::filter_max_d`); on `ip`, where the
-    /// two units differ, the metric's own test is repeated (they agree but for rounding).
-    fn taker_distance(&self, rid: RepId, v: &[f32]) -> Option<f32> {
-        let &max_d = self.max_d_by_rep.get(&rid)?;
-        let rep = &self.reps[&rid];
-        let gauge = self.gauge();
-        let df = gauge.filter_distance(v, &rep.query, rep.query_norm);
-        if df >= max_d {
-            return None;
+    /// `d(v, RQ)` in the list's unit if `rid` is still live, `df` being the filter's
+    /// distance its index found below its `maxD` (`Gauge::filter_max_d`): the same on
+    /// `l2sq`; on the angular metrics, where the units differ, the metric's own test is
+    /// repeated (they agree but for rounding).
+    fn list_distance(&self, rid: RepId, df: f32, v: &[f32]) -> Option<f32> {
+        if !self.gauge().angular() {
+            return self.takers.max_d(rid).map(|_| df);
         }
-        if !gauge.angular() {
-            return Some(df);
-        }
+        let rep = self.reps.get(&rid)?;
         let d = self.cfg.metric.distance(v, &rep.query);
         (d < rep.max_d()).then_some(d)
     }

@@ -27,10 +27,18 @@
 //! at `64 + 4 · sqrt(n)` and past the cap joined the nearest cell however far; filling
 //! up, the cache reached the cap long before it had seen every cluster, the early cells
 //! took members from everywhere, their bounds covered every vector, and an insert
-//! tested thousands of candidates (1.5 ms at d = 128 in the engine bench). Costs: an
-//! insert scans every centre (one distance each) and the members of the cells it cannot
-//! rule out; an admission scans the centres once. Cells number at most the entries
-//! (radii tiny next to the spread of queries), then a scan is a linear one.
+//! tested thousands of candidates (1.5 ms at d = 128 in the engine bench).
+//!
+//! Within a cell that cannot be ruled out, each member is tested by its own bound first
+//! (`|d(v, c) − rho_e| < R_e` on the balls, the same Cauchy–Schwarz bound with the
+//! member's own `rho` on `ip`), and only then by its exact distance; a member carries its
+//! query and `maxD`, so that neither test touches the cache's maps (on GloVe, 50-d, the
+//! cells alone left ~60% of the entries standing, and their B-tree lookups were most of
+//! an insert). What `candidates` returns are the takers, with their filter distances.
+//! Costs: an insert scans every centre (one distance each) and, in the cells it cannot
+//! rule out, one comparison per member and one distance per member its bound keeps;
+//! an admission scans the centres once. Cells number at most the entries (radii tiny
+//! next to the spread of queries), then a scan is a linear one.
 
 use std::sync::Arc;
 
@@ -45,16 +53,27 @@ const COSINE_SLACK: f32 = 1e-3;
 /// The chord radius of a cell on `ip`, where a list's `maxD` gives no radius.
 const IP_LEADER_CHORD: f32 = 0.5;
 
+struct Member {
+    rep: RepId,
+    /// `|p_e − c|` in the index space.
+    rho: f32,
+    /// `maxD` in the filter's unit (`Gauge::filter_max_d`).
+    max_d: f32,
+    /// `RQ` and `|RQ|`, for the exact test without a lookup in the cache's maps.
+    query: Arc<[f32]>,
+    query_norm: f32,
+}
+
 struct Cell {
     centre: Box<[f32]>,
-    members: Vec<RepId>,
+    members: Vec<Member>,
     /// Ball metrics: the largest `rho + R_e`; `ip`: the largest `rho`.
     reach: f32,
     /// `ip`: the largest `maxD` in the filter's unit.
     max_d: f32,
 }
 
-/// `cell_of` for a representative in `Takers::always`.
+/// The cell of a representative in `Takers::always`.
 const ALWAYS: usize = usize::MAX;
 
 #[derive(Default)]
@@ -62,21 +81,27 @@ pub(crate) struct Takers {
     cells: Vec<Cell>,
     /// `cosine` / `ip` representatives whose `RQ` is zero: they have no direction, and
     /// the metric's distance from them is no chord, so every search tests them.
-    always: Vec<RepId>,
-    /// Representative -> its cell and `rho`, `|p_e − c|` in the index space (a member's
-    /// `maxD` is the cache's `max_d_by_rep`: one copy, and a merge's `update` finds its
-    /// member in one probe instead of a scan of its cell).
-    cell_of: HashMap<RepId, (usize, f32)>,
+    always: Vec<Member>,
+    /// Representative -> (its cell, its place among the cell's members).
+    place: HashMap<RepId, (usize, usize)>,
 }
 
 /// Slack for float rounding in the bounds (relative and absolute): a bound that is a
-/// little too loose costs a scan; one too tight could drop a taker at its boundary.
+/// little too loose costs a test; one too tight could drop a taker at its boundary.
 fn slack(x: f32) -> f32 {
     x + 1e-4 * x.abs() + 1e-6
 }
 
 fn euclid(a: &[f32], b: &[f32]) -> f32 {
     Metric::L2Sq.distance(a, b).max(0.0).sqrt()
+}
+
+impl Member {
+    /// The filter's distance from `v` when this member takes it.
+    fn takes(&self, gauge: Gauge, v: &[f32]) -> Option<f32> {
+        let df = gauge.filter_distance(v, &self.query, self.query_norm);
+        (df < self.max_d).then_some(df)
+    }
 }
 
 impl Takers {
@@ -104,15 +129,37 @@ impl Takers {
     }
 
     pub fn len(&self) -> usize {
-        self.cell_of.len()
+        self.place.len()
     }
 
-    /// Adds representative `rep` at query `rq`, its list ending at `max_d` (filter unit).
-    pub fn add(&mut self, gauge: Gauge, rep: RepId, rq: &[f32], max_d: f32) {
-        debug_assert!(!self.cell_of.contains_key(&rep));
+    /// `rep`'s `maxD` (filter unit) as the index holds it.
+    pub fn max_d(&self, rep: RepId) -> Option<f32> {
+        self.member(rep).map(|m| m.max_d)
+    }
+
+    fn member(&self, rep: RepId) -> Option<&Member> {
+        let &(at, i) = self.place.get(&rep)?;
+        Some(if at == ALWAYS {
+            &self.always[i]
+        } else {
+            &self.cells[at].members[i]
+        })
+    }
+
+    /// Adds representative `rep` at query `rq` (norm `rq_norm`), its list ending at
+    /// `max_d` (filter unit).
+    pub fn add(&mut self, gauge: Gauge, rep: RepId, rq: &Arc<[f32]>, rq_norm: f32, max_d: f32) {
+        debug_assert!(!self.place.contains_key(&rep));
+        let member = |rho| Member {
+            rep,
+            rho,
+            max_d,
+            query: rq.clone(),
+            query_norm: rq_norm,
+        };
         if gauge.0 != Metric::L2Sq && gap::norm(rq) == 0.0 {
-            self.always.push(rep);
-            self.cell_of.insert(rep, (ALWAYS, 0.0));
+            self.place.insert(rep, (ALWAYS, self.always.len()));
+            self.always.push(member(0.0));
             return;
         }
         let p = Self::point(gauge, rq);
@@ -136,9 +183,9 @@ impl Takers {
             }
         };
         let cell = &mut self.cells[at];
-        cell.members.push(rep);
+        self.place.insert(rep, (at, cell.members.len()));
+        cell.members.push(member(rho));
         Self::widen(gauge, cell, rho, max_d);
-        self.cell_of.insert(rep, (at, rho));
     }
 
     /// Grows `cell`'s bounds to cover a member at `rho` whose list ends at `max_d`.
@@ -151,78 +198,116 @@ impl Takers {
         }
     }
 
-    /// `rep`'s list now ends at `max_d`: the bounds grow if it did (never shrink).
+    /// `rep`'s list now ends at `max_d`: its cell's bounds grow if it did (never shrink).
     pub fn update(&mut self, gauge: Gauge, rep: RepId, max_d: f32) {
-        let Some(&(at, rho)) = self.cell_of.get(&rep).filter(|&&(at, _)| at != ALWAYS) else {
-            return;
-        };
-        Self::widen(gauge, &mut self.cells[at], rho, max_d);
-    }
-
-    /// Removes `rep`; its cell's bounds are recomputed from the members left (their
-    /// `maxD` from `max_ds`, the live representatives'), and an empty cell goes.
-    pub fn remove(&mut self, gauge: Gauge, rep: RepId, max_ds: &HashMap<RepId, f32>) {
-        let Some((at, _)) = self.cell_of.remove(&rep) else {
+        let Some(&(at, i)) = self.place.get(&rep) else {
             return;
         };
         if at == ALWAYS {
-            self.always.retain(|&r| r != rep);
+            self.always[i].max_d = max_d;
             return;
         }
         let cell = &mut self.cells[at];
-        cell.members.retain(|&m| m != rep);
+        cell.members[i].max_d = max_d;
+        let rho = cell.members[i].rho;
+        Self::widen(gauge, cell, rho, max_d);
+    }
+
+    /// Removes `rep`; its cell's bounds are recomputed from the members left, and an
+    /// empty cell goes.
+    pub fn remove(&mut self, gauge: Gauge, rep: RepId) {
+        let Some((at, i)) = self.place.remove(&rep) else {
+            return;
+        };
+        let members = if at == ALWAYS {
+            &mut self.always
+        } else {
+            &mut self.cells[at].members
+        };
+        members.swap_remove(i);
+        if let Some(moved) = members.get(i) {
+            self.place.insert(moved.rep, (at, i));
+        }
+        if at == ALWAYS {
+            return;
+        }
+        let cell = &mut self.cells[at];
         if !cell.members.is_empty() {
             cell.reach = 0.0;
             cell.max_d = f32::NEG_INFINITY;
             for i in 0..cell.members.len() {
-                let m = cell.members[i];
-                let rho = self.cell_of[&m].1;
-                Self::widen(gauge, cell, rho, max_ds[&m]);
+                let (rho, max_d) = (cell.members[i].rho, cell.members[i].max_d);
+                Self::widen(gauge, cell, rho, max_d);
             }
             return;
         }
         self.cells.swap_remove(at);
         if let Some(moved) = self.cells.get(at) {
-            for m in &moved.members {
-                self.cell_of.get_mut(m).expect("a member has its cell").0 = at;
+            for (j, m) in moved.members.iter().enumerate() {
+                self.place.insert(m.rep, (at, j));
             }
         }
     }
 
-    /// Every representative that may take `v` (a superset of those that do), pushed to
-    /// `out`: the members of each cell the bounds cannot rule out.
-    pub fn candidates(&self, gauge: Gauge, v: &[f32], out: &mut Vec<RepId>) {
-        out.extend_from_slice(&self.always);
+    /// Every representative that takes `v` (`d(v, RQ) < maxD` in the filter's unit),
+    /// with that distance, pushed to `out`: the members of each cell the bounds cannot
+    /// rule out, each tested by its own bound, then exactly.
+    pub fn takers(&self, gauge: Gauge, v: &[f32], out: &mut Vec<(RepId, f32)>) {
+        let test = |m: &Member| m.takes(gauge, v).map(|d| (m.rep, d));
+        out.extend(self.always.iter().filter_map(test));
         // A zero vector has no direction either: on cosine, test everything.
         if gauge.0 == Metric::Cosine && gap::norm(v) == 0.0 {
-            out.extend(self.cells.iter().flat_map(|c| c.members.iter().copied()));
+            out.extend(
+                self.cells
+                    .iter()
+                    .flat_map(|c| c.members.iter().filter_map(test)),
+            );
             return;
         }
         match gauge.0 {
-            Metric::L2Sq => self.balls(v, out),
-            Metric::Cosine => self.balls(&gap::unit(v), out),
-            Metric::InnerProduct => self.halfspaces(v, out),
+            Metric::L2Sq => self.balls(gauge, v, v, out),
+            Metric::Cosine => self.balls(gauge, &gap::unit(v), v, out),
+            Metric::InnerProduct => self.halfspaces(gauge, v, out),
         }
     }
 
-    fn balls(&self, x: &[f32], out: &mut Vec<RepId>) {
+    /// Ball metrics, `x` being `v` in the index space: a cell is skipped when
+    /// `d(x, c) ≥ reach`, a member when `|d(x, c) − rho| ≥ R_e` (the triangle
+    /// inequality: then `d(x, p_e) ≥ R_e`).
+    fn balls(&self, gauge: Gauge, x: &[f32], v: &[f32], out: &mut Vec<(RepId, f32)>) {
         for c in &self.cells {
-            if euclid(x, &c.centre) < slack(c.reach) {
-                out.extend_from_slice(&c.members);
+            let dc = euclid(x, &c.centre);
+            if dc >= slack(c.reach) {
+                continue;
+            }
+            for m in &c.members {
+                let low = (dc - m.rho).abs();
+                let tol = 1e-4 * (dc + m.rho) + 1e-6;
+                if low < slack(Self::radius(gauge, m.max_d)) + tol {
+                    out.extend(m.takes(gauge, v).map(|d| (m.rep, d)));
+                }
             }
         }
     }
 
-    /// `ip`: skip a cell when `−dot(v, c) − |v| · reach ≥ max_d` (module docs).
-    fn halfspaces(&self, v: &[f32], out: &mut Vec<RepId>) {
+    /// `ip`: a cell is skipped when `−dot(v, c) − |v| · reach ≥ max_d`, a member when
+    /// the same bound with its own `rho` is not below its own `maxD` (module docs).
+    fn halfspaces(&self, gauge: Gauge, v: &[f32], out: &mut Vec<(RepId, f32)>) {
         let len = gap::norm(v);
+        let below = |score: f32, rho: f32, max_d: f32| {
+            let margin = len * rho;
+            let tol = 1e-4 * (score.abs() + margin + max_d.abs()) + 1e-6;
+            score - margin < max_d + tol
+        };
         for c in &self.cells {
             let score = Metric::InnerProduct.distance(v, &c.centre);
-            let margin = len * c.reach;
-            let low = score - margin;
-            let tol = 1e-4 * (score.abs() + margin + c.max_d.abs()) + 1e-6;
-            if low < c.max_d + tol {
-                out.extend_from_slice(&c.members);
+            if !below(score, c.reach, c.max_d) {
+                continue;
+            }
+            for m in &c.members {
+                if below(score, m.rho, m.max_d) {
+                    out.extend(m.takes(gauge, v).map(|d| (m.rep, d)));
+                }
             }
         }
     }
@@ -230,21 +315,25 @@ impl Takers {
     /// Tests and `Cache::check_invariants`: `rep`'s place and bounds are consistent
     /// with `rq` and `max_d`.
     pub fn check(&self, gauge: Gauge, rep: RepId, rq: &Arc<[f32]>, max_d: f32) -> bool {
-        let Some(&(at, rho_kept)) = self.cell_of.get(&rep) else {
+        let Some(&(at, i)) = self.place.get(&rep) else {
             return false;
         };
+        let Some(m) = self.member(rep) else {
+            return false;
+        };
+        let same = m.rep == rep && m.max_d == max_d && Arc::ptr_eq(&m.query, rq);
         if at == ALWAYS {
-            return self.always.contains(&rep);
+            return same && i < self.always.len();
         }
         let c = &self.cells[at];
         let rho = euclid(&Self::point(gauge, rq), &c.centre);
+        // `rho` as kept was computed from the same point and centre.
+        let rho_holds = slack(m.rho) >= rho && slack(rho) >= m.rho;
         let covered = if gauge.angular() {
             slack(c.reach) >= rho && c.max_d >= max_d
         } else {
             slack(c.reach) >= rho + Self::radius(gauge, max_d)
         };
-        // `rho` as kept is what it was computed from the same point and centre.
-        let rho_kept_holds = slack(rho_kept) >= rho && slack(rho) >= rho_kept;
-        covered && rho_kept_holds && c.members.contains(&rep)
+        same && rho_holds && covered
     }
 }
