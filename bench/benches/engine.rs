@@ -458,7 +458,7 @@ impl Timed<'_> {
                         (*next_id, v)
                     },
                     |(id, v)| {
-                        let out = black_box(cache.insert_logged(id, v).unwrap());
+                        let out = black_box(cache.insert_logged(id, v, true).unwrap());
                         (inserts, taken) = (inserts + 1, taken + out.fast_path as u64);
                     },
                     criterion::BatchSize::SmallInput,
@@ -752,7 +752,7 @@ fn tails(f: &mut Fixture) {
         f.next_id += 1;
         let q = &live[f.rng.gen_range(0..live.len())];
         let v: Arc<[f32]> = q.iter().map(|x| x + 1e-6).collect();
-        black_box(f.cache.insert_logged(f.next_id, v).unwrap());
+        black_box(f.cache.insert_logged(f.next_id, v, true).unwrap());
     });
     h("delete", deletes, &mut |f| {
         let victim = f.cache.representatives().next().expect("entries").nrl.ids[0];

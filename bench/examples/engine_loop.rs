@@ -193,7 +193,11 @@ impl Ops {
             "insert" => {
                 self.inserted += 1;
                 let v: Arc<[f32]> = Arc::from(near(&self.queries[i % n]));
-                black_box(e.cache.insert_logged(self.inserted, v).expect("valid"));
+                black_box(
+                    e.cache
+                        .insert_logged(self.inserted, v, true)
+                        .expect("valid"),
+                );
             }
             "admit" => {
                 black_box(e.admit());

@@ -24,10 +24,11 @@ use crate::error::{validate_k, validate_vector, Result};
 use crate::exact_table::{QueryKey, Slot};
 use crate::filter::{DualFilter, FilterStats, InsertSeeds};
 use crate::gap::{self, Gauge};
-use crate::hash::{HashSet, SharedMap};
+use crate::hash::{HashMap, HashSet, SharedMap};
 use crate::insert_log::{DeleteLog, InsertLog};
 use crate::policy::HitPolicy;
 use crate::pool::{NeighborPool, OBJECT_OVERHEAD_BYTES};
+use crate::reach::MaxDistances;
 use crate::read::{CacheReader, Counters, HitKind, Lookup, MissTicket, Neighbor};
 use crate::takers::Takers;
 
@@ -104,8 +105,8 @@ pub struct CacheStats {
     pub objects: usize,
     pub bytes: usize,
     pub insert_log_len: usize,
-    /// Cells of the insert fast path's exact index (`takers.rs`): an insert computes one
-    /// distance per cell, an admission one per cell too.
+    /// Cells of the complete fast path's exact index (`takers.rs`; 0 without it): an
+    /// insert computes one distance per cell, an admission one per cell too.
     pub taker_cells: usize,
     pub risk: f64,
     pub filter: FilterStats,
@@ -192,10 +193,18 @@ pub struct Cache {
     /// (LC, rep): the oldest cursor first, for head trimming and the length cap.
     pub(crate) cursors: BTreeSet<(u64, RepId)>,
     pub(crate) risk: RiskSums,
-    /// Every representative by where its query is, with its `maxD` in the filter's unit,
-    /// exactly: the fast path reaches all the entries that take a vector, not only the
-    /// one the filter finds (`takers.rs`).
-    pub(crate) takers: Takers,
+    /// Every live list's `maxD` in the filter's unit (`Gauge::filter_max_d`): the
+    /// insert fast path's reach (`reach.rs`).
+    pub(crate) max_ds: MaxDistances,
+    /// Each live representative's `maxD` in the filter's unit, for the insert fast path's "does it take the
+    /// vector?" asked of every candidate its filter search offers: one hash probe where
+    /// `reps` (a B-tree of 100,000 entries, then the list behind two pointers) cost
+    /// several dependent cache misses.
+    pub(crate) max_d_by_rep: HashMap<RepId, f32>,
+    /// With `complete_fast_path`: every representative by where its query is, exactly,
+    /// so that the fast path reaches every entry that takes a vector, not only the one
+    /// the filter finds (`takers.rs`).
+    pub(crate) takers: Option<Takers>,
     pub(crate) next_rep: RepId,
     /// The representative the slow path served last (round-robin position).
     pub(crate) slow_path_last: RepId,
@@ -212,7 +221,9 @@ impl Cache {
     pub fn new(cfg: CacheConfig, policy: Box<dyn HitPolicy>) -> Result<Self> {
         cfg.validate()?;
         let policy: Arc<dyn HitPolicy> = Arc::from(policy);
-        let filter = DualFilter::new(cfg.filter, cfg.metric, cfg.dim);
+        let complete = cfg.complete_fast_path;
+        let filter =
+            DualFilter::with_standby_search(cfg.filter, cfg.metric, cfg.dim, cfg.standby_search);
         let read = Arc::new(CacheReader {
             cfg: cfg.clone(),
             policy: policy.clone(),
@@ -236,7 +247,9 @@ impl Cache {
             log: InsertLog::default(),
             cursors: BTreeSet::new(),
             risk: RiskSums::default(),
-            takers: Takers::default(),
+            max_ds: MaxDistances::default(),
+            max_d_by_rep: HashMap::default(),
+            takers: complete.then(Takers::default),
             next_rep: 1,
             slow_path_last: 0,
             clock_hand: 0,
@@ -523,7 +536,11 @@ impl Cache {
         };
         self.risk.sum_r += view.nrl.risk_fixed(e.k, gauge, query_norm);
         let max_d = gauge.filter_max_d(view.nrl.max_d(), query_norm);
-        self.takers.add(gauge, id, &e.query, query_norm, max_d);
+        self.max_ds.add(max_d);
+        self.max_d_by_rep.insert(id, max_d);
+        if let Some(t) = &mut self.takers {
+            t.add(gauge, id, &e.query, query_norm, max_d);
+        }
         self.risk.sum_cursor += e.cursor as u128;
         self.cursors.insert((e.cursor, id));
         self.entry_bytes += self.rep_bytes(e.k);
@@ -624,9 +641,18 @@ impl Cache {
         self.cursors.remove(&(rep.cursor, id));
         self.risk.sum_r -= rep.nrl.risk_fixed(rep.k, self.gauge(), rep.query_norm);
         self.risk.sum_cursor -= rep.cursor as u128;
-        self.takers.remove(self.gauge(), id);
+        let max_d = self
+            .max_d_by_rep
+            .remove(&id)
+            .expect("every representative has its maxD");
+        self.max_ds.remove(max_d);
+        let gauge = self.gauge();
+        if let Some(t) = &mut self.takers {
+            t.remove(gauge, id);
+        }
         if self.reps.is_empty() {
             self.risk = RiskSums::default();
+            debug_assert!(self.max_ds.is_empty());
         }
         let c = &self.read.counters;
         match why {
@@ -713,7 +739,12 @@ impl Cache {
         self.risk.sum_r =
             self.risk.sum_r + nrl.risk_fixed(rep.k, gauge, n) - rep.nrl.risk_fixed(rep.k, gauge, n);
         let max_d = gauge.filter_max_d(nrl.max_d(), rep.query_norm);
-        self.takers.update(gauge, id, max_d);
+        let old = self.max_d_by_rep.insert(id, max_d);
+        self.max_ds
+            .replace(old.expect("every representative has its maxD"), max_d);
+        if let Some(t) = &mut self.takers {
+            t.update(gauge, id, max_d);
+        }
         let listed = nrl.dists.iter().zip(&nrl.vectors);
         let min_gap = if !gauge.angular() || self.cfg.store_vectors {
             gauge.min_gap(&rep.query, listed.map(|(&d, v)| (d, v.as_deref())))
@@ -851,7 +882,7 @@ impl Cache {
             objects: self.pool.len(),
             bytes: self.bytes(),
             insert_log_len: self.log.len(),
-            taker_cells: self.takers.cells(),
+            taker_cells: self.takers.as_ref().map_or(0, Takers::cells),
             risk: self.risk(),
             filter: self.filter.stats(),
         }
@@ -863,7 +894,14 @@ impl Cache {
         let published = self.read.reps.pin();
         let mut aliases = 0;
         let mut sum_cursor: u128 = 0;
-        if self.takers.len() != self.reps.len() {
+        if self.max_d_by_rep.len() != self.reps.len() {
+            return Err("maxD map and representatives differ in size".into());
+        }
+        if self
+            .takers
+            .as_ref()
+            .is_some_and(|t| t.len() != self.reps.len())
+        {
             return Err("the takers' index and representatives differ in size".into());
         }
         for (&id, rep) in &self.reps {
@@ -873,8 +911,13 @@ impl Cache {
                 return Err(ctx("id mismatch"));
             }
             let max_d = self.gauge().filter_max_d(nrl.max_d(), rep.query_norm);
-            if !self.takers.check(self.gauge(), id, &rep.query, max_d) {
-                return Err(ctx("the takers' index does not cover it"));
+            if self.max_d_by_rep.get(&id) != Some(&max_d) {
+                return Err(ctx("maxD map out of date"));
+            }
+            if let Some(t) = &self.takers {
+                if !t.check(self.gauge(), id, &rep.query, max_d) {
+                    return Err(ctx("the takers' index does not cover it"));
+                }
             }
             if nrl.len() < rep.k || nrl.len() > self.answer_len(rep.k) {
                 return Err(ctx(&format!(
@@ -926,6 +969,18 @@ impl Cache {
                 )));
             }
             sum_cursor += rep.cursor as u128;
+        }
+        let gauge = self.gauge();
+        let max_d = self
+            .reps
+            .values()
+            .map(|r| gauge.filter_max_d(r.nrl.max_d(), r.query_norm))
+            .reduce(f32::max);
+        if self.max_ds.max() != max_d {
+            return Err(format!(
+                "fast-path reach {:?}, largest maxD {max_d:?}",
+                self.max_ds.max()
+            ));
         }
         if published.len() != self.reps.len() {
             return Err(format!(

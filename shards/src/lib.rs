@@ -49,6 +49,7 @@ pub mod metric;
 pub mod owner;
 pub mod policy;
 pub mod pool;
+mod reach;
 pub mod read;
 pub mod refresh;
 pub mod router;

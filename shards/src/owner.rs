@@ -39,6 +39,7 @@ pub enum OwnerMsg {
     Insert {
         id: u64,
         vector: Arc<[f32]>,
+        fast_path: bool,
         ack: flume::Sender<Result<InsertOutcome>>,
     },
     Delete {
@@ -131,8 +132,13 @@ impl Cache {
                     let _ = ack.send(a);
                 }
             }
-            OwnerMsg::Insert { id, vector, ack } => {
-                let _ = ack.send(self.insert_with(id, vector));
+            OwnerMsg::Insert {
+                id,
+                vector,
+                fast_path,
+                ack,
+            } => {
+                let _ = ack.send(self.insert_with(id, vector, fast_path));
             }
             OwnerMsg::Delete { id, ack } => {
                 let _ = ack.send(self.delete(id));

@@ -221,14 +221,11 @@ impl ShardedCache {
         Ok(out)
     }
 
-    /// Every shard logs the insert and runs the fast path (`Cache::insert_with`): an
-    /// entry the vector belongs in can live in any shard (its query's nearest centroid
-    /// need not be the vector's; a moved centroid's old shard keeps its entries; a
-    /// promoted alias is admitted by the shard that held it).
     pub fn insert(&mut self, id: u64, v: &[f32]) -> Result<()> {
         let v: Arc<[f32]> = Arc::from(v);
-        for shard in &mut self.shards {
-            shard.insert_with(id, v.clone())?;
+        let near = self.router.route_write(&v);
+        for (s, shard) in self.shards.iter_mut().enumerate() {
+            shard.insert_with(id, v.clone(), near.contains(&s))?;
         }
         Ok(())
     }

@@ -132,11 +132,6 @@ impl Takers {
         self.place.len()
     }
 
-    /// `rep`'s `maxD` (filter unit) as the index holds it.
-    pub fn max_d(&self, rep: RepId) -> Option<f32> {
-        self.member(rep).map(|m| m.max_d)
-    }
-
     fn member(&self, rep: RepId) -> Option<&Member> {
         let &(at, i) = self.place.get(&rep)?;
         Some(if at == ALWAYS {

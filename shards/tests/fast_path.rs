@@ -1,11 +1,12 @@
-//! Issue #25: an insert reaches every entry it belongs in before `insert` returns.
+//! Issue #25: with `complete_fast_path`, an insert reaches every entry it belongs in
+//! before `insert` returns.
 //!
 //! The guarantee: for every live representative `e` with `d(v, RQ_e) < maxD_e` (its
 //! list's last, `k + Δ`-th distance, so in particular below its `k`-th) when `v` is
 //! inserted, `e`'s list holds `v` once the insert returns, and so does its next hit.
-//! Each test checks every entry exhaustively, not only the nearest one. Before the fix
-//! the fast path merged into the single nearest taker the query filter found, and these
-//! failed on near-duplicate entries and on entries the graph search missed.
+//! Each test checks every entry exhaustively, not only the nearest one. The default
+//! fast path merges into the single nearest taker the query filter finds, and these
+//! fail with it on near-duplicate entries and on entries the graph search misses.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +44,7 @@ fn config(metric: Metric, store_vectors: bool, capacity: usize) -> CacheConfig {
         k_max: 10,
         store_vectors,
         capacity: Capacity::Objects(capacity),
+        complete_fast_path: true,
         // The paper's graph at its smallest: it misses entries, which the fix must not.
         filter: FilterKind::Hnsw {
             m: 4,

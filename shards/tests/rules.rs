@@ -352,28 +352,43 @@ fn slow_path_merge_reaches_entries_the_fast_path_skips() {
     let mut s = store();
     c.search(&s, &[4.0], 2).unwrap(); // A at 4: 2 (1), 3 (1)
     c.search(&s, &[6.0], 2).unwrap(); // B at 6: 3 (1), 4 (9)
-                                      // x = 4.6: A takes it (0.36 < maxD 1), and B wants it too (1.96 < 9). The fast path
-                                      // reaches both (issue #25); logged only, as a shard did for a vector that did not
-                                      // route to it before, only the slow path brings it.
+                                      // x = 4.6: nearest representative is A (0.36 vs 1.96), so the fast path offers it to
+                                      // A (0.36 < maxD 1: taken). B wants it too (1.96 < 9): only the slow path brings it.
     s.insert(30, &[4.6]).unwrap();
-    c.insert_with(30, std::sync::Arc::from(&[4.6f32][..]))
-        .unwrap();
+    c.insert(30, &[4.6]).unwrap();
     let b = c.slot(&[6.0]).unwrap().rep();
-    assert_eq!(
-        c.representative(b).unwrap().nrl.ids,
-        vec![3, 30],
-        "fast path: B too"
-    );
+    assert_eq!(c.representative(b).unwrap().nrl.ids, vec![3, 30]);
+    assert!(c.stats().slow_path_merges >= 1);
+    c.check_invariants().unwrap();
+}
+
+/// The same two entries with `complete_fast_path`: the insert reaches B at once, the
+/// slow path still brings what was logged without any fast path.
+#[test]
+fn complete_fast_path_reaches_every_entry_that_takes_it() {
+    let cfg = CacheConfig {
+        delta: 0,
+        filter: FilterKind::BruteForce,
+        k_max: 4,
+        risk_threshold: 0.3,
+        complete_fast_path: true,
+        ..CacheConfig::new(1, Metric::L2Sq)
+    };
+    let mut c = Cache::new(cfg, PolicyConfig::default().build()).unwrap();
+    let mut s = store();
+    c.search(&s, &[4.0], 2).unwrap(); // A at 4: 2 (1), 3 (1)
+    c.search(&s, &[6.0], 2).unwrap(); // B at 6: 3 (1), 4 (9)
+    s.insert(30, &[4.6]).unwrap();
+    c.insert(30, &[4.6]).unwrap();
+    let b = c.slot(&[6.0]).unwrap().rep();
+    let ids = |c: &Cache| c.representative(b).unwrap().nrl.ids.clone();
+    assert_eq!(ids(&c), vec![3, 30], "fast path: B too");
     assert_eq!(c.stats().fast_path_updates, 2);
     s.insert(31, &[4.7]).unwrap();
     c.insert_log_only(31, std::sync::Arc::from(&[4.7f32][..]))
         .unwrap();
     while c.slow_path_step() {}
-    assert_eq!(
-        c.representative(b).unwrap().nrl.ids,
-        vec![3, 31],
-        "slow path"
-    );
+    assert_eq!(ids(&c), vec![3, 31], "slow path");
     assert!(c.stats().slow_path_merges >= 1);
     c.check_invariants().unwrap();
 }

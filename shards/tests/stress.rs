@@ -227,13 +227,16 @@ fn run_stress(filter: FilterKind, standby_search: StandbySearch) {
                     next_id += 1;
                     db.write().unwrap().insert(next_id, &v).unwrap();
                     let v: Arc<[f32]> = Arc::from(v);
+                    let near = router.route_write(&v);
                     let acks: Vec<_> = handles
                         .iter()
-                        .map(|h| {
+                        .enumerate()
+                        .map(|(s, h)| {
                             let (tx, rx) = flume::bounded(1);
                             let msg = OwnerMsg::Insert {
                                 id: next_id,
                                 vector: v.clone(),
+                                fast_path: near.contains(&s),
                                 ack: tx,
                             };
                             h.sender().send(msg).unwrap();

@@ -73,6 +73,8 @@ pub(crate) enum Job {
         id: u64,
         vector: Arc<[f32]>,
         payload: Vec<u8>,
+        /// The two nearest shards: they run the fast path.
+        near: [usize; 2],
         deadline: Option<Instant>,
         reply: flume::Sender<Result<InsertAcks, Rejection>>,
     },
@@ -346,10 +348,11 @@ impl Worker {
                     id,
                     vector,
                     payload,
+                    near,
                     deadline,
                     reply,
                 } => {
-                    let r = self.insert(pg.as_mut(), id, vector, &payload, deadline);
+                    let r = self.insert(pg.as_mut(), id, vector, &payload, near, deadline);
                     let _ = reply.send(r);
                 }
                 Job::Delete {
@@ -536,6 +539,7 @@ impl Worker {
         id: u64,
         vector: Arc<[f32]>,
         payload: &[u8],
+        near: [usize; 2],
         deadline: Option<Instant>,
     ) -> Result<InsertAcks, Rejection> {
         match (&self.side, pg) {
@@ -552,7 +556,7 @@ impl Worker {
                     let seq = self.log(op)?;
                     store.insert(id, &vector)?;
                     self.rows.store(store.len(), Ordering::Relaxed);
-                    (self.queue_insert(id, &vector)?, seq)
+                    (self.queue_insert(id, &vector, near)?, seq)
                 };
                 self.made_durable(seq)?;
                 Ok(acks)
@@ -561,7 +565,7 @@ impl Worker {
                 let mut stripe = self.stripe(id);
                 settle_stripe(&mut stripe, pg, id)?;
                 match pg.insert(id, &vector, payload, deadline) {
-                    Ok(()) => self.queue_insert(id, &vector),
+                    Ok(()) => self.queue_insert(id, &vector, near),
                     Err(e) => {
                         *stripe = e.unsettled.clone();
                         Err(self.after_failed_write(id, e))
@@ -570,7 +574,7 @@ impl Worker {
             }
             _ => {
                 let _order = self.stripe(id);
-                self.queue_insert(id, &vector)
+                self.queue_insert(id, &vector, near)
             }
         }
     }
@@ -617,14 +621,20 @@ impl Worker {
         }
     }
 
-    /// Every owner gets the insert, and each runs the fast path (`Cache::insert_with`).
-    fn queue_insert(&self, id: u64, vector: &Arc<[f32]>) -> Result<InsertAcks, Rejection> {
+    /// Every owner gets the insert; the two nearest run the fast path.
+    fn queue_insert(
+        &self,
+        id: u64,
+        vector: &Arc<[f32]>,
+        near: [usize; 2],
+    ) -> Result<InsertAcks, Rejection> {
         let mut acks = Vec::with_capacity(self.shards.len());
         for (s, h) in self.shards.iter().enumerate() {
             let (tx, rx) = flume::bounded(1);
             let msg = OwnerMsg::Insert {
                 id,
                 vector: vector.clone(),
+                fast_path: near.contains(&s),
                 ack: tx,
             };
             // Waits for room: owners never wait on us, so this is bounded by their pace.

@@ -308,11 +308,13 @@ impl AkerService {
     async fn insert(&self, i: InsertRequest, ctx: &RequestContext) -> ServiceResult {
         check_collection(i.collection)?;
         let vector: Arc<[f32]> = i.vector.into();
+        let near = self.shared.router.route_write(&vector);
         let (tx, rx) = flume::bounded(1);
         self.submit(Job::Insert {
             id: i.id,
             vector,
             payload: i.payload,
+            near,
             deadline: ctx.deadline,
             reply: tx,
         })?;

@@ -354,8 +354,9 @@ fn replay(set: &mut ShardSet, tail: Vec<Op>) -> Result<(), String> {
         match op {
             Op::Insert { id, vector } => {
                 let v: Arc<[f32]> = Arc::from(vector);
-                for c in &mut set.caches {
-                    c.insert_with(id, v.clone())
+                let near = set.router.route_write(&v);
+                for (s, c) in set.caches.iter_mut().enumerate() {
+                    c.insert_with(id, v.clone(), near.contains(&s))
                         .map_err(|e| format!("replaying the insert of {id}: {e}"))?;
                 }
             }
