@@ -59,6 +59,10 @@ pub struct CacheSection {
     /// `nearest` is ALGORITHM.md's rule (and the engine's default): the nearest serving
     /// candidate of either generation.
     pub standby_search: StandbySearch,
+    /// An insert reaches every cached entry it belongs in before it is acknowledged
+    /// (an exact index on every shard), not only the nearest one the filter finds
+    /// (`shards::CacheConfig::complete_fast_path`; costs in `bench/results/engine.md`).
+    pub complete_fast_path: bool,
     /// `fifo` (the paper's) or `second_chance` (CLOCK: an entry hit since the hand last
     /// passed it stays).
     pub eviction: Eviction,
@@ -174,6 +178,7 @@ impl Default for CacheSection {
             filter: e.filter,
             filter_candidates: e.filter_candidates,
             standby_search: daemon_defaults::STANDBY_SEARCH,
+            complete_fast_path: e.complete_fast_path,
             eviction: daemon_defaults::EVICTION,
             max_aliases_per_rep: e.max_aliases_per_rep,
             slow_path_batch: e.slow_path_batch,
@@ -225,6 +230,7 @@ impl CacheSection {
             filter: self.filter,
             filter_candidates: self.filter_candidates,
             standby_search: self.standby_search,
+            complete_fast_path: self.complete_fast_path,
             eviction: self.eviction,
             max_aliases_per_rep: self.max_aliases_per_rep,
             slow_path_batch: self.slow_path_batch,

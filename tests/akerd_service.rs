@@ -608,3 +608,45 @@ fn k_is_a_request_parameter_through_akerd() {
     );
     d.stop().unwrap();
 }
+
+/// `cache.complete_fast_path`: an insert between two cached queries is in both
+/// entries' next exact hits, on any of the 4 shards (the default reaches the nearest
+/// one the filter finds on the two nearest shards; the other waits for the slow path).
+#[test]
+fn with_the_complete_fast_path_an_insert_is_in_every_entry_it_belongs_in() {
+    let ds = dataset();
+    let mut cfg = config();
+    cfg.cache.complete_fast_path = true;
+    // No slow-path steps: what reaches qb is the fast path's alone.
+    cfg.cache.risk_threshold = 1e30;
+    let d = start(&cfg);
+    let mut c = client(d.local_addr());
+    let mut next = 60_000u64;
+    for row in (0..600).step_by(60) {
+        // Two entries either side of the row: each misses the other's threshold.
+        let qa = query_near(&ds, row, 0.002);
+        let qb = query_near(&ds, row, -0.002);
+        search_until(&mut c, &qa, HitKind::Exact);
+        search_until(&mut c, &qb, HitKind::Exact);
+        // Next to the row on qa's side: first for qa, second for qb (after the row).
+        let v = query_near(&ds, row, 0.0002);
+        next += 1;
+        c.insert(next, &v).unwrap();
+        let a = c.search(K, &qa).unwrap();
+        assert_eq!((a.hit, a.neighbors[0].id), (HitKind::Exact, next), "{a:?}");
+        let b = c.search(K, &qb).unwrap();
+        assert_eq!(b.hit, HitKind::Exact, "{b:?}");
+        let truth = c
+            .search_with(SearchRequest {
+                bypass_cache: true,
+                ..SearchRequest::new(K, qb.clone())
+            })
+            .unwrap();
+        assert!(
+            ids(&truth).contains(&next),
+            "the backend ranks it in qb's top-k"
+        );
+        assert_eq!(ids(&b), ids(&truth), "row {row}");
+    }
+    d.stop().unwrap();
+}

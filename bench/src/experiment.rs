@@ -462,7 +462,35 @@ pub struct RunResult {
     pub floor: Option<FloorOutcome>,
     /// Per window of `RunSpec::window` requests (the last one may be shorter).
     pub series: Vec<WindowPoint>,
+    /// Inserts timed on the cache the replay left (`insert_probe`); `None` without a cache.
+    pub inserts: Option<InsertProbe>,
 }
+
+/// What inserts cost on the cache a run left behind, timed one by one in the engine
+/// after the run's other figures were taken (its recall and hit ratio do not see them).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct InsertProbe {
+    /// Each 1e-3 (Euclidean) from one of the trace's queries: where cached entries take it.
+    pub near: InsertCost,
+    /// Copies of collection rows (the routing sample) under new ids.
+    pub rows: InsertCost,
+    /// The insert fast path's exact index at the end (`CacheStats::taker_cells`).
+    pub taker_cells: usize,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct InsertCost {
+    pub inserts: usize,
+    /// Median and 99th percentile of one insert (`Cache::insert`: log, fast path and the
+    /// slow-path steps it runs), µs.
+    pub us_p50: f64,
+    pub us_p99: f64,
+    /// Lists the fast path put the vector in, per insert (mean).
+    pub takers_mean: f64,
+}
+
+/// Inserts of each kind `insert_probe` times.
+pub const INSERT_PROBE: usize = 500;
 
 /// Where a run's recall floor ended.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -591,6 +619,13 @@ impl CacheUnderTest {
         match self {
             CacheUnderTest::One(c) => c.stats(),
             CacheUnderTest::Sharded(c) => c.stats(),
+        }
+    }
+
+    fn insert(&mut self, id: u64, v: &[f32]) -> Result<()> {
+        match self {
+            CacheUnderTest::One(c) => c.insert(id, v).map(|_| ()),
+            CacheUnderTest::Sharded(c) => c.insert(id, v),
         }
     }
 
@@ -783,7 +818,68 @@ pub fn run(
         out.evictions = s.evictions;
     }
     out.seconds = start.elapsed().as_secs_f64();
+    if let Some(cache) = cache.as_mut() {
+        out.inserts = Some(insert_probe(cache, workload, routing)?);
+    }
     Ok(out)
+}
+
+/// `INSERT_PROBE` inserts near the trace's queries, then as many copies of collection
+/// rows, each timed alone (ids above any collection's).
+fn insert_probe(
+    cache: &mut CacheUnderTest,
+    workload: &Workload,
+    routing: &[f32],
+) -> Result<InsertProbe> {
+    let dim = workload.dim;
+    let mut rng = StdRng::seed_from_u64(25);
+    let mut next_id = 1u64 << 62;
+    let mut time = |cache: &mut CacheUnderTest, v: &[f32]| -> Result<(f64, u64)> {
+        next_id += 1;
+        let before = cache.stats().fast_path_updates;
+        let t = Instant::now();
+        cache.insert(next_id, v)?;
+        let us = t.elapsed().as_secs_f64() * 1e6;
+        Ok((us, cache.stats().fast_path_updates - before))
+    };
+    let offset = 1e-3 / (dim as f32).sqrt();
+    let mut near = Vec::with_capacity(INSERT_PROBE);
+    for _ in 0..INSERT_PROBE {
+        let r = workload.requests[rng.gen_range(0..workload.requests.len())];
+        let v: Vec<f32> = workload
+            .vector(r)
+            .iter()
+            .map(|x| x + if rng.gen_bool(0.5) { offset } else { -offset })
+            .collect();
+        near.push(time(cache, &v)?);
+    }
+    let rows_n = routing.len() / dim.max(1);
+    let mut rows = Vec::with_capacity(INSERT_PROBE);
+    for _ in 0..INSERT_PROBE.min(rows_n * 4) {
+        let i = rng.gen_range(0..rows_n);
+        rows.push(time(cache, &routing[i * dim..(i + 1) * dim])?);
+    }
+    Ok(InsertProbe {
+        near: insert_cost(near),
+        rows: insert_cost(rows),
+        taker_cells: cache.stats().taker_cells,
+    })
+}
+
+fn insert_cost(mut timed: Vec<(f64, u64)>) -> InsertCost {
+    if timed.is_empty() {
+        return InsertCost::default();
+    }
+    let n = timed.len();
+    let takers_mean = timed.iter().map(|t| t.1 as f64).sum::<f64>() / n as f64;
+    timed.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let at = |p: f64| timed[((n as f64 * p) as usize).min(n - 1)].0;
+    InsertCost {
+        inserts: n,
+        us_p50: at(0.5),
+        us_p99: at(0.99),
+        takers_mean,
+    }
 }
 
 /// The `percentile` (in `0..=1`) of gaps (`shards::gap`) between `pairs` random pairs of distinct

@@ -170,7 +170,8 @@ pub const CSV_HEADER: &str =
     "dataset,backend,k,metric,skew,pool_pct,pool_objects,pool_budget_bytes,policy,filter,requests,\
 recall,hit_ratio,exact_ratio,alias_ratio,approx_ratio,miss_ratio,approx_hit_recall,\
 approx_hit_below_0.8,alias_hit_recall,backend_calls,verifications,entries,aliases,objects,\
-pool_bytes,evictions,global_threshold,seconds";
+pool_bytes,evictions,global_threshold,seconds,insert_near_us_p50,insert_near_us_p99,\
+insert_near_takers,insert_row_us_p50,insert_row_us_p99,insert_row_takers,taker_cells";
 
 /// The columns results.csv gains when a row ran a recall floor or measured recall
 /// against the backend's own answers (`--recall-floors`).
@@ -269,7 +270,7 @@ pub fn csv(rows: &[Row]) -> String {
         let filter = r.filter.map_or("", filter_name);
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{},{},{},{},{:.3}{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{},{},{},{},{:.3},{}{}",
             r.dataset,
             r.backend,
             r.k,
@@ -299,6 +300,7 @@ pub fn csv(rows: &[Row]) -> String {
             x.evictions,
             r.threshold.map_or(String::new(), |t| t.to_string()),
             x.seconds,
+            inserts_csv(x.inserts),
             if extra {
                 format!(",{}", floor_csv(r, &opt))
             } else {
@@ -307,6 +309,23 @@ pub fn csv(rows: &[Row]) -> String {
         );
     }
     s
+}
+
+/// The insert probe's columns (`experiment::InsertProbe`), empty without a cache.
+fn inserts_csv(p: Option<crate::experiment::InsertProbe>) -> String {
+    let Some(p) = p else {
+        return ",,,,,,".into();
+    };
+    format!(
+        "{:.1},{:.1},{:.2},{:.1},{:.1},{:.2},{}",
+        p.near.us_p50,
+        p.near.us_p99,
+        p.near.takers_mean,
+        p.rows.us_p50,
+        p.rows.us_p99,
+        p.rows.takers_mean,
+        p.taker_cells
+    )
 }
 
 pub const SERIES_HEADER: &str = "dataset,backend,skew,phase_skew,pool_pct,policy,floor,\

@@ -30,6 +30,7 @@ use crate::policy::HitPolicy;
 use crate::pool::{NeighborPool, OBJECT_OVERHEAD_BYTES};
 use crate::reach::MaxDistances;
 use crate::read::{CacheReader, Counters, HitKind, Lookup, MissTicket, Neighbor};
+use crate::takers::Takers;
 
 /// Bytes charged per representative beyond its query vector and list.
 pub const REP_OVERHEAD_BYTES: usize = 160;
@@ -104,6 +105,9 @@ pub struct CacheStats {
     pub objects: usize,
     pub bytes: usize,
     pub insert_log_len: usize,
+    /// Cells of the complete fast path's exact index (`takers.rs`; 0 without it): an
+    /// insert computes one distance per cell, an admission one per cell too.
+    pub taker_cells: usize,
     pub risk: f64,
     pub filter: FilterStats,
 }
@@ -138,6 +142,7 @@ impl CacheStats {
             aliases,
             objects,
             bytes,
+            taker_cells,
             insert_log_len
         );
         self.risk = self.risk.max(o.risk);
@@ -196,6 +201,10 @@ pub struct Cache {
     /// `reps` (a B-tree of 100,000 entries, then the list behind two pointers) cost
     /// several dependent cache misses.
     pub(crate) max_d_by_rep: HashMap<RepId, f32>,
+    /// With `complete_fast_path`: every representative by where its query is, exactly,
+    /// so that the fast path reaches every entry that takes a vector, not only the one
+    /// the filter finds (`takers.rs`).
+    pub(crate) takers: Option<Takers>,
     pub(crate) next_rep: RepId,
     /// The representative the slow path served last (round-robin position).
     pub(crate) slow_path_last: RepId,
@@ -212,6 +221,7 @@ impl Cache {
     pub fn new(cfg: CacheConfig, policy: Box<dyn HitPolicy>) -> Result<Self> {
         cfg.validate()?;
         let policy: Arc<dyn HitPolicy> = Arc::from(policy);
+        let complete = cfg.complete_fast_path;
         let filter =
             DualFilter::with_standby_search(cfg.filter, cfg.metric, cfg.dim, cfg.standby_search);
         let read = Arc::new(CacheReader {
@@ -239,6 +249,7 @@ impl Cache {
             risk: RiskSums::default(),
             max_ds: MaxDistances::default(),
             max_d_by_rep: HashMap::default(),
+            takers: complete.then(Takers::default),
             next_rep: 1,
             slow_path_last: 0,
             clock_hand: 0,
@@ -527,6 +538,9 @@ impl Cache {
         let max_d = gauge.filter_max_d(view.nrl.max_d(), query_norm);
         self.max_ds.add(max_d);
         self.max_d_by_rep.insert(id, max_d);
+        if let Some(t) = &mut self.takers {
+            t.add(gauge, id, &e.query, query_norm, max_d);
+        }
         self.risk.sum_cursor += e.cursor as u128;
         self.cursors.insert((e.cursor, id));
         self.entry_bytes += self.rep_bytes(e.k);
@@ -632,6 +646,10 @@ impl Cache {
             .remove(&id)
             .expect("every representative has its maxD");
         self.max_ds.remove(max_d);
+        let gauge = self.gauge();
+        if let Some(t) = &mut self.takers {
+            t.remove(gauge, id);
+        }
         if self.reps.is_empty() {
             self.risk = RiskSums::default();
             debug_assert!(self.max_ds.is_empty());
@@ -724,6 +742,9 @@ impl Cache {
         let old = self.max_d_by_rep.insert(id, max_d);
         self.max_ds
             .replace(old.expect("every representative has its maxD"), max_d);
+        if let Some(t) = &mut self.takers {
+            t.update(gauge, id, max_d);
+        }
         let listed = nrl.dists.iter().zip(&nrl.vectors);
         let min_gap = if !gauge.angular() || self.cfg.store_vectors {
             gauge.min_gap(&rep.query, listed.map(|(&d, v)| (d, v.as_deref())))
@@ -861,6 +882,7 @@ impl Cache {
             objects: self.pool.len(),
             bytes: self.bytes(),
             insert_log_len: self.log.len(),
+            taker_cells: self.takers.as_ref().map_or(0, Takers::cells),
             risk: self.risk(),
             filter: self.filter.stats(),
         }
@@ -875,6 +897,13 @@ impl Cache {
         if self.max_d_by_rep.len() != self.reps.len() {
             return Err("maxD map and representatives differ in size".into());
         }
+        if self
+            .takers
+            .as_ref()
+            .is_some_and(|t| t.len() != self.reps.len())
+        {
+            return Err("the takers' index and representatives differ in size".into());
+        }
         for (&id, rep) in &self.reps {
             let nrl = &rep.nrl;
             let ctx = |m: &str| format!("rep {id}: {m}");
@@ -884,6 +913,11 @@ impl Cache {
             let max_d = self.gauge().filter_max_d(nrl.max_d(), rep.query_norm);
             if self.max_d_by_rep.get(&id) != Some(&max_d) {
                 return Err(ctx("maxD map out of date"));
+            }
+            if let Some(t) = &self.takers {
+                if !t.check(self.gauge(), id, &rep.query, max_d) {
+                    return Err(ctx("the takers' index does not cover it"));
+                }
             }
             if nrl.len() < rep.k || nrl.len() > self.answer_len(rep.k) {
                 return Err(ctx(&format!(

@@ -15,6 +15,7 @@
 //! | the filter's lock-free HNSW graph (int8 codes)   | [`filter::GraphIndex`]      |
 //! | insert log, delete log (in-flight misses)        | [`insert_log`]              |
 //! | fast path, slow path, risk                       | [`refresh`]                 |
+//! | the fast path's exact index of takers            | `takers`                    |
 //! | hit policies: Aker, Proximity+, Potluck+         | [`policy`]                  |
 //! | backends: trait, exact and HNSW stores           | [`backend`], [`store`]      |
 //! | routing by centroid, load-based assignment       | [`router`]                  |
@@ -55,6 +56,7 @@ pub mod router;
 pub mod sharded;
 pub mod snapshot;
 pub mod store;
+mod takers;
 
 pub use backend::{Backend, Candidate};
 pub use cache::{Admission, Cache, CacheStats, DeleteOutcome, SearchOutcome};

@@ -3,7 +3,9 @@
 //!
 //! ```text
 //!  insert(id, v) ─► log.append ─► length cap (entries left behind: invalidated)
-//!               ─► fast path: nearest representative; d(v, RQ) < maxD ⇒ sorted insert
+//!               ─► fast path: nearest representative (the filter's; by default) or every
+//!                  representative (`complete_fast_path`: exact index, `takers.rs`)
+//!                  with d(v, RQ) < maxD ⇒ sorted insert
 //!               ─► slow path while R ≥ τ_risk (bounded steps)
 //!  slow path step: next representative round-robin with unchecked records;
 //!                  scan B records from LC, sorted-merge those with d < maxD, advance LC
@@ -19,7 +21,8 @@ use crate::error::{validate_vector, Result};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InsertOutcome {
     pub seq: u64,
-    /// The fast path put the vector into its nearest representative's list.
+    /// The fast path put the vector into a list (its nearest representative's, or with
+    /// `complete_fast_path` every list that takes it).
     pub fast_path: bool,
     pub slow_path_steps: usize,
     /// The id was cached or logged before: treated as delete + insert.
@@ -34,7 +37,11 @@ impl Cache {
 
     /// INSERT as a shard of many sees it: every shard logs every insert (so its slow
     /// path can reach all of its entries), only the shards nearest the vector run the
-    /// fast path. The vector is shared, so a shard's log costs a record, not a copy.
+    /// default fast path (`fast_path`); with `complete_fast_path` every shard runs its
+    /// own, whatever `fast_path` says: an entry the vector belongs in can live in any
+    /// shard, and a shard without one rules itself out for one distance per cell of its
+    /// exact index (`takers.rs`). The vector is shared, so a shard's log costs a record,
+    /// not a copy.
     pub fn insert_with(
         &mut self,
         id: u64,
@@ -48,12 +55,28 @@ impl Cache {
     }
 
     /// The insert without the slow-path steps that follow it (`insert_with` runs them):
-    /// log append, length cap, fast path.
+    /// log append, length cap, fast path (`fast_path` as in `insert_with`).
     pub fn insert_logged(
         &mut self,
         id: u64,
         v: Arc<[f32]>,
         fast_path: bool,
+    ) -> Result<InsertOutcome> {
+        self.insert_logged_as(id, v, Some(fast_path))
+    }
+
+    /// Tests and tools: an insert logged without any fast path (no slow-path steps
+    /// either), so that every entry owes the slow path its record.
+    pub fn insert_log_only(&mut self, id: u64, v: Arc<[f32]>) -> Result<InsertOutcome> {
+        self.insert_logged_as(id, v, None)
+    }
+
+    /// `fast_path`: `Some(routed here)`, or `None` for none at all.
+    fn insert_logged_as(
+        &mut self,
+        id: u64,
+        v: Arc<[f32]>,
+        fast_path: Option<bool>,
     ) -> Result<InsertOutcome> {
         validate_vector(&v, self.cfg.dim)?;
         self.read.counters.inserts.bump();
@@ -66,7 +89,7 @@ impl Cache {
         out.seq = self.log.append(id, v.clone());
         self.enforce_log_cap();
         self.publish_seqs();
-        out.fast_path = fast_path && self.fast_path(id, &v);
+        out.fast_path = fast_path.is_some_and(|here| self.fast_path(id, &v, here));
         Ok(out)
     }
 
@@ -87,9 +110,20 @@ impl Cache {
         self.log.trim_to(new_head - 1);
     }
 
+    fn fast_path(&mut self, id: u64, v: &Arc<[f32]>, routed_here: bool) -> bool {
+        if self.takers.is_some() {
+            self.complete_fast_path(id, v)
+        } else {
+            routed_here && self.nearest_fast_path(id, v)
+        }
+    }
+
     /// The nearest representative to `v` takes it if it is closer than its `maxD`.
-    /// (Distances and `maxD`s here are the filter's: `Gauge::filter_max_d`.)
-    fn fast_path(&mut self, id: u64, v: &Arc<[f32]>) -> bool {
+    /// (Distances and `maxD`s here are the filter's: `Gauge::filter_max_d`.) The
+    /// filter's search is approximate: an entry it does not find, and every
+    /// near-duplicate of the one it finds, wait for the slow path (issue #25;
+    /// `complete_fast_path` reaches them all: `complete_fast_path`).
+    fn nearest_fast_path(&mut self, id: u64, v: &Arc<[f32]>) -> bool {
         let max_d = &self.max_d_by_rep;
         let takes = |r: RepId, d: f32| max_d.get(&r).is_some_and(|&m| d < m);
         // No list ends farther than `reach`: nothing beyond it can take the vector.
@@ -115,6 +149,45 @@ impl Cache {
             return true;
         }
         false
+    }
+
+    /// `complete_fast_path`: every representative that takes `v` (closer than its
+    /// `maxD`) gets it before the insert returns. The takers come from the exact index
+    /// (`takers.rs`), which cannot miss one. Returns whether any list took it.
+    fn complete_fast_path(&mut self, id: u64, v: &Arc<[f32]>) -> bool {
+        let gauge = self.gauge();
+        let mut takers = Vec::new();
+        if let Some(index) = &self.takers {
+            index.takers(gauge, v, &mut takers);
+        }
+        // In admission order, so that a merge's eviction (FIFO) meets the same entries
+        // whatever the cells' order (the model test replays it).
+        takers.sort_unstable_by_key(|t| t.0);
+        let mut taken = false;
+        for (rid, df) in takers {
+            // An earlier merge may have evicted it to stay within budget.
+            let Some(d) = self.list_distance(rid, df, v) else {
+                continue;
+            };
+            if self.merge(rid, id, d, v) {
+                self.read.counters.fast_path_updates.bump();
+                taken = true;
+            }
+        }
+        taken
+    }
+
+    /// `d(v, RQ)` in the list's unit if `rid` is still live, `df` being the filter's
+    /// distance below its `maxD` (`Gauge::filter_max_d`): the same on `l2sq`; on the
+    /// angular metrics, where the units differ, the metric's own test is repeated
+    /// (they agree but for rounding).
+    fn list_distance(&self, rid: RepId, df: f32, v: &[f32]) -> Option<f32> {
+        let rep = self.reps.get(&rid)?;
+        if !self.gauge().angular() {
+            return Some(df);
+        }
+        let d = self.cfg.metric.distance(v, &rep.query);
+        (d < rep.max_d()).then_some(d)
     }
 
     /// Sorted insert of `(id, d)` into `rid`'s list, dropping what falls past `k + Δ`.

@@ -320,7 +320,7 @@ mod tests {
         // Vectors at cached queries, logged without the fast path: every entry owes the
         // slow path a scan of them; one of them is deleted again (a tombstoned record).
         for (i, q) in queries.iter().take(6).enumerate() {
-            a.insert_logged(9_000 + i as u64, Arc::from(&q[..]), false)
+            a.insert_log_only(9_000 + i as u64, Arc::from(&q[..]))
                 .unwrap();
         }
         a.delete(9_005);
