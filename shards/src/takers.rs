@@ -34,7 +34,7 @@
 //! member's own `rho` on `ip`), and only then by its exact distance; a member carries its
 //! query and `maxD`, so that neither test touches the cache's maps (on GloVe, 50-d, the
 //! cells alone left ~60% of the entries standing, and their B-tree lookups were most of
-//! an insert). What `candidates` returns are the takers, with their filter distances.
+//! an insert). What `Takers::takers` returns are the takers, with their filter distances.
 //! Costs: an insert scans every centre (one distance each) and, in the cells it cannot
 //! rule out, one comparison per member and one distance per member its bound keeps;
 //! an admission scans the centres once. Cells number at most the entries (radii tiny
@@ -291,7 +291,9 @@ impl Takers {
         let len = gap::norm(v);
         let below = |score: f32, rho: f32, max_d: f32| {
             let margin = len * rho;
-            let tol = 1e-4 * (score.abs() + margin + max_d.abs()) + 1e-6;
+            // `score` and the exact test's `−dot(v, RQ) / |RQ|` round apart by about
+            // ε·|v|·sqrt(d) even where `rho` is 0: the last term covers that.
+            let tol = 1e-4 * (score.abs() + margin + max_d.abs()) + 1e-6 + 1e-5 * len;
             score - margin < max_d + tol
         };
         for c in &self.cells {
@@ -330,5 +332,83 @@ impl Takers {
             slack(c.reach) >= rho + Self::radius(gauge, max_d)
         };
         same && rho_holds && covered
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// Random representatives (some zero, some near-duplicates), random lists' ends, then
+    /// random vectors (some zero, some at an entry): `takers` returns exactly the entries
+    /// a brute-force test over all of them finds, on every metric, after adds, updates
+    /// and removes.
+    #[test]
+    fn takers_are_exactly_the_brute_force_takers() {
+        for metric in [Metric::L2Sq, Metric::Cosine, Metric::InnerProduct] {
+            let gauge = Gauge(metric);
+            let mut rng = StdRng::seed_from_u64(25);
+            let dim = 8;
+            let mut t = Takers::default();
+            let mut live: Vec<(RepId, Arc<[f32]>, f32)> = Vec::new();
+            let random = |rng: &mut StdRng| -> Vec<f32> {
+                let c = rng.gen_range(0..4) as f32;
+                (0..dim).map(|_| c + rng.gen_range(-0.3f32..0.3)).collect()
+            };
+            for rep in 1..=300u64 {
+                let q: Arc<[f32]> = match rep % 50 {
+                    0 => Arc::from(vec![0.0; dim]),
+                    1 if !live.is_empty() => {
+                        let base = &live[rng.gen_range(0..live.len())].1;
+                        base.iter().map(|x| x + 1e-4).collect()
+                    }
+                    _ => Arc::from(random(&mut rng)),
+                };
+                let max_d = match metric {
+                    Metric::L2Sq => rng.gen_range(0.01f32..2.0),
+                    _ => rng.gen_range(-1.0f32..0.5),
+                };
+                t.add(gauge, rep, &q, gap::norm(&q), max_d);
+                live.push((rep, q, max_d));
+                if rep % 7 == 0 {
+                    let i = rng.gen_range(0..live.len());
+                    live[i].2 += 0.1;
+                    t.update(gauge, live[i].0, live[i].2);
+                }
+                if rep % 5 == 0 {
+                    let i = rng.gen_range(0..live.len());
+                    let (gone, _, _) = live.swap_remove(i);
+                    t.remove(gauge, gone);
+                }
+            }
+            for (rep, q, max_d) in &live {
+                assert!(t.check(gauge, *rep, q, *max_d), "{metric} {rep}");
+            }
+            for i in 0..2000 {
+                let v: Vec<f32> = match i % 100 {
+                    0 => vec![0.0; dim],
+                    1..=20 => {
+                        let q = &live[rng.gen_range(0..live.len())].1;
+                        q.iter()
+                            .map(|x| x + rng.gen_range(-0.05f32..0.05))
+                            .collect()
+                    }
+                    _ => random(&mut rng),
+                };
+                let mut got = Vec::new();
+                t.takers(gauge, &v, &mut got);
+                let mut got: Vec<RepId> = got.into_iter().map(|x| x.0).collect();
+                got.sort_unstable();
+                let mut want: Vec<RepId> = live
+                    .iter()
+                    .filter(|(_, q, max_d)| gauge.filter_distance(&v, q, gap::norm(q)) < *max_d)
+                    .map(|x| x.0)
+                    .collect();
+                want.sort_unstable();
+                assert_eq!(got, want, "{metric}: vector {i}");
+            }
+        }
     }
 }

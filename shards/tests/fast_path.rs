@@ -45,6 +45,9 @@ fn config(metric: Metric, store_vectors: bool, capacity: usize) -> CacheConfig {
         store_vectors,
         capacity: Capacity::Objects(capacity),
         complete_fast_path: true,
+        // No slow-path steps: what reaches an entry is the fast path's alone (with the
+        // default fast path these tests fail).
+        risk_threshold: 1e30,
         // The paper's graph at its smallest: it misses entries, which the fix must not.
         filter: FilterKind::Hnsw {
             m: 4,
