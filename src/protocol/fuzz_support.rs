@@ -159,5 +159,8 @@ pub fn config(data: &[u8]) {
     if let (Some(a), Some(b)) = (&mut shown.backend.pgvector, &back.backend.pgvector) {
         a.url = b.url.clone();
     }
-    assert_eq!(shown, back, "printed config parses to another one:\n{printed}");
+    assert_eq!(
+        shown, back,
+        "printed config parses to another one:\n{printed}"
+    );
 }
