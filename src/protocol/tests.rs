@@ -697,6 +697,37 @@ proptest! {
         }
         fuzz_support::frame_decode(&bytes);
     }
+
+    /// The body targets' properties: every operation's body parser in both versions.
+    #[test]
+    fn arbitrary_bodies_never_panic(data in proptest::collection::vec(any::<u8>(), 0..200)) {
+        fuzz_support::request_body(&data);
+        fuzz_support::reply_body(&data);
+    }
+
+    /// The config target's property on the shipped file with one line dropped or
+    /// duplicated (random bytes seldom parse as TOML).
+    #[test]
+    fn edited_config_files_never_panic(line in 0usize..400, dup in any::<bool>()) {
+        let text = include_str!("../../ops/akerd.toml");
+        let mut lines: Vec<&str> = text.lines().collect();
+        let at = line % lines.len();
+        if dup {
+            lines.insert(at, lines[at]);
+        } else {
+            lines.remove(at);
+        }
+        fuzz_support::config(lines.join("\n").as_bytes());
+    }
+}
+
+/// The shipped config file passes the config target's property (it parses, validates
+/// and prints back to itself).
+#[test]
+fn the_shipped_config_prints_back_to_itself() {
+    fuzz_support::config(include_str!("../../ops/akerd.toml").as_bytes());
+    let cfg = crate::config::Config::from_toml(include_str!("../../ops/akerd.toml")).unwrap();
+    assert!(cfg.validate().is_ok());
 }
 
 /// The worked example in PROTOCOL.md, byte for byte.

@@ -1,0 +1,8 @@
+//! See `aker::protocol::fuzz_support::request_body` for the property.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    aker::protocol::fuzz_support::request_body(data);
+});
