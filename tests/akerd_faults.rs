@@ -143,7 +143,7 @@ fn full_owner_queues_slow_writes_down_and_lose_nothing() {
                     },
                 )
                 .unwrap();
-                let mut deleted = Vec::new();
+                let (mut deleted, mut kept) = (Vec::new(), Vec::new());
                 for i in 0..150u64 {
                     let id = 100_000 + t * 1_000 + i;
                     let v = query_near(&ds, (t * 700 + i) as usize, 0.001);
@@ -151,19 +151,25 @@ fn full_owner_queues_slow_writes_down_and_lose_nothing() {
                     if i % 3 == 0 {
                         assert!(c.delete(id).unwrap(), "{id} was inserted");
                         deleted.push((id, v));
-                    } else if i % 5 == 0 {
-                        let r = c.search(K, &v).unwrap();
-                        assert!(r.neighbors.iter().any(|n| n.id == id), "{id}: {r:?}");
+                    } else {
+                        if i % 5 == 0 {
+                            let r = c.search(K, &v).unwrap();
+                            assert!(r.neighbors.iter().any(|n| n.id == id), "{id}: {r:?}");
+                        }
+                        kept.push((id, v));
                     }
                 }
-                deleted
+                (deleted, kept)
             })
         })
         .collect();
-    let deleted: Vec<(u64, Vec<f32>)> = writers
-        .into_iter()
-        .flat_map(|w| w.join().unwrap())
-        .collect();
+    let (mut deleted, mut kept) = (Vec::new(), Vec::new());
+    for w in writers {
+        let (d, k) = w.join().unwrap();
+        deleted.extend(d);
+        kept.extend(k);
+    }
+    assert_eq!(deleted.len() + kept.len(), 600);
     let mut c = client(addr);
     for (id, v) in &deleted {
         let r = c.search(K, v).unwrap();
@@ -172,13 +178,16 @@ fn full_owner_queues_slow_writes_down_and_lose_nothing() {
             "deleted {id}: {r:?}"
         );
     }
-    // Every write left was acknowledged and is in the backend.
-    let bypass = c
-        .search_with(SearchRequest {
-            bypass_cache: true,
-            ..SearchRequest::new(1, query_near(&ds, 1, 0.001))
-        })
-        .unwrap();
-    assert_eq!(bypass.neighbors[0].id, 100_001, "{bypass:?}");
+    // Every insert acknowledged and not deleted is in the backend (its own vector's
+    // nearest row).
+    for (id, v) in &kept {
+        let bypass = c
+            .search_with(SearchRequest {
+                bypass_cache: true,
+                ..SearchRequest::new(1, v.clone())
+            })
+            .unwrap();
+        assert_eq!(bypass.neighbors[0].id, *id, "{bypass:?}");
+    }
     d.stop().unwrap();
 }
