@@ -10,10 +10,15 @@
 //! - [`report`]: JSON, `.hgrm`, the latency-versus-throughput PNG.
 //! - [`sweep`]: the highest rate whose p99 stays under a bound.
 //! - [`testserver`]: a fixed-answer server on the project's connection layer, for tests.
+//! - [`soak`] (`aker-soak`): a long mixed run with a del-consistency checker and RSS and
+//!   latency samples; [`overload`] (`aker-overload`): hits under ten times the
+//!   sustainable rate of misses; [`daemon`]: the akerd they start or attach to.
 
+pub mod daemon;
 pub mod pg;
 pub mod report;
 pub mod schedule;
+pub mod soak;
 pub mod stats;
 pub mod sweep;
 pub mod testserver;

@@ -1,0 +1,170 @@
+//! The akerd a long-running check drives (`aker-soak`, `aker-overload`): started by the
+//! tool from a binary and a config file, and stopped when it ends, or attached by
+//! address and pid. Its resident memory comes from `/proc/<pid>/status`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use aker::client::{Client, ClientOptions};
+
+/// How often a starting daemon is tried.
+const READY_POLL: Duration = Duration::from_millis(100);
+/// How long a stopping daemon gets after SIGTERM before it is killed (it writes its
+/// cache snapshot on the way out when it has a data directory).
+const STOP_GRACE: Duration = Duration::from_secs(30);
+
+pub struct Daemon {
+    pub target: SocketAddr,
+    /// For the RSS samples; `None` when attached without one.
+    pub pid: Option<u32>,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    /// Starts `bin --config config --listen target --admin-listen off` and waits until
+    /// it answers a HELLO (at most `ready_within`: a debug build generating its
+    /// collection takes a while).
+    pub fn spawn(
+        bin: &Path,
+        config: &Path,
+        target: SocketAddr,
+        ready_within: Duration,
+    ) -> Result<Daemon, String> {
+        let child = Command::new(bin)
+            .arg("--config")
+            .arg(config)
+            .arg("--listen")
+            .arg(target.to_string())
+            .arg("--admin-listen")
+            .arg("off")
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        let mut d = Daemon {
+            target,
+            pid: Some(child.id()),
+            child: Some(child),
+        };
+        let deadline = Instant::now() + ready_within;
+        loop {
+            if let Some(status) = d.exited() {
+                return Err(format!("akerd exited during start: {status}"));
+            }
+            if connect(target, Duration::from_secs(2)).is_ok() {
+                return Ok(d);
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "akerd did not answer on {target} within {ready_within:?}"
+                ));
+            }
+            std::thread::sleep(READY_POLL);
+        }
+    }
+
+    /// A daemon someone else runs.
+    pub fn attach(target: SocketAddr, pid: Option<u32>) -> Daemon {
+        Daemon {
+            target,
+            pid,
+            child: None,
+        }
+    }
+
+    /// The exit status when a daemon this tool started has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Resident set size in bytes (`VmRSS`); `None` without a pid or once it is gone.
+    pub fn rss_bytes(&self) -> Option<u64> {
+        proc_status_kib(self.pid?, "VmRSS:").map(|kib| kib * 1024)
+    }
+
+    /// Peak resident set size in bytes (`VmHWM`).
+    pub fn rss_peak_bytes(&self) -> Option<u64> {
+        proc_status_kib(self.pid?, "VmHWM:").map(|kib| kib * 1024)
+    }
+
+    /// SIGTERM, then a wait of at most [`STOP_GRACE`], then SIGKILL. Attached: nothing.
+    pub fn stop(mut self) -> Result<Option<ExitStatus>, String> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(None);
+        };
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + STOP_GRACE;
+        loop {
+            match child.try_wait() {
+                Ok(Some(s)) => return Ok(Some(s)),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(READY_POLL),
+                _ => {
+                    let _ = child.kill();
+                    let s = child.wait().map_err(|e| e.to_string())?;
+                    return Err(format!("akerd ignored SIGTERM for {STOP_GRACE:?}: {s}"));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A connected client that has said HELLO.
+pub fn connect(target: SocketAddr, io_timeout: Duration) -> aker::client::Result<Client> {
+    let mut c = Client::connect_with(
+        target,
+        ClientOptions {
+            connect_timeout: io_timeout,
+            io_timeout: Some(io_timeout),
+            ..Default::default()
+        },
+    )?;
+    c.hello()?;
+    Ok(c)
+}
+
+/// One `kB` field of `/proc/<pid>/status`.
+fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    line[field.len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// A numeric field of the STATS text (`name value` lines).
+pub fn stat(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        (it.next()? == name).then(|| it.next()?.parse().ok())?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_rss_is_read_and_stats_fields_parse() {
+        let me = Daemon::attach("127.0.0.1:1".parse().unwrap(), Some(std::process::id()));
+        let rss = me.rss_bytes().expect("own VmRSS");
+        assert!(rss > 1 << 20, "{rss}");
+        assert!(me.rss_peak_bytes().unwrap() >= rss);
+        assert_eq!(Daemon::attach(me.target, None).rss_bytes(), None);
+        let text = "cache_entries 12\nserver_connections_current 3\nname text\n";
+        assert_eq!(stat(text, "server_connections_current"), Some(3.0));
+        assert_eq!(stat(text, "cache_entries"), Some(12.0));
+        assert_eq!(stat(text, "name"), None);
+        assert_eq!(stat(text, "cache"), None);
+    }
+}
