@@ -15,6 +15,7 @@
 //!   sustainable rate of misses; [`daemon`]: the akerd they start or attach to.
 
 pub mod daemon;
+pub mod overload;
 pub mod pg;
 pub mod report;
 pub mod schedule;

@@ -49,6 +49,9 @@ pub struct RunStats {
     pub send_lag: Histogram<u64>,
     /// Error replies and failures by cause (status name or one of the `ERR_*`).
     pub errors: BTreeMap<String, u64>,
+    /// Every error reply the server sent (BUSY, DEADLINE_EXCEEDED, ...), latency from the
+    /// intended send time: how fast a refusal comes back.
+    pub error_replies: Histogram<u64>,
 }
 
 impl Default for RunStats {
@@ -63,6 +66,7 @@ impl Default for RunStats {
             uncorrected: new_hist(),
             send_lag: new_hist(),
             errors: BTreeMap::new(),
+            error_replies: new_hist(),
         }
     }
 }
@@ -121,6 +125,9 @@ impl RunStats {
         self.all.add(&o.all).expect("same bounds");
         self.uncorrected.add(&o.uncorrected).expect("same bounds");
         self.send_lag.add(&o.send_lag).expect("same bounds");
+        self.error_replies
+            .add(&o.error_replies)
+            .expect("same bounds");
         for (k, v) in &o.errors {
             *self.errors.entry(k.clone()).or_default() += v;
         }

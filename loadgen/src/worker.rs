@@ -581,6 +581,7 @@ fn complete(
     conn.notify.wake();
     let latency = now.saturating_duration_since(p.intended).as_micros() as u64;
     let uncorrected = now.saturating_duration_since(p.sent).as_micros() as u64;
+    let refused = matches!(reply, Ok(Reply::Error { .. }));
     let outcome: Result<(Option<_>, Option<f64>), String> = match &reply {
         Err(why) => Err((*why).to_string()),
         Ok(Reply::Error { status, .. }) => Err(status.name().to_string()),
@@ -603,6 +604,9 @@ fn complete(
             r.interval.errors += 1;
             if p.measured {
                 r.run.record_errors(Some(p.plan.kind), &cause, 1);
+                if refused {
+                    r.run.error_replies.saturating_record(latency.max(1));
+                }
             }
         }
     }
