@@ -25,14 +25,25 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `bin --config config --listen target --admin-listen off` and waits until
     /// it answers a HELLO (at most `ready_within`: a debug build generating its
-    /// collection takes a while).
+    /// collection takes a while). With `cpus` (a `taskset` list) every thread of it,
+    /// backend threads included, runs on those CPUs only.
     pub fn spawn(
         bin: &Path,
         config: &Path,
         target: SocketAddr,
         ready_within: Duration,
+        cpus: Option<&str>,
     ) -> Result<Daemon, String> {
-        let child = Command::new(bin)
+        // taskset execs the daemon, so the pid is the daemon's.
+        let mut cmd = match cpus {
+            Some(list) => {
+                let mut c = Command::new("taskset");
+                c.arg("-c").arg(list).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let child = cmd
             .arg("--config")
             .arg(config)
             .arg("--listen")

@@ -37,6 +37,9 @@ struct Cli {
     pid: Option<u32>,
     #[arg(long, value_parser = parse_duration, default_value = "120s")]
     ready_within: Duration,
+    /// Run the started akerd on these CPUs only (a taskset list: 0 or 0,2-3).
+    #[arg(long, requires = "akerd")]
+    akerd_cpus: Option<String>,
     /// The collection's rows: synthetic:N,DIM,CLUSTERS,SEED or a .npy / .fvecs file.
     #[arg(long, default_value = "synthetic:100000,128,64,7")]
     data: String,
@@ -120,6 +123,7 @@ fn run(cli: &Cli) -> Result<bool, String> {
             cli.config.as_deref().expect("clap requires it"),
             cli.target,
             cli.ready_within,
+            cli.akerd_cpus.as_deref(),
         )?,
         None => Daemon::attach(cli.target, cli.pid),
     };

@@ -39,6 +39,9 @@ struct Cli {
     /// How long a started akerd may take to answer.
     #[arg(long, value_parser = parse_duration, default_value = "120s")]
     ready_within: Duration,
+    /// Run the started akerd on these CPUs only (a taskset list: 0 or 0,2-3).
+    #[arg(long, requires = "akerd")]
+    akerd_cpus: Option<String>,
     /// The collection's rows, near which queries and inserts fall: synthetic:N,DIM,CLUSTERS,SEED
     /// (akerd's `data = { kind = "synthetic", ... }`) or a .npy / .fvecs file.
     #[arg(long, default_value = "synthetic:20000,32,64,7")]
@@ -112,6 +115,7 @@ fn run(cli: &Cli) -> Result<bool, String> {
             cli.config.as_deref().expect("clap requires it"),
             cli.target,
             cli.ready_within,
+            cli.akerd_cpus.as_deref(),
         )?,
         None => Daemon::attach(cli.target, cli.pid),
     };
