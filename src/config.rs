@@ -28,6 +28,37 @@ pub struct Config {
     pub sharding: ShardingSection,
     pub backend: BackendSection,
     pub admin: AdminSection,
+    pub auth: AuthSection,
+}
+
+/// Where the shared secret of protocol version 3's AUTH comes from (`crate::auth`). Only
+/// where: the secret itself is never part of the configuration, so `--print-config`
+/// and the logs cannot show it. Neither set: no authentication.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSection {
+    /// A file whose first line is the secret (relative to the config file's folder).
+    pub secret_file: Option<PathBuf>,
+    /// An environment variable holding the secret.
+    pub secret_env: Option<String>,
+}
+
+impl AuthSection {
+    pub fn enabled(&self) -> bool {
+        self.secret_file.is_some() || self.secret_env.is_some()
+    }
+
+    /// Reads the secret (at start); `None` without authentication.
+    pub fn load(&self) -> Result<Option<crate::auth::Secret>, String> {
+        use crate::auth::Secret;
+        match (&self.secret_file, &self.secret_env) {
+            (Some(_), Some(_)) => Err("auth: set secret_file or secret_env, not both".into()),
+            (Some(f), None) => Secret::from_file(f).map(Some),
+            (None, Some(v)) => Secret::from_env(v).map(Some),
+            (None, None) => Ok(None),
+        }
+        .map_err(|e| format!("auth: {e}"))
+    }
 }
 
 /// The engine's knobs (`shards::CacheConfig`); the dimension comes from the data.
@@ -642,7 +673,37 @@ impl Config {
         if let Some(p) = &mut cfg.backend.data_dir {
             relative(p);
         }
+        if let Some(p) = &mut cfg.auth.secret_file {
+            relative(p);
+        }
         Ok(cfg)
+    }
+
+    /// Protected mode (`server.protected_mode`, on by default): no listening beyond
+    /// loopback without authentication, and the admin endpoint (which has none) on
+    /// loopback only.
+    fn protected_mode(&self) -> Result<(), String> {
+        if self.auth.secret_file.is_some() && self.auth.secret_env.is_some() {
+            return Err("auth: set secret_file or secret_env, not both".into());
+        }
+        if !self.server.protected_mode {
+            return Ok(());
+        }
+        let listen = self.server.listen.ip();
+        if !listen.is_loopback() && !self.auth.enabled() {
+            return Err(format!(
+                "protected mode: refusing to listen on {listen} without authentication; set \
+                 [auth] secret_file or secret_env, or server.protected_mode = false"
+            ));
+        }
+        let admin = self.admin.listen.ip();
+        if self.admin.enabled && !admin.is_loopback() {
+            return Err(format!(
+                "protected mode: the admin endpoint has no authentication and may listen on \
+                 loopback only, not {admin}; or set server.protected_mode = false"
+            ));
+        }
+        Ok(())
     }
 
     /// The configuration as TOML (`--print-config`), with any password written into the
@@ -658,6 +719,7 @@ impl Config {
     /// Checks what can be checked before loading data.
     pub fn validate(&self) -> Result<(), String> {
         self.server.validate().map_err(|e| format!("server: {e}"))?;
+        self.protected_mode()?;
         // The dimension is not known yet; 1 stands in to check the rest.
         self.cache.engine_config(1)?;
         let b = &self.backend;

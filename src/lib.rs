@@ -8,9 +8,11 @@
 //!   protocol and hands validated requests to a [`server::Service`].
 //! - [`service`]: the daemon (`akerd`): the engine behind the connection layer across
 //!   executors, backend threads, the admin endpoint.
+//! - [`auth`]: the shared secret and the challenge-response of protocol version 3.
 //! - [`config`]: the daemon's TOML file; [`metrics`]: histograms, STATS and Prometheus;
 //!   [`demo`]: `akerd --demo`.
 
+pub mod auth;
 pub mod client;
 pub mod config;
 pub mod demo;

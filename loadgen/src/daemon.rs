@@ -7,7 +7,8 @@ use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use aker::client::{Client, ClientOptions};
+use aker::auth::Secret;
+use aker::client::{Client, ClientError, ClientOptions};
 
 /// How often a starting daemon is tried.
 const READY_POLL: Duration = Duration::from_millis(100);
@@ -63,8 +64,10 @@ impl Daemon {
             if let Some(status) = d.exited() {
                 return Err(format!("akerd exited during start: {status}"));
             }
-            if connect(target, Duration::from_secs(2)).is_ok() {
-                return Ok(d);
+            // Answering HELLO is ready (asking for AUTH too: the tool brings a secret).
+            match connect(target, Duration::from_secs(2), None) {
+                Ok(_) | Err(ClientError::AuthRequired) => return Ok(d),
+                Err(_) => {}
             }
             if Instant::now() >= deadline {
                 return Err(format!(
@@ -132,13 +135,18 @@ impl Drop for Daemon {
     }
 }
 
-/// A connected client that has said HELLO.
-pub fn connect(target: SocketAddr, io_timeout: Duration) -> aker::client::Result<Client> {
+/// A connected client that has said HELLO (and AUTH, when the server requires it).
+pub fn connect(
+    target: SocketAddr,
+    io_timeout: Duration,
+    secret: Option<&Secret>,
+) -> aker::client::Result<Client> {
     let mut c = Client::connect_with(
         target,
         ClientOptions {
             connect_timeout: io_timeout,
             io_timeout: Some(io_timeout),
+            secret: secret.cloned(),
             ..Default::default()
         },
     )?;

@@ -26,7 +26,23 @@ pub mod testserver;
 pub mod worker;
 pub mod workload;
 
+use std::path::Path;
 use std::time::Duration;
+
+/// The environment variable the tools read the shared secret from without --secret-file.
+pub const SECRET_ENV: &str = "AKER_SECRET";
+
+/// The secret a tool authenticates with: `file`'s first line, else `$AKER_SECRET` when it
+/// is set, else none.
+pub fn load_secret(file: Option<&Path>) -> Result<Option<aker::auth::Secret>, String> {
+    match file {
+        Some(f) => aker::auth::Secret::from_file(f).map(Some),
+        None if std::env::var_os(SECRET_ENV).is_some() => {
+            aker::auth::Secret::from_env(SECRET_ENV).map(Some)
+        }
+        None => Ok(None),
+    }
+}
 
 /// A rate in requests per second: `2000`, `2.5k`, `1m`.
 pub fn parse_rate(s: &str) -> Result<f64, String> {

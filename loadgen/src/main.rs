@@ -29,6 +29,10 @@ struct Cli {
     /// Server address.
     #[arg(short, long, default_value = "127.0.0.1:7700")]
     target: String,
+    /// The shared secret for a server that requires AUTH: this file's first line
+    /// (otherwise $AKER_SECRET when set).
+    #[arg(long, value_name = "FILE")]
+    secret_file: Option<PathBuf>,
 
     /// Open loop: requests per second over all connections (2000, 2.5k).
     #[arg(short, long, value_parser = parse_rate, default_value = "1000",
@@ -312,9 +316,10 @@ fn run_pg(cli: &Cli) -> Res<()> {
     write_json(r.to_json(cli.pg_ef))
 }
 
-fn control(addr: SocketAddr) -> Res<Client> {
+fn control(addr: SocketAddr, secret: Option<aker::auth::Secret>) -> Res<Client> {
     let opts = ClientOptions {
         io_timeout: Some(Duration::from_secs(10)),
+        secret,
         ..ClientOptions::default()
     };
     Client::connect_with(addr, opts).map_err(|e| format!("cannot connect to {addr}: {e}"))
@@ -401,10 +406,11 @@ fn run(cli: &Cli) -> Res<()> {
         .map_err(|e| format!("cannot resolve {}: {e}", cli.target))?
         .next()
         .ok_or_else(|| format!("{} resolves to nothing", cli.target))?;
-    let mut ctl = control(target)?;
+    let secret = loadgen::load_secret(cli.secret_file.as_deref())?;
+    let mut ctl = control(target, secret.clone())?;
     let hello = ctl.hello().map_err(|e| format!("HELLO to {target}: {e}"))?;
     let workload = Arc::new(build_workload(cli, &hello)?);
-    let cfg = engine_config(cli, target, &hello);
+    let cfg = engine_config(cli, target, &hello, secret);
     println!(
         "target {target}: dim {}, {}, k_max {}, max_inflight {}, {} executors, {} shards",
         hello.dim, hello.metric, hello.k_max, hello.max_inflight, hello.executors, hello.shards
@@ -434,7 +440,12 @@ fn run(cli: &Cli) -> Res<()> {
 }
 
 /// The run's shape from the command line, within the server's limits.
-fn engine_config(cli: &Cli, target: SocketAddr, hello: &HelloReply) -> EngineConfig {
+fn engine_config(
+    cli: &Cli,
+    target: SocketAddr,
+    hello: &HelloReply,
+    secret: Option<aker::auth::Secret>,
+) -> EngineConfig {
     let depth = cli.depth.clamp(1, hello.max_inflight.max(1) as usize);
     if depth < cli.depth {
         eprintln!(
@@ -468,6 +479,7 @@ fn engine_config(cli: &Cli, target: SocketAddr, hello: &HelloReply) -> EngineCon
         max_frame_bytes: 64 << 20,
         spin: cli.spin,
         seed: cli.seed,
+        secret,
     }
 }
 

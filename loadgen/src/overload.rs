@@ -78,6 +78,9 @@ pub struct OverloadConfig {
     pub miss_spread: f32,
     pub io_timeout: Duration,
     pub seed: u64,
+    /// For a server that requires AUTH (every connection, the idle ones too; the clients
+    /// that never read do not authenticate: their PINGs need none).
+    pub secret: Option<aker::auth::Secret>,
 }
 
 /// One phase's numbers from the load generator.
@@ -288,6 +291,7 @@ fn engine(cfg: &OverloadConfig, mode: Mode, connections: usize, secs: Duration) 
         max_frame_bytes: 1 << 20,
         spin: Duration::ZERO,
         seed: cfg.seed,
+        secret: cfg.secret.clone(),
     }
 }
 
@@ -317,7 +321,8 @@ fn run_engine(
 
 /// Searches every hit query until each answers EXACT.
 fn cache_hit_set(cfg: &OverloadConfig, v: &Vectors) -> Result<(), String> {
-    let mut c = daemon::connect(cfg.target, cfg.io_timeout).map_err(|e| e.to_string())?;
+    let mut c = daemon::connect(cfg.target, cfg.io_timeout, cfg.secret.as_ref())
+        .map_err(|e| e.to_string())?;
     for round in 0..SETUP_ROUNDS_MAX {
         let mut exact = 0;
         for q in v.hits.chunks_exact(v.dim) {
@@ -405,7 +410,7 @@ fn overload_phase(
 ) -> Result<Overloaded, String> {
     let mut idle: Vec<Client> = Vec::with_capacity(cfg.idle_connections);
     for _ in 0..cfg.idle_connections {
-        match daemon::connect(cfg.target, cfg.io_timeout) {
+        match daemon::connect(cfg.target, cfg.io_timeout, cfg.secret.as_ref()) {
             Ok(c) => idle.push(c),
             Err(_) => break, // at the server's limit: what it holds is what counts
         }
@@ -443,14 +448,18 @@ fn overload_phase(
 
 /// A fresh miss every 20 ms until one is answered; seconds it took.
 fn recovery(cfg: &OverloadConfig, v: &mut Vectors, from: Instant) -> Result<f64, String> {
-    let mut c = daemon::connect(cfg.target, cfg.io_timeout).map_err(|e| e.to_string())?;
+    let mut c = daemon::connect(cfg.target, cfg.io_timeout, cfg.secret.as_ref())
+        .map_err(|e| e.to_string())?;
     while from.elapsed() < RECOVERY_MAX {
         let q = v.fresh(cfg.miss_spread);
         match c.search_with(SearchRequest::new(cfg.k, q)) {
             Ok(r) if r.hit == HitKind::Miss => return Ok(from.elapsed().as_secs_f64()),
             Ok(_) => {}
             Err(_) if !c.is_broken() => {}
-            Err(_) => c = daemon::connect(cfg.target, cfg.io_timeout).map_err(|e| e.to_string())?,
+            Err(_) => {
+                c = daemon::connect(cfg.target, cfg.io_timeout, cfg.secret.as_ref())
+                    .map_err(|e| e.to_string())?
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -468,7 +477,8 @@ pub fn run(
     dim: usize,
     on_line: &(dyn Fn(&str) + Sync),
 ) -> Result<OverloadReport, String> {
-    let mut hello = daemon::connect(cfg.target, cfg.io_timeout).map_err(|e| e.to_string())?;
+    let mut hello = daemon::connect(cfg.target, cfg.io_timeout, cfg.secret.as_ref())
+        .map_err(|e| e.to_string())?;
     let info = hello.server_info().cloned().ok_or("no HELLO reply")?;
     if info.dim as usize != dim {
         return Err(format!("the data has dimension {dim}, akerd {}", info.dim));

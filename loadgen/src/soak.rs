@@ -68,6 +68,8 @@ pub struct SoakConfig {
     pub io_timeout: Duration,
     pub id_base: u64,
     pub seed: u64,
+    /// For a server that requires AUTH.
+    pub secret: Option<aker::auth::Secret>,
 }
 
 /// A reply that carried an id after its delete was acknowledged.
@@ -298,7 +300,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub fn pick_queries(data: &Dataset, queries: usize, jitter: f32, seed: u64) -> Vec<Vec<f32>> {
     let mut rng = StdRng::seed_from_u64(seed);
     let noise = Normal::new(0.0f32, jitter.max(1e-9)).expect("a valid normal");
-    (0..queries.max(1))
+    (0..queries.max(2))
         .map(|_| {
             let row = data.row(rng.gen_range(0..data.n));
             row.iter().map(|&x| x + noise.sample(&mut rng)).collect()
@@ -336,7 +338,12 @@ pub fn run(
     let mut totals = Window::default();
     let end = shared.t0 + shared.cfg.duration;
     let mut next = shared.t0 + shared.cfg.sample_every;
-    let mut stats_client = daemon::connect(shared.cfg.target, shared.cfg.io_timeout).ok();
+    let mut stats_client = daemon::connect(
+        shared.cfg.target,
+        shared.cfg.io_timeout,
+        shared.cfg.secret.as_ref(),
+    )
+    .ok();
     while next <= end {
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
         if let Some(status) = daemon.exited() {
@@ -417,7 +424,12 @@ fn sample(
         .and_then(|t| daemon::stat(&t, "server_connections_current"));
     if connections.is_none() {
         // Reconnect for the next sample.
-        *stats_client = daemon::connect(shared.cfg.target, shared.cfg.io_timeout).ok();
+        *stats_client = daemon::connect(
+            shared.cfg.target,
+            shared.cfg.io_timeout,
+            shared.cfg.secret.as_ref(),
+        )
+        .ok();
     }
     let ops = w.searches + w.inserts + w.deletes + w.deletes_absent + w.flushes;
     Sample {
@@ -484,7 +496,7 @@ fn client_loop(shared: &Shared, index: usize) -> Vec<(u64, Vec<f32>)> {
         std::thread::sleep(due.saturating_duration_since(Instant::now()));
         due = (due + spacing).max(Instant::now() - spacing * 4);
         if st.conn.is_none() {
-            match daemon::connect(cfg.target, cfg.io_timeout) {
+            match daemon::connect(cfg.target, cfg.io_timeout, cfg.secret.as_ref()) {
                 Ok(c) => st.conn = Some(c),
                 Err(e) => {
                     note_error(shared, &e);
@@ -667,8 +679,12 @@ fn check_live_inserts(
     shared: &Shared,
     live: &[Vec<(u64, Vec<f32>)>],
 ) -> Result<(usize, Vec<u64>), String> {
-    let mut conn = daemon::connect(shared.cfg.target, shared.cfg.io_timeout)
-        .map_err(|e| format!("the final check cannot connect: {e}"))?;
+    let mut conn = daemon::connect(
+        shared.cfg.target,
+        shared.cfg.io_timeout,
+        shared.cfg.secret.as_ref(),
+    )
+    .map_err(|e| format!("the final check cannot connect: {e}"))?;
     let mut checked = 0;
     let mut missing = Vec::new();
     for list in live {
@@ -845,9 +861,10 @@ mod tests {
                 io_timeout: Duration::from_secs(1),
                 id_base: 0,
                 seed: 0,
+                secret: None,
             },
-            queries: vec![vec![0.0]],
-            zipf: ZipfianGenerator::new(1, 0.5),
+            queries: vec![vec![0.0], vec![1.0]],
+            zipf: ZipfianGenerator::new(2, 0.5),
             checker: Checker::default(),
             window: Mutex::new(Window::default()),
             stop: AtomicBool::new(false),

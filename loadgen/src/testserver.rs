@@ -87,9 +87,11 @@ impl Service for FixedService {
                 Request::Fill(_) => Reply::Filled { admitted: false },
                 Request::Flush => Reply::Flushed,
                 Request::Stats => Reply::Stats(format!("fixture_requests {}", self.requests.get())),
-                Request::Hello | Request::Ping(_) => {
-                    Reply::error(0, Status::Internal, "the server answers HELLO/PING itself")
-                }
+                Request::Hello | Request::Ping(_) | Request::Auth(_) => Reply::error(
+                    0,
+                    Status::Internal,
+                    "the server answers HELLO/PING/AUTH itself",
+                ),
             })
         })
     }

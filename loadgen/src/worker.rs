@@ -78,6 +78,9 @@ pub struct EngineConfig {
     /// costs a core per sender thread). Zero: always sleep.
     pub spin: Duration,
     pub seed: u64,
+    /// For a server that requires AUTH: every connection authenticates before the clock
+    /// starts.
+    pub secret: Option<aker::auth::Secret>,
 }
 
 /// Why the sending stopped.
@@ -677,10 +680,31 @@ fn connect_all(cfg: &EngineConfig, connections: usize) -> std::io::Result<Vec<Tc
     for _ in 0..connections {
         let s = TcpStream::connect_timeout(&cfg.target, cfg.connect_timeout)?;
         s.set_nodelay(true)?;
+        let s = match &cfg.secret {
+            Some(secret) => authenticate(s, cfg, secret)?,
+            None => s,
+        };
         s.set_write_timeout(Some(cfg.write_timeout.max(Duration::from_millis(1))))?;
         streams.push(s);
     }
     Ok(streams)
+}
+
+/// HELLO and AUTH on a fresh socket, which then carries the run's requests.
+fn authenticate(
+    s: TcpStream,
+    cfg: &EngineConfig,
+    secret: &aker::auth::Secret,
+) -> std::io::Result<TcpStream> {
+    let opts = aker::client::ClientOptions {
+        io_timeout: Some(cfg.connect_timeout),
+        secret: Some(secret.clone()),
+        ..Default::default()
+    };
+    let mut c = aker::client::Client::from_stream(s, opts).map_err(std::io::Error::other)?;
+    c.hello()
+        .map_err(|e| std::io::Error::other(format!("HELLO / AUTH: {e}")))?;
+    c.into_stream().map_err(std::io::Error::other)
 }
 
 /// One run's threads and what they share: a recorder and a wake-up per sender thread.

@@ -54,6 +54,7 @@ fn config(addr: SocketAddr, mode: Mode) -> EngineConfig {
         max_frame_bytes: 1 << 20,
         spin: Duration::ZERO,
         seed: 3,
+        secret: None,
     }
 }
 

@@ -108,6 +108,7 @@ fn sigstop_stall_is_counted_from_the_intended_time() {
         max_frame_bytes: 1 << 20,
         spin: Duration::ZERO,
         seed: 1,
+        secret: None,
     };
 
     // Stop the server about 1 s into the run (0.7 s into the counted part) for 200 ms,

@@ -164,6 +164,15 @@ fn main() -> ExitCode {
         eprintln!("akerd: {e}");
         return ExitCode::from(2);
     }
+    // The secret is read again by the daemon; here, so a missing one fails before the
+    // (possibly long) data load. Only whether it loaded is logged.
+    match cfg.auth.load() {
+        Ok(s) => tracing::info!(authentication = s.is_some(), "auth"),
+        Err(e) => {
+            eprintln!("akerd: {e}");
+            return ExitCode::from(2);
+        }
+    }
 
     // Signals first, so a SIGTERM during the (possibly long) index build is not lost.
     let term = Arc::new(AtomicBool::new(false));

@@ -4,7 +4,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use super::conn::Conn;
-use super::{server_error, ClientError, ClientOptions, Result};
+use super::{auth_done, auth_step, server_error, AuthStep, ClientError, ClientOptions, Result};
 use crate::protocol::{
     DeleteRequest, FillCandidate, FillRequest, HelloReply, InsertRequest, Reply, ReplyFrame,
     Request, RequestFrame, SearchReply, SearchRequest, CONNECTION_OP,
@@ -28,6 +28,21 @@ impl Client {
             next_id: 1,
             server: None,
         })
+    }
+
+    /// A client on a socket connected elsewhere (a load generator's own connections):
+    /// [`Client::hello`] on it, then [`Client::into_stream`] to take it back.
+    pub fn from_stream(stream: std::net::TcpStream, opts: ClientOptions) -> Result<Client> {
+        Ok(Client {
+            conn: Conn::from_stream(stream, &opts)?,
+            next_id: 1,
+            server: None,
+        })
+    }
+
+    /// The socket back, with nothing buffered (after a handshake), timeouts cleared.
+    pub fn into_stream(self) -> Result<std::net::TcpStream> {
+        self.conn.into_stream()
     }
 
     pub fn peer_addr(&self) -> Result<SocketAddr> {
@@ -92,24 +107,45 @@ impl Client {
 
     /// HELLO: the server's limits, remembered so that oversized requests are refused here
     /// instead of costing the connection; the connection then speaks the newest version
-    /// both ends know (a server that answers `BAD_VERSION` is asked again in the oldest).
+    /// both ends know (a server that answers `BAD_VERSION` is asked again in the oldest,
+    /// then in the newest it names). A server that requires AUTH gets it here, from
+    /// [`ClientOptions::secret`], and must prove it knows the secret too.
     pub fn hello(&mut self) -> Result<HelloReply> {
+        let wanted = self.conn.version;
         let mut reply = self.call(Request::Hello)?;
         if reply.status() == crate::protocol::Status::BadVersion
             && self.conn.version > crate::protocol::VERSION_MIN
         {
             self.conn.version = crate::protocol::VERSION_MIN;
             reply = self.call(Request::Hello)?;
-        }
-        match reply {
-            Reply::Hello(h) => {
-                self.conn.set_server_max_frame(h.max_frame_bytes as usize);
-                self.conn.version = self.conn.version.min(h.version_max);
-                self.server = Some(h);
-                Ok(h)
+            if let Reply::Hello(h) = &reply {
+                let agreed = wanted.min(h.version_max);
+                if agreed > self.conn.version {
+                    // Again in the agreed version: its HELLO reply has more in it.
+                    self.conn.version = agreed;
+                    reply = self.call(Request::Hello)?;
+                }
             }
-            other => Err(server_error(self.next_id - 1, other)),
         }
+        let h = match reply {
+            Reply::Hello(h) => h,
+            other => return Err(server_error(self.next_id - 1, other)),
+        };
+        self.conn.set_server_max_frame(h.max_frame_bytes as usize);
+        self.conn.version = self.conn.version.min(h.version_max);
+        if let AuthStep::Send { request, challenge } = auth_step(&h, self.conn.secret.as_ref())? {
+            let reply = self.call(Request::Auth(request))?;
+            let secret = self.conn.secret.clone();
+            auth_done(
+                self.next_id - 1,
+                reply,
+                secret.as_ref(),
+                &request,
+                &challenge,
+            )?;
+        }
+        self.server = Some(h);
+        Ok(h)
     }
 
     /// The protocol version this connection's requests go out in.

@@ -26,6 +26,8 @@ pub(crate) struct Conn {
     io_timeout: Option<Duration>,
     /// The version requests go out in.
     pub(crate) version: u8,
+    /// For a server that requires AUTH.
+    pub(crate) secret: Option<crate::auth::Secret>,
     /// Set when the byte stream is no longer in a known state (partial write, lost
     /// framing, closed by the peer): every later call fails fast.
     broken: bool,
@@ -63,8 +65,22 @@ impl Conn {
             server_max_frame: None,
             io_timeout: opts.io_timeout,
             version: opts.version,
+            secret: opts.secret.clone(),
             broken: false,
         })
+    }
+
+    /// The socket, once nothing is buffered either way and the stream is sound; its
+    /// timeouts cleared.
+    pub(crate) fn into_stream(self) -> Result<TcpStream> {
+        if self.broken || self.start != self.end || !self.wbuf.is_empty() {
+            return Err(ClientError::Protocol(
+                "the connection has buffered bytes or is broken".into(),
+            ));
+        }
+        self.stream.set_read_timeout(None)?;
+        self.stream.set_write_timeout(None)?;
+        Ok(self.stream)
     }
 
     pub(crate) fn peer_addr(&self) -> Result<SocketAddr> {

@@ -9,6 +9,9 @@
 //! timed-out write, lost framing or a closed socket makes the client [`ClientError::Broken`].
 //! Request ids start at 1: id 0 is what the server uses for connection-level replies.
 //!
+//! With [`ClientOptions::secret`], HELLO also authenticates when the server asks for it
+//! (protocol version 3, `crate::auth`), and checks the server's own proof.
+//!
 //! The README's example (kept compiling here):
 //!
 //! ```no_run
@@ -34,6 +37,9 @@ pub use pipeline::Pipeline;
 
 use std::time::Duration;
 
+use crate::auth::Secret;
+use crate::protocol::{AuthRequest, HelloReply};
+
 use crate::protocol::{DecodeError, EncodeError, Reply, Status};
 
 /// Connection settings.
@@ -48,6 +54,8 @@ pub struct ClientOptions {
     /// The protocol version requests are sent in (`protocol::VERSION`, the newest, by
     /// default; HELLO lowers it to what the server speaks).
     pub version: u8,
+    /// The shared secret, for a server that requires AUTH (version 3).
+    pub secret: Option<Secret>,
 }
 
 impl Default for ClientOptions {
@@ -58,6 +66,7 @@ impl Default for ClientOptions {
             max_frame_bytes: 64 << 20,
             nodelay: true,
             version: crate::protocol::VERSION,
+            secret: None,
         }
     }
 }
@@ -88,6 +97,12 @@ pub enum ClientError {
     Encode(#[from] EncodeError),
     #[error("protocol: {0}")]
     Protocol(String),
+    #[error(
+        "the server requires authentication (protocol version 3 AUTH) and no secret was given"
+    )]
+    AuthRequired,
+    #[error("the server's AUTH reply does not prove it knows the secret")]
+    ServerNotAuthentic,
 }
 
 impl ClientError {
@@ -101,6 +116,52 @@ impl ClientError {
 }
 
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+/// What HELLO led to: nothing more to do, or an AUTH to send (with the nonce its
+/// reply's proof is checked against).
+enum AuthStep {
+    Done,
+    Send {
+        request: AuthRequest,
+        challenge: [u8; crate::auth::NONCE_LEN],
+    },
+}
+
+fn auth_step(h: &HelloReply, secret: Option<&Secret>) -> Result<AuthStep> {
+    let Some(challenge) = h.auth_challenge else {
+        return Ok(AuthStep::Done);
+    };
+    let secret = secret.ok_or(ClientError::AuthRequired)?;
+    let nonce = crate::auth::random_nonce();
+    Ok(AuthStep::Send {
+        request: AuthRequest {
+            nonce,
+            proof: secret.client_proof(&challenge, &nonce),
+        },
+        challenge,
+    })
+}
+
+/// Checks the reply to the AUTH of `step`.
+fn auth_done(
+    request_id: u64,
+    reply: crate::protocol::Reply,
+    secret: Option<&Secret>,
+    request: &AuthRequest,
+    challenge: &[u8; crate::auth::NONCE_LEN],
+) -> Result<()> {
+    match reply {
+        crate::protocol::Reply::Authenticated { server_proof } => {
+            let secret = secret.ok_or(ClientError::AuthRequired)?;
+            if secret.verify_server(challenge, &request.nonce, &server_proof) {
+                Ok(())
+            } else {
+                Err(ClientError::ServerNotAuthentic)
+            }
+        }
+        other => Err(server_error(request_id, other)),
+    }
+}
 
 /// Turns an error reply into `ClientError::Server`.
 fn server_error(request_id: u64, reply: Reply) -> ClientError {

@@ -10,7 +10,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use super::conn::Conn;
-use super::{server_error, ClientError, ClientOptions, Result};
+use super::{auth_done, auth_step, server_error, AuthStep, ClientError, ClientOptions, Result};
 use crate::protocol::{HelloReply, Opcode, Reply, Request, RequestFrame, CONNECTION_OP};
 
 /// Write buffer size past which `send` flushes by itself.
@@ -46,37 +46,53 @@ impl Pipeline {
         })
     }
 
-    /// Connects, sends HELLO, and narrows the window to the server's `max_inflight`.
+    /// Connects, sends HELLO (and AUTH when the server requires it, as
+    /// [`super::Client::hello`] does), and narrows the window to the server's
+    /// `max_inflight`.
     pub fn connect_negotiated<A: ToSocketAddrs>(
         addr: A,
         window: usize,
         opts: ClientOptions,
     ) -> Result<(Pipeline, HelloReply)> {
-        let retry = opts.clone();
+        let wanted = opts.version;
         let mut p = Pipeline::connect_with(addr, window, opts)?;
-        let id = p.send(Request::Hello)?;
-        let (got, reply) = p.recv()?;
-        debug_assert_eq!(got, id);
-        match reply {
-            Reply::Hello(h) => {
-                p.window = p.window.min(h.max_inflight.max(1) as usize);
-                p.conn.set_server_max_frame(h.max_frame_bytes as usize);
-                p.conn.version = p.conn.version.min(h.version_max);
-                Ok((p, h))
+        let mut reply = p.call_one(Request::Hello)?;
+        if reply.status() == crate::protocol::Status::BadVersion
+            && p.conn.version > crate::protocol::VERSION_MIN
+        {
+            // A server older than this client: HELLO in the oldest version, then in the
+            // newest both speak.
+            p.conn.version = crate::protocol::VERSION_MIN;
+            reply = p.call_one(Request::Hello)?;
+            if let Reply::Hello(h) = &reply {
+                let agreed = wanted.min(h.version_max);
+                if agreed > p.conn.version {
+                    p.conn.version = agreed;
+                    reply = p.call_one(Request::Hello)?;
+                }
             }
-            // A server older than this client: HELLO again in the oldest version.
-            Reply::Error {
-                status: crate::protocol::Status::BadVersion,
-                ..
-            } if p.conn.version > crate::protocol::VERSION_MIN => {
-                let opts = ClientOptions {
-                    version: crate::protocol::VERSION_MIN,
-                    ..retry
-                };
-                Pipeline::connect_negotiated(p.peer_addr()?, window, opts)
-            }
-            other => Err(server_error(id, other)),
         }
+        let h = match reply {
+            Reply::Hello(h) => h,
+            other => return Err(server_error(p.next_id - 1, other)),
+        };
+        p.window = p.window.min(h.max_inflight.max(1) as usize);
+        p.conn.set_server_max_frame(h.max_frame_bytes as usize);
+        p.conn.version = p.conn.version.min(h.version_max);
+        if let AuthStep::Send { request, challenge } = auth_step(&h, p.conn.secret.as_ref())? {
+            let reply = p.call_one(Request::Auth(request))?;
+            let secret = p.conn.secret.clone();
+            auth_done(p.next_id - 1, reply, secret.as_ref(), &request, &challenge)?;
+        }
+        Ok((p, h))
+    }
+
+    /// One request and its reply, with nothing else in flight (the handshake).
+    fn call_one(&mut self, req: Request) -> Result<Reply> {
+        let id = self.send(req)?;
+        let (got, reply) = self.recv()?;
+        debug_assert_eq!(got, id);
+        Ok(reply)
     }
 
     pub fn peer_addr(&self) -> Result<SocketAddr> {

@@ -21,6 +21,12 @@ pub enum EncodeError {
     ErrorWithOk,
     #[error("{0} is not part of protocol version 1")]
     NotInVersion1(&'static str),
+    #[error("{what} is protocol version {since} (the frame is version {version})")]
+    NotInVersion {
+        what: &'static str,
+        since: u8,
+        version: u8,
+    },
     #[error("version {0} is not spoken here")]
     Version(u8),
 }
@@ -95,11 +101,22 @@ pub fn encode_request(f: &RequestFrame, out: &mut Vec<u8>) -> Result<usize, Enco
             }
             FLAG_FILL_TOKEN
         }
+        Request::Auth(_) if f.version < 3 => {
+            return Err(EncodeError::NotInVersion {
+                what: "AUTH",
+                since: 3,
+                version: f.version,
+            })
+        }
         _ => 0,
     };
     frame(out, f.version, op, flags, 0, f.request_id, |out| {
         match &f.request {
             Request::Hello | Request::Flush | Request::Stats => {}
+            Request::Auth(a) => {
+                out.extend_from_slice(&a.nonce);
+                out.extend_from_slice(&a.proof);
+            }
             Request::Ping(payload) => out.extend_from_slice(payload),
             Request::Search(s) => {
                 put_u32(out, s.collection);
@@ -158,8 +175,19 @@ pub fn encode_reply(f: &ReplyFrame, out: &mut Vec<u8>) -> Result<usize, EncodeEr
     if !(VERSION_MIN..=VERSION).contains(&f.version) {
         return Err(EncodeError::Version(f.version));
     }
+    // Only a version 3 peer knows AUTH and its status.
+    if f.version < 3
+        && (matches!(f.reply, Reply::Authenticated { .. }) || status == Status::Unauthenticated)
+    {
+        return Err(EncodeError::NotInVersion {
+            what: "AUTH and UNAUTHENTICATED",
+            since: 3,
+            version: f.version,
+        });
+    }
     // Version 1 has no place for what version 2 added: a version 1 peer never gets it.
     let v2 = f.version >= 2;
+    let v3 = f.version >= 3;
     frame(
         out,
         f.version,
@@ -182,6 +210,15 @@ pub fn encode_reply(f: &ReplyFrame, out: &mut Vec<u8>) -> Result<usize, EncodeEr
                     put_u32(out, h.shards);
                     if v2 {
                         put_u32(out, h.delta.unwrap_or(0));
+                    }
+                    if v3 {
+                        match &h.auth_challenge {
+                            None => out.push(0),
+                            Some(c) => {
+                                out.push(1);
+                                out.extend_from_slice(c);
+                            }
+                        }
                     }
                 }
                 Reply::Pong(payload) => out.extend_from_slice(payload),
@@ -211,6 +248,7 @@ pub fn encode_reply(f: &ReplyFrame, out: &mut Vec<u8>) -> Result<usize, EncodeEr
                 Reply::Deleted { existed } => out.push(*existed as u8),
                 Reply::Filled { admitted } => out.push(*admitted as u8),
                 Reply::Stats(text) => out.extend_from_slice(text.as_bytes()),
+                Reply::Authenticated { server_proof } => out.extend_from_slice(server_proof),
                 Reply::Error { message, .. } => out.extend_from_slice(message.as_bytes()),
             }
             Ok(())

@@ -36,7 +36,7 @@ use shards::Metric;
 /// `"AK"` on the wire (bytes `0x41 0x4B`), read as a little-endian u16.
 pub const MAGIC: u16 = 0x4B41;
 /// The newest protocol version this build speaks (what the clients send).
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Oldest version this build accepts (the header layout is frozen across versions, so a
 /// peer speaking another version gets a per-request `BAD_VERSION`, not a closed socket).
 /// Connection-level replies go out in it: every client decodes them.
@@ -86,10 +86,12 @@ pub enum Opcode {
     Fill = 0x06,
     Flush = 0x07,
     Stats = 0x08,
+    /// Version 3: the client's answer to the HELLO reply's challenge.
+    Auth = 0x09,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 8] = [
+    pub const ALL: [Opcode; 9] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::Search,
@@ -98,6 +100,7 @@ impl Opcode {
         Opcode::Fill,
         Opcode::Flush,
         Opcode::Stats,
+        Opcode::Auth,
     ];
 
     pub fn code(self) -> u8 {
@@ -119,6 +122,7 @@ impl Opcode {
             Opcode::Fill => "FILL",
             Opcode::Flush => "FLUSH",
             Opcode::Stats => "STATS",
+            Opcode::Auth => "AUTH",
         }
     }
 }
@@ -172,10 +176,14 @@ pub enum Status {
     ShuttingDown = 15,
     /// A bug or an unexpected failure inside the server.
     Internal = 16,
+    /// Version 3: the server requires authentication and this connection has not
+    /// authenticated (every request but HELLO, PING and AUTH), or its AUTH failed (then
+    /// the connection is closed).
+    Unauthenticated = 17,
 }
 
 impl Status {
-    pub const ALL: [Status; 17] = [
+    pub const ALL: [Status; 18] = [
         Status::Ok,
         Status::NotFound,
         Status::Busy,
@@ -193,6 +201,7 @@ impl Status {
         Status::Unavailable,
         Status::ShuttingDown,
         Status::Internal,
+        Status::Unauthenticated,
     ];
 
     pub fn code(self) -> u16 {
@@ -222,6 +231,7 @@ impl Status {
             Status::Unavailable => "UNAVAILABLE",
             Status::ShuttingDown => "SHUTTING_DOWN",
             Status::Internal => "INTERNAL",
+            Status::Unauthenticated => "UNAUTHENTICATED",
         }
     }
 }
@@ -359,6 +369,14 @@ pub struct FillRequest {
     pub token: Option<u64>,
 }
 
+/// AUTH (version 3): the client's nonce and its proof for the HELLO reply's challenge
+/// (`crate::auth`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AuthRequest {
+    pub nonce: [u8; crate::auth::NONCE_LEN],
+    pub proof: [u8; crate::auth::PROOF_LEN],
+}
+
 /// A decoded request.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Request {
@@ -371,6 +389,7 @@ pub enum Request {
     Fill(FillRequest),
     Flush,
     Stats,
+    Auth(AuthRequest),
 }
 
 impl Request {
@@ -384,6 +403,7 @@ impl Request {
             Request::Fill(_) => Opcode::Fill,
             Request::Flush => Opcode::Flush,
             Request::Stats => Opcode::Stats,
+            Request::Auth(_) => Opcode::Auth,
         }
     }
 }
@@ -423,6 +443,9 @@ pub struct HelloReply {
     pub shards: u32,
     /// Δ: a cache-aside client FILLs `k + Δ` candidates. Version 2 only (`None` in 1).
     pub delta: Option<u32>,
+    /// Version 3: the server requires AUTH; the challenge to answer (one per connection).
+    /// `None` when it does not, and in versions 1 and 2.
+    pub auth_challenge: Option<[u8; crate::auth::NONCE_LEN]>,
 }
 
 /// One search result.
@@ -461,6 +484,10 @@ pub enum Reply {
     Flushed,
     /// UTF-8 text, one `name value` pair per line.
     Stats(String),
+    /// Version 3: the client's proof held; the server's own proof.
+    Authenticated {
+        server_proof: [u8; crate::auth::PROOF_LEN],
+    },
     /// Any non-OK status. `op` is the request opcode byte the error answers (without
     /// [`REPLY_BIT`]; [`CONNECTION_OP`] for connection-level replies). `status` is never `Ok`.
     Error {
@@ -490,6 +517,7 @@ impl Reply {
             Reply::Filled { .. } => Opcode::Fill.code(),
             Reply::Flushed => Opcode::Flush.code(),
             Reply::Stats(_) => Opcode::Stats.code(),
+            Reply::Authenticated { .. } => Opcode::Auth.code(),
             Reply::Error { op, .. } => *op & !REPLY_BIT,
         }
     }

@@ -16,6 +16,7 @@
 //! than `max_frame_bytes` to find out.
 
 use super::*;
+use crate::auth::{NONCE_LEN, PROOF_LEN};
 
 /// The fixed header, as read (not yet checked).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -241,6 +242,15 @@ pub fn decode_request(
             format!("unknown opcode {:#04x}", h.opcode),
         ));
     };
+    if op == Opcode::Auth && h.version < 3 {
+        return Err(raw.bad(
+            Status::UnknownOp,
+            format!(
+                "AUTH is protocol version 3 (this frame is version {})",
+                h.version
+            ),
+        ));
+    }
     if h.status != 0 {
         return Err(raw.bad(Status::BadRequest, "status field must be 0 in a request"));
     }
@@ -288,6 +298,17 @@ pub fn decode_reply(
     };
     if h.flags != 0 {
         return Err(raw.bad(Status::BadRequest, "reply flags must be 0"));
+    }
+    // An error reply may echo AUTH's opcode to an older peer (UNKNOWN_OP); a success may not.
+    let auth_reply = status == Status::Ok && op == Opcode::Auth.code();
+    if h.version < 3 && (status == Status::Unauthenticated || auth_reply) {
+        return Err(raw.bad(
+            Status::BadRequest,
+            format!(
+                "AUTH and UNAUTHENTICATED are protocol version 3 (the frame is version {})",
+                h.version
+            ),
+        ));
     }
     let reply = if status == Status::Ok {
         let Some(op) = Opcode::from_code(op) else {
@@ -481,6 +502,11 @@ fn parse_request_body(op: Opcode, flags: u16, body: &[u8]) -> Parse<Request> {
         }
         Opcode::Flush => Request::Flush,
         Opcode::Stats => Request::Stats,
+        Opcode::Auth => {
+            let nonce = c.take(NONCE_LEN, "nonce")?.try_into().expect("16 bytes");
+            let proof = c.take(PROOF_LEN, "proof")?.try_into().expect("32 bytes");
+            Request::Auth(AuthRequest { nonce, proof })
+        }
     };
     c.finish()?;
     Ok(req)
@@ -510,6 +536,19 @@ fn parse_reply_body(op: Opcode, version: u8, body: &[u8]) -> Parse<Reply> {
                 shards: c.u32("shards")?,
                 delta: if version >= 2 {
                     Some(c.u32("delta")?)
+                } else {
+                    None
+                },
+                auth_challenge: if version >= 3 {
+                    match c.u8("auth")? {
+                        0 => None,
+                        1 => Some(
+                            c.take(NONCE_LEN, "challenge")?
+                                .try_into()
+                                .expect("16 bytes"),
+                        ),
+                        other => return Err(format!("unknown auth mode {other}")),
+                    }
                 } else {
                     None
                 },
@@ -567,6 +606,12 @@ fn parse_reply_body(op: Opcode, version: u8, body: &[u8]) -> Parse<Reply> {
             admitted: c.bool("admitted")?,
         },
         Opcode::Flush => Reply::Flushed,
+        Opcode::Auth => Reply::Authenticated {
+            server_proof: c
+                .take(PROOF_LEN, "server proof")?
+                .try_into()
+                .expect("32 bytes"),
+        },
         Opcode::Stats => {
             let text =
                 std::str::from_utf8(c.rest()).map_err(|_| "stats text is not UTF-8".to_string())?;

@@ -107,6 +107,10 @@ fn all_requests() -> Vec<Request> {
         }),
         Request::Flush,
         Request::Stats,
+        Request::Auth(AuthRequest {
+            nonce: [0xA5; 16],
+            proof: std::array::from_fn(|i| i as u8),
+        }),
     ]
 }
 
@@ -123,7 +127,24 @@ fn all_replies() -> Vec<Reply> {
             max_inflight: 64,
             executors: 4,
             shards: 16,
+            auth_challenge: None,
         }),
+        Reply::Hello(HelloReply {
+            delta: Some(0),
+            version_min: 1,
+            version_max: 3,
+            metric: shards::Metric::L2Sq,
+            max_frame_bytes: 256,
+            dim: 1,
+            k_max: 1,
+            max_inflight: 1,
+            executors: 1,
+            shards: 1,
+            auth_challenge: Some(std::array::from_fn(|i| 0xF0 | i as u8)),
+        }),
+        Reply::Authenticated {
+            server_proof: [0x5A; 32],
+        },
         Reply::Pong(vec![]),
         Reply::Pong(vec![1, 2, 3]),
         Reply::Search(SearchReply {
@@ -217,12 +238,79 @@ fn every_reply_round_trips() {
     }
 }
 
-/// What a version 1 peer sees of a value: version 2's additions dropped.
+/// What a version 1 peer sees of a value: version 2's and 3's additions dropped.
 fn as_version_1_reply(r: Reply) -> Reply {
     match r {
-        Reply::Hello(h) => Reply::Hello(HelloReply { delta: None, ..h }),
+        Reply::Hello(h) => Reply::Hello(HelloReply {
+            delta: None,
+            auth_challenge: None,
+            ..h
+        }),
         Reply::Search(s) => Reply::Search(SearchReply { token: None, ..s }),
         r => r,
+    }
+}
+
+/// Only version 3 has AUTH and UNAUTHENTICATED: encoding them in an older version is
+/// refused, never sent to a peer that cannot read them.
+fn version_3_only(r: &Reply) -> bool {
+    matches!(r, Reply::Authenticated { .. }) || r.status() == Status::Unauthenticated
+}
+
+#[test]
+fn version_2_frames_round_trip_without_version_3_fields() {
+    for (i, r) in all_replies().into_iter().enumerate() {
+        let frame = ReplyFrame {
+            request_id: i as u64 + 1,
+            version: 2,
+            reply: r.clone(),
+        };
+        let mut bytes = Vec::new();
+        if version_3_only(&r) {
+            assert!(encode_reply(&frame, &mut bytes).is_err(), "{r:?}");
+            continue;
+        }
+        encode_reply(&frame, &mut bytes).unwrap();
+        let (f, _) = decode_reply(&bytes, MAX).unwrap().unwrap();
+        let want = match r {
+            Reply::Hello(h) => Reply::Hello(HelloReply {
+                auth_challenge: None,
+                ..h
+            }),
+            r => r,
+        };
+        assert_eq!((f.version, f.reply), (2, want));
+    }
+    let auth = RequestFrame {
+        request_id: 1,
+        version: 2,
+        request: all_requests().pop().unwrap(),
+    };
+    assert!(matches!(auth.request, Request::Auth(_)));
+    assert!(encode_request(&auth, &mut Vec::new()).is_err());
+    // An AUTH frame in version 2 is an unknown opcode there.
+    let mut bytes = enc_req(5, auth.request.clone());
+    bytes[2] = 2;
+    let e = decode_request(&bytes, MAX).unwrap_err();
+    assert_eq!(e.status(), Status::UnknownOp);
+    assert_eq!(e.consumed(), Some(bytes.len()));
+    // A version 3 HELLO reply is 1 byte longer than version 2's without a challenge, 17
+    // with one.
+    let replies = all_replies();
+    for (hello, extra) in [(&replies[0], 1), (&replies[1], 17)] {
+        let len = |v: u8| {
+            let mut out = Vec::new();
+            encode_reply(
+                &ReplyFrame {
+                    request_id: 1,
+                    version: v,
+                    reply: hello.clone(),
+                },
+                &mut out,
+            )
+            .unwrap()
+        };
+        assert_eq!(len(3), len(2) + extra);
     }
 }
 
@@ -235,6 +323,10 @@ fn version_1_frames_round_trip_without_version_2_fields() {
             version: 1,
             reply: r.clone(),
         };
+        if version_3_only(&r) {
+            assert!(encode_reply(&frame, &mut bytes).is_err(), "{r:?}");
+            continue;
+        }
         encode_reply(&frame, &mut bytes).unwrap();
         assert_eq!(bytes[2], 1, "the version byte");
         let (f, _) = decode_reply(&bytes, MAX).unwrap().unwrap();
@@ -250,6 +342,10 @@ fn version_1_frames_round_trip_without_version_2_fields() {
         match &r {
             // A token has no place in version 1: refused, never dropped silently.
             Request::Fill(f) if f.token.is_some() => {
+                assert!(encode_request(&frame, &mut bytes).is_err());
+                continue;
+            }
+            Request::Auth(_) => {
                 assert!(encode_request(&frame, &mut bytes).is_err());
                 continue;
             }
@@ -322,7 +418,7 @@ fn header_layout_is_the_documented_one() {
         &bytes[..HEADER_LEN],
         &[
             0x41, 0x4B, // magic "AK"
-            2,    // version
+            3,    // version
             0x05, // DELETE
             0, 0, // flags
             0, 0, // status
@@ -506,7 +602,7 @@ fn every_bad_input_gets_its_exact_status() {
         ("truncated body", { let b = search(3, 1, v4()); b[..b.len() - 1].to_vec() }, Outcome::NeedMore),
         // -- this request only: error reply with its id, connection stays
         ("bad version 0", raw(m, 0, 0x02, 0, 0, 11, &[]), rejected(BadVersion, 11, false)),
-        ("bad version 3", raw(m, 3, 0x03, 0, 0, 12, &search_body(1, &v4())), rejected(BadVersion, 12, false)),
+        ("bad version 4", raw(m, 4, 0x03, 0, 0, 12, &search_body(1, &v4())), rejected(BadVersion, 12, false)),
         ("version 1 search", raw(m, 1, 0x03, 0, 0, 61, &search_body(1, &v4())), Outcome::Accepted),
         ("fill token flag in version 1", raw(m, 1, 0x06, FLAG_FILL_TOKEN, 0, 62, &[0; 24]), rejected(BadRequest, 62, false)),
         ("unknown opcode", raw(m, 1, 0x42, 0, 0, 13, b"xyz"), rejected(UnknownOp, 13, false)),
@@ -652,7 +748,9 @@ fn status_and_kind_codes_are_dense_and_stable() {
         assert_eq!(Opcode::from_code(o.code()), Some(o));
     }
     assert_eq!(Opcode::from_code(0), None);
-    assert_eq!(Opcode::from_code(0x09), None);
+    assert_eq!(Opcode::from_code(0x09), Some(Opcode::Auth));
+    assert_eq!(Opcode::from_code(0x0A), None);
+    assert_eq!(Status::Unauthenticated.code(), 17);
 }
 
 #[test]
@@ -742,7 +840,7 @@ fn protocol_md_example_is_exact() {
     );
     #[rustfmt::skip]
     let want_req: &[u8] = &[
-        0x41, 0x4B, 0x02, 0x03, 0x00, 0x00, 0x00, 0x00, 0x07, 0, 0, 0, 0, 0, 0, 0, 0x18, 0, 0, 0,
+        0x41, 0x4B, 0x03, 0x03, 0x00, 0x00, 0x00, 0x00, 0x07, 0, 0, 0, 0, 0, 0, 0, 0x18, 0, 0, 0,
         0, 0, 0, 0, 0x02, 0, 0, 0, 0, 0, 0, 0, 0x02, 0, 0, 0,
         0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x00, 0x00,
     ];
@@ -767,7 +865,7 @@ fn protocol_md_example_is_exact() {
     );
     #[rustfmt::skip]
     let want_reply: &[u8] = &[
-        0x41, 0x4B, 0x02, 0x83, 0x00, 0x00, 0x00, 0x00, 0x07, 0, 0, 0, 0, 0, 0, 0, 0x20, 0, 0, 0,
+        0x41, 0x4B, 0x03, 0x83, 0x00, 0x00, 0x00, 0x00, 0x07, 0, 0, 0, 0, 0, 0, 0, 0x20, 0, 0, 0,
         0x01, 0x01, 0x00, 0x00, 0x02, 0, 0, 0,
         0x05, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x00, 0x00, 0x00,
         0x09, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x00, 0x80, 0x3E,

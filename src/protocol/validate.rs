@@ -65,11 +65,13 @@ fn k(k: u32, limits: &Limits) -> Result<(), Rejection> {
     shards::error::validate_k(k as usize, limits.k_max as usize).map_err(Rejection::from)
 }
 
-/// Checks `req` against `limits`. HELLO, PING, FLUSH, STATS and DELETE have nothing to check.
+/// Checks `req` against `limits`. HELLO, PING, AUTH, FLUSH, STATS and DELETE have nothing
+/// to check.
 pub fn validate(req: &Request, limits: &Limits) -> Result<(), Rejection> {
     match req {
         Request::Hello
         | Request::Ping(_)
+        | Request::Auth(_)
         | Request::Delete(_)
         | Request::Flush
         | Request::Stats => Ok(()),

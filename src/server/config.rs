@@ -24,6 +24,12 @@ pub struct ServerConfig {
     /// Open connections over all executors; past it a connection gets one BUSY reply
     /// (request id 0) and is closed.
     pub max_connections: usize,
+    /// Open connections from one IP address; past it, as past `max_connections`
+    /// (0 = no limit).
+    pub max_connections_per_source: usize,
+    /// Refuse to start on an address other than loopback without authentication
+    /// (`[auth]`), and the admin endpoint anywhere but loopback. False: allowed.
+    pub protected_mode: bool,
     /// Largest frame (header + body) accepted; a longer one gets TOO_LARGE and the
     /// connection is closed. Also bounds every reply we send.
     pub max_frame_bytes: u32,
@@ -55,6 +61,8 @@ impl Default for ServerConfig {
             cpus: Vec::new(),
             io_memory_bytes: 1 << 20,
             max_connections: 1024,
+            max_connections_per_source: 256,
+            protected_mode: true,
             max_frame_bytes: 4 << 20,
             max_inflight: 128,
             request_timeout_ms: 5_000,

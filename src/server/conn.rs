@@ -92,6 +92,11 @@ struct ConnState {
     dead: Cell<bool>,
     max_frame: usize,
     stats: std::sync::Arc<ServerStats>,
+    /// With authentication on: this connection's challenge (sent in its version 3
+    /// HELLO replies, spent by its AUTH).
+    challenge: Option<[u8; crate::auth::NONCE_LEN]>,
+    /// Requests other than HELLO, PING and AUTH are served (always, without auth).
+    authenticated: Cell<bool>,
 }
 
 impl ConnState {
@@ -185,6 +190,8 @@ enum ReadEnd {
     Idle,
     /// Read error, or the writer died.
     Failed,
+    /// An AUTH whose proof did not hold; its UNAUTHENTICATED reply is queued.
+    AuthFailed,
 }
 
 /// Serves one accepted connection to the end. Never panics on peer input; all waits are
@@ -209,6 +216,8 @@ pub(crate) async fn serve_connection(stream: TcpStream, peer: SocketAddr, ctx: R
         dead: Cell::new(false),
         max_frame: cfg.max_frame_bytes as usize,
         stats: ctx.server.stats_arc(),
+        challenge: ctx.server.secret().map(|_| crate::auth::random_nonce()),
+        authenticated: Cell::new(ctx.server.secret().is_none()),
     });
     let writer = glommio::spawn_local(writer(conn.clone(), io.clone()));
 
@@ -235,7 +244,7 @@ pub(crate) async fn serve_connection(stream: TcpStream, peer: SocketAddr, ctx: R
 
     if matches!(
         end,
-        ReadEnd::FramingLost | ReadEnd::Shutdown | ReadEnd::Idle
+        ReadEnd::FramingLost | ReadEnd::Shutdown | ReadEnd::Idle | ReadEnd::AuthFailed
     ) && !conn.dead.get()
     {
         linger_close(&io).await;
@@ -291,7 +300,9 @@ async fn reader(conn: &Rc<ConnState>, io: &Io, ctx: &Rc<ExecutorCtx>, peer: Sock
                 Ok(None) => break,
                 Ok(Some((frame, n))) => {
                     start += n;
-                    dispatch(conn, ctx, frame, peer);
+                    if dispatch(conn, ctx, frame, peer) == Dispatched::Close {
+                        return ReadEnd::AuthFailed;
+                    }
                 }
                 Err(e) => {
                     let (counter, framing) = if e.closes_connection() {
@@ -380,25 +391,63 @@ impl ConnState {
     }
 }
 
-/// Answers HELLO and PING inline; validates the rest and hands it to the service, or
-/// answers BUSY past `max_inflight`.
-fn dispatch(conn: &Rc<ConnState>, ctx: &Rc<ExecutorCtx>, frame: RequestFrame, peer: SocketAddr) {
+/// What the reader does after a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dispatched {
+    Continue,
+    /// A failed AUTH: its reply is queued; close the connection.
+    Close,
+}
+
+/// Answers HELLO, PING and AUTH inline; refuses the rest until the connection has
+/// authenticated; validates the rest and hands it to the service, or answers BUSY past
+/// `max_inflight`.
+fn dispatch(
+    conn: &Rc<ConnState>,
+    ctx: &Rc<ExecutorCtx>,
+    frame: RequestFrame,
+    peer: SocketAddr,
+) -> Dispatched {
     let stats = ctx.server.stats();
     ServerStats::inc(&stats.requests);
     let (id, version) = (frame.request_id, frame.version);
     let op = frame.request.opcode();
     let req = match frame.request {
-        Request::Hello => return conn.push(id, version, Reply::Hello(ctx.hello)),
-        Request::Ping(payload) => return conn.push(id, version, Reply::Pong(payload)),
+        Request::Hello => {
+            let mut hello = ctx.hello;
+            hello.auth_challenge = conn.challenge.filter(|_| version >= 3);
+            conn.push(id, version, Reply::Hello(hello));
+            return Dispatched::Continue;
+        }
+        Request::Ping(payload) => {
+            conn.push(id, version, Reply::Pong(payload));
+            return Dispatched::Continue;
+        }
+        Request::Auth(a) => return authenticate(conn, ctx, id, version, a),
         other => other,
     };
+    if !conn.authenticated.get() {
+        ServerStats::inc(&stats.unauthenticated_requests);
+        // Versions 1 and 2 have no UNAUTHENTICATED (and no AUTH to clear it).
+        let (status, message) = if version >= 3 {
+            (Status::Unauthenticated, "this server requires AUTH first")
+        } else {
+            (
+                Status::Unsupported,
+                "this server requires authentication: protocol version 3 (HELLO, AUTH)",
+            )
+        };
+        conn.push_error(id, version, op.code(), status, message);
+        return Dispatched::Continue;
+    }
     if let Err(r) = validate(&req, &ctx.limits) {
         ServerStats::inc(&stats.invalid_requests);
-        return conn.push_error(id, version, op.code(), r.status, r.message);
+        conn.push_error(id, version, op.code(), r.status, r.message);
+        return Dispatched::Continue;
     }
     if conn.inflight.get() >= ctx.server.config().max_inflight {
         ServerStats::inc(&stats.busy_inflight);
-        return conn.push_error(
+        conn.push_error(
             id,
             version,
             op.code(),
@@ -408,6 +457,7 @@ fn dispatch(conn: &Rc<ConnState>, ctx: &Rc<ExecutorCtx>, frame: RequestFrame, pe
                 ctx.server.config().max_inflight
             ),
         );
+        return Dispatched::Continue;
     }
     let now = Instant::now();
     let request_deadline = match &req {
@@ -429,6 +479,46 @@ fn dispatch(conn: &Rc<ConnState>, ctx: &Rc<ExecutorCtx>, frame: RequestFrame, pe
     };
     let run = run_request(conn.clone(), ctx.clone(), op, version, req, rctx);
     glommio::spawn_local(run).detach();
+    Dispatched::Continue
+}
+
+/// AUTH: the proof for this connection's challenge, checked in constant time. A proof
+/// that does not hold closes the connection, so every guess costs a connection (and the
+/// per-source limit bounds how many run at once).
+fn authenticate(
+    conn: &ConnState,
+    ctx: &ExecutorCtx,
+    id: u64,
+    version: u8,
+    a: crate::protocol::AuthRequest,
+) -> Dispatched {
+    let op = Opcode::Auth.code();
+    let (Some(secret), Some(challenge)) = (ctx.server.secret(), conn.challenge.as_ref()) else {
+        conn.push_error(
+            id,
+            version,
+            op,
+            Status::Unsupported,
+            "authentication is not enabled",
+        );
+        return Dispatched::Continue;
+    };
+    if secret.verify_client(challenge, &a.nonce, &a.proof) {
+        conn.authenticated.set(true);
+        let server_proof = secret.server_proof(challenge, &a.nonce);
+        conn.push(id, version, Reply::Authenticated { server_proof });
+        Dispatched::Continue
+    } else {
+        ServerStats::inc(&ctx.server.stats().auth_failures);
+        conn.push_error(
+            id,
+            version,
+            op,
+            Status::Unauthenticated,
+            "authentication failed",
+        );
+        Dispatched::Close
+    }
 }
 
 /// One request in the service, raced against its deadline. A panic in the service

@@ -3,7 +3,7 @@
 
 use std::cell::Cell;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -59,6 +59,8 @@ impl Server {
                 executors: info.executors,
                 shards: info.shards,
                 delta: Some(info.delta),
+                // Each connection's own challenge replaces it (conn.rs).
+                auth_challenge: None,
             },
             service,
             shutdown: Latch::default(),
@@ -79,17 +81,28 @@ impl Server {
                 }
             }
         };
+        // The shutdown watch runs in a task of its own and sets the latch, which wakes
+        // the accept loop and every reader. glommio 0.9's accept future adds a clone of
+        // its task's waker on every poll and keeps them all until a connection arrives
+        // (`Source::collect_rw`): polled from a task woken every `shutdown_poll_ms`, an
+        // idle listener gathered 20 clones a second until the task's 16-bit reference
+        // count overflowed and the executor's reactor panicked (27 minutes at 50 ms;
+        // found by the soak, docs/RELIABILITY.md). Here only a connection or the latch
+        // wakes the accept loop.
         let poll = Duration::from_millis(cfg.shutdown_poll_ms);
-        let watch = async {
-            while !self.is_shutting_down() {
+        let (server, watch_ctx) = (self.clone(), ctx.clone());
+        glommio::spawn_local(async move {
+            while !server.is_shutting_down() {
                 Timer::new(poll).await;
             }
-        };
-        future::or(accept_loop, watch).await;
+            watch_ctx.shutdown.set();
+        })
+        .detach();
+        future::or(accept_loop, ctx.shutdown.wait()).await;
         drop(listener);
 
-        // Wake every reader; wait for the connections to close, within the grace period.
-        ctx.shutdown.set();
+        // Every reader is awake (the latch); wait for the connections to close, within
+        // the grace period.
         let grace_end = Instant::now() + Duration::from_millis(cfg.shutdown_grace_ms);
         while (ctx.live.get() > 0 || ctx.rejecting.get() > 0) && Instant::now() < grace_end {
             Timer::new(Duration::from_millis(5)).await;
@@ -115,15 +128,19 @@ impl Server {
             stats.connections_current.fetch_sub(1, Ordering::AcqRel);
             ServerStats::inc(&stats.connections_rejected);
             tracing::debug!(%peer, "over max_connections; rejecting");
-            if ctx.rejecting.get() < MAX_REJECTING {
-                ctx.rejecting.set(ctx.rejecting.get() + 1);
-                let ctx = ctx.clone();
-                glommio::spawn_local(async move {
-                    reject(stream, max).await;
-                    ctx.rejecting.set(ctx.rejecting.get() - 1);
-                })
-                .detach();
-            }
+            Self::turn_away(stream, ctx, format!("server is at max_connections ({max})"));
+            return;
+        }
+        if !self.source_enter(peer.ip()) {
+            stats.connections_current.fetch_sub(1, Ordering::AcqRel);
+            ServerStats::inc(&stats.connections_rejected_per_source);
+            tracing::debug!(%peer, "over max_connections_per_source; rejecting");
+            let why = format!(
+                "{} already has max_connections_per_source ({}) open",
+                peer.ip(),
+                self.config().max_connections_per_source
+            );
+            Self::turn_away(stream, ctx, why);
             return;
         }
         ServerStats::inc(&stats.connections_accepted);
@@ -131,18 +148,32 @@ impl Server {
         let ctx = ctx.clone();
         glommio::spawn_local(async move {
             // Decrements even if the executor drops the task at the end of the grace period.
-            let _guard = LiveGuard(ctx.clone());
+            let _guard = LiveGuard(ctx.clone(), peer.ip());
             serve_connection(stream, peer, ctx.clone()).await;
         })
         .detach();
     }
+
+    /// One BUSY reply and a close, unless too many are being turned away already.
+    fn turn_away(stream: TcpStream, ctx: &Rc<ExecutorCtx>, why: String) {
+        if ctx.rejecting.get() < MAX_REJECTING {
+            ctx.rejecting.set(ctx.rejecting.get() + 1);
+            let ctx = ctx.clone();
+            glommio::spawn_local(async move {
+                reject(stream, why).await;
+                ctx.rejecting.set(ctx.rejecting.get() - 1);
+            })
+            .detach();
+        }
+    }
 }
 
-struct LiveGuard(Rc<ExecutorCtx>);
+struct LiveGuard(Rc<ExecutorCtx>, IpAddr);
 
 impl Drop for LiveGuard {
     fn drop(&mut self) {
         self.0.live.set(self.0.live.get() - 1);
+        self.0.server.source_leave(self.1);
         self.0
             .server
             .stats()
@@ -152,16 +183,12 @@ impl Drop for LiveGuard {
 }
 
 /// One BUSY reply with request id 0, then close.
-async fn reject(stream: TcpStream, max: u64) {
+async fn reject(stream: TcpStream, why: String) {
     let mut bytes = Vec::new();
     let frame = ReplyFrame {
         request_id: 0,
         version: VERSION_MIN,
-        reply: Reply::error(
-            CONNECTION_OP,
-            Status::Busy,
-            format!("server is at max_connections ({max})"),
-        ),
+        reply: Reply::error(CONNECTION_OP, Status::Busy, why),
     };
     if encode_reply(&frame, &mut bytes).is_err() {
         return;

@@ -3,19 +3,27 @@
 //! (`listener.rs`) and the connection tasks (`conn.rs`) both build on it.
 
 use std::cell::Cell;
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::stats::ServerStats;
 use super::sync::Latch;
 use super::{ServerConfig, Service};
+use crate::auth::Secret;
 use crate::protocol::{HelloReply, Limits};
 
 struct Inner {
     config: ServerConfig,
     stats: Arc<ServerStats>,
     shutdown: AtomicBool,
+    /// Set: every connection authenticates before anything but HELLO, PING and AUTH.
+    secret: Option<Secret>,
+    /// Open connections per source address, for `max_connections_per_source`. Touched
+    /// at accept and close only (the control plane), never per request.
+    per_source: Mutex<HashMap<IpAddr, usize>>,
 }
 
 /// The part of a server that all executors share: configuration, counters, the
@@ -26,15 +34,65 @@ pub struct Server {
 }
 
 impl Server {
+    /// A server without authentication.
     pub fn new(config: ServerConfig) -> Result<Server, String> {
+        Server::with_auth(config, None)
+    }
+
+    /// A server whose connections authenticate with `secret` (protocol version 3).
+    pub fn with_auth(config: ServerConfig, secret: Option<Secret>) -> Result<Server, String> {
         config.validate()?;
         Ok(Server {
             inner: Arc::new(Inner {
                 config,
                 stats: Arc::new(ServerStats::default()),
                 shutdown: AtomicBool::new(false),
+                secret,
+                per_source: Mutex::new(HashMap::new()),
             }),
         })
+    }
+
+    pub(crate) fn secret(&self) -> Option<&Secret> {
+        self.inner.secret.as_ref()
+    }
+
+    /// Counts a connection from `ip` in; false (and nothing counted) when `ip` already
+    /// has `max_connections_per_source` open.
+    pub(crate) fn source_enter(&self, ip: IpAddr) -> bool {
+        let max = self.config().max_connections_per_source;
+        if max == 0 {
+            return true;
+        }
+        let mut m = self
+            .inner
+            .per_source
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(ip).or_insert(0);
+        if *n >= max {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    /// Counts a connection from `ip` out (after `source_enter` said true).
+    pub(crate) fn source_leave(&self, ip: IpAddr) {
+        if self.config().max_connections_per_source == 0 {
+            return;
+        }
+        let mut m = self
+            .inner
+            .per_source
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = m.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&ip);
+            }
+        }
     }
 
     pub fn config(&self) -> &ServerConfig {

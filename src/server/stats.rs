@@ -27,12 +27,18 @@ pub struct ServerStats {
     pub internal_errors: AtomicU64,
     /// Times a reader stopped reading because its peer was not reading its replies.
     pub output_stalls: AtomicU64,
+    /// Refused past `max_connections_per_source`.
+    pub connections_rejected_per_source: AtomicU64,
+    /// Requests refused before their connection authenticated.
+    pub unauthenticated_requests: AtomicU64,
+    /// AUTH requests whose proof did not hold (each closed its connection).
+    pub auth_failures: AtomicU64,
 }
 
 type Row = (&'static str, &'static str, fn(&ServerStats) -> &AtomicU64);
 
 /// Every counter but the one gauge, `server_connections_current`.
-const COUNTERS: [Row; 11] = [
+const COUNTERS: [Row; 14] = [
     (
         "server_connections_accepted",
         "Connections accepted.",
@@ -81,6 +87,21 @@ const COUNTERS: [Row; 11] = [
         "server_output_stalls",
         "Times a reader stopped reading because its peer was not reading its replies.",
         |s| &s.output_stalls,
+    ),
+    (
+        "server_connections_rejected_per_source",
+        "Connections refused past max_connections_per_source.",
+        |s| &s.connections_rejected_per_source,
+    ),
+    (
+        "server_unauthenticated_requests",
+        "Requests refused because their connection had not authenticated.",
+        |s| &s.unauthenticated_requests,
+    ),
+    (
+        "server_auth_failures",
+        "AUTH requests whose proof did not hold; each closed its connection.",
+        |s| &s.auth_failures,
     ),
 ];
 

@@ -472,10 +472,10 @@ impl Service for AkerService {
                     Op::Stats,
                     Ok(Reply::Stats(self.shared.snapshot().render_stats())),
                 ),
-                Request::Hello | Request::Ping(_) => {
+                Request::Hello | Request::Ping(_) | Request::Auth(_) => {
                     return Err(rejection(
                         Status::Internal,
-                        "HELLO and PING are the connection layer's",
+                        "HELLO, PING and AUTH are the connection layer's",
                     ))
                 }
             };

@@ -530,7 +530,8 @@ impl Daemon {
             shared: shared.clone(),
         };
 
-        let server = Server::new(cfg.server.clone()).map_err(StartError::Config)?;
+        let secret = cfg.auth.load().map_err(StartError::Config)?;
+        let server = Server::with_auth(cfg.server.clone(), secret).map_err(StartError::Config)?;
         let _ = shared.server.set(server.clone());
         let owners = Mutex::new(per_executor.into_iter().map(Some).collect::<Vec<_>>());
         let rebalance = Duration::from_millis(cfg.sharding.rebalance_ms);

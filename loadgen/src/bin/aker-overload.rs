@@ -35,6 +35,10 @@ struct Cli {
     /// Attached to a running akerd: its pid, for the RSS samples.
     #[arg(long)]
     pid: Option<u32>,
+    /// The shared secret for a server that requires AUTH: this file's first line
+    /// (otherwise $AKER_SECRET when set).
+    #[arg(long, value_name = "FILE")]
+    secret_file: Option<PathBuf>,
     #[arg(long, value_parser = parse_duration, default_value = "120s")]
     ready_within: Duration,
     /// Run the started akerd on these CPUs only (a taskset list: 0 or 0,2-3).
@@ -148,6 +152,7 @@ fn run(cli: &Cli) -> Result<bool, String> {
         miss_spread: cli.miss_spread,
         io_timeout: cli.io_timeout,
         seed: cli.seed,
+        secret: loadgen::load_secret(cli.secret_file.as_deref())?,
     };
     let r = overload::run(&cfg, &daemon, rows.data, rows.dim, &|l| println!("{l}"))?;
     let stopped = daemon.stop()?;

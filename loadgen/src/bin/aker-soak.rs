@@ -36,6 +36,10 @@ struct Cli {
     /// Attached to a running akerd: its pid, for the RSS samples.
     #[arg(long)]
     pid: Option<u32>,
+    /// The shared secret for a server that requires AUTH: this file's first line
+    /// (otherwise $AKER_SECRET when set).
+    #[arg(long, value_name = "FILE")]
+    secret_file: Option<PathBuf>,
     /// How long a started akerd may take to answer.
     #[arg(long, value_parser = parse_duration, default_value = "120s")]
     ready_within: Duration,
@@ -106,6 +110,9 @@ fn main() -> ExitCode {
 
 fn run(cli: &Cli) -> Result<bool, String> {
     let mix = parse_mix(&cli.mix)?;
+    if !(0.0..1.0).contains(&cli.skew) || cli.queries < 2 {
+        return Err("--skew must be in [0, 1) and --queries at least 2".into());
+    }
     let rows = load_data(&cli.data)?;
     let queries = soak::pick_queries(&rows, cli.queries, cli.jitter, cli.seed);
     std::fs::create_dir_all(&cli.out).map_err(|e| format!("{}: {e}", cli.out.display()))?;
@@ -135,6 +142,7 @@ fn run(cli: &Cli) -> Result<bool, String> {
         io_timeout: cli.io_timeout,
         id_base: cli.id_base,
         seed: cli.seed,
+        secret: loadgen::load_secret(cli.secret_file.as_deref())?,
     };
     println!(
         "soak {:?}: {} clients x {} ops/s, mix search/insert/delete {:?}, FLUSH every {:?}, akerd pid {}",
