@@ -36,8 +36,9 @@ pub const SECRET_MAX_BYTES: usize = 4096;
 const CLIENT_LABEL: &[u8] = b"aker-auth-v3 client";
 const SERVER_LABEL: &[u8] = b"aker-auth-v3 server";
 
-/// The shared secret. Its `Debug` and `Display` never show it.
-#[derive(Clone, PartialEq, Eq)]
+/// The shared secret. Its `Debug` never shows it, and it has no `==` (a compare that
+/// stops at the first differing byte would time it).
+#[derive(Clone)]
 pub struct Secret(Vec<u8>);
 
 impl fmt::Debug for Secret {
@@ -62,20 +63,26 @@ impl Secret {
         Ok(Secret(bytes))
     }
 
-    /// The first line of `path` (without its line ending).
+    /// The first line of `path` (without its line ending); at most
+    /// [`SECRET_MAX_BYTES`] are read.
     pub fn from_file(path: &Path) -> Result<Secret, String> {
-        let text = std::fs::read(path)
+        use std::io::Read;
+        let mut text = Vec::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(SECRET_MAX_BYTES as u64 + 2).read_to_end(&mut text))
             .map_err(|e| format!("cannot read the secret file {}: {e}", path.display()))?;
         let line = text.split(|&b| b == b'\n').next().unwrap_or(&[]);
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         Secret::new(line.to_vec()).map_err(|e| format!("{}: {e}", path.display()))
     }
 
-    /// The value of the environment variable `name`.
+    /// The value of the environment variable `name`. Errors do not repeat the name: a
+    /// secret pasted where its variable's name belongs must not reach the log.
     pub fn from_env(name: &str) -> Result<Secret, String> {
         let v = std::env::var_os(name)
-            .ok_or_else(|| format!("the environment variable {name} is not set"))?;
-        Secret::new(v.into_encoded_bytes()).map_err(|e| format!("${name}: {e}"))
+            .ok_or_else(|| "the environment variable secret_env names is not set".to_string())?;
+        Secret::new(v.into_encoded_bytes())
+            .map_err(|e| format!("the environment variable secret_env names: {e}"))
     }
 
     /// What a client sends for `challenge` and its own `nonce`.
@@ -200,7 +207,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("secret");
         std::fs::write(&f, b"correct horse battery staple\r\nignored\n").unwrap();
-        assert_eq!(Secret::from_file(&f).unwrap(), s);
+        let (c, n) = (random_nonce(), random_nonce());
+        let read = Secret::from_file(&f).unwrap();
+        assert_eq!(read.client_proof(&c, &n), s.client_proof(&c, &n));
         std::fs::write(&f, b"tiny\n").unwrap();
         let e = Secret::from_file(&f).unwrap_err();
         assert!(e.contains("at least 16") && !e.contains("tiny"), "{e}");

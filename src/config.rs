@@ -652,8 +652,17 @@ impl Default for AdminSection {
 }
 
 impl Config {
+    /// Parses a config file's text. An error names the line and column but does not
+    /// quote the line: a secret pasted into the file by mistake (`[auth] secret = ...`)
+    /// must not reach stderr or the journal.
     pub fn from_toml(text: &str) -> Result<Config, String> {
-        toml::from_str(text).map_err(|e| e.to_string())
+        toml::from_str(text).map_err(|e: toml::de::Error| {
+            let at = e.span().map(|s| s.start).unwrap_or(0).min(text.len());
+            let before = &text[..at];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!("line {line}, column {column}: {}", e.message().trim_end())
+        })
     }
 
     /// Reads `path`; a relative data path is made relative to the file's folder.
@@ -689,14 +698,14 @@ impl Config {
         if !self.server.protected_mode {
             return Ok(());
         }
-        let listen = self.server.listen.ip();
+        let listen = self.server.listen.ip().to_canonical();
         if !listen.is_loopback() && !self.auth.enabled() {
             return Err(format!(
                 "protected mode: refusing to listen on {listen} without authentication; set \
                  [auth] secret_file or secret_env, or server.protected_mode = false"
             ));
         }
-        let admin = self.admin.listen.ip();
+        let admin = self.admin.listen.ip().to_canonical();
         if self.admin.enabled && !admin.is_loopback() {
             return Err(format!(
                 "protected mode: the admin endpoint has no authentication and may listen on \
@@ -884,6 +893,15 @@ mod tests {
         let shipped: toml::Value = toml::from_str(text).unwrap();
         let want = toml::Value::try_from(&effective).unwrap();
         assert_eq!(keys(&shipped), keys(&want));
+    }
+
+    #[test]
+    fn a_config_error_does_not_quote_the_line() {
+        // The natural mistake: the secret itself in the file.
+        let e = Config::from_toml("[server]\n[auth]\nsecret = \"supersecret-value-1234\"\n")
+            .unwrap_err();
+        assert!(!e.contains("supersecret"), "{e}");
+        assert!(e.contains("line 3") && e.contains("unknown field"), "{e}");
     }
 
     #[test]

@@ -22,12 +22,24 @@ fn secret() -> Secret {
     Secret::new(SECRET.to_vec()).unwrap()
 }
 
-/// The common akerd, its secret in an environment variable of this test's own.
-fn config_with_auth(var: &str) -> Config {
-    std::env::set_var(var, std::str::from_utf8(SECRET).unwrap());
+/// The common akerd, its secret in a file of this test's own.
+fn config_with_auth(name: &str) -> Config {
+    let f = std::env::temp_dir().join(format!("akerd-auth-{}-{name}", std::process::id()));
+    std::fs::write(&f, [SECRET, b"\n"].concat()).unwrap();
     let mut c = common::config();
-    c.auth.secret_env = Some(var.into());
+    c.auth.secret_file = Some(f);
     c
+}
+
+fn authenticate(s: &mut TcpStream, id: u64) {
+    let challenge = hello(s, 3).auth_challenge.expect("a challenge");
+    let nonce = random_nonce();
+    let auth = AuthRequest {
+        nonce,
+        proof: secret().client_proof(&challenge, &nonce),
+    };
+    let r = call(s, 3, id, Request::Auth(auth));
+    assert!(matches!(r, Reply::Authenticated { .. }), "{r:?}");
 }
 
 fn raw(addr: SocketAddr) -> TcpStream {
@@ -165,15 +177,20 @@ fn older_versions_are_told_to_authenticate_in_version_3() {
     for v in [1, 2] {
         let h = hello(&mut s, v);
         assert_eq!(h.auth_challenge, None, "version {v} has no place for it");
-        let r = call(&mut s, v, 2, Request::Flush);
-        match r {
-            Reply::Error {
-                status, message, ..
-            } => {
-                assert_eq!(status, Status::Unsupported);
-                assert!(message.contains("version 3"), "{message}");
+        for req in every_guarded_request() {
+            if matches!(&req, Request::Fill(_)) && v == 1 {
+                continue; // the same body in both; one version is enough
             }
-            other => panic!("{other:?}"),
+            let op = req.opcode();
+            match call(&mut s, v, 2, req) {
+                Reply::Error {
+                    status, message, ..
+                } => {
+                    assert_eq!(status, Status::Unsupported, "{op} in version {v}");
+                    assert!(message.contains("version 3"), "{message}");
+                }
+                other => panic!("{op} in version {v}: {other:?}"),
+            }
         }
     }
     // AUTH is not an operation of version 2: UNKNOWN_OP, and the connection stays.
@@ -265,18 +282,24 @@ fn the_clients_authenticate_with_the_secret() {
     p.send(Request::Stats).unwrap();
     let (_, r) = p.recv().unwrap();
     assert!(matches!(r, Reply::Stats(_)), "{r:?}");
-    // A secret is harmless against a server without authentication.
+    // A client with a secret wants a server that proves it knows it: one that does not
+    // ask for AUTH is refused, in version 3 and when it answers in version 2.
     let plain = common::start(&common::config());
-    let mut c = Client::connect_with(
-        plain.local_addr(),
-        ClientOptions {
-            secret: Some(secret()),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    assert_eq!(c.hello().unwrap().auth_challenge, None);
-    c.ping().unwrap();
+    for version in [3, 2] {
+        let mut c = Client::connect_with(
+            plain.local_addr(),
+            ClientOptions {
+                secret: Some(secret()),
+                version,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(
+            matches!(c.hello(), Err(ClientError::ServerNotAuthentic)),
+            "version {version}"
+        );
+    }
     plain.stop().unwrap();
     d.stop().unwrap();
 }
@@ -408,5 +431,168 @@ fn connections_past_the_per_source_limit_get_busy() {
             .any(|l| l.starts_with("server_connections_rejected_per_source ") && !l.ends_with(" 0")),
         "{text}"
     );
+    d.stop().unwrap();
+}
+
+#[test]
+fn pipelined_requests_before_auth_are_refused_and_after_it_served() {
+    let d = common::start(&config_with_auth("pipelined"));
+    let mut s = raw(d.local_addr());
+    let challenge = hello(&mut s, 3).auth_challenge.unwrap();
+    let nonce = random_nonce();
+    let auth = AuthRequest {
+        nonce,
+        proof: secret().client_proof(&challenge, &nonce),
+    };
+    // A bad dimension before AUTH: refused for the connection, not validated.
+    let bad_dim = Request::Search(SearchRequest::new(common::K, vec![0.5; common::DIM + 1]));
+    let search = every_guarded_request().remove(0);
+    let mut bytes = Vec::new();
+    for (id, req) in [
+        (2, bad_dim),
+        (3, search.clone()),
+        (4, Request::Auth(auth)),
+        (5, search),
+    ] {
+        encode_request(
+            &RequestFrame {
+                request_id: id,
+                version: 3,
+                request: req,
+            },
+            &mut bytes,
+        )
+        .unwrap();
+    }
+    s.write_all(&bytes).unwrap();
+    let mut got: Vec<(u64, Reply)> = (0..4)
+        .map(|_| {
+            let f = recv(&mut s).expect("a reply");
+            (f.request_id, f.reply)
+        })
+        .collect();
+    got.sort_by_key(|g| g.0);
+    assert_eq!(got[0].1.status(), Status::Unauthenticated, "{:?}", got[0]);
+    assert_eq!(got[1].1.status(), Status::Unauthenticated, "{:?}", got[1]);
+    assert!(
+        matches!(got[2].1, Reply::Authenticated { .. }),
+        "{:?}",
+        got[2]
+    );
+    assert!(matches!(got[3].1, Reply::Search(_)), "{:?}", got[3]);
+    // One AUTH per connection.
+    let again = AuthRequest {
+        nonce,
+        proof: secret().client_proof(&challenge, &nonce),
+    };
+    assert_eq!(
+        call(&mut s, 3, 6, Request::Auth(again)).status(),
+        Status::BadRequest
+    );
+    // A wrong AUTH pipelined with a SEARCH: the SEARCH is never answered.
+    let mut t = raw(d.local_addr());
+    hello(&mut t, 3);
+    let mut bytes = Vec::new();
+    let wrong = AuthRequest {
+        nonce,
+        proof: [0; 32],
+    };
+    for (id, req) in [
+        (2, Request::Auth(wrong)),
+        (3, every_guarded_request().remove(0)),
+    ] {
+        encode_request(
+            &RequestFrame {
+                request_id: id,
+                version: 3,
+                request: req,
+            },
+            &mut bytes,
+        )
+        .unwrap();
+    }
+    t.write_all(&bytes).unwrap();
+    let f = recv(&mut t).unwrap();
+    assert_eq!(
+        (f.request_id, f.reply.status()),
+        (2, Status::Unauthenticated)
+    );
+    assert!(recv(&mut t).is_none(), "closed after the failed AUTH");
+    d.stop().unwrap();
+}
+
+#[test]
+fn before_auth_frames_are_small_and_time_is_short() {
+    let mut cfg = config_with_auth("limits");
+    cfg.server.auth_timeout_ms = 300;
+    let d = common::start(&cfg);
+    // A 2 KiB PING before AUTH: over the 1 KiB cap, TOO_LARGE and closed.
+    let mut s = raw(d.local_addr());
+    send(&mut s, 3, 2, Request::Ping(vec![1; 2048]));
+    let f = recv(&mut s).expect("a reply");
+    assert_eq!(f.reply.status(), Status::TooLarge, "{f:?}");
+    assert!(closed(&mut s));
+    // After AUTH the server's own limit applies.
+    let mut s = raw(d.local_addr());
+    authenticate(&mut s, 2);
+    assert!(matches!(
+        call(&mut s, 3, 3, Request::Ping(vec![1; 2048])),
+        Reply::Pong(_)
+    ));
+    // Not authenticated within auth_timeout_ms: closed; an authenticated one stays.
+    let mut idle = raw(d.local_addr());
+    hello(&mut idle, 3);
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        closed(&mut idle),
+        "an unauthenticated connection outlived auth_timeout_ms"
+    );
+    assert!(matches!(
+        call(&mut s, 3, 4, Request::Ping(vec![])),
+        Reply::Pong(_)
+    ));
+    d.stop().unwrap();
+}
+
+#[test]
+fn every_way_a_connection_ends_frees_its_per_source_slot() {
+    let mut cfg = config_with_auth("slots");
+    cfg.server.max_connections_per_source = 2;
+    cfg.server.auth_timeout_ms = 200;
+    let d = common::start(&cfg);
+    let addr = d.local_addr();
+    // Each round ends one connection a different way; the limit is 2, so a leaked slot
+    // would turn the next rounds away.
+    for round in 0..6 {
+        let mut s = raw(addr);
+        match round % 3 {
+            0 => {
+                hello(&mut s, 3);
+                let wrong = AuthRequest {
+                    nonce: [1; 16],
+                    proof: [0; 32],
+                };
+                assert_eq!(
+                    call(&mut s, 3, 2, Request::Auth(wrong)).status(),
+                    Status::Unauthenticated
+                );
+            }
+            1 => s.write_all(b"not a frame at all, just bytes").unwrap(),
+            _ => std::thread::sleep(Duration::from_millis(300)), // the auth timeout
+        }
+        assert!(closed(&mut s), "round {round}");
+    }
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut a = raw(addr);
+        let mut b = raw(addr);
+        authenticate(&mut a, 2);
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| authenticate(&mut b, 2)));
+        if ok.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < end, "the limit's slots were not all freed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     d.stop().unwrap();
 }

@@ -139,3 +139,101 @@ fn refused_config(name: &str, text: &str) -> String {
     assert_eq!(out.status.code(), Some(2), "{text}");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
+
+/// Protected mode at start, and the secret kept out of `--print-config` and the log.
+#[test]
+fn protected_mode_and_the_secret_at_start() {
+    // A public address without a secret: refused before anything is bound or loaded.
+    let err = refused_config("public", "[server]\nlisten = \"0.0.0.0:7797\"\n");
+    assert!(err.contains("protected mode"), "{err}");
+    // A secret file that is missing, or too short: refused, its content not shown.
+    let missing = std::env::temp_dir().join(format!("akerd-test-{}-nosecret", std::process::id()));
+    let err = refused_config(
+        "missing-secret",
+        &format!("[auth]\nsecret_file = \"{}\"\n", missing.display()),
+    );
+    assert!(err.contains("cannot read the secret file"), "{err}");
+    let short = std::env::temp_dir().join(format!("akerd-test-{}-short", std::process::id()));
+    std::fs::write(&short, "hunter2\n").unwrap();
+    let err = refused_config(
+        "short-secret",
+        &format!("[auth]\nsecret_file = \"{}\"\n", short.display()),
+    );
+    assert!(
+        err.contains("at least 16") && !err.contains("hunter2"),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(&short);
+
+    let secret = "correct-horse-battery-staple-42";
+    let file = std::env::temp_dir().join(format!("akerd-test-{}-secret", std::process::id()));
+    std::fs::write(&file, format!("{secret}\n")).unwrap();
+    let cfg = temp_config(
+        "auth",
+        &format!(
+            r#"
+            [server]
+            listen = "127.0.0.1:0"
+            shutdown_poll_ms = 10
+            [backend]
+            index = "exact"
+            data = {{ kind = "synthetic", n = 500, dim = 4, clusters = 4, seed = 1 }}
+            [admin]
+            enabled = false
+            [auth]
+            secret_file = "{}"
+            "#,
+            file.display()
+        ),
+    );
+    let out = Command::new(AKERD)
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--print-config")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && printed.contains("secret_file"),
+        "{printed}"
+    );
+    assert!(!printed.contains(secret), "{printed}");
+    // Started with everything logged: the secret is not in the log.
+    let mut child = Command::new(AKERD)
+        .arg("--config")
+        .arg(&cfg)
+        .env("RUST_LOG", "trace")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut log = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let ready = line.contains("akerd listening");
+            log.push_str(&line);
+            log.push('\n');
+            if ready {
+                let _ = tx.send(log.clone());
+            }
+        }
+        let _ = tx.send(log);
+    });
+    let log = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("akerd starts");
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let end = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    assert!(log.contains("authentication=true"), "{log}");
+    assert!(!log.contains(secret), "the secret is in the log:\n{log}");
+    let _ = std::fs::remove_file(&file);
+    let _ = std::fs::remove_file(&cfg);
+}

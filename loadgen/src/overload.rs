@@ -131,12 +131,13 @@ pub struct OverloadReport {
     pub overload_hits: PhaseReport,
     pub overload_misses: PhaseReport,
     pub recovered_hits: PhaseReport,
-    /// From the end of B to the first fresh miss answered.
+    /// From the end of B's miss schedule to the first fresh miss answered (the misses
+    /// still queued then, and the drain of those in flight, included).
     pub recovery_s: f64,
     pub idle_connections_held: usize,
-    /// Per client that never reads: bytes it wrote before the server pushed it back.
+    /// Per client that never reads: bytes it wrote over phase B.
     pub never_reader_bytes: Vec<usize>,
-    /// How many of them the server had disconnected by the end of B.
+    /// Times the server dropped one of them (each then connected again).
     pub never_readers_dropped: usize,
     pub rss_before_overload_mib: Option<f64>,
     pub rss_peak_overload_mib: Option<f64>,
@@ -344,37 +345,47 @@ fn cache_hit_set(cfg: &OverloadConfig, v: &Vectors) -> Result<(), String> {
     Ok(())
 }
 
-/// A client that never reads: writes 16 KiB PINGs until the server stops taking them
-/// (each write may block at most 200 ms), then holds the socket until `stop`. Returns
-/// the bytes written and whether the server closed it by then.
-fn never_reader(target: SocketAddr, stop: &AtomicBool) -> (usize, bool) {
-    let Ok(mut s) = TcpStream::connect(target) else {
-        return (0, true);
-    };
-    let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+/// A client that never reads, all through phase B: connects, writes 16 KiB PINGs (whole
+/// frames, resumed where a write stopped) and never reads their replies; once the server
+/// drops it, it connects again. Returns the bytes written and how many times the server
+/// dropped it.
+fn never_reader(target: SocketAddr, stop: &AtomicBool) -> (usize, usize) {
     let mut frame = Vec::new();
     let ping = RequestFrame::new(1, Request::Ping(vec![7; HOG_PING_BYTES]));
     encode_request(&ping, &mut frame).expect("a PING encodes");
-    let mut written = 0;
-    let mut closed = false;
+    let (mut written, mut dropped) = (0usize, 0usize);
     while !stop.load(Ordering::Relaxed) && written < HOG_WRITE_MAX {
-        match s.write(&frame) {
-            Ok(n) => written += n,
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut => {}
-            Err(_) => {
-                closed = true;
-                break;
+        let Ok(mut s) = TcpStream::connect(target) else {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        };
+        let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+        let mut at = 0;
+        let closed = loop {
+            if stop.load(Ordering::Relaxed) || written >= HOG_WRITE_MAX {
+                break false;
             }
-        }
+            match s.write(&frame[at..]) {
+                Ok(0) => break true,
+                Ok(n) => {
+                    written += n;
+                    at = (at + n) % frame.len();
+                }
+                // Pushed back: the server stopped reading this connection.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut =>
+                {
+                    if peer_closed(&s) {
+                        break true;
+                    }
+                }
+                Err(_) => break true,
+            }
+        };
+        dropped += usize::from(closed);
     }
-    // Pushed back: keep the connection, unread, until the phase ends.
-    while !closed && !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(100));
-        closed = peer_closed(&s);
-    }
-    (written, closed)
+    (written, dropped)
 }
 
 /// Whether the peer has closed or reset `s`, without reading from it (its unread
@@ -396,8 +407,9 @@ struct Overloaded {
     hits: PhaseReport,
     misses: PhaseReport,
     idle_held: usize,
-    /// Per client that never reads: (bytes written, dropped by the server).
-    hogs: Vec<(usize, bool)>,
+    /// Per client that never reads: (bytes written, times dropped by the server).
+    hogs: Vec<(usize, usize)>,
+    misses_end: Instant,
 }
 
 /// Phase B: hits and misses at once, idle connections and never-readers around them.
@@ -418,6 +430,9 @@ fn overload_phase(
     let held = idle.len();
     let stop = AtomicBool::new(false);
     let secs = cfg.overload;
+    // When the misses' schedule ends (the engines start within a few ms of here): the
+    // recovery is timed from then, not from after their drain.
+    let misses_end = Instant::now() + cfg.warmup + secs;
     std::thread::scope(|s| {
         let hogs: Vec<_> = (0..cfg.never_readers)
             .map(|_| s.spawn(|| never_reader(cfg.target, &stop)))
@@ -428,13 +443,12 @@ fn overload_phase(
         });
         let e = engine(cfg, open(cfg.hit_rate), cfg.hit_connections, secs);
         let hit = run_engine(&e, hits, cfg.hit_rate, "B hits", on_line);
-        let miss = miss
-            .join()
-            .map_err(|_| "the miss engine panicked".to_string())?;
+        let miss = miss.join();
         stop.store(true, Ordering::Relaxed);
+        let miss = miss.map_err(|_| "the miss engine panicked".to_string())?;
         let hogs = hogs
             .into_iter()
-            .map(|h| h.join().unwrap_or((0, false)))
+            .map(|h| h.join().unwrap_or((0, 0)))
             .collect();
         drop(idle);
         Ok(Overloaded {
@@ -442,6 +456,7 @@ fn overload_phase(
             misses: miss?,
             idle_held: held,
             hogs,
+            misses_end,
         })
     })
 }
@@ -529,9 +544,8 @@ pub fn run(
         cfg.hit_rate, cfg.miss_factor, cfg.idle_connections, cfg.never_readers
     ));
     let b = overload_phase(cfg, &hit_w, &miss_w, miss_rate, on_line)?;
-    let end_b = Instant::now();
     let end_b_s = t0.elapsed().as_secs_f64();
-    let recovery_s = recovery(cfg, &mut v, end_b)?;
+    let recovery_s = recovery(cfg, &mut v, b.misses_end)?;
 
     let start_c = t0.elapsed().as_secs_f64();
     on_line("C: hits alone again");
@@ -553,7 +567,7 @@ pub fn run(
         recovery_s,
         idle_connections_held: b.idle_held,
         never_reader_bytes: b.hogs.iter().map(|h| h.0).collect(),
-        never_readers_dropped: b.hogs.iter().filter(|h| h.1).count(),
+        never_readers_dropped: b.hogs.iter().map(|h| h.1).sum(),
         rss_before_overload_mib: rss_before,
         rss_peak_overload_mib: peak_between(&points, start_b, end_b_s),
         rss_after_mib: rss_after,

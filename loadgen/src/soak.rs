@@ -158,6 +158,10 @@ struct Window {
     flushes: u64,
     busy: u64,
     errors: HashMap<String, u64>,
+    /// Deletes of a search's first id, each searched again right after.
+    top1_deletes: u64,
+    /// Of those searches, the ones answered from the cache.
+    probe_hits: u64,
 }
 
 impl Default for Window {
@@ -173,6 +177,8 @@ impl Default for Window {
             flushes: 0,
             busy: 0,
             errors: HashMap::new(),
+            top1_deletes: 0,
+            probe_hits: 0,
         }
     }
 }
@@ -197,17 +203,19 @@ pub struct Sample {
     pub write_p99_ms: f64,
     pub violations_total: u64,
     pub connections: Option<f64>,
+    /// A new connection (connect, HELLO, PING) was served at this sample.
+    pub fresh_connection_ok: bool,
 }
 
 impl Sample {
     pub const CSV_HEADER: &'static str = "t_s,rss_mib,ops_per_s,searches,hit_ratio,inserts,\
         deletes,deletes_absent,flushes,busy,errors,search_p50_ms,search_p99_ms,search_max_ms,\
-        write_p99_ms,violations_total,connections";
+        write_p99_ms,violations_total,connections,fresh_connection_ok";
 
     pub fn csv(&self) -> String {
         let opt = |v: Option<f64>| v.map(|x| format!("{x:.1}")).unwrap_or_default();
         format!(
-            "{:.1},{},{:.1},{},{:.4},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{},{}",
+            "{:.1},{},{:.1},{},{:.4},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{},{},{}",
             self.t_s,
             opt(self.rss_mib),
             self.ops_per_s,
@@ -225,13 +233,14 @@ impl Sample {
             self.write_p99_ms,
             self.violations_total,
             opt(self.connections),
+            u8::from(self.fresh_connection_ok),
         )
     }
 
     pub fn line(&self) -> String {
         format!(
             "{:7.0}s  rss {:>8}  {:7.0} ops/s  hits {:5.1}%  search p50 {:7.3} p99 {:7.3} max {:8.3} ms  \
-             write p99 {:7.3} ms  busy {}  errors {}  violations {}",
+             write p99 {:7.3} ms  busy {}  errors {}  violations {}{}",
             self.t_s,
             self.rss_mib
                 .map(|m| format!("{m:.1}MiB"))
@@ -245,6 +254,11 @@ impl Sample {
             self.busy,
             self.errors,
             self.violations_total,
+            if self.fresh_connection_ok {
+                ""
+            } else {
+                "  NEW CONNECTION NOT SERVED"
+            },
         )
     }
 }
@@ -261,6 +275,16 @@ pub struct SoakReport {
     pub flushes: u64,
     pub busy: u64,
     pub errors: HashMap<String, u64>,
+    /// Searches answered from the cache, over the run.
+    pub hits: u64,
+    /// Deletes of a search's first id, each searched again right after; and how many of
+    /// those searches the cache answered.
+    pub top1_deletes: u64,
+    pub top1_research_hits: u64,
+    /// Samples whose fresh connection (connect, HELLO, PING) failed.
+    pub fresh_connection_failures: u64,
+    /// The final check could not run (why).
+    pub final_check_error: Option<String>,
     pub violations: u64,
     pub violations_kept: Vec<Violation>,
     pub live_inserts_checked: usize,
@@ -363,8 +387,18 @@ pub fn run(
         live.push(h.join().map_err(|_| "a soak client panicked".to_string())?);
     }
     add_window(&mut totals, &lock(&shared.window));
-    let (checked, missing) = check_live_inserts(&shared, &live)?;
-    Ok(report(&shared, totals, samples, checked, missing))
+    let (checked, missing, final_check_error) = match check_live_inserts(&shared, &live) {
+        Ok((c, m)) => (c, m, None),
+        Err(e) => (0, Vec::new(), Some(e)),
+    };
+    Ok(report(
+        &shared,
+        totals,
+        samples,
+        checked,
+        missing,
+        final_check_error,
+    ))
 }
 
 fn report(
@@ -373,6 +407,7 @@ fn report(
     samples: Vec<Sample>,
     checked: usize,
     missing: Vec<u64>,
+    final_check_error: Option<String>,
 ) -> SoakReport {
     let half = samples.len() / 2;
     let max_rss = |s: &[Sample]| s.iter().filter_map(|x| x.rss_mib).reduce(f64::max);
@@ -385,6 +420,11 @@ fn report(
         deletes_acknowledged: shared.checker.deletes(),
         flushes: totals.flushes,
         busy: totals.busy,
+        hits: totals.hits,
+        top1_deletes: totals.top1_deletes,
+        top1_research_hits: totals.probe_hits,
+        fresh_connection_failures: samples.iter().filter(|s| !s.fresh_connection_ok).count() as u64,
+        final_check_error,
         errors: totals.errors,
         violations: shared.checker.violations(),
         violations_kept: lock(&shared.checker.kept).clone(),
@@ -405,6 +445,8 @@ fn add_window(total: &mut Window, w: &Window) {
     total.deletes_absent += w.deletes_absent;
     total.flushes += w.flushes;
     total.busy += w.busy;
+    total.top1_deletes += w.top1_deletes;
+    total.probe_hits += w.probe_hits;
     for (k, v) in &w.errors {
         *total.errors.entry(k.clone()).or_default() += v;
     }
@@ -432,6 +474,8 @@ fn sample(
         .ok();
     }
     let ops = w.searches + w.inserts + w.deletes + w.deletes_absent + w.flushes;
+    let (target, timeout) = (shared.cfg.target, shared.cfg.io_timeout);
+    let secret = shared.cfg.secret.as_ref();
     Sample {
         t_s: shared.t0.elapsed().as_secs_f64(),
         rss_mib: daemon.rss_bytes().map(|b| b as f64 / (1u64 << 20) as f64),
@@ -454,6 +498,9 @@ fn sample(
         write_p99_ms: ms(&w.write_us, 0.99),
         violations_total: shared.checker.violations(),
         connections,
+        fresh_connection_ok: daemon::connect(target, timeout, secret)
+            .and_then(|mut c| c.ping())
+            .is_ok(),
     }
 }
 
@@ -572,7 +619,7 @@ fn next_query(shared: &Shared, st: &mut ClientState) -> Vec<f32> {
 
 fn search(shared: &Shared, st: &mut ClientState) -> aker::client::Result<()> {
     let q = next_query(shared, st);
-    search_vector(shared, st, q, false)
+    search_vector(shared, st, q, false, false)
 }
 
 /// Sends one search and checks its reply; remembers it for the next delete.
@@ -581,6 +628,7 @@ fn search_vector(
     st: &mut ClientState,
     vector: Vec<f32>,
     bypass: bool,
+    probe: bool,
 ) -> aker::client::Result<()> {
     let conn = st.conn.as_mut().expect("connected");
     let req = SearchRequest {
@@ -604,6 +652,7 @@ fn search_vector(
         let mut w = lock(&shared.window);
         w.searches += 1;
         w.hits += u64::from(reply.hit != HitKind::Miss);
+        w.probe_hits += u64::from(probe && reply.hit != HitKind::Miss);
         let _ = w.search_us.record(took.as_micros().max(1) as u64);
     }
     st.last = reply.neighbors.first().map(|n| (vector, n.id));
@@ -616,7 +665,10 @@ fn insert(shared: &Shared, st: &mut ClientState) -> aker::client::Result<()> {
         .iter()
         .map(|&x| x + st.noise.sample(&mut st.rng))
         .collect();
+    // Advanced before the send: an insert that timed out may still have been applied,
+    // and its id must never come back with another vector.
     let id = st.next_id;
+    st.next_id += 1;
     let conn = st.conn.as_mut().expect("connected");
     let sent = Instant::now();
     conn.insert_with(InsertRequest {
@@ -626,7 +678,6 @@ fn insert(shared: &Shared, st: &mut ClientState) -> aker::client::Result<()> {
         payload: Vec::new(),
     })?;
     let took = sent.elapsed();
-    st.next_id += 1;
     st.live.push_back((id, v));
     let mut w = lock(&shared.window);
     w.inserts += 1;
@@ -634,18 +685,36 @@ fn insert(shared: &Shared, st: &mut ClientState) -> aker::client::Result<()> {
     Ok(())
 }
 
-/// Deletes the client's oldest insert when it keeps too many, otherwise the first id
-/// of its last search, which it then searches again (that entry held the id).
+/// Half the time (and whenever it has no insert of its own to delete) the first id of
+/// the client's last search, which it then searches again: the entry that served the id
+/// must not serve it now. Otherwise its oldest insert. Past `live_per_client` inserts it
+/// deletes its oldest one besides, so the collection keeps its size.
 fn delete(shared: &Shared, st: &mut ClientState) -> aker::client::Result<()> {
-    let (id, probe) = if st.live.len() > shared.cfg.live_per_client || st.last.is_none() {
+    while st.live.len() > shared.cfg.live_per_client {
+        let (id, _) = st.live.pop_front().expect("non-empty");
+        delete_id(shared, st, id)?;
+    }
+    let top1 = st.last.is_some() && (st.live.is_empty() || st.rng.gen_bool(0.5));
+    let (id, probe) = if top1 {
+        let (q, id) = st.last.take().expect("checked");
+        (id, Some(q))
+    } else {
         match st.live.pop_front() {
             Some((id, _)) => (id, None),
             None => return search(shared, st),
         }
-    } else {
-        let (q, id) = st.last.take().expect("checked");
-        (id, Some(q))
     };
+    delete_id(shared, st, id)?;
+    match probe {
+        Some(q) => {
+            lock(&shared.window).top1_deletes += 1;
+            search_vector(shared, st, q, false, true)
+        }
+        None => Ok(()),
+    }
+}
+
+fn delete_id(shared: &Shared, st: &mut ClientState, id: u64) -> aker::client::Result<()> {
     let conn = st.conn.as_mut().expect("connected");
     let sent = Instant::now();
     let existed = conn.delete(id)?;
@@ -660,10 +729,7 @@ fn delete(shared: &Shared, st: &mut ClientState) -> aker::client::Result<()> {
         }
         let _ = w.write_us.record((acked - sent).as_micros().max(1) as u64);
     }
-    match probe {
-        Some(q) => search_vector(shared, st, q, false),
-        None => Ok(()),
-    }
+    Ok(())
 }
 
 fn flush(shared: &Shared, st: &mut ClientState) -> aker::client::Result<()> {
@@ -842,6 +908,7 @@ mod tests {
             write_p99_ms: 0.0,
             violations_total: 0,
             connections: None,
+            fresh_connection_ok: true,
         };
         let samples = vec![s(10.0, 50.0), s(20.0, 80.0), s(30.0, 81.0), s(40.0, 95.0)];
         let shared = Shared {
@@ -870,7 +937,7 @@ mod tests {
             stop: AtomicBool::new(false),
             t0: Instant::now(),
         };
-        let r = report(&shared, Window::default(), samples, 0, vec![]);
+        let r = report(&shared, Window::default(), samples, 0, vec![], None);
         assert_eq!(r.rss_first_half_max_mib, Some(80.0));
         assert_eq!(r.rss_second_half_max_mib, Some(95.0));
         assert_eq!(r.rss_growth_mib(), Some(15.0));

@@ -66,6 +66,6 @@ fn overload_sheds_misses_keeps_hits_and_recovers() {
         assert!(p["ok"].as_u64().unwrap() > 100, "{phase}: {p}");
     }
     assert_eq!(r["idle_connections_held"], 50);
-    assert_eq!(r["never_readers_dropped"], 2, "{r}");
+    assert!(r["never_readers_dropped"].as_u64().unwrap() >= 2, "{r}");
     assert!(r["recovery_s"].as_f64().unwrap() < 10.0);
 }

@@ -58,10 +58,18 @@ fn a_short_soak_of_akerd_passes_every_check() {
     assert_eq!(r["violations"], 0);
     assert_eq!(r["live_inserts_missing"], 0);
     // Every kind of operation ran, and searches after deletes were checked.
-    for key in ["searches", "inserts", "deletes_acknowledged", "flushes"] {
+    for key in [
+        "searches",
+        "inserts",
+        "deletes_acknowledged",
+        "flushes",
+        "hits",
+        "top1_deletes",
+    ] {
         assert!(r[key].as_u64().unwrap() > 0, "{key}: {r}");
     }
     assert!(r["live_inserts_checked"].as_u64().unwrap() > 0);
+    assert_eq!(r["fresh_connection_failures"], 0);
     let samples = r["samples"].as_array().unwrap();
     assert!(samples.len() >= 3, "{samples:?}");
     assert!(samples.iter().all(|s| s["rss_mib"].as_f64().unwrap() > 1.0));

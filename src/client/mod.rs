@@ -54,7 +54,9 @@ pub struct ClientOptions {
     /// The protocol version requests are sent in (`protocol::VERSION`, the newest, by
     /// default; HELLO lowers it to what the server speaks).
     pub version: u8,
-    /// The shared secret, for a server that requires AUTH (version 3).
+    /// The shared secret: HELLO authenticates with it, and fails with
+    /// [`ClientError::ServerNotAuthentic`] against a server that does not ask for AUTH
+    /// (version 3) or cannot prove it knows the secret.
     pub secret: Option<Secret>,
 }
 
@@ -101,7 +103,9 @@ pub enum ClientError {
         "the server requires authentication (protocol version 3 AUTH) and no secret was given"
     )]
     AuthRequired,
-    #[error("the server's AUTH reply does not prove it knows the secret")]
+    /// With a secret: the server did not ask for AUTH (or asked in a version below 3), or
+    /// its proof did not hold.
+    #[error("the server does not prove it knows the secret (no AUTH challenge, or a wrong proof)")]
     ServerNotAuthentic,
 }
 
@@ -127,9 +131,15 @@ enum AuthStep {
     },
 }
 
+/// With a secret, the server must ask for AUTH: one that does not (an impostor, or a
+/// version below 3 forced by answering BAD_VERSION) cannot prove it knows the secret,
+/// and this client's requests would go to it unauthenticated.
 fn auth_step(h: &HelloReply, secret: Option<&Secret>) -> Result<AuthStep> {
     let Some(challenge) = h.auth_challenge else {
-        return Ok(AuthStep::Done);
+        return match secret {
+            Some(_) => Err(ClientError::ServerNotAuthentic),
+            None => Ok(AuthStep::Done),
+        };
     };
     let secret = secret.ok_or(ClientError::AuthRequired)?;
     let nonce = crate::auth::random_nonce();

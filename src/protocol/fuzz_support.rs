@@ -94,8 +94,9 @@ fn framed(version: u8, opcode: u8, flags: u16, status: u16, body: &[u8]) -> Vec<
 /// The version a selector byte picks: 1 or 2 mostly, now and then any (`BAD_VERSION`).
 fn version_of(b: u8) -> u8 {
     match b % 8 {
-        0..=2 => 1,
-        3..=6 => 2,
+        0..=1 => 1,
+        2..=3 => 2,
+        4..=6 => 3,
         _ => b,
     }
 }

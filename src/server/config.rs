@@ -27,6 +27,9 @@ pub struct ServerConfig {
     /// Open connections from one IP address; past it, as past `max_connections`
     /// (0 = no limit).
     pub max_connections_per_source: usize,
+    /// With authentication: a connection that has not authenticated this long after it
+    /// was accepted is closed (0 = never).
+    pub auth_timeout_ms: u64,
     /// Refuse to start on an address other than loopback without authentication
     /// (`[auth]`), and the admin endpoint anywhere but loopback. False: allowed.
     pub protected_mode: bool,
@@ -63,6 +66,7 @@ impl Default for ServerConfig {
             max_connections: 1024,
             max_connections_per_source: 256,
             protected_mode: true,
+            auth_timeout_ms: 10_000,
             max_frame_bytes: 4 << 20,
             max_inflight: 128,
             request_timeout_ms: 5_000,

@@ -33,6 +33,10 @@ const MAX_MESSAGE: usize = 256;
 /// reaches the peer before the close: closing with unread input sends RST, and the peer's
 /// kernel may then drop the reply it has not read yet.
 const LINGER: Duration = Duration::from_millis(500);
+/// Largest frame a connection may send before it has authenticated (with `[auth]`):
+/// room for HELLO, AUTH and a short PING, so a peer without the secret cannot make the
+/// server buffer `max_frame_bytes` per connection.
+const PRE_AUTH_FRAME_BYTES: usize = 1024;
 const LINGER_BYTES: usize = 1 << 20;
 
 /// The stream shared by the reader and the writer task. glommio keeps separate poll
@@ -220,6 +224,20 @@ pub(crate) async fn serve_connection(stream: TcpStream, peer: SocketAddr, ctx: R
         authenticated: Cell::new(ctx.server.secret().is_none()),
     });
     let writer = glommio::spawn_local(writer(conn.clone(), io.clone()));
+    if conn.challenge.is_some() && cfg.auth_timeout_ms > 0 {
+        // Not authenticated in time: dropped, as a peer that stopped reading would be.
+        let (c, wait) = (conn.clone(), Duration::from_millis(cfg.auth_timeout_ms));
+        glommio::spawn_local(async move {
+            Timer::new(wait).await;
+            if !c.authenticated.get() && !c.dead.get() {
+                tracing::debug!(%peer, "not authenticated within auth_timeout_ms; closing");
+                c.dead.set(true);
+                c.reader_wake.notify();
+                c.writer_wake.notify();
+            }
+        })
+        .detach();
+    }
 
     let end = reader(&conn, &io, &ctx, peer).await;
     tracing::debug!(%peer, ?end, "connection reader stopped");
@@ -296,7 +314,12 @@ async fn reader(conn: &Rc<ConnState>, io: &Io, ctx: &Rc<ExecutorCtx>, peer: Sock
                     conn.reader_wake.wait().await;
                 }
             }
-            match protocol::decode_request(&buf[start..end], max_frame) {
+            let limit = if conn.authenticated.get() {
+                max_frame
+            } else {
+                max_frame.min(PRE_AUTH_FRAME_BYTES)
+            };
+            match protocol::decode_request(&buf[start..end], limit) {
                 Ok(None) => break,
                 Ok(Some((frame, n))) => {
                     start += n;
@@ -503,6 +526,12 @@ fn authenticate(
         );
         return Dispatched::Continue;
     };
+    if conn.authenticated.get() {
+        // The challenge is spent: one AUTH per connection.
+        let why = "this connection has authenticated already";
+        conn.push_error(id, version, op, Status::BadRequest, why);
+        return Dispatched::Continue;
+    }
     if secret.verify_client(challenge, &a.nonce, &a.proof) {
         conn.authenticated.set(true);
         let server_proof = secret.server_proof(challenge, &a.nonce);

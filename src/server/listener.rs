@@ -145,11 +145,13 @@ impl Server {
         }
         ServerStats::inc(&stats.connections_accepted);
         ctx.live.set(ctx.live.get() + 1);
+        // Made before the spawn and moved into the task: it decrements even if the
+        // executor drops the task (at the end of the grace period) before it first runs.
+        let guard = LiveGuard(ctx.clone(), peer.ip());
         let ctx = ctx.clone();
         glommio::spawn_local(async move {
-            // Decrements even if the executor drops the task at the end of the grace period.
-            let _guard = LiveGuard(ctx.clone(), peer.ip());
-            serve_connection(stream, peer, ctx.clone()).await;
+            let _guard = guard;
+            serve_connection(stream, peer, ctx).await;
         })
         .detach();
     }

@@ -42,6 +42,12 @@ impl Server {
     /// A server whose connections authenticate with `secret` (protocol version 3).
     pub fn with_auth(config: ServerConfig, secret: Option<Secret>) -> Result<Server, String> {
         config.validate()?;
+        let ip = config.listen.ip().to_canonical();
+        if config.protected_mode && secret.is_none() && !ip.is_loopback() {
+            return Err(format!(
+                "protected mode: refusing to listen on {ip} without authentication"
+            ));
+        }
         Ok(Server {
             inner: Arc::new(Inner {
                 config,
@@ -57,8 +63,8 @@ impl Server {
         self.inner.secret.as_ref()
     }
 
-    /// Counts a connection from `ip` in; false (and nothing counted) when `ip` already
-    /// has `max_connections_per_source` open.
+    /// Counts a connection from `ip` in; false (and nothing counted) when its source
+    /// ([`source_of`]) already has `max_connections_per_source` open.
     pub(crate) fn source_enter(&self, ip: IpAddr) -> bool {
         let max = self.config().max_connections_per_source;
         if max == 0 {
@@ -69,7 +75,7 @@ impl Server {
             .per_source
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let n = m.entry(ip).or_insert(0);
+        let n = m.entry(source_of(ip)).or_insert(0);
         if *n >= max {
             return false;
         }
@@ -87,10 +93,11 @@ impl Server {
             .per_source
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = m.get_mut(&ip) {
+        let key = source_of(ip);
+        if let Some(n) = m.get_mut(&key) {
             *n -= 1;
             if *n == 0 {
-                m.remove(&ip);
+                m.remove(&key);
             }
         }
     }
@@ -116,6 +123,18 @@ impl Server {
 
     pub fn is_shutting_down(&self) -> bool {
         self.inner.shutdown.load(Ordering::Acquire)
+    }
+}
+
+/// What one source is for `max_connections_per_source`: an IPv4 address (an IPv4-mapped
+/// IPv6 one counts as it), or an IPv6 /64, which one host is usually given whole.
+pub(crate) fn source_of(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        v4 => v4,
     }
 }
 

@@ -211,7 +211,7 @@ fn verdict(cli: &Cli, r: &OverloadReport, stopped: Option<std::process::ExitStat
     row("C hits", &r.recovered_hits);
     let mib = |v: Option<f64>| v.map_or("-".into(), |m| format!("{m:.1} MiB"));
     println!(
-        "sustainable misses {:.0}/s; B offered {:.0}/s, sent {:.0}/s; idle connections held {}; never-readers pushed back after {:?} bytes, {} of {} dropped by akerd",
+        "sustainable misses {:.0}/s; B offered {:.0}/s, sent {:.0}/s; idle connections held {}; never-readers wrote {:?} bytes, dropped by akerd {} times ({} clients)",
         r.sustainable_miss_per_s,
         r.overload_misses.offered_per_s,
         r.overload_misses.sent as f64 / r.overload_misses.seconds.max(1e-9),
@@ -219,6 +219,11 @@ fn verdict(cli: &Cli, r: &OverloadReport, stopped: Option<std::process::ExitStat
         r.never_reader_bytes,
         r.never_readers_dropped,
         r.never_reader_bytes.len(),
+    );
+    println!(
+        "B misses: answered p99 {} (each waited behind at most the backend's queue), refused p99 {} (BUSY comes back at once)",
+        fmt_ms(r.overload_misses.latency.p99_ms),
+        fmt_ms(r.overload_misses.refusals.p99_ms)
     );
     println!(
         "RSS before B {}, peak in B {}, after C {}; backend_busy {:?}",
@@ -232,6 +237,34 @@ fn verdict(cli: &Cli, r: &OverloadReport, stopped: Option<std::process::ExitStat
         println!("{} {what}", if pass { "pass" } else { "FAIL" });
         ok &= pass;
     };
+    check(
+        r.idle_connections_held == cli.idle_connections,
+        format!(
+            "idle connections held: {} of {}",
+            r.idle_connections_held, cli.idle_connections
+        ),
+    );
+    for (name, p) in [
+        ("A", &r.baseline_hits),
+        ("B", &r.overload_hits),
+        ("C", &r.recovered_hits),
+    ] {
+        check(
+            p.errors.is_empty() && p.hits_by_kind[0] == 0 && p.ok > 0,
+            format!(
+                "{name}: every hit query answered as a hit ({} answered, {} misses, errors {:?})",
+                p.ok, p.hits_by_kind[0], p.errors
+            ),
+        );
+    }
+    let m = &r.overload_misses;
+    check(
+        m.hits_by_kind[0] as f64 >= 0.9 * m.ok as f64,
+        format!(
+            "B's misses were misses: {} of {} answered",
+            m.hits_by_kind[0], m.ok
+        ),
+    );
     let busy = r.overload_misses.errors.get("BUSY").copied().unwrap_or(0);
     check(
         busy > 0,

@@ -236,6 +236,24 @@ fn verdict(cli: &Cli, r: &SoakReport, stopped: Option<std::process::ExitStatus>)
         println!("     id {} in a {} reply to client {}, {} µs after its delete was acknowledged (t = {:.1} s)", v.id, v.hit, v.client, v.after_ack_us, v.at_s);
     }
     check(
+        r.hits > 0 && r.top1_deletes > 0,
+        format!(
+            "exercised: {} of {} searches from the cache; {} deletes of a just-served id, their re-search {} times from the cache",
+            r.hits, r.searches, r.top1_deletes, r.top1_research_hits
+        ),
+    );
+    check(
+        r.fresh_connection_failures == 0,
+        format!(
+            "a new connection served at every sample: {} failed",
+            r.fresh_connection_failures
+        ),
+    );
+    check(
+        r.final_check_error.is_none(),
+        format!("the final check ran: {:?}", r.final_check_error),
+    );
+    check(
         r.error_count() == 0,
         format!("errors other than BUSY: {} {:?}", r.error_count(), r.errors),
     );
