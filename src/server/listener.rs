@@ -72,7 +72,11 @@ impl Server {
         let accept_loop = async {
             loop {
                 match listener.accept().await {
-                    Ok(stream) => self.admit(stream, &ctx),
+                    Ok(stream) => {
+                        self.admit(stream, &ctx);
+                        // A flood of connections must not starve the ones already served.
+                        glommio::yield_if_needed().await;
+                    }
                     Err(e) => {
                         // EMFILE and friends: back off instead of spinning.
                         tracing::warn!(error = %e, "accept failed");
