@@ -4,7 +4,7 @@
 #[path = "akerd_common/mod.rs"]
 mod common;
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -12,8 +12,8 @@ use aker::auth::{random_nonce, Secret};
 use aker::client::{Client, ClientError, ClientOptions, Pipeline};
 use aker::config::Config;
 use aker::protocol::{
-    decode_reply, decode_request, encode_reply, encode_request, AuthRequest, HelloReply, Reply,
-    ReplyFrame, Request, RequestFrame, SearchRequest, Status, HEADER_LEN,
+    decode_request, encode_reply, encode_request, AuthRequest, HelloReply, Reply, ReplyFrame,
+    Request, RequestFrame, SearchRequest, Status, HEADER_LEN,
 };
 
 const SECRET: &[u8] = b"a shared secret of some length";
@@ -50,27 +50,11 @@ fn raw(addr: SocketAddr) -> TcpStream {
 }
 
 fn send(s: &mut TcpStream, version: u8, id: u64, request: Request) {
-    let mut out = Vec::new();
-    encode_request(
-        &RequestFrame {
-            request_id: id,
-            version,
-            request,
-        },
-        &mut out,
-    )
-    .unwrap();
-    s.write_all(&out).unwrap();
+    s.write_all(&common::encoded(version, id, request)).unwrap();
 }
 
-/// The next reply, or `None` at end of stream.
 fn recv(s: &mut TcpStream) -> Option<ReplyFrame> {
-    let mut buf = vec![0u8; HEADER_LEN];
-    s.read_exact(&mut buf).ok()?;
-    let len = u32::from_le_bytes(buf[16..20].try_into().unwrap()) as usize;
-    buf.resize(HEADER_LEN + len, 0);
-    s.read_exact(&mut buf[HEADER_LEN..]).ok()?;
-    Some(decode_reply(&buf, usize::MAX).unwrap().unwrap().0)
+    common::read_reply(s)
 }
 
 fn call(s: &mut TcpStream, version: u8, id: u64, request: Request) -> Reply {
@@ -87,21 +71,7 @@ fn hello(s: &mut TcpStream, version: u8) -> HelloReply {
     }
 }
 
-fn closed(s: &mut TcpStream) -> bool {
-    let mut b = [0u8; 1024];
-    let end = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < end {
-        match s.read(&mut b) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                return false
-            }
-            Err(_) => return true,
-        }
-    }
-    false
-}
+use common::closed;
 
 fn status(r: &Reply) -> Status {
     r.status()

@@ -7,14 +7,14 @@
 #[path = "akerd_common/mod.rs"]
 mod common;
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use aker::config::Config;
 use aker::protocol::{
-    decode_reply, encode_request, FillCandidate, FillRequest, InsertRequest, Reply, ReplyFrame,
-    Request, RequestFrame, SearchRequest, Status, HEADER_LEN, MAGIC,
+    FillCandidate, FillRequest, InsertRequest, Reply, ReplyFrame, Request, SearchRequest, Status,
+    HEADER_LEN, MAGIC,
 };
 use common::*;
 
@@ -54,38 +54,9 @@ fn frame(version: u8, op: u8, flags: u16, status: u16, id: u64, body: &[u8]) -> 
     b
 }
 
-/// A valid request's bytes in `version`.
-fn encoded(version: u8, id: u64, request: Request) -> Vec<u8> {
-    let mut out = Vec::new();
-    encode_request(
-        &RequestFrame {
-            request_id: id,
-            version,
-            request,
-        },
-        &mut out,
-    )
-    .unwrap();
-    out
-}
-
 /// The body of a valid request (its bytes after the header).
 fn body(request: Request) -> Vec<u8> {
     encoded(2, 1, request)[HEADER_LEN..].to_vec()
-}
-
-/// The next reply, or `None` at end of stream (or a reset).
-fn read_reply(s: &mut TcpStream) -> Option<ReplyFrame> {
-    let mut header = [0u8; HEADER_LEN];
-    if s.read_exact(&mut header).is_err() {
-        return None;
-    }
-    let len = u32::from_le_bytes(header[16..20].try_into().unwrap()) as usize;
-    let mut buf = header.to_vec();
-    buf.resize(HEADER_LEN + len, 0);
-    s.read_exact(&mut buf[HEADER_LEN..]).ok()?;
-    let (f, _) = decode_reply(&buf, usize::MAX).unwrap().unwrap();
-    Some(f)
 }
 
 fn status_of(f: &ReplyFrame) -> Status {
@@ -93,24 +64,6 @@ fn status_of(f: &ReplyFrame) -> Status {
         Reply::Error { status, .. } => *status,
         _ => Status::Ok,
     }
-}
-
-/// The server closed: end of stream (or a reset), what was queued before it read and
-/// dropped; a read that times out means the connection is still open.
-fn closed(s: &mut TcpStream) -> bool {
-    let mut b = [0u8; 64 << 10];
-    let end = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < end {
-        match s.read(&mut b) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                return false
-            }
-            Err(_) => return true,
-        }
-    }
-    false
 }
 
 fn ping_answers(s: &mut TcpStream) {

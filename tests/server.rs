@@ -222,8 +222,8 @@ fn ping_hello_and_every_operation() {
     let mut c = client(&s);
     c.ping().unwrap();
     let h = c.hello().unwrap();
-    assert_eq!((h.version_min, h.version_max), (1, 2));
-    assert_eq!((h.delta, c.version()), (Some(2), 2));
+    assert_eq!((h.version_min, h.version_max), (1, 3));
+    assert_eq!((h.delta, c.version()), (Some(2), 3));
     assert_eq!(h.max_frame_bytes, 4096);
     assert_eq!((h.dim, h.k_max, h.metric), (DIM, K_MAX, Metric::L2Sq));
     assert_eq!(h.max_inflight, 8);

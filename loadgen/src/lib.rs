@@ -29,6 +29,31 @@ pub mod workload;
 use std::path::Path;
 use std::time::Duration;
 
+/// The rows a tool draws its queries near (`--data`): `synthetic:N,DIM,CLUSTERS,SEED`
+/// (akerd's `data = { kind = "synthetic", ... }`, the same generator) or a .npy / .fvecs
+/// file.
+pub fn load_rows(spec: &str) -> Result<aker_formats::data::Dataset, String> {
+    use aker_formats::data;
+    if let Some(rest) = spec.strip_prefix("synthetic:") {
+        let v: Vec<u64> = rest
+            .split(',')
+            .map(|x| x.trim().parse().map_err(|_| format!("--data '{spec}'")))
+            .collect::<Result<_, _>>()?;
+        return match v[..] {
+            [n, dim, clusters, seed] if n > 0 && dim > 0 && clusters > 0 => Ok(data::synthetic(
+                n as usize,
+                dim as usize,
+                clusters as usize,
+                seed,
+            )),
+            _ => Err(format!(
+                "--data '{spec}': want synthetic:N,DIM,CLUSTERS,SEED"
+            )),
+        };
+    }
+    data::load(Path::new(spec)).map_err(|e| format!("--data {spec}: {e}"))
+}
+
 /// The environment variable the tools read the shared secret from without --secret-file.
 pub const SECRET_ENV: &str = "AKER_SECRET";
 

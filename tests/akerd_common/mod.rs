@@ -2,14 +2,18 @@
 //! deliberately slow store, and query helpers.
 #![allow(dead_code)]
 
-use std::net::SocketAddr;
+use std::io::{ErrorKind, Read};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aker::client::{Client, ClientOptions};
 use aker::config::{Config, DataSource, IndexKind};
-use aker::protocol::{HitKind, SearchReply};
+use aker::protocol::{
+    decode_reply, encode_request, HitKind, ReplyFrame, Request, RequestFrame, SearchReply,
+    HEADER_LEN,
+};
 use aker::service::{Daemon, Dataset, Store};
 use aker_formats::data;
 use shards::store::ExactStore;
@@ -158,4 +162,53 @@ pub fn stat(text: &str, name: &str) -> Option<f64> {
         .filter_map(|l| l.split_once(' '))
         .find(|(n, _)| *n == name)
         .and_then(|(_, v)| v.trim().parse().ok())
+}
+
+// Raw-socket helpers (the bad-input and auth tests send what a client library refuses to).
+
+/// A valid request's bytes in `version`.
+pub fn encoded(version: u8, id: u64, request: Request) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_request(
+        &RequestFrame {
+            request_id: id,
+            version,
+            request,
+        },
+        &mut out,
+    )
+    .unwrap();
+    out
+}
+
+/// The next reply, or `None` at end of stream (or a reset).
+pub fn read_reply(s: &mut TcpStream) -> Option<ReplyFrame> {
+    let mut header = [0u8; HEADER_LEN];
+    if s.read_exact(&mut header).is_err() {
+        return None;
+    }
+    let len = u32::from_le_bytes(header[16..20].try_into().unwrap()) as usize;
+    let mut buf = header.to_vec();
+    buf.resize(HEADER_LEN + len, 0);
+    s.read_exact(&mut buf[HEADER_LEN..]).ok()?;
+    let (f, _) = decode_reply(&buf, usize::MAX).unwrap().unwrap();
+    Some(f)
+}
+
+/// The server closed: end of stream (or a reset), what was queued before it read and
+/// dropped; a read that times out means the connection is still open.
+pub fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 64 << 10];
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+    false
 }

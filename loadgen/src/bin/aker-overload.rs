@@ -4,11 +4,10 @@
 //! docs/RELIABILITY.md has the commands and the results.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use aker_formats::data;
 use clap::Parser;
 
 use loadgen::daemon::Daemon;
@@ -119,7 +118,7 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Result<bool, String> {
-    let rows = load_data(&cli.data)?;
+    let rows = loadgen::load_rows(&cli.data)?;
     std::fs::create_dir_all(&cli.out).map_err(|e| format!("{}: {e}", cli.out.display()))?;
     let daemon = match &cli.akerd {
         Some(bin) => Daemon::spawn(
@@ -162,27 +161,6 @@ fn run(cli: &Cli) -> Result<bool, String> {
     let ok = verdict(cli, &r, stopped);
     println!("wrote {}", path.display());
     Ok(ok)
-}
-
-fn load_data(spec: &str) -> Result<data::Dataset, String> {
-    if let Some(rest) = spec.strip_prefix("synthetic:") {
-        let v: Vec<u64> = rest
-            .split(',')
-            .map(|x| x.trim().parse().map_err(|_| format!("--data '{spec}'")))
-            .collect::<Result<_, _>>()?;
-        return match v[..] {
-            [n, dim, clusters, seed] if n > 0 && dim > 0 && clusters > 0 => Ok(data::synthetic(
-                n as usize,
-                dim as usize,
-                clusters as usize,
-                seed,
-            )),
-            _ => Err(format!(
-                "--data '{spec}': want synthetic:N,DIM,CLUSTERS,SEED"
-            )),
-        };
-    }
-    data::load(Path::new(spec)).map_err(|e| format!("--data {spec}: {e}"))
 }
 
 fn row(name: &str, p: &PhaseReport) {

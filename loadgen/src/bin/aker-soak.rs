@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use aker_formats::data::{self, Dataset};
 use clap::Parser;
 
 use loadgen::daemon::Daemon;
@@ -113,7 +112,7 @@ fn run(cli: &Cli) -> Result<bool, String> {
     if !(0.0..1.0).contains(&cli.skew) || cli.queries < 2 {
         return Err("--skew must be in [0, 1) and --queries at least 2".into());
     }
-    let rows = load_data(&cli.data)?;
+    let rows = loadgen::load_rows(&cli.data)?;
     let queries = soak::pick_queries(&rows, cli.queries, cli.jitter, cli.seed);
     std::fs::create_dir_all(&cli.out).map_err(|e| format!("{}: {e}", cli.out.display()))?;
     let mut daemon = match &cli.akerd {
@@ -179,27 +178,6 @@ fn parse_mix(s: &str) -> Result<[u32; 3], String> {
         [a, b, c] if a + b + c > 0 => Ok([a, b, c]),
         _ => Err(format!("--mix '{s}': want three weights, not all zero")),
     }
-}
-
-fn load_data(spec: &str) -> Result<Dataset, String> {
-    if let Some(rest) = spec.strip_prefix("synthetic:") {
-        let v: Vec<u64> = rest
-            .split(',')
-            .map(|x| x.trim().parse().map_err(|_| format!("--data '{spec}'")))
-            .collect::<Result<_, _>>()?;
-        return match v[..] {
-            [n, dim, clusters, seed] if n > 0 && dim > 0 && clusters > 0 => Ok(data::synthetic(
-                n as usize,
-                dim as usize,
-                clusters as usize,
-                seed,
-            )),
-            _ => Err(format!(
-                "--data '{spec}': want synthetic:N,DIM,CLUSTERS,SEED"
-            )),
-        };
-    }
-    data::load(Path::new(spec)).map_err(|e| format!("--data {spec}: {e}"))
 }
 
 fn write_outputs(out: &Path, r: &SoakReport) -> Result<(), String> {
