@@ -135,6 +135,51 @@ impl Drop for Daemon {
     }
 }
 
+/// The command-line options `aker-soak` and `aker-overload` share: the akerd to start
+/// or attach to, and the secret to authenticate with.
+#[derive(clap::Args, Debug)]
+pub struct DaemonArgs {
+    /// Start this akerd binary (with --config) and stop it at the end.
+    #[arg(long, requires = "config", conflicts_with = "pid")]
+    pub akerd: Option<std::path::PathBuf>,
+    /// Its configuration (ops/soak.toml, ops/overload.toml).
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
+    /// Attached to a running akerd: its pid, for the RSS samples.
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// The shared secret for a server that requires AUTH: this file's first line
+    /// (otherwise $AKER_SECRET when set).
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<std::path::PathBuf>,
+    /// How long a started akerd may take to answer.
+    #[arg(long, value_parser = crate::parse_duration, default_value = "120s")]
+    pub ready_within: Duration,
+    /// Run the started akerd on these CPUs only (a taskset list: 0 or 0,2-3).
+    #[arg(long, requires = "akerd")]
+    pub akerd_cpus: Option<String>,
+}
+
+impl DaemonArgs {
+    /// The akerd on `target`: started (`--akerd`) or attached.
+    pub fn start(&self, target: SocketAddr) -> Result<Daemon, String> {
+        match &self.akerd {
+            Some(bin) => Daemon::spawn(
+                bin,
+                self.config.as_deref().expect("clap requires it"),
+                target,
+                self.ready_within,
+                self.akerd_cpus.as_deref(),
+            ),
+            None => Ok(Daemon::attach(target, self.pid)),
+        }
+    }
+
+    pub fn secret(&self) -> Result<Option<Secret>, String> {
+        crate::load_secret(self.secret_file.as_deref())
+    }
+}
+
 /// A connected client that has said HELLO (and AUTH, when the server requires it).
 pub fn connect(
     target: SocketAddr,

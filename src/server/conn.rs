@@ -437,8 +437,9 @@ fn dispatch(
     let op = frame.request.opcode();
     let req = match frame.request {
         Request::Hello => {
+            // The encoder leaves the challenge out of a version 1 or 2 reply.
             let mut hello = ctx.hello;
-            hello.auth_challenge = conn.challenge.filter(|_| version >= 3);
+            hello.auth_challenge = conn.challenge;
             conn.push(id, version, Reply::Hello(hello));
             return Dispatched::Continue;
         }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use loadgen::daemon::Daemon;
+use loadgen::daemon::DaemonArgs;
 use loadgen::overload::{self, OverloadConfig, OverloadReport, PhaseReport};
 use loadgen::stats::fmt_ms;
 use loadgen::{parse_duration, parse_rate};
@@ -23,26 +23,10 @@ use loadgen::{parse_duration, parse_rate};
              misses, idle connections and clients that never read; RSS, BUSY and recovery."
 )]
 struct Cli {
-    /// Start this akerd binary (with --config) and stop it at the end.
-    #[arg(long, requires = "config", conflicts_with = "pid")]
-    akerd: Option<PathBuf>,
-    /// Its configuration (ops/overload.toml).
-    #[arg(long)]
-    config: Option<PathBuf>,
     #[arg(long, default_value = "127.0.0.1:7730")]
     target: SocketAddr,
-    /// Attached to a running akerd: its pid, for the RSS samples.
-    #[arg(long)]
-    pid: Option<u32>,
-    /// The shared secret for a server that requires AUTH: this file's first line
-    /// (otherwise $AKER_SECRET when set).
-    #[arg(long, value_name = "FILE")]
-    secret_file: Option<PathBuf>,
-    #[arg(long, value_parser = parse_duration, default_value = "120s")]
-    ready_within: Duration,
-    /// Run the started akerd on these CPUs only (a taskset list: 0 or 0,2-3).
-    #[arg(long, requires = "akerd")]
-    akerd_cpus: Option<String>,
+    #[command(flatten)]
+    daemon: DaemonArgs,
     /// The collection's rows: synthetic:N,DIM,CLUSTERS,SEED or a .npy / .fvecs file.
     #[arg(long, default_value = "synthetic:100000,128,64,7")]
     data: String,
@@ -120,16 +104,7 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> Result<bool, String> {
     let rows = loadgen::load_rows(&cli.data)?;
     std::fs::create_dir_all(&cli.out).map_err(|e| format!("{}: {e}", cli.out.display()))?;
-    let daemon = match &cli.akerd {
-        Some(bin) => Daemon::spawn(
-            bin,
-            cli.config.as_deref().expect("clap requires it"),
-            cli.target,
-            cli.ready_within,
-            cli.akerd_cpus.as_deref(),
-        )?,
-        None => Daemon::attach(cli.target, cli.pid),
-    };
+    let daemon = cli.daemon.start(cli.target)?;
     let cfg = OverloadConfig {
         target: cli.target,
         hit_rate: cli.hit_rate,
@@ -151,7 +126,7 @@ fn run(cli: &Cli) -> Result<bool, String> {
         miss_spread: cli.miss_spread,
         io_timeout: cli.io_timeout,
         seed: cli.seed,
-        secret: loadgen::load_secret(cli.secret_file.as_deref())?,
+        secret: cli.daemon.secret()?,
     };
     let r = overload::run(&cfg, &daemon, rows.data, rows.dim, &|l| println!("{l}"))?;
     let stopped = daemon.stop()?;

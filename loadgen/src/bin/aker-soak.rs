@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use loadgen::daemon::Daemon;
+use loadgen::daemon::DaemonArgs;
 use loadgen::soak::{self, Sample, SoakConfig, SoakReport};
 use loadgen::{parse_duration, parse_rate};
 
@@ -23,28 +23,11 @@ use loadgen::{parse_duration, parse_rate};
              RSS and latency every --sample-every into a CSV and a PNG."
 )]
 struct Cli {
-    /// Start this akerd binary (with --config) and stop it at the end.
-    #[arg(long, requires = "config", conflicts_with = "pid")]
-    akerd: Option<PathBuf>,
-    /// Its configuration (ops/soak.toml).
-    #[arg(long)]
-    config: Option<PathBuf>,
     /// Where akerd listens (passed as --listen when the tool starts it).
     #[arg(long, default_value = "127.0.0.1:7720")]
     target: SocketAddr,
-    /// Attached to a running akerd: its pid, for the RSS samples.
-    #[arg(long)]
-    pid: Option<u32>,
-    /// The shared secret for a server that requires AUTH: this file's first line
-    /// (otherwise $AKER_SECRET when set).
-    #[arg(long, value_name = "FILE")]
-    secret_file: Option<PathBuf>,
-    /// How long a started akerd may take to answer.
-    #[arg(long, value_parser = parse_duration, default_value = "120s")]
-    ready_within: Duration,
-    /// Run the started akerd on these CPUs only (a taskset list: 0 or 0,2-3).
-    #[arg(long, requires = "akerd")]
-    akerd_cpus: Option<String>,
+    #[command(flatten)]
+    daemon: DaemonArgs,
     /// The collection's rows, near which queries and inserts fall: synthetic:N,DIM,CLUSTERS,SEED
     /// (akerd's `data = { kind = "synthetic", ... }`) or a .npy / .fvecs file.
     #[arg(long, default_value = "synthetic:20000,32,64,7")]
@@ -115,16 +98,7 @@ fn run(cli: &Cli) -> Result<bool, String> {
     let rows = loadgen::load_rows(&cli.data)?;
     let queries = soak::pick_queries(&rows, cli.queries, cli.jitter, cli.seed);
     std::fs::create_dir_all(&cli.out).map_err(|e| format!("{}: {e}", cli.out.display()))?;
-    let mut daemon = match &cli.akerd {
-        Some(bin) => Daemon::spawn(
-            bin,
-            cli.config.as_deref().expect("clap requires it"),
-            cli.target,
-            cli.ready_within,
-            cli.akerd_cpus.as_deref(),
-        )?,
-        None => Daemon::attach(cli.target, cli.pid),
-    };
+    let mut daemon = cli.daemon.start(cli.target)?;
     let cfg = SoakConfig {
         target: cli.target,
         clients: cli.clients.max(1),
@@ -141,7 +115,7 @@ fn run(cli: &Cli) -> Result<bool, String> {
         io_timeout: cli.io_timeout,
         id_base: cli.id_base,
         seed: cli.seed,
-        secret: loadgen::load_secret(cli.secret_file.as_deref())?,
+        secret: cli.daemon.secret()?,
     };
     println!(
         "soak {:?}: {} clients x {} ops/s, mix search/insert/delete {:?}, FLUSH every {:?}, akerd pid {}",
