@@ -297,7 +297,16 @@ fn a_check_strips_an_id_the_store_lost_and_refreshes_the_entry() {
         }
         assert!(Instant::now() < end, "the lost id {lost} is still served");
     }
-    let s = stats(&d);
+    // The strip reaches the owners before the check thread counts its repair: wait
+    // for the counter, bounded.
+    let end = Instant::now() + Duration::from_secs(5);
+    let s = loop {
+        let s = stats(&d);
+        if stat(&s, "recall_repairs").unwrap() >= 1.0 || Instant::now() >= end {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     assert!(stat(&s, "recall_deleted_ids").unwrap() >= 1.0, "{s}");
     assert!(
         stat(&s, "recall_repairs").unwrap() >= 1.0,
