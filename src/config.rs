@@ -270,6 +270,8 @@ impl CacheSection {
             insert_log_cap: self.insert_log_cap,
             insert_log_bytes: self.insert_log_bytes,
             delete_log_cap: self.delete_log_cap,
+            // The no-refresh ablation is the runner's (`bench updates`), not a daemon's.
+            refresh: true,
         };
         cfg.validate().map_err(|e| format!("cache: {e}"))?;
         self.policy

@@ -882,6 +882,15 @@ fn insert_cost(mut timed: Vec<(f64, u64)>) -> InsertCost {
     }
 }
 
+/// ef values the HNSW backend's sweep tries, smallest first.
+pub const EF_LADDER: [usize; 22] = [
+    10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 160, 192, 256, 384, 512, 768, 1024,
+];
+
+/// Pairs sampled for Proximity+'s threshold, and the percentile taken.
+pub const THRESHOLD_PAIRS: usize = 2_000_000;
+pub const THRESHOLD_PERCENTILE: f64 = 0.01;
+
 /// The `percentile` (in `0..=1`) of gaps (`shards::gap`) between `pairs` random pairs of distinct
 /// vectors of `workload` (Proximity+'s threshold: the 1st percentile, §5 "Baselines").
 /// Deterministic in `seed`.

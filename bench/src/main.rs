@@ -24,10 +24,14 @@ use bench::akerd::{AkerdFile, AkerdSetup};
 use bench::experiment::{self, FloorSpec, Policy, Rule, RunSpec};
 use bench::plot::{self, Figure};
 use bench::precomputed::{PrecomputedBackend, WithVectors};
-use bench::prepare::{self as prep_mod, Prepared, Seeds, Source, SYNTHETIC, SYNTHETIC_QUICK};
+use bench::prepare::{
+    self as prep_mod, Bases, Prepared, Seeds, Source, SYNTHETIC, SYNTHETIC_QUICK,
+};
 use bench::report::{
     self, DatasetSummary, Header, HnswStream, HnswSummary, PoolSpec, Row, SkewSummary,
 };
+use bench::updates::{Scenario, ScenarioSpec, UpdatePolicy};
+use bench::updates_report::Settings as UpdateSettings;
 use bench::workload::{self, Workload};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -53,12 +57,16 @@ enum Cmd {
     Recall(RecallArgs),
     /// Write a simZipf trace with exact ground truth for the load generator.
     Trace(TraceArgs),
+    /// The cache under inserts and deletes (paper §5.4: Figure 18, Table 3, Figure 19).
+    Updates(UpdatesArgs),
 }
 
 /// Options shared by both commands.
 #[derive(clap::Args)]
 struct Common {
-    /// Distance: l2sq (squared L2), cosine (1 - cos) or ip (-dot).
+    /// Distance: l2sq (squared L2), cosine (1 - cos) or ip (-dot). Cosine distance is
+    /// scale-invariant, so group members (1 - λ)·q + λ·p are not renormalised;
+    /// --normalize normalises them.
     #[arg(long, default_value = "l2sq")]
     metric: Metric,
     /// Results per request.
@@ -67,17 +75,46 @@ struct Common {
     /// Base seed; every random choice derives from it (printed).
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Where GloVe lives (`ops/get-glove.sh` puts it there).
-    #[arg(long, default_value_os_t = default_data_dir())]
+    /// Where GloVe lives, relative to the working directory (`ops/get-glove.sh` puts
+    /// it in the repository's data/).
+    #[arg(long, default_value = "data")]
     data_dir: PathBuf,
-    /// Where exact ground truth is cached between runs.
-    #[arg(long, default_value_os_t = default_data_dir().join("cache"))]
+    /// Where exact ground truth is cached between runs, relative to the working
+    /// directory (created if missing).
+    #[arg(long, default_value = "data/cache")]
     cache_dir: PathBuf,
-    /// Scale every vector of the data set to unit L2 norm (a zero vector stays zero)
-    /// before the hold-out, groups and ground truth, and every request (simZipf member)
-    /// too; the set is named e.g. `glove/unit`.
+    /// Scale every vector of the data set (and of --queries) to unit L2 norm (a zero
+    /// vector stays zero) before the hold-out, groups and ground truth, and every
+    /// request (simZipf member) too; the set is named e.g. `glove/unit`.
     #[arg(long)]
     normalize: bool,
+    /// A .npy or .fvecs file whose first --groups rows are the simZipf group bases (the
+    /// partners are drawn from the same rows); the WHOLE data set is then the
+    /// collection, nothing held out. Without it, --groups rows of the data set are held
+    /// out as the bases and only the rest is the collection (the ids ground truth and
+    /// --base-out refer to).
+    #[arg(long, value_name = "FILE")]
+    queries: Option<PathBuf>,
+    /// Group bases (one simZipf group of 50 members each): the first N rows of
+    /// --queries, or N rows held out of the data set without it.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = prep_mod::HELD_OUT as u64,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    groups: u64,
+}
+
+impl Common {
+    /// The group bases `--queries` and `--groups` ask for.
+    fn bases(&self) -> Fallible<Bases> {
+        let groups = usize::try_from(self.groups)?;
+        Ok(match &self.queries {
+            Some(path) => Bases::from_file(path, groups, self.normalize)?,
+            None => Bases::HeldOut(groups),
+        })
+    }
 }
 
 /// `shards::StandbySearch` on the command line.
@@ -154,8 +191,9 @@ struct RecallArgs {
     /// centroids trained on the collection as akerd trains them).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1024))]
     shards: u64,
-    /// Output folder for report.md, results.csv and the figures.
-    #[arg(long, default_value_os_t = default_out_dir())]
+    /// Output folder for report.md, results.csv and the figures, relative to the
+    /// working directory (created if missing).
+    #[arg(long, default_value = "bench/results")]
     out: PathBuf,
     /// Runs in parallel (each run is single-threaded) [default: all cores].
     #[arg(long)]
@@ -258,24 +296,10 @@ struct TraceArgs {
     #[arg(long)]
     out: PathBuf,
     /// Also write the collection the ground truth refers to (ids = row numbers) as
-    /// .fvecs, for a server to load (the held-out bases are not in it).
+    /// .fvecs, for a server to load (held-out bases are not in it; with --queries it is
+    /// the whole data set).
     #[arg(long)]
     base_out: Option<PathBuf>,
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("bench sits inside the workspace")
-        .to_path_buf()
-}
-
-fn default_data_dir() -> PathBuf {
-    workspace_root().join("data")
-}
-
-fn default_out_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("results")
 }
 
 fn main() {
@@ -284,6 +308,7 @@ fn main() {
     let result = match cli.cmd {
         Cmd::Recall(a) => recall(a),
         Cmd::Trace(a) => trace(a),
+        Cmd::Updates(a) => updates(a),
     };
     if let Err(e) = result {
         eprintln!("bench: {e}");
@@ -323,6 +348,7 @@ fn prepare(
     if c.normalize {
         all.normalize_rows();
     }
+    let bases = c.bases()?;
     let load_s = t.elapsed().as_secs_f64();
     let name = prep_mod::dataset_name(source, c.normalize);
     println!(
@@ -335,12 +361,14 @@ fn prepare(
             ""
         }
     );
+    println!("[{name}] {}", bases.origin().describe());
     let t = Instant::now();
-    let members = bench::prepare::HELD_OUT * workload::GROUP_SIZE;
+    let members = bases.count() * workload::GROUP_SIZE;
     let b = bar(members as u64, &format!("{name}: exact top-{depth}"));
-    let prep = Prepared::new(
+    let prep = Prepared::with_bases(
         name.clone(),
-        &all,
+        all,
+        bases,
         c.metric,
         depth,
         c.normalize,
@@ -610,10 +638,7 @@ fn run_jobs(
 /// printed in every report, stays as it was).
 const FLOOR_SEED: u64 = 0x0f10_0a5e;
 
-/// ef values the HNSW backend's sweep tries, smallest first.
-const EF_LADDER: [usize; 22] = [
-    10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 160, 192, 256, 384, 512, 768, 1024,
-];
+use experiment::{EF_LADDER, THRESHOLD_PAIRS, THRESHOLD_PERCENTILE};
 
 /// Query filters checked for finding the nearest entry: the engine's default (its own
 /// graph with the paper's m 4, efc 8, efs 16), hnsw_rs with the same parameters (the
@@ -640,10 +665,6 @@ const FILTER_CHECK_ENTRIES: usize = 5_000;
 
 /// Memoised HNSW answers searched again to check that searches repeat.
 const DETERMINISM_CHECK: usize = 200;
-
-/// Pairs sampled for Proximity+'s threshold, and the percentile taken.
-const THRESHOLD_PAIRS: usize = 2_000_000;
-const THRESHOLD_PERCENTILE: f64 = 0.01;
 
 fn recall(mut args: RecallArgs) -> Fallible<()> {
     let started = Instant::now();
@@ -1116,6 +1137,7 @@ fn dataset_summary(
     DatasetSummary {
         name: prep.name.clone(),
         description: source.describe(),
+        bases: prep.bases.clone(),
         collection: prep.base.n,
         dim: prep.base.dim,
         metric,
@@ -1256,6 +1278,192 @@ fn write_outputs(
     Ok(())
 }
 
+/// A share such as `5%` or `0.05` in `[0, 1)`.
+fn parse_share(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let share = match t.strip_suffix('%') {
+        Some(p) => p.parse::<f64>().map(|p| p / 100.0),
+        None => t.parse::<f64>(),
+    }
+    .map_err(|e| format!("'{s}': {e} (a share such as 5% or 0.05)"))?;
+    if (0.0..1.0).contains(&share) {
+        Ok(share)
+    } else {
+        Err(format!("'{s}' is not a share in [0, 100%)"))
+    }
+}
+
+#[derive(clap::Args)]
+struct UpdatesArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Data sets, as for `recall` [default: glove,synthetic; with --quick a small
+    /// synthetic set].
+    #[arg(long, value_delimiter = ',')]
+    dataset: Option<Vec<Source>>,
+    /// Deletion rates: shares of the collection deleted after the warm-up (random ids of
+    /// the collection and the insert set, nested), one run per rate and policy.
+    #[arg(long, value_delimiter = ',', default_value = "0,5%,10%,25%", value_parser = parse_share)]
+    deletes: Vec<f64>,
+    /// Share of the data set held out and inserted after the warm-up.
+    #[arg(long, default_value = "5%", value_parser = parse_share)]
+    inserts: f64,
+    /// Pool capacity in objects, as a share of the collection.
+    #[arg(long, default_value = "1%", value_parser = parse_share)]
+    pool: f64,
+    /// Zipfian exponent of the stream.
+    #[arg(long, default_value_t = 0.99)]
+    skew: f64,
+    /// Requests per phase (the warm-up, then the same stream again) [default: 100000;
+    /// with --quick 10000].
+    #[arg(long)]
+    requests: Option<usize>,
+    /// Policies: ak-dN (paper-Aker, reserve Δ = N), ak-rd (Δ 0, refresh off: the
+    /// paper's no-refresh ablation), plNN (Potluck+, p = NN %, Δ 0, no refresh), none;
+    /// an ak-dN name takes :risk=R (τ_risk).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "ak-d10,ak-d30,ak-rd,ak-d0,pl10,none"
+    )]
+    policies: Vec<UpdatePolicy>,
+    /// τ_risk values ak-d10 also runs at, at the second deletion rate (insert visibility
+    /// against the risk threshold; exact backend).
+    #[arg(long, value_delimiter = ',', default_value = "0.1,1,3")]
+    risks: Vec<f64>,
+    /// Δ values run at equal pool bytes (what ak-d10 took after its warm-up) per
+    /// deletion rate (exact backend); empty: none.
+    #[arg(long, value_delimiter = ',', default_value = "0,2,5,10,20,30")]
+    delta_sweep: Vec<usize>,
+    /// Backends: exact (prepared exact answers), hnsw (one graph over the collection and
+    /// the insert set, ids not live filtered out), or both.
+    #[arg(long, value_enum, default_value = "both")]
+    backend: BackendChoice,
+    /// HNSW backend graph degree.
+    #[arg(long, default_value_t = 16)]
+    hnsw_m: usize,
+    /// HNSW backend build breadth.
+    #[arg(long, default_value_t = 128)]
+    hnsw_ef_construction: usize,
+    /// Recall@k the HNSW backend's ef is tuned to reach without a cache.
+    #[arg(long, default_value_t = 0.9)]
+    target_recall: f64,
+    /// Distinct vectors of the stream the ef sweep measures on.
+    #[arg(long, default_value_t = 500)]
+    ef_samples: usize,
+    /// Runs in parallel (each run is single-threaded) [default: all cores].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Small smoke configuration: a 20,000 x 16 synthetic set and 10,000 requests.
+    #[arg(long)]
+    quick: bool,
+    /// Output folder for report.md, the per-set reports, CSVs and figures.
+    #[arg(long, default_value = "bench/results/updates")]
+    out: PathBuf,
+}
+
+fn updates(args: UpdatesArgs) -> Fallible<()> {
+    let c = &args.common;
+    let seeds = Seeds::from_base(c.seed);
+    let sources = match (&args.dataset, args.quick) {
+        (Some(d), _) => d.clone(),
+        (None, true) => vec![SYNTHETIC_QUICK],
+        (None, false) => vec![Source::Glove, SYNTHETIC],
+    };
+    let requests = args.requests.unwrap_or(if args.quick {
+        10_000
+    } else {
+        workload::DEFAULT_REQUESTS
+    });
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |p| p.get()))
+        .max(1);
+    let mut rates = args.deletes.clone();
+    rates.sort_by(f64::total_cmp);
+    rates.dedup();
+    let mut report = format!(
+        "# The cache under updates (paper §5.4)\n\nCommand: `bench {}`; seeds: {seeds}.\n\n",
+        std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+    );
+    for source in &sources {
+        let t = Instant::now();
+        let mut all = source.load(&c.data_dir, seeds.synthetic)?;
+        if c.normalize {
+            all.normalize_rows();
+        }
+        let name = prep_mod::dataset_name(source, c.normalize);
+        let bases = c.bases()?;
+        let (rows, base_rows) = bases.split(&name, &all, seeds)?;
+        let mut timings = vec![("load".to_string(), t.elapsed().as_secs_f64())];
+        let t = Instant::now();
+        let b = bar(
+            requests as u64,
+            &format!("{name}: exact top-{}", bench::updates::DEPTH),
+        );
+        let spec = ScenarioSpec {
+            name: name.clone(),
+            metric: c.metric,
+            k: c.k,
+            bases: &base_rows,
+            rows: &rows,
+            insert_share: args.inserts,
+            requests,
+            skew: args.skew,
+            unit_requests: c.normalize,
+            seeds,
+            cache_dir: &c.cache_dir,
+        };
+        let sc = Scenario::prepare(&spec, &|n| b.inc(n as u64))?;
+        b.finish_and_clear();
+        timings.push((
+            "split, stream, ground truth".into(),
+            t.elapsed().as_secs_f64(),
+        ));
+        println!(
+            "[{name}] collection {} + {} inserts, {} distinct vectors in the stream",
+            sc.collection,
+            sc.union.n - sc.collection,
+            sc.workload.n_vectors()
+        );
+        let settings = UpdateSettings {
+            rates: rates.clone(),
+            pool_share: args.pool,
+            policies: args.policies.clone(),
+            risks: args.risks.clone(),
+            delta_sweep: args.delta_sweep.clone(),
+            exact: args.backend != BackendChoice::Hnsw,
+            hnsw: args.backend != BackendChoice::Exact,
+            hnsw_m: args.hnsw_m,
+            hnsw_ef_construction: args.hnsw_ef_construction,
+            target_recall: args.target_recall,
+            ef_samples: args.ef_samples,
+            threads,
+            seed: seeds.potluck,
+            out: args.out.clone(),
+            describe: format!("{}; {}.", source.describe(), bases.origin().describe()),
+        };
+        let rows = bench::updates_report::run_dataset(&sc, &settings, &mut timings)?;
+        let text = bench::updates_report::write(&sc, &settings, &rows, &timings)?;
+        report.push_str(&text);
+        fs_write(&args.out.join("report.md"), &report)?;
+        let dead: u64 = rows.iter().map(|r| r.result.dead_served()).sum();
+        if dead > 0 {
+            return Err(format!("{name}: {dead} replies carried a deleted id").into());
+        }
+    }
+    println!("report: {}", args.out.join("report.md").display());
+    Ok(())
+}
+
+fn fs_write(path: &Path, text: &str) -> Fallible<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, text)?;
+    Ok(())
+}
+
 fn trace(args: TraceArgs) -> Fallible<()> {
     let c = &args.common;
     let seeds = Seeds::from_base(c.seed);
@@ -1294,7 +1502,7 @@ mod tests {
         let argv = ["bench", "recall"].iter().chain(extra).copied();
         match Cli::try_parse_from(argv).unwrap().cmd {
             Cmd::Recall(a) => a,
-            Cmd::Trace(_) => unreachable!(),
+            _ => unreachable!("not recall"),
         }
     }
 
@@ -1430,5 +1638,36 @@ mod tests {
         assert_eq!(count(Rule::Akerd, Some(PoolSpec::Config)), 2);
         assert_eq!(count(Rule::NoCache, None), 2);
         assert_eq!(js.len(), 8);
+    }
+
+    #[test]
+    fn queries_groups_and_relative_default_paths_parse() {
+        let a = recall_args(&[]);
+        let c = &a.common;
+        assert_eq!((c.queries.as_ref(), c.groups), (None, 1_000));
+        assert_eq!(c.data_dir, PathBuf::from("data"));
+        assert_eq!(c.cache_dir, PathBuf::from("data/cache"));
+        assert_eq!(a.out, PathBuf::from("bench/results"));
+        let a = recall_args(&["--queries", "q.fvecs", "--groups", "200"]);
+        assert_eq!(a.common.queries, Some(PathBuf::from("q.fvecs")));
+        assert_eq!(a.common.groups, 200);
+        let argv = [
+            "bench",
+            "trace",
+            "--out",
+            "t.trace",
+            "--queries",
+            "q.npy",
+            "--groups",
+            "7",
+        ];
+        let Cmd::Trace(t) = Cli::try_parse_from(argv).unwrap().cmd else {
+            unreachable!()
+        };
+        assert_eq!(t.common.queries, Some(PathBuf::from("q.npy")));
+        assert_eq!(t.common.groups, 7);
+        for bad in ["0", "-1", "x"] {
+            assert!(Cli::try_parse_from(["bench", "recall", "--groups", bad]).is_err());
+        }
     }
 }

@@ -1,8 +1,10 @@
 //! Everything a recall experiment needs before its first request: the collection, the
-//! held-out group bases, the simZipf groups, and the exact neighbours of every group
-//! member (brute force on every core, cached on disk), so that each skew's stream and
-//! the exact backend look their answers up instead of scanning again.
+//! group bases (held out of the data set, or a query file's rows: [`Bases`]), the
+//! simZipf groups, and the exact neighbours of every group member (brute force on every
+//! core, cached on disk), so that each skew's stream and the exact backend look their
+//! answers up instead of scanning again.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -13,8 +15,152 @@ use shards::{Candidate, Metric};
 use crate::groundtruth;
 use crate::workload::{Groups, Workload, GROUP_SIZE};
 
-/// Group bases held out of every collection (§5.1: the query set).
+/// Group bases held out of every collection by default (§5.1: the query set).
 pub const HELD_OUT: usize = 1_000;
+
+/// Where the simZipf group bases come from (`--queries`, `--groups`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Bases {
+    /// This many rows of the data set, drawn with [`Seeds::split`], held out as the
+    /// bases; the rest is the collection.
+    HeldOut(usize),
+    /// The first `n` rows of `rows`, a query file read from `path`; the whole data set is
+    /// the collection (nothing held out).
+    Queries {
+        path: PathBuf,
+        rows: Dataset,
+        n: usize,
+    },
+}
+
+impl Bases {
+    /// The paper's set-up: [`HELD_OUT`] rows held out.
+    pub const PAPER: Bases = Bases::HeldOut(HELD_OUT);
+
+    /// Reads `path` with the loaders `--dataset` files use (`.npy` or `.fvecs`),
+    /// unit-normalised with `normalize`; its first `n` rows are the bases.
+    pub fn from_file(path: &Path, n: usize, normalize: bool) -> Result<Bases, String> {
+        let mut rows = data::load(path).map_err(|e| e.to_string())?;
+        if normalize {
+            rows.normalize_rows();
+        }
+        Ok(Bases::Queries {
+            path: path.to_path_buf(),
+            rows,
+            n,
+        })
+    }
+
+    /// `(collection, bases)` of `all`: the rest of `all` and the held-out rows, or all of
+    /// `all` and the query file's first `n` rows. Errors as [`Bases::check`]'s.
+    pub fn split(
+        &self,
+        name: &str,
+        all: &Dataset,
+        seeds: Seeds,
+    ) -> Result<(Dataset, Dataset), String> {
+        self.check(name, all)?;
+        Ok(match self {
+            Bases::HeldOut(n) => data::split_queries(all, *n, seeds.split),
+            Bases::Queries { rows, n, .. } => {
+                let mut rows = rows.clone();
+                rows.truncate(*n);
+                (all.clone(), rows)
+            }
+        })
+    }
+
+    /// The collection's size once the bases are taken from `all`; an error (naming the
+    /// data set `name`) for no bases, more bases than rows to take them from (held out:
+    /// at least one row must stay), or a query file whose dimension is not `all`'s.
+    pub fn check(&self, name: &str, all: &Dataset) -> Result<usize, String> {
+        if self.count() == 0 {
+            return Err(format!("{name}: --groups must be at least 1"));
+        }
+        match self {
+            Bases::HeldOut(n) if *n >= all.n => Err(format!(
+                "{name}: --groups {n} cannot be held out of {} vectors (some must stay the \
+                 collection)",
+                all.n
+            )),
+            Bases::HeldOut(n) => Ok(all.n - n),
+            Bases::Queries { path, rows, .. } if rows.dim != all.dim => Err(format!(
+                "{name}: the query file {} is {}-d but the data set is {}-d",
+                path.display(),
+                rows.dim,
+                all.dim
+            )),
+            Bases::Queries { path, rows, n } if *n > rows.n => Err(format!(
+                "{name}: --groups {n} but the query file {} has {} rows",
+                path.display(),
+                rows.n
+            )),
+            Bases::Queries { .. } => Ok(all.n),
+        }
+    }
+
+    /// How many bases (groups).
+    pub fn count(&self) -> usize {
+        match self {
+            Bases::HeldOut(n) | Bases::Queries { n, .. } => *n,
+        }
+    }
+
+    /// Where the bases came from, for the report.
+    pub fn origin(&self) -> BasesOrigin {
+        match self {
+            Bases::HeldOut(n) => BasesOrigin::HeldOut(*n),
+            Bases::Queries { path, n, .. } => BasesOrigin::Queries {
+                path: path.clone(),
+                n: *n,
+            },
+        }
+    }
+}
+
+/// [`Bases`] without the query rows: what the report says about them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BasesOrigin {
+    HeldOut(usize),
+    Queries { path: PathBuf, n: usize },
+}
+
+impl BasesOrigin {
+    /// The set-up ALGORITHM.md's reference figures were measured in.
+    pub fn is_paper(&self) -> bool {
+        *self == BasesOrigin::HeldOut(HELD_OUT)
+    }
+
+    /// "1,000 rows held out of the data set (the rest is the collection)", or "the
+    /// first N rows of FILE (--queries); the whole data set is the collection".
+    pub fn describe(&self) -> String {
+        match self {
+            BasesOrigin::HeldOut(n) => format!(
+                "group bases: {} rows held out of the data set (the rest is the collection)",
+                thousands(*n)
+            ),
+            BasesOrigin::Queries { path, n } => format!(
+                "group bases: the first {} rows of {} (--queries); the whole data set is the \
+                 collection",
+                thousands(*n),
+                path.display()
+            ),
+        }
+    }
+}
+
+/// `1000` -> `1,000`.
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
 
 /// Where the vectors come from.
 #[derive(Clone, Debug, PartialEq)]
@@ -192,6 +338,8 @@ pub struct Prepared {
     pub metric: Metric,
     /// The collection (ids are its row numbers).
     pub base: Dataset,
+    /// Where the group bases came from.
+    pub bases: BasesOrigin,
     pub groups: Groups,
     /// Per group member, its exact top `depth` in `base`.
     pub member_truth: Vec<Vec<Candidate>>,
@@ -201,11 +349,8 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Splits off [`HELD_OUT`] bases, builds groups whose partners are the bases
-    /// themselves (§5.1), and finds each member's exact top `depth` (cached in
-    /// `cache_dir`). `unit_requests`: members are unit-normalised too, as an embedding
-    /// pipeline that normalises its vectors normalises its queries (`--normalize`).
-    /// `progress` counts members scanned.
+    /// [`Prepared::with_bases`] with [`Bases::PAPER`]: [`HELD_OUT`] rows of `all` held
+    /// out as the bases.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         name: String,
@@ -217,14 +362,86 @@ impl Prepared {
         cache_dir: &Path,
         progress: &(dyn Fn(usize) + Sync),
     ) -> Result<Prepared, String> {
-        if all.n <= HELD_OUT + depth {
+        Prepared::build(
+            name,
+            Cow::Borrowed(all),
+            Bases::PAPER,
+            metric,
+            depth,
+            unit_requests,
+            seeds,
+            cache_dir,
+            progress,
+        )
+    }
+
+    /// Takes the group bases as `bases` says (held out of `all`, or a query file's
+    /// first rows with all of `all` the collection), builds groups whose partners are
+    /// the bases themselves (§5.1), and finds each member's exact top `depth` (cached in
+    /// `cache_dir`; the cache key hashes the collection and the members, so each choice
+    /// of bases has its own file). `unit_requests`: members are unit-normalised too, as
+    /// an embedding pipeline that normalises its vectors normalises its queries
+    /// (`--normalize`; a query file's rows are the caller's to normalise, as
+    /// [`Bases::from_file`] does). `progress` counts members scanned. Errors: no bases,
+    /// more than there are rows, a query file of another dimension, or a collection no
+    /// larger than `depth`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_bases(
+        name: String,
+        all: Dataset,
+        bases: Bases,
+        metric: Metric,
+        depth: usize,
+        unit_requests: bool,
+        seeds: Seeds,
+        cache_dir: &Path,
+        progress: &(dyn Fn(usize) + Sync),
+    ) -> Result<Prepared, String> {
+        Prepared::build(
+            name,
+            Cow::Owned(all),
+            bases,
+            metric,
+            depth,
+            unit_requests,
+            seeds,
+            cache_dir,
+            progress,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        name: String,
+        all: Cow<'_, Dataset>,
+        bases: Bases,
+        metric: Metric,
+        depth: usize,
+        unit_requests: bool,
+        seeds: Seeds,
+        cache_dir: &Path,
+        progress: &(dyn Fn(usize) + Sync),
+    ) -> Result<Prepared, String> {
+        let origin = bases.origin();
+        let collection = bases.check(&name, &all)?;
+        if collection <= depth {
             return Err(format!(
-                "{name}: {} vectors is too few to hold out {HELD_OUT} and keep {depth} neighbours",
-                all.n
+                "{name}: {}a collection of {collection} vectors is too few to keep {depth} \
+                 neighbours (the truth depth)",
+                match bases {
+                    Bases::HeldOut(n) => format!("holding out {n} group bases (--groups) leaves "),
+                    Bases::Queries { .. } => String::new(),
+                }
             ));
         }
-        let (base, bases) = data::split_queries(all, HELD_OUT, seeds.split);
-        let mut groups = Groups::build(&bases, &bases, GROUP_SIZE, seeds.groups);
+        let (base, base_rows) = match bases {
+            Bases::HeldOut(n) => data::split_queries(&all, n, seeds.split),
+            Bases::Queries { mut rows, n, .. } => {
+                rows.truncate(n);
+                (all.into_owned(), rows)
+            }
+        };
+        let mut groups = Groups::build(&base_rows, &base_rows, GROUP_SIZE, seeds.groups);
         if unit_requests {
             groups.normalize_members();
         }
@@ -241,6 +458,7 @@ impl Prepared {
             name,
             metric,
             base,
+            bases: origin,
             groups,
             member_truth: gt.lists,
             depth,
@@ -378,5 +596,173 @@ mod tests {
                 want[0].iter().take(3).map(|c| c.id).collect::<Vec<_>>()[..]
             );
         }
+    }
+
+    /// A query file of `rows` x `dim` written to `dir` as .fvecs.
+    fn query_file(dir: &Path, rows: usize, dim: usize) -> (PathBuf, Dataset) {
+        let q = data::synthetic(rows, dim, 3, 9);
+        let path = dir.join("queries.fvecs");
+        data::write_fvecs(&path, &q).unwrap();
+        (path, q)
+    }
+
+    fn with(all: &Dataset, bases: Bases, depth: usize, cache: &Path) -> Result<Prepared, String> {
+        Prepared::with_bases(
+            "x".into(),
+            all.clone(),
+            bases,
+            Metric::L2Sq,
+            depth,
+            false,
+            Seeds::from_base(1),
+            cache,
+            &|_| {},
+        )
+    }
+
+    #[test]
+    fn query_file_rows_are_the_bases_and_the_whole_data_set_the_collection() {
+        let dir = tempfile::tempdir().unwrap();
+        let all = data::synthetic(600, 8, 5, 1);
+        let (path, q) = query_file(dir.path(), 40, 8);
+        let p = with(
+            &all,
+            Bases::from_file(&path, 30, false).unwrap(),
+            5,
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(p.base, all, "nothing held out");
+        assert_eq!((p.base.n, p.groups.len()), (600, 30));
+        assert_eq!(p.members(), 30 * GROUP_SIZE);
+        let mut first = q.clone();
+        first.truncate(30);
+        let seeds = Seeds::from_base(1);
+        assert_eq!(
+            p.groups,
+            Groups::build(&first, &first, GROUP_SIZE, seeds.groups),
+            "bases and partners: the file's first 30 rows"
+        );
+        let origin = BasesOrigin::Queries {
+            path: path.clone(),
+            n: 30,
+        };
+        assert_eq!(p.bases, origin);
+        assert!(!origin.is_paper());
+        let text = origin.describe();
+        assert!(text.contains("first 30 rows of") && text.contains("queries.fvecs"));
+        assert!(
+            text.contains("the whole data set is the collection"),
+            "{text}"
+        );
+        // The member ground truth is against the whole collection.
+        let want = groundtruth::exact_top_n(&all, p.groups.member(7, 3), Metric::L2Sq, 5);
+        assert_eq!(p.member_truth[7 * GROUP_SIZE + 3], want[0]);
+        // Held out instead: another collection, other members, another cache file.
+        let h = with(&all, Bases::HeldOut(30), 5, dir.path()).unwrap();
+        assert_eq!((h.base.n, h.groups.len()), (570, 30));
+        assert_ne!(h.truth_path, p.truth_path);
+        assert!(h
+            .bases
+            .describe()
+            .contains("30 rows held out of the data set"));
+        assert!(BasesOrigin::HeldOut(HELD_OUT).is_paper());
+        assert!(BasesOrigin::HeldOut(HELD_OUT)
+            .describe()
+            .contains("1,000 rows held out"));
+        // The same file again: its cache file.
+        let again = with(
+            &all,
+            Bases::from_file(&path, 30, false).unwrap(),
+            5,
+            dir.path(),
+        )
+        .unwrap();
+        assert!(again.truth_loaded && again.truth_path == p.truth_path);
+        // --normalize: the query rows are normalised too.
+        let Bases::Queries { rows, .. } = Bases::from_file(&path, 30, true).unwrap() else {
+            unreachable!()
+        };
+        assert_eq!(rows, q.normalized());
+    }
+
+    #[test]
+    fn query_files_and_group_counts_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let all = data::synthetic(600, 8, 5, 1);
+        let (path, _) = query_file(dir.path(), 40, 16);
+        let e = with(
+            &all,
+            Bases::from_file(&path, 10, false).unwrap(),
+            5,
+            dir.path(),
+        )
+        .err()
+        .unwrap();
+        assert!(
+            e.contains("16-d") && e.contains("8-d") && e.contains("queries.fvecs"),
+            "{e}"
+        );
+        let (path, _) = query_file(dir.path(), 40, 8);
+        let e = with(
+            &all,
+            Bases::from_file(&path, 41, false).unwrap(),
+            5,
+            dir.path(),
+        )
+        .err()
+        .unwrap();
+        assert!(e.contains("--groups 41") && e.contains("40 rows"), "{e}");
+        assert!(with(
+            &all,
+            Bases::from_file(&path, 40, false).unwrap(),
+            5,
+            dir.path()
+        )
+        .is_ok());
+        let e = with(
+            &all,
+            Bases::from_file(&path, 0, false).unwrap(),
+            5,
+            dir.path(),
+        )
+        .err()
+        .unwrap();
+        assert!(e.contains("at least 1"), "{e}");
+        assert!(with(&all, Bases::HeldOut(0), 5, dir.path()).is_err());
+        // The collection must stay deeper than the truth.
+        assert!(with(
+            &all,
+            Bases::from_file(&path, 10, false).unwrap(),
+            600,
+            dir.path()
+        )
+        .is_err());
+        assert!(with(
+            &all,
+            Bases::from_file(&path, 10, false).unwrap(),
+            599,
+            dir.path()
+        )
+        .is_ok());
+        let e = with(&all, Bases::HeldOut(596), 5, dir.path())
+            .err()
+            .unwrap();
+        assert!(e.contains("holding out 596"), "{e}");
+        assert!(with(&all, Bases::HeldOut(594), 5, dir.path()).is_ok());
+        assert!(Bases::from_file(&dir.path().join("missing.npy"), 10, false).is_err());
+        // `split`, without a truth depth: at least one row stays the collection.
+        let seeds = Seeds::from_base(1);
+        assert!(Bases::HeldOut(600).split("x", &all, seeds).is_err());
+        let (rest, held) = Bases::HeldOut(599).split("x", &all, seeds).unwrap();
+        assert_eq!((rest.n, held.n), (1, 599));
+        let (path, q) = query_file(dir.path(), 40, 8);
+        let bases = Bases::from_file(&path, 12, false).unwrap();
+        let (whole, first) = bases.split("x", &all, seeds).unwrap();
+        assert_eq!((whole, first.n), (all.clone(), 12));
+        assert_eq!(first.data[..], q.data[..12 * 8]);
+        assert!(bases
+            .split("x", &data::synthetic(50, 4, 2, 1), seeds)
+            .is_err());
     }
 }

@@ -781,7 +781,8 @@ impl Cache {
                 if let Some(i) = nrl.position(id) {
                     nrl.remove_at(i);
                 }
-                if nrl.len() < k {
+                // Without refresh no reserve is promoted: the entry goes.
+                if nrl.len() < k || !self.cfg.refresh {
                     // Unpublish without publishing the short list first; its other
                     // references are released by remove_rep (the deleted one is gone).
                     let gauge = self.gauge();

@@ -172,6 +172,12 @@ pub struct CacheConfig {
     pub insert_log_bytes: usize,
     /// Deletes remembered for in-flight misses; a miss older than this is not admitted.
     pub delete_log_cap: usize,
+    /// Refresh on writes (§4.6), on by default. Off is the paper's no-refresh ablation
+    /// (AK-RD, §5.4): an insert reaches no entry (no log, no fast or slow path), and a
+    /// delete drops every entry listing the id instead of promoting a reserve, so an
+    /// entry that cannot keep `k` valid results is a miss. Del-consistency holds either
+    /// way; only entries go stale (inserts missing) and fewer survive deletes.
+    pub refresh: bool,
 }
 
 impl Default for CacheConfig {
@@ -195,6 +201,7 @@ impl Default for CacheConfig {
             insert_log_cap: 1 << 20,
             insert_log_bytes: 1 << 30,
             delete_log_cap: 1 << 16,
+            refresh: true,
         }
     }
 }

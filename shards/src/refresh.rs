@@ -86,6 +86,11 @@ impl Cache {
             self.delete(id);
             out.replaced = true;
         }
+        if !self.cfg.refresh {
+            // The no-refresh ablation: entries never learn of inserts (no record, so
+            // no risk and no slow path either).
+            return Ok(out);
+        }
         out.seq = self.log.append(id, v.clone());
         self.enforce_log_cap();
         self.publish_seqs();

@@ -743,3 +743,45 @@ fn an_entry_answers_every_smaller_k_from_its_prefix_and_a_larger_k_refreshes_it(
     c.check_invariants().unwrap();
     small.check_invariants().unwrap();
 }
+
+#[test]
+fn without_refresh_inserts_reach_no_entry_and_a_delete_drops_the_entry() {
+    for refresh in [true, false] {
+        let cfg = CacheConfig {
+            delta: 1,
+            refresh,
+            ..line_config()
+        };
+        let (mut c, mut s) = (
+            Cache::new(cfg, PolicyConfig::default().build()).unwrap(),
+            store(),
+        );
+        c.search(&s, &[1.0], 2).unwrap(); // NRL = 1, 2 | 3
+        s.insert(7, &[1.5]).unwrap(); // nearer than 1
+        c.insert(7, &[1.5]).unwrap();
+        let r = c.search(&s, &[1.0], 2).unwrap();
+        assert_eq!(r.kind, HitKind::Exact);
+        let (fresh, stale) = (vec![7, 1], vec![1, 2]);
+        assert_eq!(
+            ids(&r),
+            if refresh { fresh } else { stale },
+            "refresh {refresh}"
+        );
+        s.delete(1).unwrap();
+        let d = c.delete(1);
+        let (repaired, invalidated) = if refresh { (1, 0) } else { (0, 1) };
+        assert_eq!(
+            (d.cached, d.repaired, d.invalidated),
+            (true, repaired, invalidated)
+        );
+        let r = c.search(&s, &[1.0], 2).unwrap();
+        assert_eq!(ids(&r), vec![7, 2], "refresh {refresh}");
+        let kind = if refresh {
+            HitKind::Exact
+        } else {
+            HitKind::Miss
+        };
+        assert_eq!(r.kind, kind, "without refresh the entry is gone");
+        c.check_invariants().unwrap();
+    }
+}
