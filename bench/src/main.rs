@@ -1360,6 +1360,47 @@ struct UpdatesArgs {
     /// Output folder for report.md, the per-set reports, CSVs and figures.
     #[arg(long, default_value = "bench/results/updates")]
     out: PathBuf,
+    /// Instead of the runs: write, per data set, the traces of the same scenario end to
+    /// end through akerd into DIR: `<set>-collection.fvecs` (what akerd loads),
+    /// `<set>-warm.trace`, and per --trace-writes share `<set>-writes-<P>.trace` (the
+    /// stream with inserts and deletes mixed in) and `<set>-replay-<P>.trace` (the stream
+    /// with ground truth as of after those writes).
+    #[arg(long, value_name = "DIR")]
+    traces: Option<PathBuf>,
+    /// Shares of writes among the middle trace's operations (--traces).
+    #[arg(long, value_delimiter = ',', default_value = "1%,10%", value_parser = parse_share)]
+    trace_writes: Vec<f64>,
+}
+
+/// `bench updates --traces DIR`: the end-to-end traces of `sc` (`Scenario::traces`).
+fn write_update_traces(sc: &Scenario, shares: &[f64], dir: &Path) -> Fallible<()> {
+    std::fs::create_dir_all(dir)?;
+    let stem = prep_mod::file_stem(&sc.name);
+    let collection = aker_formats::data::Dataset::new(
+        sc.union.dim,
+        sc.union.data[..sc.collection * sc.union.dim].to_vec(),
+    )?;
+    write_fvecs(&dir.join(format!("{stem}-collection.fvecs")), &collection)?;
+    for (i, &share) in shares.iter().enumerate() {
+        let set = sc.traces(share)?;
+        let pct = format!("{}pct", (share * 100.0).round());
+        if i == 0 {
+            set.warm.save(&dir.join(format!("{stem}-warm.trace")))?;
+        }
+        set.writes
+            .save(&dir.join(format!("{stem}-writes-{pct}.trace")))?;
+        set.replay
+            .save(&dir.join(format!("{stem}-replay-{pct}.trace")))?;
+        println!(
+            "[{}] {pct}: {} searches, {} inserts, {} deletes per phase -> {}",
+            sc.name,
+            sc.workload.requests.len(),
+            set.inserts,
+            set.deletes,
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 fn updates(args: UpdatesArgs) -> Fallible<()> {
@@ -1426,6 +1467,10 @@ fn updates(args: UpdatesArgs) -> Fallible<()> {
             sc.union.n - sc.collection,
             sc.workload.n_vectors()
         );
+        if let Some(dir) = &args.traces {
+            write_update_traces(&sc, &args.trace_writes, dir)?;
+            continue;
+        }
         let settings = UpdateSettings {
             rates: rates.clone(),
             pool_share: args.pool,
@@ -1452,7 +1497,9 @@ fn updates(args: UpdatesArgs) -> Fallible<()> {
             return Err(format!("{name}: {dead} replies carried a deleted id").into());
         }
     }
-    println!("report: {}", args.out.join("report.md").display());
+    if args.traces.is_none() {
+        println!("report: {}", args.out.join("report.md").display());
+    }
     Ok(())
 }
 

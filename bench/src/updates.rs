@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use aker_formats::data::{self, Dataset};
+use aker_formats::trace::{Op, Trace};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -463,8 +464,9 @@ impl CostUs {
     }
 }
 
-/// When the cache first served each inserted vector that a hit of the replay should
-/// have carried (it is in the request's exact top-k).
+/// When the cache first served each inserted vector that an exact hit of the replay
+/// should have carried (it is in the exact top-k of the request, which is the entry's
+/// own query).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Visibility {
     /// Inserted ids some hit should have carried, by whether the insert's fast path
@@ -614,7 +616,9 @@ pub fn run(
                 HitKind::Approximate => tally.approximate += 1,
                 HitKind::Miss => tally.misses += 1,
             }
-            if let (Some(wanted), true) = (wanted.as_deref_mut(), kind != HitKind::Miss) {
+            // Exact hits only: the request is the entry's own query, so its true top-k
+            // is the entry's (an approximate hit serves another query's list).
+            if let (Some(wanted), true) = (wanted.as_deref_mut(), kind == HitKind::Exact) {
                 for id in want.iter().filter(|&&id| id >= sc.collection as u64) {
                     let seen = wanted.entry(*id).or_default();
                     if !seen.served {
@@ -706,6 +710,102 @@ pub fn run(
     out.deeper_searches = backend.deeper.load(Ordering::Relaxed);
     out.seconds = start.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// The traces of one end-to-end run through akerd at one write share: the stream as
+/// a warm-up (ground truth: the collection), the stream again with writes mixed in (no
+/// ground truth: the collection changes under it), and the stream once more (ground
+/// truth: the collection after those writes), so that recall is measured in read-only
+/// phases between the writes.
+pub struct TraceSet {
+    pub warm: Trace,
+    pub writes: Trace,
+    pub replay: Trace,
+    pub inserts: usize,
+    pub deletes: usize,
+}
+
+impl Scenario {
+    /// [`TraceSet`] with writes `share` of the middle phase's operations: after every
+    /// few searches one write, alternately an insert (the insert set in order, ids
+    /// `collection..`) and a delete (collection ids in `delete_order`), evenly spread.
+    pub fn traces(&self, share: f64) -> Result<TraceSet> {
+        let w = &self.workload;
+        let (dim, k) = (self.union.dim, self.k as u32);
+        let searches = w.requests.len();
+        let writes = ((searches as f64) * share / (1.0 - share)).round() as usize;
+        let n_ins = writes.div_ceil(2).min(self.union.n - self.collection);
+        let deleted: Vec<u64> = self
+            .delete_order
+            .iter()
+            .copied()
+            .filter(|&id| id < self.collection as u64)
+            .take(writes - n_ins)
+            .collect();
+        let mut vectors = w.vectors.clone();
+        for id in self.inserts().take(n_ins) {
+            vectors.extend_from_slice(self.union.row(id as usize));
+        }
+        let mut ops = Vec::with_capacity(searches + writes);
+        let (mut ins, mut del) = (0usize, 0usize);
+        for (i, &vector) in w.requests.iter().enumerate() {
+            ops.push(Op::Search { vector, k });
+            // Writes due by the end of search i, spread evenly over the phase.
+            let due = (i + 1) * (n_ins + deleted.len()) / searches;
+            while ins + del < due {
+                if (ins <= del && ins < n_ins) || del == deleted.len() {
+                    let id = self.collection as u64 + ins as u64;
+                    let vector = (w.n_vectors() + ins) as u32;
+                    ops.push(Op::Insert { id, vector });
+                    ins += 1;
+                } else {
+                    ops.push(Op::Delete { id: deleted[del] });
+                    del += 1;
+                }
+            }
+        }
+        let mut live = self.liveness(None);
+        let searches_of = |live: &[bool]| -> Result<Trace> {
+            let mut t = Trace::searches(dim, self.metric, k, w.vectors.clone(), &w.requests);
+            let b = LiveBackend::new(self, &self.exact, None, live.to_vec());
+            let truth: Result<Vec<Vec<u64>>> = (0..w.n_vectors())
+                .map(|i| {
+                    Ok(b.search(w.vector(i as u32), self.k)?
+                        .iter()
+                        .map(|c| c.id)
+                        .collect())
+                })
+                .collect();
+            t.ground_truth = Some(truth?);
+            Ok(t)
+        };
+        let warm = searches_of(&live)?;
+        for id in self.inserts().take(n_ins) {
+            live[id as usize] = true;
+        }
+        for &id in &deleted {
+            live[id as usize] = false;
+        }
+        let replay = searches_of(&live)?;
+        let writes = Trace {
+            dim,
+            metric: self.metric,
+            k,
+            vectors,
+            ops,
+            ground_truth: None,
+        };
+        writes
+            .validate()
+            .map_err(|e| Error::Config(format!("writes trace: {e}")))?;
+        Ok(TraceSet {
+            warm,
+            writes,
+            replay,
+            inserts: n_ins,
+            deletes: deleted.len(),
+        })
+    }
 }
 
 /// A random order of `n` ids (`Scenario::delete_order`).
