@@ -60,6 +60,11 @@ for n in names:
               f"| {config} | {pct.replace('pct', '%')} | {phase} | {r['throughput']:.0f} | {count(s)} | "
               f"{100 * (r.get('hit_ratio') or 0):.1f} | - | ", end="")
         print(f"{count(i)} | {count(d)} | {lat(i)} | {lat(d)} | {r['errors']} |")
+for n in names:
+    w = run(f"{n}-writes")
+    if w and w["errors"]:
+        print(f"\n**{n}: the writes phase had {w['errors']} errors ({w['errors_by_cause']}): a write that failed"
+              " is not in the collection the replay's ground truth describes, so its recall is not exact.**")
 print()
 print("akerd's own write latency over its life up to the end of the writes phase (queue, store write, every shard's refresh; µs), and its refresh counters:")
 print()

@@ -117,6 +117,23 @@ impl Common {
     }
 }
 
+/// The HNSW backend's graph and how its `ef` is tuned (both experiments).
+#[derive(clap::Args)]
+struct HnswArgs {
+    /// HNSW backend graph degree.
+    #[arg(long, default_value_t = 16)]
+    hnsw_m: usize,
+    /// HNSW backend build breadth.
+    #[arg(long, default_value_t = 128)]
+    hnsw_ef_construction: usize,
+    /// Recall@k the HNSW backend's ef is tuned to reach without a cache.
+    #[arg(long, default_value_t = 0.9)]
+    target_recall: f64,
+    /// Requests per stream the ef sweep measures on.
+    #[arg(long, default_value_t = 500)]
+    ef_samples: usize,
+}
+
 /// `shards::StandbySearch` on the command line.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum StandbyChoice {
@@ -198,18 +215,8 @@ struct RecallArgs {
     /// Runs in parallel (each run is single-threaded) [default: all cores].
     #[arg(long)]
     threads: Option<usize>,
-    /// HNSW backend graph degree.
-    #[arg(long, default_value_t = 16)]
-    hnsw_m: usize,
-    /// HNSW backend build breadth.
-    #[arg(long, default_value_t = 128)]
-    hnsw_ef_construction: usize,
-    /// Recall@k the HNSW backend's ef is tuned to reach without a cache.
-    #[arg(long, default_value_t = 0.9)]
-    target_recall: f64,
-    /// Requests per stream the ef sweep measures on.
-    #[arg(long, default_value_t = 500)]
-    ef_samples: usize,
+    #[command(flatten)]
+    hnsw: HnswArgs,
     /// Potluck+'s threshold factor after a verified match.
     #[arg(long, default_value_t = experiment::POTLUCK_GROW)]
     potluck_grow: f32,
@@ -949,14 +956,14 @@ impl SourceRun<'_> {
         let t = Instant::now();
         let sp = spinner(&format!(
             "{name}: building HNSW (m {}, efc {})",
-            args.hnsw_m, args.hnsw_ef_construction
+            args.hnsw.hnsw_m, args.hnsw.hnsw_ef_construction
         ));
         let mut store = HnswStore::build(
             prep.base.dim,
             args.common.metric,
             &prep.base.data,
-            args.hnsw_m,
-            args.hnsw_ef_construction,
+            args.hnsw.hnsw_m,
+            args.hnsw.hnsw_ef_construction,
             EF_LADDER[0],
         )?;
         sp.finish_and_clear();
@@ -1015,11 +1022,11 @@ impl SourceRun<'_> {
         };
         phases.push(("HNSW-backend runs".into(), t.elapsed().as_secs_f64()));
         let summary = HnswSummary {
-            m: args.hnsw_m,
-            ef_construction: args.hnsw_ef_construction,
+            m: args.hnsw.hnsw_m,
+            ef_construction: args.hnsw.hnsw_ef_construction,
             build_seconds: build_s,
-            samples: args.ef_samples,
-            target: args.target_recall,
+            samples: args.hnsw.ef_samples,
+            target: args.hnsw.target_recall,
             streams: tuned,
         };
         Ok((rows, summary))
@@ -1047,12 +1054,13 @@ impl SourceRun<'_> {
         let mut memos = Vec::new();
         for (i, st) in streams.iter().enumerate() {
             let seed = self.seeds.ef_sample + i as u64;
-            let picks = request_samples(&st.workload, args.ef_samples, seed);
+            let picks = request_samples(&st.workload, args.hnsw.ef_samples, seed);
             let samples: Vec<(&[f32], &[u64])> = picks
                 .iter()
                 .map(|&r| (st.workload.vector(r), st.truth[r as usize].as_slice()))
                 .collect();
-            let sweep = experiment::tune_ef(store, &samples, k, args.target_recall, &EF_LADDER)?;
+            let sweep =
+                experiment::tune_ef(store, &samples, k, args.hnsw.target_recall, &EF_LADDER)?;
             let chosen = *sweep.last().expect("the ladder is not empty");
             let n = st.workload.n_vectors();
             let b = bar(n as u64, &format!("{name} {:.2}: HNSW answers", st.skew));
@@ -1339,18 +1347,8 @@ struct UpdatesArgs {
     /// the insert set, ids not live filtered out), or both.
     #[arg(long, value_enum, default_value = "both")]
     backend: BackendChoice,
-    /// HNSW backend graph degree.
-    #[arg(long, default_value_t = 16)]
-    hnsw_m: usize,
-    /// HNSW backend build breadth.
-    #[arg(long, default_value_t = 128)]
-    hnsw_ef_construction: usize,
-    /// Recall@k the HNSW backend's ef is tuned to reach without a cache.
-    #[arg(long, default_value_t = 0.9)]
-    target_recall: f64,
-    /// Distinct vectors of the stream the ef sweep measures on.
-    #[arg(long, default_value_t = 500)]
-    ef_samples: usize,
+    #[command(flatten)]
+    hnsw: HnswArgs,
     /// Runs in parallel (each run is single-threaded) [default: all cores].
     #[arg(long)]
     threads: Option<usize>,
@@ -1403,7 +1401,57 @@ fn write_update_traces(sc: &Scenario, shares: &[f64], dir: &Path) -> Fallible<()
     Ok(())
 }
 
+impl UpdatesArgs {
+    /// What the runs need, checked before any data is loaded.
+    fn validate(&self) -> Fallible<()> {
+        if self.pool <= 0.0 {
+            return Err("--pool must be above 0".into());
+        }
+        if self.requests == Some(0) {
+            return Err("--requests must be at least 1".into());
+        }
+        if self.deletes.is_empty() {
+            return Err("--deletes needs at least one rate".into());
+        }
+        if let Some(r) = self.risks.iter().find(|r| !(r.is_finite() && **r > 0.0)) {
+            return Err(format!("--risks: {r} is not above 0").into());
+        }
+        let has_d10 = self.policies.iter().any(|p| p.to_string() == "ak-d10");
+        if !has_d10 && (!self.delta_sweep.is_empty() || !self.risks.is_empty()) {
+            return Err(
+                "--delta-sweep and --risks run beside ak-d10: add it to --policies or empty them"
+                    .into(),
+            );
+        }
+        let delta_max = self
+            .policies
+            .iter()
+            .map(|p| p.delta())
+            .chain(self.delta_sweep.iter().copied())
+            .max()
+            .unwrap_or(0);
+        let depth = bench::updates::DEPTH;
+        if 2 * (self.common.k + delta_max) > depth {
+            return Err(format!(
+                "k + the largest Δ ({}) is above {} (half the prepared depth, {depth}): every miss would scan",
+                self.common.k + delta_max,
+                depth / 2
+            )
+            .into());
+        }
+        if let Some(w) = self
+            .trace_writes
+            .iter()
+            .find(|w| ((**w * 100.0).round() - **w * 100.0).abs() > 1e-9 || **w == 0.0)
+        {
+            return Err(format!("--trace-writes: {w} is not a whole percent above 0").into());
+        }
+        Ok(())
+    }
+}
+
 fn updates(args: UpdatesArgs) -> Fallible<()> {
+    args.validate()?;
     let c = &args.common;
     let seeds = Seeds::from_base(c.seed);
     let sources = match (&args.dataset, args.quick) {
@@ -1479,10 +1527,10 @@ fn updates(args: UpdatesArgs) -> Fallible<()> {
             delta_sweep: args.delta_sweep.clone(),
             exact: args.backend != BackendChoice::Hnsw,
             hnsw: args.backend != BackendChoice::Exact,
-            hnsw_m: args.hnsw_m,
-            hnsw_ef_construction: args.hnsw_ef_construction,
-            target_recall: args.target_recall,
-            ef_samples: args.ef_samples,
+            hnsw_m: args.hnsw.hnsw_m,
+            hnsw_ef_construction: args.hnsw.hnsw_ef_construction,
+            target_recall: args.hnsw.target_recall,
+            ef_samples: args.hnsw.ef_samples,
             threads,
             seed: seeds.potluck,
             out: args.out.clone(),

@@ -30,7 +30,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use shards::store::HnswStore;
 use shards::{
-    Backend, Cache, CacheConfig, Candidate, Capacity, Error, HitKind, HitPolicy, Metric,
+    Admission, Backend, Cache, CacheConfig, Candidate, Capacity, Error, HitKind, HitPolicy, Metric,
     PolicyConfig, Result,
 };
 
@@ -46,9 +46,6 @@ use crate::workload::{self, Groups, Workload, GROUP_SIZE};
 /// How deep each distinct vector's answer over the union is prepared: k + Δ = 40 at the
 /// paper's largest Δ, with room for a quarter deleted and the not-yet-inserted filtered.
 pub const DEPTH: usize = 80;
-
-/// Requests at the start of the replay tallied apart (`RunResult::replay_head`).
-pub const HEAD: usize = 1_000;
 
 /// The deletion rates of the paper's Figure 18 (and 0: inserts only).
 pub const RATES: [f64; 4] = [0.0, 0.05, 0.10, 0.25];
@@ -114,8 +111,12 @@ impl FromStr for UpdatePolicy {
         if let Some(r) = params.strip_prefix("risk=") {
             let r: f64 = r.parse().map_err(|e| format!("'{s}': risk: {e}"))?;
             match &mut policy {
-                UpdatePolicy::Aker { risk, .. } if r.is_finite() && r > 0.0 => *risk = Some(r),
-                _ => return Err(format!("'{s}': risk=R (R > 0) is for ak-* policies")),
+                UpdatePolicy::Aker {
+                    risk,
+                    refresh: true,
+                    ..
+                } if r.is_finite() && r > 0.0 => *risk = Some(r),
+                _ => return Err(format!("'{s}': risk=R (R > 0) is for ak-dN policies")),
             }
         } else if !params.is_empty() {
             return Err(bad());
@@ -480,19 +481,15 @@ pub struct Visibility {
     pub never: [u64; 2],
 }
 
-impl Visibility {
-    pub fn total(&self, f: impl Fn(usize) -> u64) -> u64 {
-        f(0) + f(1)
-    }
-}
-
 /// What one run measured.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RunResult {
     pub warm: PhaseTally,
     pub replay: PhaseTally,
-    /// The replay's first `HEAD` requests: what the writes did before the FIFO pool
-    /// turned over (it admits on nearly every miss, so within a few hundred misses).
+    /// The replay until it admitted as many entries as the pool held before the writes:
+    /// the part served while entries that lived through the writes can still be in the
+    /// pool (FIFO: a full turnover evicts the last of them). The rest of the replay is
+    /// the steady state of a pool rebuilt from the backend.
     pub replay_head: PhaseTally,
     pub entries_warm: usize,
     pub bytes_warm: usize,
@@ -576,6 +573,46 @@ pub fn run(
     seed: u64,
     progress: &dyn Fn(u64),
 ) -> Result<RunResult> {
+    let phases = Phases {
+        lists,
+        hnsw,
+        warm_truth,
+        replay_truth,
+    };
+    run_with(run, sc, &phases, seed, Fault::None, progress)
+}
+
+/// What one run replays against (`run`).
+pub struct Phases<'a> {
+    pub lists: &'a PrecomputedBackend,
+    pub hnsw: Option<&'a HnswStore>,
+    pub warm_truth: &'a [Vec<u64>],
+    pub replay_truth: &'a [Vec<u64>],
+}
+
+/// A defect planted on purpose, so a test can show the checks catch it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    None,
+    /// The deletes reach the backend but not the cache.
+    CacheMissesDeletes,
+}
+
+/// `run` with a planted `fault`.
+pub fn run_with(
+    run: &UpdateRun,
+    sc: &Scenario,
+    phases: &Phases,
+    seed: u64,
+    fault: Fault,
+    progress: &dyn Fn(u64),
+) -> Result<RunResult> {
+    let Phases {
+        lists,
+        hnsw,
+        warm_truth,
+        replay_truth,
+    } = *phases;
     let start = Instant::now();
     let k = sc.k;
     let mut out = RunResult::default();
@@ -587,13 +624,18 @@ pub fn run(
             policy(run, sc.threshold, seed),
         )?),
     };
+    // `live`: who is live in this phase, computed apart from the backend the run
+    // updates, so a write the run forgot cannot hide from the check. `head`: the tally to
+    // copy once the phase has admitted that many entries.
     let replay = |cache: &mut Option<Cache>,
                   backend: &LiveBackend,
                   truth: &[Vec<u64>],
+                  live: &[bool],
                   tally: &mut PhaseTally,
-                  head: &mut PhaseTally,
+                  mut head: Option<(&mut PhaseTally, usize)>,
                   mut wanted: Option<&mut HashMap<u64, Seen>>|
      -> Result<()> {
+        let mut admitted = 0usize;
         for &r in &sc.workload.requests {
             let q = sc.workload.vector(r);
             let (kind, served): (HitKind, Vec<u64>) = match cache.as_mut() {
@@ -603,13 +645,15 @@ pub fn run(
                 ),
                 Some(c) => {
                     let o = c.search(backend, q, k)?;
+                    admitted += usize::from(matches!(o.admission, Some(Admission::Admitted(_))));
                     (o.kind, o.results.iter().map(|n| n.id).collect())
                 }
             };
             let want = &truth[r as usize];
             tally.requests += 1;
             tally.recall_sum += recall_at(served.iter().copied(), want);
-            tally.dead_served += u64::from(served.iter().any(|&id| !backend.is_live(id)));
+            let dead = |id: &u64| !live.get(*id as usize).copied().unwrap_or(false);
+            tally.dead_served += u64::from(served.iter().any(dead));
             match kind {
                 HitKind::Exact => tally.exact += 1,
                 HitKind::Alias => tally.alias += 1,
@@ -630,23 +674,31 @@ pub fn run(
                     }
                 }
             }
-            if tally.requests == HEAD as u64 {
-                *head = *tally;
+            if let Some((h, n)) = head.as_mut() {
+                if h.requests == 0 && admitted >= *n {
+                    **h = *tally;
+                }
             }
             if tally.requests % 4096 == 0 {
                 progress(4096);
             }
         }
         progress(tally.requests % 4096);
+        if let Some((h, _)) = head {
+            if h.requests == 0 {
+                *h = *tally;
+            }
+        }
         Ok(())
     };
-    let mut warm_head = PhaseTally::default();
+    let warm_live = sc.liveness(None);
     replay(
         &mut cache,
         &backend,
         warm_truth,
+        &warm_live,
         &mut out.warm,
-        &mut warm_head,
+        None,
         None,
     )?;
     if let Some(c) = &cache {
@@ -673,6 +725,9 @@ pub fn run(
     let mut ns = Vec::with_capacity(deletes.len());
     for &id in deletes {
         backend.set_live(id, false);
+        if fault == Fault::CacheMissesDeletes {
+            continue;
+        }
         if let Some(c) = cache.as_mut() {
             let t = Instant::now();
             let d = c.delete(id);
@@ -684,12 +739,14 @@ pub fn run(
     out.delete = CostUs::of(ns);
     out.entries_after_writes = cache.as_ref().map_or(0, Cache::len);
     let mut wanted = HashMap::new();
+    let replay_live = sc.liveness(Some(run.rate));
     replay(
         &mut cache,
         &backend,
         replay_truth,
+        &replay_live,
         &mut out.replay,
-        &mut out.replay_head,
+        Some((&mut out.replay_head, out.entries_warm)),
         Some(&mut wanted),
     )?;
     out.entries_end = cache.as_ref().map_or(0, Cache::len);
@@ -767,16 +824,7 @@ impl Scenario {
         let mut live = self.liveness(None);
         let searches_of = |live: &[bool]| -> Result<Trace> {
             let mut t = Trace::searches(dim, self.metric, k, w.vectors.clone(), &w.requests);
-            let b = LiveBackend::new(self, &self.exact, None, live.to_vec());
-            let truth: Result<Vec<Vec<u64>>> = (0..w.n_vectors())
-                .map(|i| {
-                    Ok(b.search(w.vector(i as u32), self.k)?
-                        .iter()
-                        .map(|c| c.id)
-                        .collect())
-                })
-                .collect();
-            t.ground_truth = Some(truth?);
+            t.ground_truth = Some(self.truth(live)?);
             Ok(t)
         };
         let warm = searches_of(&live)?;

@@ -174,9 +174,9 @@ pub struct CacheConfig {
     pub delete_log_cap: usize,
     /// Refresh on writes (§4.6), on by default. Off is the paper's no-refresh ablation
     /// (AK-RD, §5.4): an insert reaches no entry (no log, no fast or slow path), and a
-    /// delete drops every entry listing the id instead of promoting a reserve, so an
-    /// entry that cannot keep `k` valid results is a miss. Del-consistency holds either
-    /// way; only entries go stale (inserts missing) and fewer survive deletes.
+    /// delete drops every entry listing the id, whatever its reserve (no promotion);
+    /// the next lookup there misses. Del-consistency holds either way; only entries go
+    /// stale (inserts missing) and fewer survive deletes.
     pub refresh: bool,
 }
 

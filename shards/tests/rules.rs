@@ -782,6 +782,17 @@ fn without_refresh_inserts_reach_no_entry_and_a_delete_drops_the_entry() {
             HitKind::Miss
         };
         assert_eq!(r.kind, kind, "without refresh the entry is gone");
+        // An upsert of a listed id is a delete first, with or without refresh: the
+        // entry (7, 2 and no reserve left) drops below k and goes.
+        s.insert(2, &[3.0]).unwrap();
+        c.insert(2, &[3.0]).unwrap();
+        assert_eq!(c.len(), 0, "refresh {refresh}");
+        let r = c.search(&s, &[1.0], 2).unwrap();
+        assert_eq!(
+            (ids(&r), r.kind),
+            (vec![7, 2], HitKind::Miss),
+            "refresh {refresh}"
+        );
         c.check_invariants().unwrap();
     }
 }
