@@ -41,6 +41,9 @@ const SERVER_LABEL: &[u8] = b"aker-auth-v3 server";
 #[derive(Clone)]
 pub struct Secret(Vec<u8>);
 
+/// The environment variable client tools read the secret from (`Secret::for_tool`).
+pub const SECRET_ENV: &str = "AKER_SECRET";
+
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Secret(<{} bytes, not shown>)", self.0.len())
@@ -83,6 +86,22 @@ impl Secret {
             .ok_or_else(|| "the environment variable secret_env names is not set".to_string())?;
         Secret::new(v.into_encoded_bytes())
             .map_err(|e| format!("the environment variable secret_env names: {e}"))
+    }
+
+    /// The secret a client tool authenticates with: `file`'s first line, else
+    /// `$AKER_SECRET` ([`SECRET_ENV`]) when it is set, else none (aker-cli, the load
+    /// generator and its tools share this convention).
+    pub fn for_tool(file: Option<&Path>) -> Result<Option<Secret>, String> {
+        if let Some(f) = file {
+            return Secret::from_file(f).map(Some);
+        }
+        match std::env::var_os(SECRET_ENV) {
+            // The value is never repeated in the message.
+            Some(v) => Secret::new(v.into_encoded_bytes())
+                .map(Some)
+                .map_err(|e| format!("${SECRET_ENV}: {e}")),
+            None => Ok(None),
+        }
     }
 
     /// What a client sends for `challenge` and its own `nonce`.

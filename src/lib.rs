@@ -11,8 +11,10 @@
 //! - [`auth`]: the shared secret and the challenge-response of protocol version 3.
 //! - [`config`]: the daemon's TOML file; [`metrics`]: histograms, STATS and Prometheus;
 //!   [`demo`]: `akerd --demo`.
+//! - [`cli`]: `aker-cli`, the operator's command line (ping, stats, search, flush, watch).
 
 pub mod auth;
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod demo;

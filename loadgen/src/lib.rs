@@ -55,18 +55,11 @@ pub fn load_rows(spec: &str) -> Result<aker_formats::data::Dataset, String> {
 }
 
 /// The environment variable the tools read the shared secret from without --secret-file.
-pub const SECRET_ENV: &str = "AKER_SECRET";
+pub use aker::auth::SECRET_ENV;
 
-/// The secret a tool authenticates with: `file`'s first line, else `$AKER_SECRET` when it
-/// is set, else none.
+/// The secret a tool authenticates with (`aker::auth::Secret::for_tool`).
 pub fn load_secret(file: Option<&Path>) -> Result<Option<aker::auth::Secret>, String> {
-    match file {
-        Some(f) => aker::auth::Secret::from_file(f).map(Some),
-        None if std::env::var_os(SECRET_ENV).is_some() => {
-            aker::auth::Secret::from_env(SECRET_ENV).map(Some)
-        }
-        None => Ok(None),
-    }
+    aker::auth::Secret::for_tool(file)
 }
 
 /// A rate in requests per second: `2000`, `2.5k`, `1m`.

@@ -1,0 +1,403 @@
+//! `aker-cli`, the operator's command line (`src/bin/aker-cli.rs` is its `main`): the
+//! arguments, one function per command, and the errors an operator reads. What the STATS
+//! text turns into (the table, JSON, the watch lines) is in [`stats`].
+//!
+//! Every command connects, says HELLO (authenticating with the secret when one is given),
+//! does its work and prints to the writer it is handed; every failure is a [`CliError`],
+//! a message for stderr (the binary exits 1 on it).
+
+pub mod stats;
+
+use std::fmt;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::auth::Secret;
+use crate::client::{Client, ClientError, ClientOptions};
+use crate::protocol::{HelloReply, SearchRequest, Status};
+use stats::Stats;
+
+/// The environment variable the secret is read from without `--secret-file` (the same
+/// one the load generator and the soak tools read).
+pub use crate::auth::SECRET_ENV;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "aker-cli",
+    version,
+    about = "Command line for akerd: ping, stats, search, flush, watch"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct Global {
+    /// akerd's address.
+    #[arg(
+        long,
+        global = true,
+        value_name = "HOST:PORT",
+        default_value = "127.0.0.1:7700"
+    )]
+    pub target: String,
+    /// Bound on connecting and on each reply.
+    #[arg(long, global = true, value_name = "MS", default_value_t = 5000)]
+    pub timeout_ms: u64,
+    /// The shared secret for an akerd with [auth]: this file's first line (else
+    /// $AKER_SECRET when set).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Round-trip time of one PING (after HELLO).
+    Ping,
+    /// The daemon's counters: a table, or every stat as JSON / as sent.
+    Stats {
+        /// A JSON object of every stat, numbers as numbers.
+        #[arg(long, conflicts_with = "raw")]
+        json: bool,
+        /// The STATS reply as the daemon sent it (`name value` lines).
+        #[arg(long)]
+        raw: bool,
+    },
+    /// One SEARCH: the neighbours' ids and distances, and how it was answered.
+    Search(SearchArgs),
+    /// Drop every cache entry (the backend is untouched).
+    Flush,
+    /// STATS every interval: request rate, hit ratios, p99 per hit kind, recall.
+    Watch {
+        #[arg(long, value_name = "MS", default_value_t = 1000)]
+        interval_ms: u64,
+        /// Stop after this many lines (default: until interrupted).
+        #[arg(long, value_name = "N")]
+        count: Option<u64>,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct SearchArgs {
+    /// The query, comma-separated: 0.1,0.2,...
+    #[arg(
+        long,
+        value_name = "X,Y,...",
+        allow_hyphen_values = true,
+        required_unless_present = "npy",
+        conflicts_with = "npy"
+    )]
+    pub vector: Option<String>,
+    /// The query from a 2-D float32 / float16 .npy array ...
+    #[arg(long, value_name = "FILE")]
+    pub npy: Option<PathBuf>,
+    /// ... its row N (from 0).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "npy")]
+    pub row: usize,
+    /// Neighbours wanted.
+    #[arg(short, long, default_value_t = 10)]
+    pub k: u32,
+    /// Answer from the backend; the cache is neither read nor filled (BYPASS_CACHE).
+    #[arg(long)]
+    pub bypass: bool,
+    /// Answer from the backend and replace the cached entry (REFRESH_ENTRY).
+    #[arg(long, conflicts_with = "bypass")]
+    pub refresh: bool,
+}
+
+/// What the operator reads on stderr; the binary exits 1 with it.
+#[derive(Debug)]
+pub enum CliError {
+    /// Anything about the request, the connection or the server.
+    Message(String),
+    /// Writing the output failed (a closed pipe: `aker-cli watch | head`).
+    Output(io::Error),
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CliError::Message(m) => f.write_str(m),
+            CliError::Output(e) => write!(f, "writing the output: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for CliError {}
+
+impl From<io::Error> for CliError {
+    fn from(e: io::Error) -> Self {
+        CliError::Output(e)
+    }
+}
+
+impl CliError {
+    /// The reader of the output went away: it has what it wanted, not an error.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, CliError::Output(e) if e.kind() == io::ErrorKind::BrokenPipe)
+    }
+}
+
+pub type Result<T, E = CliError> = std::result::Result<T, E>;
+
+fn msg(m: impl Into<String>) -> CliError {
+    CliError::Message(m.into())
+}
+
+fn fail<T>(m: impl Into<String>) -> Result<T> {
+    Err(msg(m))
+}
+
+/// Runs one command, printing to `out`.
+pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<()> {
+    let g = &cli.global;
+    match &cli.command {
+        Command::Ping => ping(g, out),
+        Command::Stats { json, raw } => stats_cmd(g, *json, *raw, out),
+        Command::Search(args) => search(g, args, out),
+        Command::Flush => flush(g, out),
+        Command::Watch { interval_ms, count } => {
+            watch(g, Duration::from_millis(*interval_ms), *count, out)
+        }
+    }
+}
+
+/// The secret: `file`'s first line, else `$AKER_SECRET` when it is set, else none
+/// (`Secret::for_tool`, the load generator's convention too).
+pub fn load_secret(file: Option<&Path>) -> Result<Option<Secret>> {
+    Secret::for_tool(file).map_err(CliError::Message)
+}
+
+/// A connection that has said HELLO (and authenticated when the server asks).
+struct Session {
+    client: Client,
+    hello: HelloReply,
+    target: String,
+    timeout: Duration,
+}
+
+impl Session {
+    fn open(g: &Global) -> Result<Session> {
+        let secret = load_secret(g.secret_file.as_deref())?;
+        let timeout = Duration::from_millis(g.timeout_ms.max(1));
+        let opts = ClientOptions {
+            connect_timeout: timeout,
+            io_timeout: Some(timeout),
+            secret,
+            ..Default::default()
+        };
+        let target = g.target.clone();
+        let mut client = Client::connect_with(target.as_str(), opts).map_err(|e| {
+            msg(format!(
+                "cannot connect to {target}: {}",
+                describe(&e, timeout)
+            ))
+        })?;
+        let hello = client
+            .hello()
+            .map_err(|e| call_error(&target, timeout, "HELLO", e))?;
+        Ok(Session {
+            client,
+            hello,
+            target,
+            timeout,
+        })
+    }
+
+    fn error(&self, what: &str, e: ClientError) -> CliError {
+        call_error(&self.target, self.timeout, what, e)
+    }
+
+    fn stats(&mut self) -> Result<Stats> {
+        let text = self.client.stats().map_err(|e| self.error("STATS", e))?;
+        Ok(Stats::parse(&text))
+    }
+}
+
+/// A failed call to `t`, for the operator: authentication said plainly.
+fn call_error(t: &str, timeout: Duration, what: &str, e: ClientError) -> CliError {
+    msg(match e {
+        ClientError::AuthRequired => {
+            format!("{t} requires authentication: give --secret-file FILE or set ${SECRET_ENV}")
+        }
+        ClientError::Server {
+            status: Status::Unauthenticated,
+            message,
+            ..
+        } => {
+            let why = if message.is_empty() {
+                String::new()
+            } else {
+                format!(": {message}")
+            };
+            format!("authentication failed: {t} refused the secret (UNAUTHENTICATED{why})")
+        }
+        ClientError::ServerNotAuthentic => format!(
+            "{t} does not prove it knows the secret (it asks for no AUTH, or its proof is \
+             wrong), so nothing was sent to it; for an akerd without [auth], give no \
+             --secret-file and unset ${SECRET_ENV}"
+        ),
+        e => format!("{what} to {t}: {}", describe(&e, timeout)),
+    })
+}
+
+/// A client error in words (connection refused and timeouts said plainly).
+fn describe(e: &ClientError, timeout: Duration) -> String {
+    match e {
+        ClientError::Io(io) if io.kind() == io::ErrorKind::ConnectionRefused => {
+            "connection refused (is akerd running there?)".into()
+        }
+        ClientError::Timeout => format!("timed out after {} ms", timeout.as_millis()),
+        ClientError::Server {
+            status, message, ..
+        } if message.is_empty() => format!("the server answered {status}"),
+        ClientError::Server {
+            status, message, ..
+        } => format!("the server answered {status}: {message}"),
+        e => e.to_string(),
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+fn ping(g: &Global, out: &mut dyn Write) -> Result<()> {
+    let mut s = Session::open(g)?;
+    let t = Instant::now();
+    s.client.ping().map_err(|e| s.error("PING", e))?;
+    let rtt = t.elapsed();
+    writeln!(out, "PONG {} {}", s.target, ms(rtt))?;
+    Ok(())
+}
+
+fn stats_cmd(g: &Global, json: bool, raw: bool, out: &mut dyn Write) -> Result<()> {
+    let mut s = Session::open(g)?;
+    let text = s.client.stats().map_err(|e| s.error("STATS", e))?;
+    if raw {
+        out.write_all(text.as_bytes())?;
+    } else if json {
+        out.write_all(Stats::parse(&text).to_json().as_bytes())?;
+    } else {
+        let stats = Stats::parse(&text);
+        out.write_all(stats::table(&stats, &s.hello, &s.target).as_bytes())?;
+    }
+    Ok(())
+}
+
+fn flush(g: &Global, out: &mut dyn Write) -> Result<()> {
+    let mut s = Session::open(g)?;
+    s.client.flush().map_err(|e| s.error("FLUSH", e))?;
+    writeln!(out, "OK: every cache entry of {} dropped", s.target)?;
+    Ok(())
+}
+
+/// `0.1,0.2,...`: every component a finite number.
+pub fn parse_vector(text: &str) -> Result<Vec<f32>> {
+    let mut v = Vec::new();
+    for (i, part) in text.split(',').enumerate() {
+        let part = part.trim();
+        let x: f32 = part.parse().map_err(|_| {
+            msg(format!(
+                "bad --vector: component {} '{part}' is not a number",
+                i + 1
+            ))
+        })?;
+        if !x.is_finite() {
+            return fail(format!(
+                "bad --vector: component {} '{part}' is not finite",
+                i + 1
+            ));
+        }
+        v.push(x);
+    }
+    Ok(v)
+}
+
+/// Row `row` of a `.npy` file (`aker_formats::data::read_npy`).
+pub fn npy_row(path: &Path, row: usize) -> Result<Vec<f32>> {
+    let ds = aker_formats::data::read_npy(path).map_err(|e| msg(format!("--npy {e}")))?;
+    if row >= ds.n {
+        return fail(format!(
+            "--row {row}: {} has {} rows (0..{})",
+            path.display(),
+            ds.n,
+            ds.n
+        ));
+    }
+    let v = ds.row(row).to_vec();
+    if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+        return fail(format!(
+            "{} row {row}: component {} is not finite",
+            path.display(),
+            i + 1
+        ));
+    }
+    Ok(v)
+}
+
+fn search(g: &Global, args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
+    // The vector is read before connecting: a bad one costs no connection.
+    let vector = match (&args.vector, &args.npy) {
+        (Some(text), _) => parse_vector(text)?,
+        (None, Some(path)) => npy_row(path, args.row)?,
+        (None, None) => return fail("give --vector X,Y,... or --npy FILE [--row N]"),
+    };
+    let mut s = Session::open(g)?;
+    let (dim, k_max) = (s.hello.dim as usize, s.hello.k_max);
+    if vector.len() != dim {
+        return fail(format!(
+            "wrong dimension: the vector has {} components, {} serves dimension {dim}",
+            vector.len(),
+            s.target
+        ));
+    }
+    if args.k == 0 || args.k > k_max {
+        return fail(format!("-k {}: {} allows 1..={k_max}", args.k, s.target));
+    }
+    let req = SearchRequest {
+        bypass_cache: args.bypass,
+        refresh_entry: args.refresh,
+        ..SearchRequest::new(args.k, vector)
+    };
+    let t = Instant::now();
+    let r = s
+        .client
+        .search_with(req)
+        .map_err(|e| s.error("SEARCH", e))?;
+    let took = t.elapsed();
+    out.write_all(stats::search_reply(&r, args.k, took).as_bytes())?;
+    Ok(())
+}
+
+/// The first STATS, then one line per interval; `count` lines at most.
+fn watch(g: &Global, interval: Duration, count: Option<u64>, out: &mut dyn Write) -> Result<()> {
+    if interval.is_zero() {
+        return fail("--interval-ms must be above 0");
+    }
+    let mut s = Session::open(g)?;
+    let start = Instant::now();
+    let mut prev = (Instant::now(), s.stats()?);
+    let with_recall = prev.1.get("recall_estimate").is_some();
+    writeln!(out, "{}", stats::watch_header(with_recall))?;
+    out.flush()?;
+    let mut next = prev.0 + interval;
+    let mut lines = 0u64;
+    while count.is_none_or(|n| lines < n) {
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        next += interval;
+        let now = (Instant::now(), s.stats()?);
+        let line = stats::watch_line(&prev.1, &now.1, now.0 - prev.0, now.0 - start, with_recall);
+        writeln!(out, "{line}")?;
+        out.flush()?;
+        lines += 1;
+        prev = now;
+    }
+    Ok(())
+}
