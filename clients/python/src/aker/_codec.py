@@ -1,0 +1,572 @@
+"""Frames, request bodies, reply decoding and the handshake, without any I/O.
+
+The sync and the async clients share all of it: a request is a :class:`Req` (opcode,
+flags, body, how to decode its reply); :func:`handshake` is a generator that yields the
+requests of HELLO / AUTH and is sent their reply frames, so each transport drives it.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _auth
+from ._protocol import (
+    CONNECTION_OP,
+    FLAG_BYPASS_CACHE,
+    FLAG_FILL_TOKEN,
+    FLAG_REFRESH_ENTRY,
+    HEADER,
+    HEADER_LEN,
+    MAGIC,
+    MIN_SERVER_FRAME,
+    NO_ID,
+    NONCE_LEN,
+    PROOF_LEN,
+    REPLY_BIT,
+    REPLY_DISTANCES_TO_QUERY,
+    REPLY_TOKEN,
+    VERSIONS,
+    BatchResult,
+    HitKind,
+    Metric,
+    Opcode,
+    SearchResult,
+    ServerInfo,
+    Status,
+)
+from .errors import (
+    AuthRequired,
+    BadK,
+    DimensionMismatch,
+    IncompatibleServer,
+    InvalidRequest,
+    NonFinite,
+    ProtocolError,
+    ServerNotAuthentic,
+    StatusError,
+    TooLarge,
+    error_for_status,
+)
+
+F32 = np.dtype("<f4")
+U64 = np.dtype("<u8")
+_NEIGHBOUR = np.dtype([("id", "<u8"), ("distance", "<f4")])
+U32_MAX = 0xFFFF_FFFF
+U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
+
+VectorLike = Any  # anything numpy.asarray takes: an ndarray, a list of floats, ...
+Payload = Union[bytes, bytearray, memoryview, None]
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A reply frame: its header fields and body."""
+
+    version: int
+    opcode: int
+    flags: int
+    status: int
+    request_id: int
+    body: bytes
+
+    @property
+    def connection_level(self) -> bool:
+        return self.request_id == 0 and self.opcode == (CONNECTION_OP | REPLY_BIT)
+
+
+def encode_frame(version: int, opcode: int, flags: int, request_id: int, body: bytes) -> bytes:
+    return HEADER.pack(MAGIC, version, opcode, flags, 0, request_id, len(body)) + body
+
+
+def parse_header(header: bytes, max_frame_bytes: int) -> Tuple[int, int, int, int, int, int]:
+    """``(version, opcode, flags, status, request_id, body_len)`` of a reply header."""
+    magic, version, opcode, flags, status, request_id, body_len = HEADER.unpack(header)
+    if magic != MAGIC:
+        raise ProtocolError("reply frame with bad magic %#06x" % magic)
+    if opcode & REPLY_BIT == 0:
+        raise ProtocolError("opcode %#04x is not a reply opcode" % opcode)
+    if HEADER_LEN + body_len > max_frame_bytes:
+        raise ProtocolError(
+            "reply frame of %d bytes is over the client's limit of %d"
+            % (HEADER_LEN + body_len, max_frame_bytes)
+        )
+    return version, opcode, flags, status, request_id, body_len
+
+
+def take_frame(buf: bytearray, max_frame_bytes: int) -> Optional[Frame]:
+    """Removes and returns the first complete frame of ``buf``; ``None`` until one is in."""
+    if len(buf) >= 2 and (buf[0] != 0x41 or buf[1] != 0x4B):
+        raise ProtocolError("reply bytes are not a frame (bad magic)")
+    if len(buf) < HEADER_LEN:
+        return None
+    version, opcode, flags, status, rid, body_len = parse_header(bytes(buf[:HEADER_LEN]), max_frame_bytes)
+    end = HEADER_LEN + body_len
+    if len(buf) < end:
+        return None
+    body = bytes(buf[HEADER_LEN:end])
+    del buf[:end]
+    return Frame(version, opcode, flags, status, rid, body)
+
+
+def closes_connection(frame: Frame, opcode: int) -> bool:
+    """Whether the server closes the connection after this reply (PROTOCOL.md, "Errors")."""
+    if frame.connection_level:
+        return True
+    if frame.status in (Status.TOO_LARGE, Status.BAD_FRAME, Status.SHUTTING_DOWN):
+        return True
+    return frame.status == Status.UNAUTHENTICATED and opcode == Opcode.AUTH
+
+
+def error_of(frame: Frame) -> StatusError:
+    message = frame.body.decode("utf-8", errors="replace")
+    return error_for_status(frame.status, message, request_id=frame.request_id)
+
+
+class Req:
+    """One request: what goes on the wire and how its reply decodes."""
+
+    __slots__ = ("opcode", "flags", "body", "parse", "version")
+
+    def __init__(
+        self,
+        opcode: Opcode,
+        body: bytes = b"",
+        flags: int = 0,
+        parse: Optional[Callable[[int, bytes], Any]] = None,
+        version: Optional[int] = None,
+    ) -> None:
+        self.opcode = opcode
+        self.flags = flags
+        self.body = body
+        self.parse = parse
+        #: Forced version (the handshake); ``None``: the connection's.
+        self.version = version
+
+    @property
+    def counted(self) -> bool:
+        """Whether it counts against the server's ``max_inflight`` (all but HELLO, PING, AUTH)."""
+        return self.opcode not in (Opcode.HELLO, Opcode.PING, Opcode.AUTH)
+
+    def encode(self, version: int, request_id: int) -> bytes:
+        v = self.version if self.version is not None else version
+        return encode_frame(v, int(self.opcode), self.flags, request_id, self.body)
+
+    def result(self, frame: Frame) -> Any:
+        """The decoded reply; raises the status's exception for an error reply."""
+        if frame.status != Status.OK:
+            raise error_of(frame)
+        if frame.opcode != (int(self.opcode) | REPLY_BIT):
+            raise ProtocolError(
+                "request %d was %s, the reply's opcode is %#04x"
+                % (frame.request_id, self.opcode.name, frame.opcode)
+            )
+        if frame.flags != 0:
+            raise ProtocolError("reply flags must be 0, got %#06x" % frame.flags)
+        if self.parse is None:
+            if frame.body:
+                raise ProtocolError("%s reply body must be empty" % self.opcode.name)
+            return None
+        try:
+            return self.parse(frame.version, frame.body)
+        except (struct.error, ValueError) as e:
+            if isinstance(e, StatusError):
+                raise
+            raise ProtocolError("%s reply body: %s" % (self.opcode.name, e)) from None
+
+
+# ---------------------------------------------------------------------------- inputs
+
+
+def _local(cls: type, message: str) -> StatusError:
+    err: StatusError = cls(message, local=True)
+    return err
+
+
+def as_vector(v: VectorLike, dim: int, what: str = "vector") -> np.ndarray:
+    """``v`` as a C-contiguous little-endian float32 vector of ``dim`` finite values
+    (converted once, only when it is not one already)."""
+    a = np.asarray(v)
+    if a.dtype.kind not in "fiu":
+        raise _local(InvalidRequest, "%s must hold real numbers, not dtype %s" % (what, a.dtype))
+    if a.ndim != 1 or a.shape[0] != dim:
+        raise _local(
+            DimensionMismatch,
+            "%s has shape %s; the server's dimension is %d" % (what, a.shape, dim),
+        )
+    if a.dtype != F32 or not a.flags.c_contiguous:
+        with np.errstate(all="ignore"):
+            a = np.ascontiguousarray(a, dtype=F32)
+    if not np.isfinite(a).all():
+        bad = int(np.flatnonzero(~np.isfinite(a))[0])
+        raise _local(NonFinite, "%s[%d] is %r (NaN and infinities are refused)" % (what, bad, float(a[bad])))
+    return a
+
+
+def as_matrix(m: VectorLike, dim: int, what: str = "matrix") -> np.ndarray:
+    """``m`` as a C-contiguous float32 ``(n, dim)`` matrix of finite values."""
+    a = np.asarray(m)
+    if a.dtype.kind not in "fiu":
+        raise _local(InvalidRequest, "%s must hold real numbers, not dtype %s" % (what, a.dtype))
+    if a.ndim != 2 or a.shape[1] != dim:
+        raise _local(
+            DimensionMismatch,
+            "%s has shape %s; (n, %d) is needed" % (what, a.shape, dim),
+        )
+    if a.dtype != F32 or not a.flags.c_contiguous:
+        with np.errstate(all="ignore"):
+            a = np.ascontiguousarray(a, dtype=F32)
+    if a.size and not np.isfinite(a).all():
+        row, col = (int(x) for x in np.argwhere(~np.isfinite(a))[0])
+        raise _local(NonFinite, "%s[%d, %d] is %r" % (what, row, col, float(a[row, col])))
+    return a
+
+
+def _uint(value: int, bits: int, what: str) -> int:
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise _local(InvalidRequest, "%s must be an integer, not %r" % (what, value)) from None
+    if isinstance(value, bool) or v != value or not 0 <= v < (1 << bits):
+        raise _local(InvalidRequest, "%s = %r is not a u%d" % (what, value, bits))
+    return v
+
+
+def _deadline_us(deadline: Optional[float]) -> int:
+    if deadline is None:
+        return 0
+    d = float(deadline)
+    if not d > 0 or not math.isfinite(d):
+        raise _local(InvalidRequest, "deadline must be a positive number of seconds, not %r" % deadline)
+    us = int(math.ceil(d * 1e6))
+    if us > U32_MAX:
+        raise _local(InvalidRequest, "deadline %r s is over the protocol's %d µs" % (deadline, U32_MAX))
+    return us
+
+
+# ---------------------------------------------------------------------------- replies
+
+
+def _hello(version: int, body: bytes) -> Tuple[Dict[str, Any], Optional[bytes]]:
+    want = {2: (32,), 3: (33, 33 + NONCE_LEN)}.get(version, (28,))
+    if len(body) not in want:
+        raise ProtocolError("HELLO reply of version %d has %d bytes" % (version, len(body)))
+    vmin, vmax, metric, reserved = struct.unpack_from("<BBBB", body, 0)
+    if reserved != 0:
+        raise ProtocolError("HELLO reply: reserved byte is %d" % reserved)
+    max_frame, dim, k_max, max_inflight, executors, shards = struct.unpack_from("<6I", body, 4)
+    delta = struct.unpack_from("<I", body, 28)[0] if version >= 2 else 0
+    challenge: Optional[bytes] = None
+    auth = False
+    if version >= 3:
+        mode = body[32]
+        if mode == 1 and len(body) == 33 + NONCE_LEN:
+            challenge = bytes(body[33:])
+            auth = True
+        elif not (mode == 0 and len(body) == 33):
+            raise ProtocolError("HELLO reply: auth mode %d with %d bytes" % (mode, len(body)))
+    try:
+        m = Metric(metric)
+    except ValueError:
+        raise IncompatibleServer("the server's metric code %d is unknown to this client" % metric) from None
+    fields = dict(
+        version_min=vmin,
+        version_max=vmax,
+        metric=m,
+        max_frame_bytes=max_frame,
+        dim=dim,
+        k_max=k_max,
+        max_inflight=max_inflight,
+        executors=executors,
+        shards=shards,
+        delta=delta,
+        auth_required=auth,
+    )
+    return fields, challenge
+
+
+def decode_search(version: int, body: bytes, k: int) -> SearchResult:
+    if len(body) < 8:
+        raise ProtocolError("SEARCH reply of %d bytes" % len(body))
+    hit, flags, reserved, m = struct.unpack_from("<BBHI", body, 0)
+    try:
+        kind = HitKind(hit)
+    except ValueError:
+        raise ProtocolError("SEARCH reply: unknown hit kind %d" % hit) from None
+    defined = REPLY_DISTANCES_TO_QUERY | (REPLY_TOKEN if version >= 2 else 0)
+    if flags & ~defined or reserved:
+        raise ProtocolError("SEARCH reply: undefined flags %#04x or reserved %d" % (flags, reserved))
+    token_len = 8 if flags & REPLY_TOKEN else 0
+    if len(body) != 8 + 12 * m + token_len:
+        raise ProtocolError("SEARCH reply: %d neighbours in %d bytes" % (m, len(body)))
+    if m > k:
+        raise ProtocolError("SEARCH reply: %d neighbours for k = %d" % (m, k))
+    arr = np.frombuffer(body, dtype=_NEIGHBOUR, count=m, offset=8)
+    token = struct.unpack_from("<Q", body, 8 + 12 * m)[0] if token_len else None
+    return SearchResult(
+        ids=arr["id"].astype(np.uint64),
+        distances=arr["distance"].astype(np.float32),
+        kind=kind,
+        distances_to_query=bool(flags & REPLY_DISTANCES_TO_QUERY),
+        token=token,
+    )
+
+
+def _bool(what: str) -> Callable[[int, bytes], bool]:
+    def parse(version: int, body: bytes) -> bool:
+        if len(body) != 1 or body[0] > 1:
+            raise ProtocolError("%s reply body must be one 0/1 byte, got %r" % (what, body[:8]))
+        return body[0] == 1
+
+    return parse
+
+
+def parse_stats(version: int, body: bytes) -> Dict[str, Union[int, float, str]]:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("STATS text is not UTF-8") from None
+    out: Dict[str, Union[int, float, str]] = {}
+    for line in text.splitlines():
+        name, _, value = line.strip().partition(" ")
+        if not name:
+            continue
+        value = value.strip()
+        num: Union[int, float, str]
+        try:
+            num = int(value)
+        except ValueError:
+            try:
+                num = float(value)
+            except ValueError:
+                num = value
+        out[name] = num
+    return out
+
+
+def batch_of(results: Sequence[SearchResult], k: int) -> BatchResult:
+    n = len(results)
+    ids = np.full((n, k), NO_ID, dtype=np.uint64)
+    distances = np.full((n, k), np.inf, dtype=np.float32)
+    counts = np.zeros(n, dtype=np.int64)
+    for i, r in enumerate(results):
+        m = len(r)
+        ids[i, :m] = r.ids
+        distances[i, :m] = r.distances
+        counts[i] = m
+    return BatchResult(
+        ids=ids,
+        distances=distances,
+        kinds=[r.kind for r in results],
+        counts=counts,
+        tokens=[r.token for r in results],
+        distances_to_query=[r.distances_to_query for r in results],
+    )
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+class Codec:
+    """Builds the requests of one connection, checked against its HELLO."""
+
+    def __init__(self, info: ServerInfo) -> None:
+        self.info = info
+
+    def _sized(self, req: Req) -> Req:
+        size = HEADER_LEN + len(req.body)
+        if size > self.info.max_frame_bytes:
+            raise _local(
+                TooLarge,
+                "%s request of %d bytes is over the server's max_frame_bytes %d"
+                % (req.opcode.name, size, self.info.max_frame_bytes),
+            )
+        return req
+
+    def _k(self, k: int) -> int:
+        kk = _uint(k, 32, "k")
+        if not 1 <= kk <= self.info.k_max:
+            raise _local(BadK, "k = %d is outside 1..=%d (the server's k_max)" % (kk, self.info.k_max))
+        return kk
+
+    def ping(self, payload: bytes = b"") -> Req:
+        data = bytes(payload)
+
+        def parse(version: int, body: bytes) -> bytes:
+            if body != data:
+                raise ProtocolError("PING reply does not echo the payload")
+            return body
+
+        return self._sized(Req(Opcode.PING, data, parse=parse))
+
+    def search_vec(
+        self,
+        vec: np.ndarray,
+        k: int,
+        bypass_cache: bool = False,
+        refresh_entry: bool = False,
+        deadline: Optional[float] = None,
+        collection: int = 0,
+    ) -> Req:
+        """SEARCH for an already checked vector (:func:`as_vector`)."""
+        kk = self._k(k)
+        flags = (FLAG_BYPASS_CACHE if bypass_cache else 0) | (FLAG_REFRESH_ENTRY if refresh_entry else 0)
+        head = struct.pack(
+            "<IIII", _uint(collection, 32, "collection"), kk, _deadline_us(deadline), vec.shape[0]
+        )
+
+        def parse(version: int, body: bytes) -> SearchResult:
+            return decode_search(version, body, kk)
+
+        return self._sized(Req(Opcode.SEARCH, head + vec.tobytes(), flags, parse))
+
+    def search(self, vector: VectorLike, k: int, **kw: Any) -> Req:
+        return self.search_vec(as_vector(vector, self.info.dim), k, **kw)
+
+    def insert(self, id: int, vector: VectorLike, payload: Payload = None, collection: int = 0) -> Req:
+        vec = as_vector(vector, self.info.dim)
+        data = b"" if payload is None else bytes(payload)
+        head = struct.pack(
+            "<QIII", _uint(id, 64, "id"), _uint(collection, 32, "collection"), vec.shape[0], len(data)
+        )
+        return self._sized(Req(Opcode.INSERT, head + vec.tobytes() + data))
+
+    def delete(self, id: int, collection: int = 0) -> Req:
+        body = struct.pack("<QI", _uint(id, 64, "id"), _uint(collection, 32, "collection"))
+        return Req(Opcode.DELETE, body, parse=_bool("DELETE"))
+
+    def fill(
+        self,
+        query: VectorLike,
+        k: int,
+        ids: VectorLike,
+        distances: VectorLike,
+        vectors: VectorLike,
+        token: Optional[int] = None,
+        collection: int = 0,
+    ) -> Req:
+        dim = self.info.dim
+        q = as_vector(query, dim, "query")
+        kk = self._k(k)
+        id_arr = np.asarray(ids)
+        if id_arr.dtype.kind not in "iu" and id_arr.size:
+            raise _local(InvalidRequest, "ids must be integers, not dtype %s" % id_arr.dtype)
+        id_arr = id_arr.reshape(-1)
+        if id_arr.size and (int(id_arr.min()) < 0 or int(id_arr.max()) > U64_MAX):
+            raise _local(InvalidRequest, "ids must be u64")
+        id_arr = id_arr.astype(U64)
+        m = id_arr.shape[0]
+        dist = np.asarray(distances, dtype=np.float64).reshape(-1)
+        if dist.shape[0] != m:
+            raise _local(InvalidRequest, "%d ids but %d distances" % (m, dist.shape[0]))
+        vec_arr = np.asarray(vectors)
+        if m == 0 and vec_arr.size == 0:
+            vec_arr = np.zeros((0, dim), F32)
+        vecs = as_matrix(vec_arr, dim, "vectors")
+        if vecs.shape[0] != m:
+            raise _local(InvalidRequest, "%d ids but %d vectors" % (m, vecs.shape[0]))
+        with np.errstate(all="ignore"):
+            d32 = dist.astype(F32)
+        if not np.isfinite(d32).all():
+            raise _local(NonFinite, "every FILL distance must be finite")
+        if m > 1 and bool((np.diff(d32) < 0).any()):
+            raise _local(InvalidRequest, "FILL candidates must be ascending by distance")
+        if np.unique(id_arr).shape[0] != m:
+            raise _local(InvalidRequest, "FILL candidate ids must be distinct")
+        rows = np.empty(m, dtype=np.dtype([("id", "<u8"), ("distance", "<f4"), ("vector", "<f4", (dim,))]))
+        rows["id"] = id_arr
+        rows["distance"] = d32
+        rows["vector"] = vecs
+        flags = 0
+        tail = b""
+        if token is not None:
+            flags = FLAG_FILL_TOKEN
+            tail = struct.pack("<Q", _uint(token, 64, "token"))
+        head = struct.pack("<IIII", _uint(collection, 32, "collection"), kk, dim, m)
+        body = head + q.tobytes() + rows.tobytes() + tail
+        return self._sized(Req(Opcode.FILL, body, flags, _bool("FILL")))
+
+    def flush(self) -> Req:
+        return Req(Opcode.FLUSH)
+
+    def stats(self) -> Req:
+        return Req(Opcode.STATS, parse=parse_stats)
+
+
+# ---------------------------------------------------------------------------- handshake
+
+
+def _hello_req(version: int) -> Req:
+    return Req(Opcode.HELLO, parse=_hello, version=version)
+
+
+Handshake = Generator[Req, Frame, ServerInfo]
+
+
+def handshake(
+    secret: Optional[bytes],
+    expect_dim: Optional[int] = None,
+    expect_metric: Optional[Metric] = None,
+) -> Handshake:
+    """HELLO in the newest version both ends speak (at least 2), then AUTH when the server
+    asks for it. Yields requests, is sent their replies, returns the :class:`ServerInfo`."""
+    version = VERSIONS[0]
+    frame = yield _hello_req(version)
+    if frame.status == Status.BAD_VERSION and not frame.connection_level:
+        # The reply carries the newest version the server speaks.
+        newest = frame.version
+        version = max((v for v in VERSIONS if v <= newest), default=0)
+        if version == 0 or version == VERSIONS[0]:
+            raise IncompatibleServer(
+                "the server speaks protocol versions up to %d; this client needs %s"
+                % (newest, " or ".join(str(v) for v in sorted(VERSIONS)))
+            )
+        frame = yield _hello_req(version)
+    fields, challenge = _hello_req(version).result(frame)
+    if not fields["version_min"] <= version <= fields["version_max"]:
+        raise IncompatibleServer(
+            "the server answered HELLO in version %d but says it speaks %d..=%d"
+            % (version, fields["version_min"], fields["version_max"])
+        )
+    info = ServerInfo(version=version, **fields)
+    if info.dim < 1 or info.k_max < 1 or info.max_inflight < 1 or info.max_frame_bytes < MIN_SERVER_FRAME:
+        raise IncompatibleServer("the server's HELLO limits are not usable: %r" % (info,))
+    if expect_dim is not None and info.dim != expect_dim:
+        raise IncompatibleServer("the server's dimension is %d, not the expected %d" % (info.dim, expect_dim))
+    if expect_metric is not None and info.metric != Metric(expect_metric):
+        raise IncompatibleServer(
+            "the server's metric is %s, not the expected %s" % (info.metric.name, Metric(expect_metric).name)
+        )
+    if challenge is None:
+        if secret is not None:
+            raise ServerNotAuthentic(
+                "a secret was given but the server (protocol version %d) did not ask for AUTH: "
+                "it cannot prove it knows the secret" % version
+            )
+        return info
+    if secret is None:
+        raise AuthRequired("the server requires authentication (protocol version 3 AUTH) and no secret was given")
+    nonce = _auth.random_nonce()
+    proof = _auth.client_proof(secret, challenge, nonce)
+    frame = yield Req(Opcode.AUTH, nonce + proof, parse=_raw_proof, version=version)
+    server_proof = Req(Opcode.AUTH, parse=_raw_proof).result(frame)
+    if not _auth.verify_server(secret, challenge, nonce, server_proof):
+        raise ServerNotAuthentic("the server's AUTH proof does not hold: it does not know the secret")
+    return info
+
+
+def _raw_proof(version: int, body: bytes) -> bytes:
+    if len(body) != PROOF_LEN:
+        raise ProtocolError("AUTH reply of %d bytes, not %d" % (len(body), PROOF_LEN))
+    return body
+
+
+def search_rows(codec: Codec, matrix: VectorLike, k: int, **kw: Any) -> Tuple[List[Req], int]:
+    """One SEARCH request per row of ``matrix`` (converted once)."""
+    mat = as_matrix(matrix, codec.info.dim)
+    kk = codec._k(k)
+    return [codec.search_vec(mat[i], kk, **kw) for i in range(mat.shape[0])], kk

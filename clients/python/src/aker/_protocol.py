@@ -1,0 +1,205 @@
+"""Wire constants and the public result types (PROTOCOL.md)."""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+from typing import Iterator, List, Optional
+
+import numpy as np
+
+__all__ = [
+    "MAGIC",
+    "HEADER",
+    "HEADER_LEN",
+    "REPLY_BIT",
+    "CONNECTION_OP",
+    "VERSIONS",
+    "Opcode",
+    "Status",
+    "HitKind",
+    "Metric",
+    "ServerInfo",
+    "SearchResult",
+    "BatchResult",
+    "NO_ID",
+]
+
+#: ``"AK"`` on the wire, read as a little-endian u16.
+MAGIC = 0x4B41
+#: magic u16, version u8, opcode u8, flags u16, status u16, request id u64, body length u32.
+HEADER = struct.Struct("<HBBHHQI")
+HEADER_LEN = 20
+assert HEADER.size == HEADER_LEN
+REPLY_BIT = 0x80
+#: Request opcode of connection-level replies (sent with request id 0).
+CONNECTION_OP = 0
+#: The protocol versions this client speaks, newest first (version 1 lacks Δ and the
+#: MISS token, so it is not spoken).
+VERSIONS = (3, 2)
+
+FLAG_BYPASS_CACHE = 0x0001
+FLAG_REFRESH_ENTRY = 0x0002
+FLAG_FILL_TOKEN = 0x0001
+REPLY_DISTANCES_TO_QUERY = 0x01
+REPLY_TOKEN = 0x02
+
+NONCE_LEN = 16
+PROOF_LEN = 32
+#: The smallest ``max_frame_bytes`` a server may be configured with.
+MIN_SERVER_FRAME = 256
+
+#: Padding id of :class:`BatchResult` rows that have fewer than k neighbours.
+NO_ID = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+
+
+class Opcode(enum.IntEnum):
+    HELLO = 0x01
+    PING = 0x02
+    SEARCH = 0x03
+    INSERT = 0x04
+    DELETE = 0x05
+    FILL = 0x06
+    FLUSH = 0x07
+    STATS = 0x08
+    AUTH = 0x09
+
+
+class Status(enum.IntEnum):
+    """Reply status codes (PROTOCOL.md, "Errors")."""
+
+    OK = 0
+    NOT_FOUND = 1
+    BUSY = 2
+    TOO_LARGE = 3
+    BAD_FRAME = 4
+    BAD_VERSION = 5
+    UNKNOWN_OP = 6
+    BAD_REQUEST = 7
+    DIM_MISMATCH = 8
+    NON_FINITE = 9
+    BAD_K = 10
+    DEADLINE_EXCEEDED = 11
+    UNKNOWN_COLLECTION = 12
+    UNSUPPORTED = 13
+    UNAVAILABLE = 14
+    SHUTTING_DOWN = 15
+    INTERNAL = 16
+    UNAUTHENTICATED = 17
+
+
+class HitKind(enum.IntEnum):
+    """How a SEARCH was answered."""
+
+    #: Not from the cache: the backend's answer (also BYPASS_CACHE / REFRESH_ENTRY); in
+    #: cache-aside mode, no neighbours and a token for the FILL that follows.
+    MISS = 0
+    #: The same query vector was cached.
+    EXACT = 1
+    #: A query recorded as an alias of a cached representative.
+    ALIAS = 2
+    #: Answered from a nearby cached query's result.
+    APPROXIMATE = 3
+
+
+class Metric(enum.IntEnum):
+    """The server's distance; smaller is closer."""
+
+    #: Squared L2.
+    L2SQ = 0
+    #: ``1 - cos``.
+    COSINE = 1
+    #: ``-dot``.
+    IP = 2
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What HELLO told, and the version this connection speaks."""
+
+    #: The protocol version requests go out in (the newest both ends speak).
+    version: int
+    version_min: int
+    version_max: int
+    metric: Metric
+    #: Largest frame (header + body) the server accepts.
+    max_frame_bytes: int
+    dim: int
+    k_max: int
+    #: Requests one connection may have in progress; the client keeps its window at most this.
+    max_inflight: int
+    executors: int
+    shards: int
+    #: Δ: a cache-aside client FILLs ``k + delta`` candidates.
+    delta: int
+    #: Whether the server required (and got) AUTH on this connection.
+    auth_required: bool
+
+
+@dataclass(frozen=True, eq=False)
+class SearchResult:
+    """One SEARCH answer: ``ids`` (uint64) and ``distances`` (float32), ascending by
+    distance, at most k of them, and how it was answered."""
+
+    ids: np.ndarray
+    distances: np.ndarray
+    kind: HitKind
+    #: False when the distances are to the cached representative query's vector (an
+    #: approximate hit that was not re-ranked).
+    distances_to_query: bool = True
+    #: A cache-aside MISS's token, for :meth:`aker.Client.fill`.
+    token: Optional[int] = None
+
+    @property
+    def hit(self) -> bool:
+        """Whether the cache answered (any kind but MISS)."""
+        return self.kind != HitKind.MISS
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        """``ids, distances = result``."""
+        return iter((self.ids, self.distances))
+
+
+@dataclass(frozen=True, eq=False)
+class BatchResult:
+    """The answers to many queries, in the order of the rows asked.
+
+    ``ids`` has shape ``(n, k)`` (uint64) and ``distances`` ``(n, k)`` (float32). A row with
+    fewer than k neighbours (``counts[i] < k``: a cache-aside MISS, a small collection) is
+    padded with :data:`NO_ID` and ``+inf``.
+    """
+
+    ids: np.ndarray
+    distances: np.ndarray
+    kinds: List[HitKind]
+    counts: np.ndarray
+    tokens: List[Optional[int]] = field(default_factory=list)
+    distances_to_query: List[bool] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def __getitem__(self, i: int) -> SearchResult:
+        m = int(self.counts[i])
+        return SearchResult(
+            ids=self.ids[i, :m],
+            distances=self.distances[i, :m],
+            kind=self.kinds[i],
+            distances_to_query=self.distances_to_query[i] if self.distances_to_query else True,
+            token=self.tokens[i] if self.tokens else None,
+        )
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        """``ids, distances = batch``."""
+        return iter((self.ids, self.distances))
+
+    @property
+    def hit_ratio(self) -> float:
+        """Fraction of the rows the cache answered."""
+        if not self.kinds:
+            return 0.0
+        return sum(1 for k in self.kinds if k != HitKind.MISS) / len(self.kinds)

@@ -1,0 +1,530 @@
+"""The asyncio client (streams), its pipeline and a pool.
+
+One :class:`AsyncClient` is one connection that any number of tasks share: each call
+sends its request at once (within the window, the server's ``max_inflight``) and a
+reader task hands each reply to its caller by request id, so concurrent calls are
+pipelined on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from ._auth import load_secret
+from ._codec import (
+    Codec,
+    Frame,
+    Handshake,
+    Payload,
+    Req,
+    VectorLike,
+    as_vector,
+    batch_of,
+    closes_connection,
+    error_of,
+    handshake,
+    parse_header,
+    search_rows,
+)
+from ._protocol import HEADER_LEN, BatchResult, HitKind, Metric, SearchResult, ServerInfo
+from .client import DEFAULT, Backend, PathLike, SecretLike, _aside_result
+from .errors import (
+    AkerConnectionError,
+    AkerError,
+    ConnectionClosed,
+    ProtocolError,
+    StatusError,
+    Timeout,
+)
+
+__all__ = ["AsyncClient", "AsyncPipeline", "AsyncPool"]
+
+
+class AsyncClient:
+    """An asyncio connection to akerd; make one with ``await AsyncClient.connect(...)``
+    (the same options as :class:`aker.Client`). ``async with`` closes it."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, timeout: Optional[float], max_reply_bytes: int) -> None:
+        self._reader = reader
+        self._writer = writer
+        self.timeout = timeout
+        self._max_reply = max_reply_bytes
+        #: Sent, not answered: id -> (request, future); a timed-out call's entry stays
+        #: until its reply comes (and is dropped), so the window stays honest.
+        self._pending: Dict[int, Tuple[Req, "asyncio.Future[Frame]"]] = {}
+        self._next_id = 1
+        self._version = 3
+        self._window = 1
+        self._sem: Optional[asyncio.Semaphore] = None
+        self._wlock = asyncio.Lock()
+        self._dead: Optional[AkerError] = None
+        self._task: "asyncio.Task[None]" = asyncio.ensure_future(self._read_loop())
+        self.info: ServerInfo
+        self._codec: Codec
+        self.address: Tuple[str, int] = ("", 0)
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str = "127.0.0.1",
+        port: int = 7700,
+        *,
+        secret: SecretLike = None,
+        secret_file: PathLike = None,
+        connect_timeout: Optional[float] = 5.0,
+        timeout: Optional[float] = 10.0,
+        window: Optional[int] = None,
+        expect_dim: Optional[int] = None,
+        expect_metric: Optional[Metric] = None,
+        max_reply_bytes: int = 64 << 20,
+    ) -> "AsyncClient":
+        key = load_secret(secret, secret_file)
+        if window is not None and int(window) < 1:
+            raise ValueError("window must be at least 1")
+        t0 = time.monotonic()
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), connect_timeout)
+        except asyncio.TimeoutError:
+            raise Timeout("connecting to %s:%d timed out after %s s" % (host, int(port), connect_timeout)) from None
+        except OSError as e:
+            raise AkerConnectionError("cannot connect to %s:%d: %s" % (host, int(port), e)) from e
+        c = cls(reader, writer, timeout=timeout, max_reply_bytes=int(max_reply_bytes))
+        c.address = (host, int(port))
+        left = None if connect_timeout is None else max(0.0, connect_timeout - (time.monotonic() - t0))
+        try:
+            try:
+                info = await asyncio.wait_for(c._handshake(handshake(key, expect_dim, expect_metric)), left)
+            except asyncio.TimeoutError:
+                raise Timeout("no handshake within %s s" % connect_timeout) from None
+        except BaseException:
+            await c.close()
+            raise
+        c.info = info
+        c._version = info.version
+        c._codec = Codec(info)
+        c._window = min(info.max_inflight if window is None else int(window), info.max_inflight)
+        c._sem = asyncio.Semaphore(c._window)
+        return c
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _handshake(self, steps: Handshake) -> ServerInfo:
+        req = next(steps)
+        while True:
+            frame = await self._send(req)
+            try:
+                req = steps.send(frame)
+            except StopIteration as stop:
+                info: ServerInfo = stop.value
+                return info
+
+    def _new_id(self) -> int:
+        rid = self._next_id
+        self._next_id = 1 if rid >= 0xFFFF_FFFF_FFFF_FFFF else rid + 1
+        return rid
+
+    def _check(self) -> None:
+        if self._dead is not None:
+            raise ConnectionClosed("the connection is closed: %s" % self._dead)
+
+    def _fail(self, why: AkerError) -> None:
+        if self._dead is None:
+            self._dead = why
+        pending, self._pending = self._pending, {}
+        for _req, fut in pending.values():
+            if not fut.done():
+                fut.set_exception(why)
+        try:
+            self._writer.close()
+        except Exception:
+            pass
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                header = await self._reader.readexactly(HEADER_LEN)
+                version, opcode, flags, status, rid, body_len = parse_header(header, self._max_reply)
+                body = await self._reader.readexactly(body_len) if body_len else b""
+                frame = Frame(version, opcode, flags, status, rid, body)
+                if frame.connection_level:
+                    self._fail(error_of(frame))
+                    return
+                entry = self._pending.pop(rid, None)
+                if entry is None:
+                    self._fail(ProtocolError("reply for request %d, which is not in flight" % rid))
+                    return
+                req, fut = entry
+                if req.counted and self._sem is not None:
+                    self._sem.release()
+                if not fut.done():
+                    fut.set_result(frame)
+                if closes_connection(frame, req.opcode):
+                    self._fail(ConnectionClosed("the server closed the connection after status %d" % status))
+                    return
+        except asyncio.IncompleteReadError:
+            self._fail(ConnectionClosed("the server closed the connection"))
+        except ProtocolError as e:
+            self._fail(e)
+        except (OSError, ConnectionError) as e:
+            self._fail(ConnectionClosed("connection lost: %s" % e))
+        except asyncio.CancelledError:
+            self._fail(ConnectionClosed("closed by the client"))
+            raise
+
+    async def _send(self, req: Req) -> Frame:
+        """Sends ``req`` and waits for its reply frame (no timeout here)."""
+        self._check()
+        counted = req.counted and self._sem is not None
+        if counted:
+            assert self._sem is not None
+            await self._sem.acquire()
+        sent = False
+        rid = 0
+        try:
+            self._check()
+            rid = self._new_id()
+            fut: "asyncio.Future[Frame]" = asyncio.get_running_loop().create_future()
+            self._pending[rid] = (req, fut)
+            data = req.encode(self._version, rid)
+            async with self._wlock:
+                self._check()
+                self._writer.write(data)
+                sent = True
+                try:
+                    await self._writer.drain()
+                except (OSError, ConnectionError) as e:
+                    self._fail(ConnectionClosed("connection lost: %s" % e))
+        finally:
+            if not sent:
+                if rid:
+                    self._pending.pop(rid, None)
+                if counted:
+                    assert self._sem is not None
+                    self._sem.release()
+        return await fut
+
+    async def _call(self, req: Req, timeout: Any = DEFAULT) -> Any:
+        t: Optional[float] = self.timeout if timeout is DEFAULT else timeout
+        try:
+            if t is None:
+                frame = await self._send(req)
+            else:
+                frame = await asyncio.wait_for(self._send(req), t)
+        except asyncio.TimeoutError:
+            raise Timeout("no reply within %s s" % t) from None
+        return req.result(frame)
+
+    async def _many(self, reqs: List[Req], timeout: Any = DEFAULT, return_exceptions: bool = False) -> List[Any]:
+        """Runs ``reqs`` concurrently (at most the window in flight); results in order."""
+        self._check()
+        results: List[Any] = [None] * len(reqs)
+        order = iter(range(len(reqs)))
+
+        async def worker() -> None:
+            for i in order:
+                try:
+                    results[i] = await self._call(reqs[i], timeout)
+                except StatusError as e:
+                    if not return_exceptions:
+                        raise
+                    results[i] = e
+
+        tasks = [asyncio.ensure_future(worker()) for _ in range(min(len(reqs), self._window))]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        return results
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def window(self) -> int:
+        return self._window
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not answered yet (timed-out ones included)."""
+        return len(self._pending)
+
+    @property
+    def closed(self) -> bool:
+        return self._dead is not None
+
+    async def close(self) -> None:
+        """Closes the connection (idempotent)."""
+        self._fail(ConnectionClosed("closed by the client"))
+        if not self._task.done():
+            self._task.cancel()
+        try:
+            await self._task
+        except BaseException:
+            pass
+        try:
+            await asyncio.wait_for(self._writer.wait_closed(), 1.0)
+        except BaseException:
+            pass
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "v%d" % self._version
+        return "<aker.AsyncClient %s:%d %s>" % (self.address + (state,))
+
+    async def ping(self, payload: bytes = b"", *, timeout: Any = DEFAULT) -> float:
+        """PING; the round trip in seconds."""
+        t0 = time.perf_counter()
+        await self._call(self._codec.ping(payload), timeout)
+        return time.perf_counter() - t0
+
+    async def search(
+        self,
+        vector: VectorLike,
+        k: int = 10,
+        *,
+        bypass_cache: bool = False,
+        refresh_entry: bool = False,
+        deadline: Optional[float] = None,
+        collection: int = 0,
+        timeout: Any = DEFAULT,
+    ) -> SearchResult:
+        """As :meth:`aker.Client.search`."""
+        req = self._codec.search(
+            vector, k, bypass_cache=bypass_cache, refresh_entry=refresh_entry, deadline=deadline, collection=collection
+        )
+        result: SearchResult = await self._call(req, timeout)
+        return result
+
+    async def search_batch(
+        self,
+        matrix: VectorLike,
+        k: int = 10,
+        *,
+        bypass_cache: bool = False,
+        refresh_entry: bool = False,
+        deadline: Optional[float] = None,
+        collection: int = 0,
+        timeout: Any = DEFAULT,
+    ) -> BatchResult:
+        """As :meth:`aker.Client.search_batch`: one SEARCH per row, pipelined within the
+        window (until a server offers a batch opcode)."""
+        reqs, kk = search_rows(
+            self._codec,
+            matrix,
+            k,
+            bypass_cache=bypass_cache,
+            refresh_entry=refresh_entry,
+            deadline=deadline,
+            collection=collection,
+        )
+        return batch_of(await self._many(reqs, timeout), kk)
+
+    async def insert(
+        self, id: int, vector: VectorLike, payload: Payload = None, *, collection: int = 0, timeout: Any = DEFAULT
+    ) -> None:
+        await self._call(self._codec.insert(id, vector, payload, collection), timeout)
+
+    async def delete(self, id: int, *, collection: int = 0, timeout: Any = DEFAULT) -> bool:
+        existed: bool = await self._call(self._codec.delete(id, collection), timeout)
+        return existed
+
+    async def fill(
+        self,
+        query: VectorLike,
+        k: int,
+        ids: VectorLike,
+        distances: VectorLike,
+        vectors: VectorLike,
+        *,
+        token: Optional[int] = None,
+        collection: int = 0,
+        timeout: Any = DEFAULT,
+    ) -> bool:
+        admitted: bool = await self._call(self._codec.fill(query, k, ids, distances, vectors, token, collection), timeout)
+        return admitted
+
+    async def search_aside(self, vector: VectorLike, k: int, backend: Backend, *, timeout: Any = DEFAULT) -> SearchResult:
+        """As :meth:`aker.Client.search_aside` (``backend`` is a plain function)."""
+        q = as_vector(vector, self.info.dim)
+        r = await self.search(q, k, timeout=timeout)
+        if r.kind != HitKind.MISS or len(r) > 0:
+            return r
+        ids, dist, vecs = backend(q, k + self.info.delta)
+        await self.fill(q, k, ids, dist, vecs, token=r.token, timeout=timeout)
+        return _aside_result(ids, dist, k, r.token)
+
+    async def flush(self, *, timeout: Any = DEFAULT) -> None:
+        await self._call(self._codec.flush(), timeout)
+
+    async def stats(self, *, timeout: Any = DEFAULT) -> Dict[str, Union[int, float, str]]:
+        stats: Dict[str, Union[int, float, str]] = await self._call(self._codec.stats(), timeout)
+        return stats
+
+    def pipeline(self) -> "AsyncPipeline":
+        return AsyncPipeline(self)
+
+
+class AsyncPipeline:
+    """As :class:`aker.Pipeline`: ``async with client.pipeline() as p: ...`` or
+    ``await p.execute()``; results in order."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+        self._reqs: List[Req] = []
+        self.results: List[Any] = []
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def _add(self, req: Req) -> int:
+        self._reqs.append(req)
+        return len(self._reqs) - 1
+
+    def search(
+        self,
+        vector: VectorLike,
+        k: int = 10,
+        *,
+        bypass_cache: bool = False,
+        refresh_entry: bool = False,
+        deadline: Optional[float] = None,
+        collection: int = 0,
+    ) -> int:
+        return self._add(
+            self._client._codec.search(
+                vector, k, bypass_cache=bypass_cache, refresh_entry=refresh_entry, deadline=deadline, collection=collection
+            )
+        )
+
+    def insert(self, id: int, vector: VectorLike, payload: Payload = None, *, collection: int = 0) -> int:
+        return self._add(self._client._codec.insert(id, vector, payload, collection))
+
+    def delete(self, id: int, *, collection: int = 0) -> int:
+        return self._add(self._client._codec.delete(id, collection))
+
+    def fill(
+        self,
+        query: VectorLike,
+        k: int,
+        ids: VectorLike,
+        distances: VectorLike,
+        vectors: VectorLike,
+        *,
+        token: Optional[int] = None,
+        collection: int = 0,
+    ) -> int:
+        return self._add(self._client._codec.fill(query, k, ids, distances, vectors, token, collection))
+
+    def ping(self, payload: bytes = b"") -> int:
+        return self._add(self._client._codec.ping(payload))
+
+    def flush(self) -> int:
+        return self._add(self._client._codec.flush())
+
+    def stats(self) -> int:
+        return self._add(self._client._codec.stats())
+
+    async def execute(self, *, timeout: Any = DEFAULT, return_exceptions: bool = False) -> List[Any]:
+        reqs, self._reqs = self._reqs, []
+        self.results = await self._client._many(reqs, timeout, return_exceptions)
+        return self.results
+
+    async def __aenter__(self) -> "AsyncPipeline":
+        return self
+
+    async def __aexit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None and self._reqs:
+            await self.execute()
+
+
+class AsyncPool:
+    """Up to ``size`` :class:`AsyncClient` connections; each call goes to the one with
+    the fewest requests in flight, and a new connection is opened (up to ``size``) when
+    every open one is busy. Broken connections are dropped. Keyword arguments are
+    :meth:`AsyncClient.connect`'s."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 7700, *, size: int = 4, **client_options: Any) -> None:
+        if size < 1:
+            raise ValueError("size must be at least 1")
+        self.address = (host, port)
+        self.size = size
+        self._options = client_options
+        self._clients: List[AsyncClient] = []
+        self._lock: Optional[asyncio.Lock] = None
+        self._closed = False
+
+    async def acquire(self) -> AsyncClient:
+        """A connection to send on (shared: do not close it)."""
+        if self._closed:
+            raise ConnectionClosed("the pool is closed")
+        self._clients = [c for c in self._clients if not c.closed]
+        best = min(self._clients, key=lambda c: c.in_flight, default=None)
+        if best is not None and (best.in_flight == 0 or len(self._clients) >= self.size):
+            return best
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            self._clients = [c for c in self._clients if not c.closed]
+            if len(self._clients) < self.size and all(c.in_flight > 0 for c in self._clients):
+                self._clients.append(await AsyncClient.connect(self.address[0], self.address[1], **self._options))
+            return min(self._clients, key=lambda c: c.in_flight)
+
+    @property
+    def connections(self) -> int:
+        return sum(1 for c in self._clients if not c.closed)
+
+    async def close(self) -> None:
+        self._closed = True
+        clients, self._clients = self._clients, []
+        for c in clients:
+            await c.close()
+
+    async def __aenter__(self) -> "AsyncPool":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def info(self) -> ServerInfo:
+        return (await self.acquire()).info
+
+    async def ping(self, payload: bytes = b"", **kw: Any) -> float:
+        return await (await self.acquire()).ping(payload, **kw)
+
+    async def search(self, vector: VectorLike, k: int = 10, **kw: Any) -> SearchResult:
+        return await (await self.acquire()).search(vector, k, **kw)
+
+    async def search_batch(self, matrix: VectorLike, k: int = 10, **kw: Any) -> BatchResult:
+        return await (await self.acquire()).search_batch(matrix, k, **kw)
+
+    async def insert(self, id: int, vector: VectorLike, payload: Payload = None, **kw: Any) -> None:
+        await (await self.acquire()).insert(id, vector, payload, **kw)
+
+    async def delete(self, id: int, **kw: Any) -> bool:
+        return await (await self.acquire()).delete(id, **kw)
+
+    async def fill(self, query: VectorLike, k: int, ids: VectorLike, distances: VectorLike, vectors: VectorLike, **kw: Any) -> bool:
+        return await (await self.acquire()).fill(query, k, ids, distances, vectors, **kw)
+
+    async def search_aside(self, vector: VectorLike, k: int, backend: Backend, **kw: Any) -> SearchResult:
+        return await (await self.acquire()).search_aside(vector, k, backend, **kw)
+
+    async def flush(self, **kw: Any) -> None:
+        await (await self.acquire()).flush(**kw)
+
+    async def stats(self, **kw: Any) -> Dict[str, Union[int, float, str]]:
+        return await (await self.acquire()).stats(**kw)
+

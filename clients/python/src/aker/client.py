@@ -1,0 +1,685 @@
+"""The blocking client, its pipeline and a connection pool.
+
+One :class:`Client` is one TCP connection. Every call may carry many requests on the wire
+at once (:meth:`Client.search_batch`, :meth:`Client.pipeline`): up to the window (the
+server's ``max_inflight`` by default), their replies matched by request id in whatever
+order the server answers. The socket is non-blocking and driven by a selector, so the
+client reads replies while it writes requests and never deadlocks against a server that
+stops reading until its replies are read.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+
+import numpy as np
+
+from ._auth import load_secret
+from ._codec import (
+    Codec,
+    Frame,
+    Handshake,
+    Payload,
+    Req,
+    VectorLike,
+    as_vector,
+    batch_of,
+    closes_connection,
+    error_of,
+    handshake,
+    search_rows,
+    take_frame,
+)
+from ._protocol import BatchResult, HitKind, Metric, SearchResult, ServerInfo
+from .errors import (
+    AkerConnectionError,
+    AkerError,
+    ConnectionClosed,
+    ProtocolError,
+    StatusError,
+    Timeout,
+)
+
+__all__ = ["Client", "Pipeline", "Pool", "Backend", "DEFAULT"]
+
+SecretLike = Union[bytes, bytearray, str, None]
+PathLike = Union[str, "os.PathLike[str]", None]
+#: ``backend(query, n) -> (ids, distances, vectors)``: a cache-aside client's own search
+#: of its database for the ``n`` nearest rows, ascending by distance.
+Backend = Callable[[np.ndarray, int], Tuple[Any, Any, Any]]
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+#: The ``timeout`` of a call when it is not given: the client's ``timeout``.
+DEFAULT: Any = _Default()
+
+_READ = 256 * 1024
+
+
+class Client:
+    """A blocking connection to akerd.
+
+    Args:
+        host, port: where akerd listens.
+        secret: the shared secret (bytes, or str as UTF-8) when the server requires AUTH;
+            with one, a server that does not ask for AUTH is refused
+            (:class:`~aker.ServerNotAuthentic`).
+        secret_file: or a file whose first line is the secret (as akerd reads it).
+        connect_timeout: seconds for the TCP connect and the handshake (HELLO, AUTH).
+        timeout: seconds a request may wait for its reply (``None``: forever); each call
+            can override it. A timed-out request's late reply is dropped.
+        window: most requests in flight on this connection; at most (and by default) the
+            server's ``max_inflight``.
+        expect_dim, expect_metric: refuse a server with another dimension / metric
+            (:class:`~aker.IncompatibleServer`).
+        max_reply_bytes: largest reply frame accepted.
+
+    A client is safe to share between threads (calls are serialized); a :class:`Pool`
+    gives threads connections of their own.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 7700,
+        *,
+        secret: SecretLike = None,
+        secret_file: PathLike = None,
+        connect_timeout: Optional[float] = 5.0,
+        timeout: Optional[float] = 10.0,
+        window: Optional[int] = None,
+        expect_dim: Optional[int] = None,
+        expect_metric: Optional[Metric] = None,
+        max_reply_bytes: int = 64 << 20,
+    ) -> None:
+        self._secret = load_secret(secret, secret_file)
+        self.address: Tuple[str, int] = (host, int(port))
+        self.timeout = timeout
+        self._max_reply = int(max_reply_bytes)
+        self._lock = threading.RLock()
+        self._rbuf = bytearray()
+        self._wbuf = bytearray()
+        self._next_id = 1
+        #: Requests that timed out or were given up, not yet answered: id -> counted.
+        self._abandoned: Dict[int, bool] = {}
+        #: Requests sent that count against max_inflight and are not answered yet.
+        self._counted_out = 0
+        self._dead: Optional[AkerError] = None
+        self._write_error: Optional[OSError] = None
+        self._version = 3
+        self._window = 1
+        self._sock = self._connect(connect_timeout)
+        self._sel = selectors.DefaultSelector()
+        self._events = selectors.EVENT_READ
+        self._sel.register(self._sock, self._events)
+        try:
+            self.info: ServerInfo = self._handshake(handshake(self._secret, expect_dim, expect_metric), connect_timeout)
+        except BaseException:
+            self.close()
+            raise
+        self._version = self.info.version
+        self._codec = Codec(self.info)
+        want = self.info.max_inflight if window is None else int(window)
+        if want < 1:
+            self.close()
+            raise ValueError("window must be at least 1")
+        self._window = min(want, self.info.max_inflight)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _connect(self, connect_timeout: Optional[float]) -> socket.socket:
+        try:
+            sock = socket.create_connection(self.address, timeout=connect_timeout)
+        except socket.timeout:
+            raise Timeout("connecting to %s:%d timed out after %s s" % (self.address + (connect_timeout,))) from None
+        except OSError as e:
+            raise AkerConnectionError("cannot connect to %s:%d: %s" % (self.address + (e,))) from e
+        sock.setblocking(False)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        return sock
+
+    def _handshake(self, steps: Handshake, timeout: Optional[float]) -> ServerInfo:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        req = next(steps)
+        while True:
+            rid = self._new_id()
+            self._wbuf += req.encode(self._version, rid)
+            while True:
+                frame = self._read_frame(deadline)
+                if frame.request_id == rid or frame.connection_level:
+                    break
+                err = ProtocolError("reply to request %d during the handshake" % frame.request_id)
+                self._kill(err)
+                raise err
+            if closes_connection(frame, req.opcode):
+                self._kill(ConnectionClosed("the server closed the connection during the handshake"))
+            try:
+                req = steps.send(frame)
+            except StopIteration as stop:
+                info: ServerInfo = stop.value
+                return info
+
+    def _new_id(self) -> int:
+        rid = self._next_id
+        self._next_id = 1 if rid >= 0xFFFF_FFFF_FFFF_FFFF else rid + 1
+        return rid
+
+    def _kill(self, why: AkerError) -> None:
+        if self._dead is None:
+            self._dead = why
+        try:
+            self._sel.close()
+        except Exception:
+            pass
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+    def _check(self) -> None:
+        if self._dead is not None:
+            raise ConnectionClosed("the connection is closed: %s" % self._dead)
+
+    def _pump(self, deadline: Optional[float]) -> None:
+        """Writes what is queued and reads what has come, until something was read."""
+        self._check()
+        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if self._wbuf and self._write_error is None else 0)
+        if want != self._events:
+            self._sel.modify(self._sock, want)
+            self._events = want
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise Timeout("no reply within the timeout")
+        ready = self._sel.select(left)
+        if not ready:
+            raise Timeout("no reply within the timeout")
+        for _key, ev in ready:
+            if ev & selectors.EVENT_WRITE and self._wbuf:
+                try:
+                    n = self._sock.send(self._wbuf)
+                    del self._wbuf[:n]
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError as e:
+                    # Keep reading: the server's last reply (and its close) may be there.
+                    self._write_error = e
+                    self._wbuf.clear()
+            if ev & selectors.EVENT_READ:
+                try:
+                    data = self._sock.recv(_READ)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError as e:
+                    self._kill(ConnectionClosed("connection lost: %s" % e))
+                    raise ConnectionClosed("connection lost: %s" % e) from e
+                if not data:
+                    why = "the server closed the connection"
+                    if self._write_error is not None:
+                        why += " (writing failed: %s)" % self._write_error
+                    self._kill(ConnectionClosed(why))
+                    raise ConnectionClosed(why)
+                self._rbuf += data
+
+    def _read_frame(self, deadline: Optional[float]) -> Frame:
+        while True:
+            try:
+                frame = take_frame(self._rbuf, self._max_reply)
+            except ProtocolError as e:
+                self._kill(e)
+                raise
+            if frame is not None:
+                return frame
+            self._pump(deadline)
+
+    def _exchange(self, reqs: List[Req], timeout: Any = DEFAULT, return_exceptions: bool = False) -> List[Any]:
+        """Sends ``reqs`` (at most the window in flight) and returns their results in order."""
+        t: Optional[float] = self.timeout if timeout is DEFAULT else timeout
+        n = len(reqs)
+        results: List[Any] = [None] * n
+        with self._lock:
+            self._check()
+            own: Dict[int, Tuple[int, float]] = {}
+            sent = 0
+            left = n
+            waiting_since = time.monotonic()
+            try:
+                while left:
+                    now = time.monotonic()
+                    while sent < n and (not reqs[sent].counted or self._counted_out < self._window):
+                        rid = self._new_id()
+                        self._wbuf += reqs[sent].encode(self._version, rid)
+                        own[rid] = (sent, now)
+                        if reqs[sent].counted:
+                            self._counted_out += 1
+                        sent += 1
+                    # Each request has `t` from when it was sent; the oldest bounds the wait.
+                    start = next(iter(own.values()))[1] if own else waiting_since
+                    frame = self._read_frame(None if t is None else start + t)
+                    rid = frame.request_id
+                    if frame.connection_level:
+                        err = error_of(frame)
+                        self._kill(err)
+                        raise err
+                    if rid in own:
+                        idx, _ = own.pop(rid)
+                        req = reqs[idx]
+                        if req.counted:
+                            self._counted_out -= 1
+                        left -= 1
+                        waiting_since = time.monotonic()
+                        if closes_connection(frame, req.opcode):
+                            self._kill(ConnectionClosed("the server closed the connection after status %d" % frame.status))
+                        try:
+                            results[idx] = req.result(frame)
+                        except StatusError as e:
+                            if not return_exceptions:
+                                raise
+                            results[idx] = e
+                    elif rid in self._abandoned:
+                        if self._abandoned.pop(rid):
+                            self._counted_out -= 1
+                        waiting_since = time.monotonic()
+                    else:
+                        err2 = ProtocolError("reply for request %d, which is not in flight" % rid)
+                        self._kill(err2)
+                        raise err2
+            except BaseException:
+                # What is still in flight is given up: its replies are dropped when they come.
+                for rid, (idx, _) in own.items():
+                    self._abandoned[rid] = reqs[idx].counted
+                raise
+        return results
+
+    def _one(self, req: Req, timeout: Any) -> Any:
+        return self._exchange([req], timeout)[0]
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def version(self) -> int:
+        """The protocol version this connection speaks."""
+        return self._version
+
+    @property
+    def window(self) -> int:
+        """Most requests this client keeps in flight."""
+        return self._window
+
+    @property
+    def closed(self) -> bool:
+        return self._dead is not None
+
+    def close(self) -> None:
+        """Closes the connection (idempotent)."""
+        self._kill(ConnectionClosed("closed by the client"))
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "v%d" % self._version
+        return "<aker.Client %s:%d %s>" % (self.address + (state,))
+
+    def ping(self, payload: bytes = b"", *, timeout: Any = DEFAULT) -> float:
+        """PING; returns the round trip in seconds."""
+        t0 = time.perf_counter()
+        self._one(self._codec.ping(payload), timeout)
+        return time.perf_counter() - t0
+
+    def search(
+        self,
+        vector: VectorLike,
+        k: int = 10,
+        *,
+        bypass_cache: bool = False,
+        refresh_entry: bool = False,
+        deadline: Optional[float] = None,
+        collection: int = 0,
+        timeout: Any = DEFAULT,
+    ) -> SearchResult:
+        """The ``k`` nearest neighbours of ``vector``.
+
+        ``bypass_cache``: answer from the backend, the cache untouched; ``refresh_entry``:
+        from the backend, replacing the cached entry; ``deadline``: the server's time
+        budget in seconds (``DEADLINE_EXCEEDED`` past it).
+        """
+        req = self._codec.search(
+            vector, k, bypass_cache=bypass_cache, refresh_entry=refresh_entry, deadline=deadline, collection=collection
+        )
+        result: SearchResult = self._one(req, timeout)
+        return result
+
+    def search_batch(
+        self,
+        matrix: VectorLike,
+        k: int = 10,
+        *,
+        bypass_cache: bool = False,
+        refresh_entry: bool = False,
+        deadline: Optional[float] = None,
+        collection: int = 0,
+        timeout: Any = DEFAULT,
+    ) -> BatchResult:
+        """One SEARCH per row of ``matrix`` ``(n, dim)``, pipelined within the window;
+        the answers in row order (``ids`` / ``distances`` of shape ``(n, k)``).
+
+        The protocol has no batch operation yet (versions 1-3): this sends one SEARCH
+        per row. When a server offers a SEARCH_BATCH opcode (a later version), this
+        method will use it, with the same result.
+        """
+        reqs, kk = search_rows(
+            self._codec,
+            matrix,
+            k,
+            bypass_cache=bypass_cache,
+            refresh_entry=refresh_entry,
+            deadline=deadline,
+            collection=collection,
+        )
+        return batch_of(self._exchange(reqs, timeout), kk)
+
+    def insert(
+        self,
+        id: int,
+        vector: VectorLike,
+        payload: Payload = None,
+        *,
+        collection: int = 0,
+        timeout: Any = DEFAULT,
+    ) -> None:
+        """Inserts or replaces ``id``; returns once the backend committed it."""
+        self._one(self._codec.insert(id, vector, payload, collection), timeout)
+
+    def delete(self, id: int, *, collection: int = 0, timeout: Any = DEFAULT) -> bool:
+        """Deletes ``id``; whether it was present. A deleted id is never served again."""
+        existed: bool = self._one(self._codec.delete(id, collection), timeout)
+        return existed
+
+    def fill(
+        self,
+        query: VectorLike,
+        k: int,
+        ids: VectorLike,
+        distances: VectorLike,
+        vectors: VectorLike,
+        *,
+        token: Optional[int] = None,
+        collection: int = 0,
+        timeout: Any = DEFAULT,
+    ) -> bool:
+        """Cache-aside: hands the cache the backend's answer after a MISS — ``k + Δ``
+        candidates (``info.delta``), ascending by distance, with their vectors ``(m, dim)``
+        — and the MISS's ``token`` (``SearchResult.token``). Whether it was admitted."""
+        req = self._codec.fill(query, k, ids, distances, vectors, token, collection)
+        admitted: bool = self._one(req, timeout)
+        return admitted
+
+    def search_aside(self, vector: VectorLike, k: int, backend: Backend, *, timeout: Any = DEFAULT) -> SearchResult:
+        """Cache-aside search: SEARCH; on a MISS without neighbours, ``backend(query,
+        k + Δ)`` answers, the answer is FILLed with the MISS's token, and its first k are
+        returned (kind MISS)."""
+        q = as_vector(vector, self.info.dim)
+        r = self.search(q, k, timeout=timeout)
+        if r.kind != HitKind.MISS or len(r) > 0:
+            return r
+        ids, dist, vecs = backend(q, k + self.info.delta)
+        self.fill(q, k, ids, dist, vecs, token=r.token, timeout=timeout)
+        return _aside_result(ids, dist, k, r.token)
+
+    def flush(self, *, timeout: Any = DEFAULT) -> None:
+        """Drops every cache entry (the backend is untouched)."""
+        self._one(self._codec.flush(), timeout)
+
+    def stats(self, *, timeout: Any = DEFAULT) -> Dict[str, Union[int, float, str]]:
+        """The server's counters, ``name -> value`` (numbers parsed)."""
+        stats: Dict[str, Union[int, float, str]] = self._one(self._codec.stats(), timeout)
+        return stats
+
+    def pipeline(self) -> "Pipeline":
+        """Requests queued, then sent together (many in flight): see :class:`Pipeline`."""
+        return Pipeline(self)
+
+
+def _aside_result(ids: Any, dist: Any, k: int, token: Optional[int]) -> SearchResult:
+    i = np.asarray(ids).reshape(-1)[:k].astype(np.uint64)
+    d = np.asarray(dist).reshape(-1)[:k].astype(np.float32)
+    return SearchResult(ids=i, distances=d, kind=HitKind.MISS, distances_to_query=True, token=token)
+
+
+class Pipeline:
+    """Requests queued on one connection and sent together, replies matched by id.
+
+    ::
+
+        with client.pipeline() as p:
+            p.search(q1, 10)
+            p.insert(7, v)
+            p.search(q2, 10)
+        first, _, second = p.results
+
+    Each method checks its arguments at once and returns the request's index;
+    :meth:`execute` (or leaving the ``with`` block) sends them, at most the window in
+    flight, and returns the results in order. The requests are concurrent: the server
+    may run and answer them in any order, so do not pipeline a write and a read that
+    must see it. On an error reply :meth:`execute` raises it (requests not yet sent are
+    not sent) unless ``return_exceptions=True``, which puts the exception in its place.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._reqs: List[Req] = []
+        self.results: List[Any] = []
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def _add(self, req: Req) -> int:
+        self._reqs.append(req)
+        return len(self._reqs) - 1
+
+    def search(
+        self,
+        vector: VectorLike,
+        k: int = 10,
+        *,
+        bypass_cache: bool = False,
+        refresh_entry: bool = False,
+        deadline: Optional[float] = None,
+        collection: int = 0,
+    ) -> int:
+        return self._add(
+            self._client._codec.search(
+                vector, k, bypass_cache=bypass_cache, refresh_entry=refresh_entry, deadline=deadline, collection=collection
+            )
+        )
+
+    def insert(self, id: int, vector: VectorLike, payload: Payload = None, *, collection: int = 0) -> int:
+        return self._add(self._client._codec.insert(id, vector, payload, collection))
+
+    def delete(self, id: int, *, collection: int = 0) -> int:
+        return self._add(self._client._codec.delete(id, collection))
+
+    def fill(
+        self,
+        query: VectorLike,
+        k: int,
+        ids: VectorLike,
+        distances: VectorLike,
+        vectors: VectorLike,
+        *,
+        token: Optional[int] = None,
+        collection: int = 0,
+    ) -> int:
+        return self._add(self._client._codec.fill(query, k, ids, distances, vectors, token, collection))
+
+    def ping(self, payload: bytes = b"") -> int:
+        return self._add(self._client._codec.ping(payload))
+
+    def flush(self) -> int:
+        return self._add(self._client._codec.flush())
+
+    def stats(self) -> int:
+        return self._add(self._client._codec.stats())
+
+    def execute(self, *, timeout: Any = DEFAULT, return_exceptions: bool = False) -> List[Any]:
+        reqs, self._reqs = self._reqs, []
+        out = self._client._exchange(reqs, timeout, return_exceptions)
+        # PING results are the echoed payload here (no round trip measured).
+        self.results = out
+        return out
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None and self._reqs:
+            self.execute()
+
+
+class Pool:
+    """Up to ``size`` :class:`Client` connections shared by threads.
+
+    ``with pool.connection() as c:`` lends one (made when none is idle, waiting up to
+    ``acquire_timeout`` when ``size`` are lent); the pool's own methods do that for one
+    call. A connection that broke is dropped and a new one made on demand. Keyword
+    arguments are :class:`Client`'s.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 7700,
+        *,
+        size: int = 4,
+        acquire_timeout: Optional[float] = 10.0,
+        **client_options: Any,
+    ) -> None:
+        if size < 1:
+            raise ValueError("size must be at least 1")
+        self.address = (host, port)
+        self.size = size
+        self.acquire_timeout = acquire_timeout
+        self._options = client_options
+        self._idle: List[Client] = []
+        self._count = 0
+        self._closed = False
+        self._cond = threading.Condition()
+        self._info: Optional[ServerInfo] = None
+
+    @property
+    def info(self) -> ServerInfo:
+        """HELLO's answer (connects once if nothing has yet)."""
+        if self._info is None:
+            with self.connection():
+                pass
+        assert self._info is not None
+        return self._info
+
+    def _acquire(self) -> Client:
+        deadline = None if self.acquire_timeout is None else time.monotonic() + self.acquire_timeout
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise ConnectionClosed("the pool is closed")
+                if self._idle:
+                    return self._idle.pop()
+                if self._count < self.size:
+                    self._count += 1
+                    break
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise Timeout("no pooled connection free within %s s" % self.acquire_timeout)
+                self._cond.wait(left)
+        try:
+            c = Client(self.address[0], self.address[1], **self._options)
+        except BaseException:
+            with self._cond:
+                self._count -= 1
+                self._cond.notify()
+            raise
+        self._info = c.info
+        return c
+
+    def _release(self, c: Client) -> None:
+        with self._cond:
+            if c.closed or self._closed:
+                self._count -= 1
+                c.close()
+            else:
+                self._idle.append(c)
+            self._cond.notify()
+
+    @contextmanager
+    def connection(self) -> Iterator[Client]:
+        c = self._acquire()
+        try:
+            yield c
+        finally:
+            self._release(c)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            for c in self._idle:
+                c.close()
+                self._count -= 1
+            self._idle.clear()
+            self._cond.notify_all()
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def ping(self, payload: bytes = b"", **kw: Any) -> float:
+        with self.connection() as c:
+            return c.ping(payload, **kw)
+
+    def search(self, vector: VectorLike, k: int = 10, **kw: Any) -> SearchResult:
+        with self.connection() as c:
+            return c.search(vector, k, **kw)
+
+    def search_batch(self, matrix: VectorLike, k: int = 10, **kw: Any) -> BatchResult:
+        with self.connection() as c:
+            return c.search_batch(matrix, k, **kw)
+
+    def insert(self, id: int, vector: VectorLike, payload: Payload = None, **kw: Any) -> None:
+        with self.connection() as c:
+            c.insert(id, vector, payload, **kw)
+
+    def delete(self, id: int, **kw: Any) -> bool:
+        with self.connection() as c:
+            return c.delete(id, **kw)
+
+    def fill(self, query: VectorLike, k: int, ids: VectorLike, distances: VectorLike, vectors: VectorLike, **kw: Any) -> bool:
+        with self.connection() as c:
+            return c.fill(query, k, ids, distances, vectors, **kw)
+
+    def search_aside(self, vector: VectorLike, k: int, backend: Backend, **kw: Any) -> SearchResult:
+        with self.connection() as c:
+            return c.search_aside(vector, k, backend, **kw)
+
+    def flush(self, **kw: Any) -> None:
+        with self.connection() as c:
+            c.flush(**kw)
+
+    def stats(self, **kw: Any) -> Dict[str, Union[int, float, str]]:
+        with self.connection() as c:
+            return c.stats(**kw)

@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any, Awaitable, Iterable, Iterator, TypeVar
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import aker  # noqa: E402
+from akerd_process import Akerd, config_text  # noqa: E402
+
+N = 400
+DIM = 8
+K_MAX = 32
+DELTA = 3
+MAX_INFLIGHT = 8
+MAX_FRAME = 65536
+SECRET = b"a shared secret of some length"
+
+T = TypeVar("T")
+
+
+def run(coro: Awaitable[T], timeout: float = 60.0) -> T:
+    """Runs an async test body, bounded in time."""
+
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro, timeout)
+
+    return asyncio.run(bounded())
+
+
+def make_data() -> np.ndarray:
+    return np.random.default_rng(7).standard_normal((N, DIM)).astype(np.float32)
+
+
+def exact(data: np.ndarray, q: Any, k: int, exclude: Iterable[int] = ()) -> np.ndarray:
+    """The exact squared-L2 top-k ids of ``q`` over ``data`` without ``exclude``."""
+    d = ((data.astype(np.float64) - np.asarray(q, dtype=np.float64)) ** 2).sum(axis=1)
+    ex = list(exclude)
+    if ex:
+        d[np.asarray(ex, dtype=np.int64)] = np.inf
+    return np.argsort(d, kind="stable")[:k].astype(np.uint64)
+
+
+def queries(n: int, seed: int = 1) -> np.ndarray:
+    """Queries that are not data rows (each has a positive nearest distance)."""
+    return np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32)
+
+
+@pytest.fixture(scope="session")
+def data() -> np.ndarray:
+    return make_data()
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory, data: np.ndarray) -> Path:
+    d = tmp_path_factory.mktemp("akerd")
+    np.save(d / "data.npy", data)
+    (d / "secret").write_bytes(SECRET + b"\n")
+    return d
+
+
+def _serve(workdir: Path, name: str, **kw: Any) -> Iterator[Akerd]:
+    sub = workdir / name
+    sub.mkdir()
+    server = Akerd(sub, config_text(data_file=str(workdir / "data.npy"), **kw)).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def akerd(workdir: Path) -> Iterator[Akerd]:
+    """The embedded akerd (exact store), no authentication."""
+    yield from _serve(workdir, "embedded", kind="embedded", k_max=K_MAX, delta=DELTA,
+                      max_inflight=MAX_INFLIGHT, max_frame_bytes=MAX_FRAME)
+
+
+@pytest.fixture(scope="session")
+def akerd_auth(workdir: Path) -> Iterator[Akerd]:
+    """The embedded akerd with ``[auth] secret_file``."""
+    yield from _serve(workdir, "auth", kind="embedded", secret_file=str(workdir / "secret"))
+
+
+@pytest.fixture(scope="session")
+def akerd_aside(workdir: Path) -> Iterator[Akerd]:
+    """A cache-aside akerd (the client FILLs misses)."""
+    yield from _serve(workdir, "aside", kind="cache_aside", k_max=K_MAX, delta=DELTA)
+
+
+@pytest.fixture
+def client(akerd: Akerd) -> Iterator[aker.Client]:
+    """A client of the embedded akerd, its cache flushed first."""
+    c = aker.Client(akerd.host, akerd.port, timeout=10.0, connect_timeout=5.0)
+    c.flush()
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def aside(akerd_aside: Akerd) -> Iterator[aker.Client]:
+    c = aker.Client(akerd_aside.host, akerd_aside.port, timeout=10.0)
+    c.flush()
+    try:
+        yield c
+    finally:
+        c.close()

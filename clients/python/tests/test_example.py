@@ -1,0 +1,29 @@
+"""examples/rag_loop.py runs against akerd and reports a hit ratio and latencies."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from akerd_process import Akerd
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "rag_loop.py"
+
+
+def test_rag_loop(akerd: Akerd, workdir: Path) -> None:
+    for extra in ([], ["--batch", "16"]):
+        out = subprocess.run(
+            [sys.executable, str(EXAMPLE), "--port", str(akerd.port), "--vectors", str(workdir / "data.npy"),
+             "--questions", "120", "--popular", "10", "--reword", "0"] + extra,
+            capture_output=True, text=True, timeout=60,
+            env={k: v for k, v in os.environ.items() if k != "AKER_SECRET"},
+        )
+        assert out.returncode == 0, out.stderr
+        m = re.search(r"hit ratio: ([0-9.]+)", out.stdout)
+        assert m, out.stdout
+        # 10 distinct questions asked 120 times: all but the first asks of each are hits.
+        assert float(m.group(1)) >= (120 - 10) / 120 - 1e-9, out.stdout
+        assert "latency ms: p50" in out.stdout and "last prompt: question 119" in out.stdout

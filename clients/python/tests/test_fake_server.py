@@ -1,0 +1,232 @@
+"""What a real akerd does not do on demand: old versions, silence, late or reordered
+replies, connection-level BUSY. A scripted server on loopback stands in."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import threading
+import time
+from typing import Callable, List, Optional
+
+import numpy as np
+import pytest
+
+import aker
+from conftest import run
+from fake_server import FakeConn, FakeServer, hello_body, search_body
+
+DIM = 4
+
+
+def first_component(body: bytes) -> int:
+    """The SEARCH request's vector[0] (the tests put the row's index there)."""
+    return int(struct.unpack_from("<f", body, 16)[0])
+
+
+def server(
+    versions: tuple = (1, 2, 3),
+    max_inflight: int = 4,
+    search_delay: Optional[Callable[[int], float]] = None,
+    reverse_batches: int = 0,
+    seen: Optional[List[int]] = None,
+) -> Callable[[FakeConn], None]:
+    """A handler: HELLO in ``versions``; SEARCH answered with id = vector[0], after
+    ``search_delay(vector[0])`` seconds, or ``reverse_batches`` at a time in reverse."""
+    newest = max(versions)
+
+    def handle(c: FakeConn) -> None:
+        lock = threading.Lock()
+        outstanding = [0]
+        batch: List[tuple] = []
+
+        def reply(version: int, op: int, rid: int, body: bytes) -> None:
+            with lock:
+                outstanding[0] -= 1
+                try:
+                    c.send(version, op, rid, body)
+                except OSError:
+                    pass
+
+        while True:
+            req = c.recv()
+            if req is None:
+                return
+            version, op, _flags, rid, body = req
+            if version not in versions:
+                c.send(newest, op, rid, b"version not spoken", status=5)
+                continue
+            if op == 1:
+                c.send(version, op, rid, hello_body(version, dim=DIM, max_inflight=max_inflight,
+                                                    vmin=min(versions), vmax=newest))
+            elif op == 2:
+                c.send(version, op, rid, body)
+            elif op == 3:
+                i = first_component(body)
+                out = search_body([i], [0.5])
+                with lock:
+                    outstanding[0] += 1
+                    if seen is not None:
+                        seen.append(outstanding[0])
+                if reverse_batches:
+                    batch.append((version, op, rid, out))
+                    if len(batch) == reverse_batches:
+                        for b in reversed(batch):
+                            reply(*b)
+                        batch.clear()
+                elif search_delay is not None:
+                    t = threading.Timer(search_delay(i), reply, (version, op, rid, out))
+                    t.daemon = True
+                    t.start()
+                else:
+                    reply(version, op, rid, out)
+
+    return handle
+
+
+def rows(n: int) -> np.ndarray:
+    m = np.zeros((n, DIM), np.float32)
+    m[:, 0] = np.arange(n)
+    return m
+
+
+def test_a_version_2_server_is_spoken_to_in_version_2() -> None:
+    with FakeServer(server(versions=(1, 2))) as fake:
+        with aker.Client("127.0.0.1", fake.port) as c:
+            assert c.version == 2 and c.info.version_max == 2 and not c.info.auth_required
+            assert c.search(rows(3)[2], 1).ids.tolist() == [2]
+
+
+def test_a_version_1_server_is_incompatible() -> None:
+    with FakeServer(server(versions=(1,))) as fake:
+        with pytest.raises(aker.IncompatibleServer):
+            aker.Client("127.0.0.1", fake.port)
+
+        async def body() -> None:
+            with pytest.raises(aker.IncompatibleServer):
+                await aker.AsyncClient.connect("127.0.0.1", fake.port)
+
+        run(body())
+
+
+def test_a_secret_is_refused_by_a_version_2_server() -> None:
+    with FakeServer(server(versions=(2,))) as fake:
+        with pytest.raises(aker.ServerNotAuthentic):
+            aker.Client("127.0.0.1", fake.port, secret=b"a shared secret of some length")
+
+
+def test_connection_level_busy() -> None:
+    def full(c: FakeConn) -> None:
+        c.send(1, 0, 0, b"max_connections", status=2)
+
+    with FakeServer(full) as fake:
+        with pytest.raises(aker.Busy) as e:
+            aker.Client("127.0.0.1", fake.port)
+        assert e.value.request_id == 0
+
+        async def body() -> None:
+            with pytest.raises(aker.Busy):
+                await aker.AsyncClient.connect("127.0.0.1", fake.port)
+
+        run(body())
+
+
+def test_a_silent_server_times_out() -> None:
+    def silent(c: FakeConn) -> None:
+        while c.recv() is not None:
+            pass
+
+    with FakeServer(silent) as fake:
+        t0 = time.monotonic()
+        with pytest.raises(aker.Timeout) as e:
+            aker.Client("127.0.0.1", fake.port, connect_timeout=0.3)
+        assert isinstance(e.value, TimeoutError) and time.monotonic() - t0 < 5
+
+        async def body() -> None:
+            with pytest.raises(aker.Timeout):
+                await aker.AsyncClient.connect("127.0.0.1", fake.port, connect_timeout=0.3)
+
+        run(body())
+
+
+def slow_first(i: int) -> float:
+    return 0.8 if i == 0 else 0.0
+
+
+def test_a_request_timeout_keeps_the_connection() -> None:
+    with FakeServer(server(search_delay=slow_first)) as fake:
+        with aker.Client("127.0.0.1", fake.port, timeout=0.2) as c:
+            with pytest.raises(aker.Timeout):
+                c.search(rows(1)[0], 1)
+            assert c.ping() >= 0  # answered while the late reply is still to come
+            # The late reply arrives during this call and is dropped.
+            r = c.search(rows(2)[1], 1, timeout=5.0)
+            assert r.ids.tolist() == [1]
+            time.sleep(0.9)
+            assert c.search(rows(4)[3], 1).ids.tolist() == [3]
+
+
+def test_async_request_timeout_keeps_the_connection() -> None:
+    async def body() -> None:
+        with FakeServer(server(search_delay=slow_first)) as fake:
+            c = await aker.AsyncClient.connect("127.0.0.1", fake.port, timeout=0.2)
+            try:
+                with pytest.raises(aker.Timeout):
+                    await c.search(rows(1)[0], 1)
+                assert await c.ping() >= 0
+                assert (await c.search(rows(2)[1], 1, timeout=5.0)).ids.tolist() == [1]
+                for _ in range(100):  # the late reply frees its window slot (bounded)
+                    if c.in_flight == 0:
+                        break
+                    await asyncio.sleep(0.05)
+                assert c.in_flight == 0 and not c.closed
+            finally:
+                await c.close()
+
+    run(body())
+
+
+def test_replies_out_of_order_are_matched_by_id() -> None:
+    with FakeServer(server(reverse_batches=4)) as fake:
+        with aker.Client("127.0.0.1", fake.port) as c:
+            b = c.search_batch(rows(8), 1)
+            assert b.ids[:, 0].tolist() == list(range(8))
+            assert b.counts.tolist() == [1] * 8
+            assert b.ids[0].tolist() == [0] and b.distances[0].tolist() == [0.5]
+
+        async def body() -> None:
+            async with await aker.AsyncClient.connect("127.0.0.1", fake.port) as a:
+                got = await a.search_batch(rows(8), 1)
+                assert got.ids[:, 0].tolist() == list(range(8))
+
+        run(body())
+
+
+def test_fewer_neighbours_than_k_are_padded() -> None:
+    with FakeServer(server()) as fake:
+        with aker.Client("127.0.0.1", fake.port) as c:
+            b = c.search_batch(rows(2), 3)
+            assert b.ids.shape == (2, 3) and b.counts.tolist() == [1, 1]
+            assert b.ids[0, 1] == aker.NO_ID and np.isinf(b.distances[0, 1])
+            assert len(b[1]) == 1
+
+
+def test_the_window_never_exceeds_max_inflight() -> None:
+    seen: List[int] = []
+    with FakeServer(server(max_inflight=3, search_delay=lambda i: 0.02, seen=seen)) as fake:
+        with aker.Client("127.0.0.1", fake.port) as c:
+            assert c.window == 3
+            b = c.search_batch(rows(20), 1)
+            assert b.ids[:, 0].tolist() == list(range(20))
+        assert max(seen) == 3
+
+        seen.clear()
+
+        async def body() -> None:
+            async with await aker.AsyncClient.connect("127.0.0.1", fake.port) as a:
+                got = await asyncio.gather(*(a.search(r, 1) for r in rows(20)))
+                assert [int(r.ids[0]) for r in got] == list(range(20))
+                assert (await a.search_batch(rows(12), 1)).ids[:, 0].tolist() == list(range(12))
+
+        run(body())
+        assert max(seen) == 3
