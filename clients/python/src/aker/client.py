@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from ._auth import load_secret
+from ._pipeline import PipelineRequests
 from ._codec import (
     Codec,
     Frame,
@@ -462,7 +463,7 @@ def _aside_result(ids: Any, dist: Any, k: int, token: Optional[int]) -> SearchRe
     return SearchResult(ids=i, distances=d, kind=HitKind.MISS, distances_to_query=True, token=token)
 
 
-class Pipeline:
+class Pipeline(PipelineRequests):
     """Requests queued on one connection and sent together, replies matched by id.
 
     ::
@@ -481,61 +482,7 @@ class Pipeline:
     not sent) unless ``return_exceptions=True``, which puts the exception in its place.
     """
 
-    def __init__(self, client: Client) -> None:
-        self._client = client
-        self._reqs: List[Req] = []
-        self.results: List[Any] = []
-
-    def __len__(self) -> int:
-        return len(self._reqs)
-
-    def _add(self, req: Req) -> int:
-        self._reqs.append(req)
-        return len(self._reqs) - 1
-
-    def search(
-        self,
-        vector: VectorLike,
-        k: int = 10,
-        *,
-        bypass_cache: bool = False,
-        refresh_entry: bool = False,
-        deadline: Optional[float] = None,
-        collection: int = 0,
-    ) -> int:
-        return self._add(
-            self._client._codec.search(
-                vector, k, bypass_cache=bypass_cache, refresh_entry=refresh_entry, deadline=deadline, collection=collection
-            )
-        )
-
-    def insert(self, id: int, vector: VectorLike, payload: Payload = None, *, collection: int = 0) -> int:
-        return self._add(self._client._codec.insert(id, vector, payload, collection))
-
-    def delete(self, id: int, *, collection: int = 0) -> int:
-        return self._add(self._client._codec.delete(id, collection))
-
-    def fill(
-        self,
-        query: VectorLike,
-        k: int,
-        ids: VectorLike,
-        distances: VectorLike,
-        vectors: VectorLike,
-        *,
-        token: Optional[int] = None,
-        collection: int = 0,
-    ) -> int:
-        return self._add(self._client._codec.fill(query, k, ids, distances, vectors, token, collection))
-
-    def ping(self, payload: bytes = b"") -> int:
-        return self._add(self._client._codec.ping(payload))
-
-    def flush(self) -> int:
-        return self._add(self._client._codec.flush())
-
-    def stats(self) -> int:
-        return self._add(self._client._codec.stats())
+    _client: Client
 
     def execute(self, *, timeout: Any = DEFAULT, return_exceptions: bool = False) -> List[Any]:
         reqs, self._reqs = self._reqs, []
