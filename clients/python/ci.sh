@@ -19,10 +19,24 @@ if [ ! -x "$AKERD" ]; then
 fi
 
 venv="$root/target/py-client-venv"
-if [ ! -x "$venv/bin/python" ]; then
-  timeout 120 python3 -m venv "$venv"
+# A venv a killed run left half made is made again.
+if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+  rm -rf "$venv"
+  if ! timeout 120 python3 -m venv "$venv"; then
+    # Debian and Ubuntu ship venv's pip separately.
+    rm -rf "$venv"
+    if command -v apt-get >/dev/null 2>&1; then
+      pyver=$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+      apt-get install -y -qq "python$pyver-venv" >/dev/null || apt-get install -y -qq python3-venv >/dev/null
+    fi
+    timeout 120 python3 -m venv "$venv"
+  fi
 fi
-timeout 600 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$here" pytest
+# numpy, pytest and the build backend come from PyPI: this stage needs the network.
+if ! timeout 600 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$here" pytest; then
+  echo "clients/python: pip could not install the package and pytest (is PyPI reachable?)" >&2
+  exit 1
+fi
 
 cd "$here"
 set +e

@@ -391,8 +391,18 @@ fn watch(g: &Global, interval: Duration, count: Option<u64>, out: &mut dyn Write
     let mut lines = 0u64;
     while count.is_none_or(|n| lines < n) {
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
-        next += interval;
-        let now = (Instant::now(), s.stats()?);
+        // A slow STATS moves the schedule on rather than bunching the next lines up.
+        next = (next + interval).max(Instant::now());
+        let stats = match s.stats() {
+            Ok(st) => st,
+            // Closed under us (akerd's idle timeout at long intervals, a restart):
+            // one new connection, then give up.
+            Err(_) => {
+                s = Session::open(g)?;
+                s.stats()?
+            }
+        };
+        let now = (Instant::now(), stats);
         let line = stats::watch_line(&prev.1, &now.1, now.0 - prev.0, now.0 - start, with_recall);
         writeln!(out, "{line}")?;
         out.flush()?;
