@@ -62,7 +62,13 @@ def main() -> None:
     a = p.parse_args()
     with aker.Client(a.host, a.port) as c:
         q = np.random.default_rng(1).random(c.info.dim, dtype=np.float32)
-        c.search(q, 10)  # the miss that admits it
+        # The miss that admits it; admission is asynchronous in akerd, so wait (bounded)
+        # until the vector is an EXACT hit before measuring.
+        warm_end = time.monotonic() + 10.0
+        while c.search(q, 10).kind != aker.HitKind.EXACT:
+            if time.monotonic() > warm_end:
+                raise SystemExit("the vector was not admitted within 10 s")
+            time.sleep(0.01)
         print(f"server: dim {c.info.dim}, max_inflight {c.info.max_inflight}, protocol v{c.version}")
         print(f"sync, one at a time: {sync_rate(c, q, a.seconds):,.0f} exact hits/s")
         for rows in a.batch:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from pathlib import Path
 from typing import Any, Awaitable, Iterable, Iterator, TypeVar
 
@@ -112,3 +113,47 @@ def aside(akerd_aside: Akerd) -> Iterator[aker.Client]:
         yield c
     finally:
         c.close()
+
+
+# Admission is asynchronous in akerd (a MISS hands its answer to the shard owner as a
+# hint): the next request may still miss. These wait for a kind, bounded in time.
+
+
+def search_until(client: Any, vector: Any, k: int, kind: "aker.HitKind", timeout: float = 5.0, **kw: Any) -> Any:
+    """Searches until the answer is of ``kind`` (at most ``timeout`` s); the last answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = client.search(vector, k, **kw)
+        if r.kind is kind or time.monotonic() >= deadline:
+            return r
+        time.sleep(0.01)
+
+
+def batch_until(client: Any, matrix: Any, k: int, kind: "aker.HitKind", timeout: float = 5.0, **kw: Any) -> Any:
+    """search_batch until every row is of ``kind`` (at most ``timeout`` s); the last answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        b = client.search_batch(matrix, k, **kw)
+        if all(x is kind for x in b.kinds) or time.monotonic() >= deadline:
+            return b
+        time.sleep(0.01)
+
+
+async def asearch_until(client: Any, vector: Any, k: int, kind: "aker.HitKind", timeout: float = 5.0, **kw: Any) -> Any:
+    """As :func:`search_until`, for an AsyncClient / AsyncPool."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = await client.search(vector, k, **kw)
+        if r.kind is kind or time.monotonic() >= deadline:
+            return r
+        await asyncio.sleep(0.01)
+
+
+async def abatch_until(client: Any, matrix: Any, k: int, kind: "aker.HitKind", timeout: float = 5.0, **kw: Any) -> Any:
+    """As :func:`batch_until`, for an AsyncClient / AsyncPool."""
+    deadline = time.monotonic() + timeout
+    while True:
+        b = await client.search_batch(matrix, k, **kw)
+        if all(x is kind for x in b.kinds) or time.monotonic() >= deadline:
+            return b
+        await asyncio.sleep(0.01)

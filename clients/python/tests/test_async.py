@@ -9,7 +9,9 @@ import pytest
 
 import aker
 from akerd_process import Akerd
-from conftest import DIM, K_MAX, MAX_FRAME, MAX_INFLIGHT, exact, queries, run
+from conftest import DIM, K_MAX, MAX_FRAME, MAX_INFLIGHT, abatch_until, asearch_until, exact, queries, run
+
+EXACT = aker.HitKind.EXACT
 
 
 async def connect(akerd: Akerd, **kw: object) -> aker.AsyncClient:
@@ -27,7 +29,7 @@ def test_async_hello_search_and_cache(akerd: Akerd, data: np.ndarray) -> None:
                 r = await c.search(q, 6)
                 assert r.kind is aker.HitKind.MISS and r.ids.tolist() == want
                 assert r.ids.dtype == np.uint64 and r.distances.dtype == np.float32
-                again = await c.search(q.astype(np.float64), 6)
+                again = await asearch_until(c, q.astype(np.float64), 6, EXACT)
                 assert again.kind is aker.HitKind.EXACT and again.ids.tolist() == want
                 assert (await c.search(q, 6, bypass_cache=True)).kind is aker.HitKind.MISS
                 assert (await c.search(q, 6, refresh_entry=True)).ids.tolist() == want
@@ -55,7 +57,7 @@ def test_async_search_batch(akerd: Akerd, data: np.ndarray) -> None:
             assert b.ids.shape == (50, 4) and b.kinds == [aker.HitKind.MISS] * 50
             for row, q in enumerate(qs):
                 assert b.ids[row].tolist() == exact(data, q, 4).tolist()
-            again = await c.search_batch(qs, 4)
+            again = await abatch_until(c, qs, 4, EXACT)
             assert again.hit_ratio == 1.0 and np.array_equal(again.ids, b.ids)
 
     run(body())
@@ -107,7 +109,7 @@ def test_async_pipeline_stats_ping_flush(akerd: Akerd, data: np.ndarray) -> None
                 await p2.execute()
             assert await c.ping() > 0
             await c.search(q, 3)
-            assert (await c.search(q, 3)).hit
+            assert (await asearch_until(c, q, 3, EXACT)).hit
             await c.flush()
             assert not (await c.search(q, 3)).hit
 

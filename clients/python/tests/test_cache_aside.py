@@ -66,6 +66,8 @@ def test_no_fill_brings_back_an_id_deleted_since_the_miss(aside: aker.Client, da
     admitted = aside.fill(q, k, ids, d, vecs, token=miss.token)
     r = aside.search(q, k)
     assert victim not in r.ids.tolist()
+    # Δ = 3: 8 candidates, the deleted one stripped, 7 >= k = 5 remain: admitted.
+    assert admitted is True
     if admitted:
         assert r.kind is aker.HitKind.EXACT
         assert r.ids.tolist() == [i for i in ids.tolist() if i != victim][:k]

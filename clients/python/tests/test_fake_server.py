@@ -162,11 +162,19 @@ def test_a_request_timeout_keeps_the_connection() -> None:
             with pytest.raises(aker.Timeout):
                 c.search(rows(1)[0], 1)
             assert c.ping() >= 0  # answered while the late reply is still to come
-            # The late reply arrives during this call and is dropped.
+            # Answered at once, before the late reply (due 0.8 s after the first search).
             r = c.search(rows(2)[1], 1, timeout=5.0)
             assert r.ids.tolist() == [1]
+            assert c._abandoned and c._counted_out == 1  # the timed-out one, still out
             time.sleep(0.9)
+            # The late reply has come by now: this call reads it first and drops it.
             assert c.search(rows(4)[3], 1).ids.tolist() == [3]
+            for _ in range(100):  # bounded: should already be so
+                if not c._abandoned:
+                    break
+                c.ping()
+                time.sleep(0.05)
+            assert c._abandoned == {} and c._counted_out == 0 and not c.closed
 
 
 def test_async_request_timeout_keeps_the_connection() -> None:
@@ -233,3 +241,114 @@ def test_the_window_never_exceeds_max_inflight() -> None:
 
         run(body())
         assert max(seen) == 3
+
+
+def hello_then(on_search: Callable[[FakeConn, int, int], None], *, max_inflight: int = 4, dim: int = DIM,
+               after_ping: Optional[Callable[[FakeConn], None]] = None) -> Callable[[FakeConn], None]:
+    """A handler: HELLO (v3), PING echoed, SEARCH handed to ``on_search(conn, version, rid)``."""
+
+    def handle(c: FakeConn) -> None:
+        while True:
+            req = c.recv()
+            if req is None:
+                return
+            version, op, _flags, rid, body = req
+            if op == 1:
+                c.send(version, op, rid, hello_body(version, dim=dim, max_inflight=max_inflight))
+            elif op == 2:
+                c.send(version, op, rid, body)
+                if after_ping is not None:
+                    after_ping(c)
+            elif op == 3:
+                on_search(c, version, rid)
+
+    return handle
+
+
+def drop_connection(c: FakeConn, version: int, rid: int) -> None:
+    time.sleep(0.2)
+    c.sock.shutdown(2)
+    c.sock.close()
+
+
+def never_answer(c: FakeConn, version: int, rid: int) -> None:
+    pass
+
+
+def test_async_window_waiters_wake_when_the_connection_dies() -> None:
+    async def body() -> None:
+        with FakeServer(hello_then(drop_connection, max_inflight=1)) as fake:
+            c = await aker.AsyncClient.connect("127.0.0.1", fake.port, timeout=30.0)
+            try:
+                assert c.window == 1
+                t0 = time.monotonic()
+                out = await asyncio.wait_for(
+                    asyncio.gather(c.search(rows(1)[0], 1), c.search(rows(2)[1], 1), return_exceptions=True), 5.0)
+                assert all(isinstance(e, aker.ConnectionClosed) for e in out), out
+                assert time.monotonic() - t0 < 5 and c.closed
+            finally:
+                await c.close()
+
+    run(body())
+
+
+def test_close_from_another_thread_interrupts_a_blocked_call() -> None:
+    with FakeServer(hello_then(never_answer)) as fake:
+        c = aker.Client("127.0.0.1", fake.port, timeout=30.0)
+        got: List[BaseException] = []
+
+        def call() -> None:
+            try:
+                c.search(rows(1)[0], 1)
+            except BaseException as e:  # checked below
+                got.append(e)
+
+        t = threading.Thread(target=call)
+        t.start()
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        c.close()
+        t.join(5.0)
+        assert not t.is_alive() and time.monotonic() - t0 < 5
+        assert len(got) == 1 and isinstance(got[0], aker.ConnectionClosed), got
+        assert c.closed
+
+
+def test_a_window_full_of_abandoned_requests_closes_the_connection() -> None:
+    with FakeServer(hello_then(never_answer, max_inflight=1)) as fake:
+        with aker.Client("127.0.0.1", fake.port, timeout=0.2) as c:
+            with pytest.raises(aker.Timeout):
+                c.search(rows(1)[0], 1)
+            assert not c.closed  # one timeout: the connection stays
+            with pytest.raises(aker.Timeout):
+                c.search(rows(2)[1], 1)  # nothing could be sent: the window is full
+            assert c.closed
+        with aker.Pool("127.0.0.1", fake.port, size=1, timeout=0.2) as pool:
+            for i in range(2):
+                with pytest.raises(aker.Timeout):
+                    pool.search(rows(2)[1], 1)
+            assert pool._count == 0 and pool._idle == []  # the broken one was dropped
+
+
+def test_the_pool_does_not_lend_a_connection_the_server_closed() -> None:
+    def close_after_ping(c: FakeConn) -> None:
+        c.sock.shutdown(2)
+
+    with FakeServer(hello_then(never_answer, after_ping=close_after_ping)) as fake:
+        with aker.Pool("127.0.0.1", fake.port, size=1) as pool:
+            assert pool.ping() >= 0
+            time.sleep(0.2)  # the server has closed the idle connection
+            assert pool.ping() >= 0  # on a new connection, not the dead one
+            assert pool._count == 1
+
+
+def test_a_frame_limit_below_one_search_is_incompatible() -> None:
+    with FakeServer(hello_then(never_answer, dim=20000)) as fake:  # 80 KB vectors, 64 KiB frames
+        with pytest.raises(aker.IncompatibleServer):
+            aker.Client("127.0.0.1", fake.port)
+
+        async def body() -> None:
+            with pytest.raises(aker.IncompatibleServer):
+                await aker.AsyncClient.connect("127.0.0.1", fake.port)
+
+        run(body())

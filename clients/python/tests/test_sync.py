@@ -10,7 +10,9 @@ import pytest
 
 import aker
 from akerd_process import Akerd
-from conftest import DELTA, DIM, K_MAX, MAX_FRAME, MAX_INFLIGHT, exact, queries
+from conftest import DELTA, DIM, K_MAX, MAX_FRAME, MAX_INFLIGHT, batch_until, exact, queries, search_until
+
+EXACT = aker.HitKind.EXACT
 
 
 def test_hello_is_checked_and_remembered(client: aker.Client) -> None:
@@ -39,7 +41,7 @@ def test_search_is_exact_then_cached(client: aker.Client, data: np.ndarray) -> N
         assert r.ids.tolist() == want.tolist()
         d = ((data[want.astype(np.int64)] - q) ** 2).sum(axis=1)
         np.testing.assert_allclose(r.distances, d, rtol=1e-4, atol=1e-5)
-        again = client.search(q, 7)
+        again = search_until(client, q, 7, EXACT)
         assert again.kind is aker.HitKind.EXACT and again.ids.tolist() == want.tolist()
         # An entry cached for k answers a smaller k from its prefix.
         small = client.search(q, 3)
@@ -61,10 +63,10 @@ def test_flags_bypass_and_refresh(client: aker.Client, data: np.ndarray) -> None
     q = queries(1, seed=4)[0]
     assert client.search(q, 5, bypass_cache=True).kind is aker.HitKind.MISS
     assert client.search(q, 5).kind is aker.HitKind.MISS  # bypass cached nothing
-    assert client.search(q, 5).kind is aker.HitKind.EXACT
+    assert search_until(client, q, 5, EXACT).kind is aker.HitKind.EXACT
     r = client.search(q, 5, refresh_entry=True)
     assert r.kind is aker.HitKind.MISS and r.ids.tolist() == exact(data, q, 5).tolist()
-    assert client.search(q, 5, deadline=2.0).kind is aker.HitKind.EXACT
+    assert search_until(client, q, 5, EXACT, deadline=2.0).kind is aker.HitKind.EXACT
 
 
 def test_insert_then_delete(client: aker.Client, data: np.ndarray) -> None:
@@ -73,7 +75,7 @@ def test_insert_then_delete(client: aker.Client, data: np.ndarray) -> None:
     client.insert(new_id, q, payload=b"kept nowhere (embedded)")
     r = client.search(q, 5)
     assert r.ids[0] == new_id and r.distances[0] == 0.0
-    assert client.search(q, 5).kind is aker.HitKind.EXACT
+    assert search_until(client, q, 5, EXACT).kind is aker.HitKind.EXACT
     assert client.delete(new_id) is True
     assert client.delete(new_id) is False
     r = client.search(q, 5)
@@ -85,7 +87,7 @@ def test_a_deleted_id_is_never_returned(client: aker.Client, data: np.ndarray) -
     qs = queries(12, seed=6)
     k = 5
     first = client.search_batch(qs, k)
-    assert client.search_batch(qs, k).kinds == [aker.HitKind.EXACT] * len(qs)
+    assert batch_until(client, qs, k, EXACT).kinds == [aker.HitKind.EXACT] * len(qs)
     gone = sorted({int(i) for i in first.ids[:, 0]})
     try:
         for i in gone:
@@ -110,7 +112,7 @@ def test_search_batch_is_pipelined_and_in_order(client: aker.Client, data: np.nd
     assert b.kinds == [aker.HitKind.MISS] * 60 and b.hit_ratio == 0.0
     for row, q in enumerate(qs):
         assert b.ids[row].tolist() == exact(data, q, 6).tolist()
-    again = client.search_batch(qs.astype(np.float64), 6)
+    again = batch_until(client, qs.astype(np.float64), 6, EXACT)
     assert again.hit_ratio == 1.0 and np.array_equal(again.ids, b.ids)
     one = again[3]
     assert one.kind is aker.HitKind.EXACT and one.ids.tolist() == b.ids[3].tolist()
@@ -126,7 +128,8 @@ def test_pipeline_mixed_operations(client: aker.Client, data: np.ndarray) -> Non
         p.ping(b"echo")
         p.stats()
         p.delete(2_000_000)
-        p.insert(2_000_001, q)
+        # Far from q: the search runs concurrently and must not depend on this insert.
+        p.insert(2_000_001, q + 1000.0)
         assert len(p) == 5
     r, pong, stats, existed, inserted = p.results
     assert isinstance(r, aker.SearchResult) and r.ids.tolist() == exact(data, q, 3).tolist()
@@ -152,7 +155,7 @@ def test_pipeline_errors_in_place_or_raised(client: aker.Client) -> None:
 def test_stats_ping_flush(client: aker.Client) -> None:
     q = queries(1, seed=11)[0]
     client.search(q, 4)
-    assert client.search(q, 4).hit
+    assert search_until(client, q, 4, EXACT).hit
     stats = client.stats()
     assert isinstance(stats["server_requests"], int) and stats["server_requests"] > 0
     assert client.ping(b"x" * 100) > 0
@@ -175,6 +178,15 @@ def test_bad_input_is_refused_before_sending(client: aker.Client) -> None:
         (lambda: client.insert(5, q, payload=bytes(MAX_FRAME)), aker.TooLarge),
         (lambda: client.search_batch(np.ones((3, DIM + 1)), 3), aker.DimensionMismatch),
         (lambda: client.search_batch(np.stack([q, nan]), 3), aker.NonFinite),
+        (lambda: client.ping("x"), aker.InvalidRequest),  # str: no one encoding
+        (lambda: client.ping(5), aker.InvalidRequest),  # not five zero bytes
+        (lambda: client.insert(5, q, payload="x"), aker.InvalidRequest),
+        (lambda: client.search(q, 3, deadline="soon"), aker.InvalidRequest),
+        (lambda: client.fill(q, 1, [1], ["near"], [q]), aker.InvalidRequest),
+        (lambda: aker.Client(*client.address, window=0), aker.InvalidRequest),
+        (lambda: aker.Client(*client.address, expect_metric=99), aker.InvalidRequest),
+        (lambda: aker.Pool(*client.address, size=0), aker.InvalidRequest),
+        (lambda: aker.AsyncPool(*client.address, size=0), aker.InvalidRequest),
         (lambda: client.fill(q, 3, [1], [0.0], [q]), None),  # reaches the server: UNSUPPORTED
     ]
     for call, cls in cases[:-1]:
@@ -183,6 +195,8 @@ def test_bad_input_is_refused_before_sending(client: aker.Client) -> None:
         assert e.value.local and isinstance(e.value, ValueError) and isinstance(e.value, aker.AkerError)
     # STATS counts itself: one more request, nothing from the refused ones.
     assert client.stats()["server_requests"] == before + 1
+    # bytes-like payloads are all accepted
+    assert client.ping(bytearray(b"ab")) > 0 and client.ping(memoryview(b"cd")) > 0
     with pytest.raises(aker.Unsupported) as e2:
         cases[-1][0]()
     assert not e2.value.local

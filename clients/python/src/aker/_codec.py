@@ -236,10 +236,32 @@ def _uint(value: int, bits: int, what: str) -> int:
     return v
 
 
+def as_bytes(data: Any, what: str) -> bytes:
+    """``data`` (bytes, bytearray or memoryview) as bytes; anything else is refused (a str
+    has no one encoding, and ``bytes(5)`` would be five zero bytes)."""
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    raise _local(InvalidRequest, "%s must be bytes, bytearray or memoryview, not %s" % (what, type(data).__name__))
+
+
+def check_metric(metric: Any) -> Metric:
+    try:
+        return Metric(metric)
+    except ValueError:
+        raise _local(InvalidRequest, "unknown metric %r" % (metric,)) from None
+
+
 def _deadline_us(deadline: Optional[float]) -> int:
     if deadline is None:
         return 0
-    d = float(deadline)
+    if isinstance(deadline, (str, bytes, bool)):
+        raise _local(InvalidRequest, "deadline must be a number of seconds, not %r" % (deadline,))
+    try:
+        d = float(deadline)
+    except (TypeError, ValueError):
+        raise _local(InvalidRequest, "deadline must be a number of seconds, not %r" % (deadline,)) from None
     if not d > 0 or not math.isfinite(d):
         raise _local(InvalidRequest, "deadline must be a positive number of seconds, not %r" % deadline)
     us = int(math.ceil(d * 1e6))
@@ -394,7 +416,7 @@ class Codec:
         return kk
 
     def ping(self, payload: bytes = b"") -> Req:
-        data = bytes(payload)
+        data = as_bytes(payload, "PING payload")
 
         def parse(version: int, body: bytes) -> bytes:
             if body != data:
@@ -429,7 +451,7 @@ class Codec:
 
     def insert(self, id: int, vector: VectorLike, payload: Payload = None, collection: int = 0) -> Req:
         vec = as_vector(vector, self.info.dim)
-        data = b"" if payload is None else bytes(payload)
+        data = b"" if payload is None else as_bytes(payload, "payload")
         head = struct.pack(
             "<QIII", _uint(id, 64, "id"), _uint(collection, 32, "collection"), vec.shape[0], len(data)
         )
@@ -460,7 +482,10 @@ class Codec:
             raise _local(InvalidRequest, "ids must be u64")
         id_arr = id_arr.astype(U64)
         m = id_arr.shape[0]
-        dist = np.asarray(distances, dtype=np.float64).reshape(-1)
+        dist_in = np.asarray(distances)
+        if dist_in.dtype.kind not in "fiu" and dist_in.size:
+            raise _local(InvalidRequest, "distances must be real numbers, not dtype %s" % dist_in.dtype)
+        dist = dist_in.astype(np.float64).reshape(-1)
         if dist.shape[0] != m:
             raise _local(InvalidRequest, "%d ids but %d distances" % (m, dist.shape[0]))
         vec_arr = np.asarray(vectors)
@@ -535,11 +560,18 @@ def handshake(
     info = ServerInfo(version=version, **fields)
     if info.dim < 1 or info.k_max < 1 or info.max_inflight < 1 or info.max_frame_bytes < MIN_SERVER_FRAME:
         raise IncompatibleServer("the server's HELLO limits are not usable: %r" % (info,))
+    # One SEARCH of the server's dimension: header, 16 bytes of fields, dim float32.
+    one_search = HEADER_LEN + 16 + 4 * info.dim
+    if info.max_frame_bytes < one_search:
+        raise IncompatibleServer(
+            "the server's max_frame_bytes %d cannot hold one SEARCH of dimension %d (%d bytes)"
+            % (info.max_frame_bytes, info.dim, one_search)
+        )
     if expect_dim is not None and info.dim != expect_dim:
         raise IncompatibleServer("the server's dimension is %d, not the expected %d" % (info.dim, expect_dim))
-    if expect_metric is not None and info.metric != Metric(expect_metric):
+    if expect_metric is not None and info.metric != check_metric(expect_metric):
         raise IncompatibleServer(
-            "the server's metric is %s, not the expected %s" % (info.metric.name, Metric(expect_metric).name)
+            "the server's metric is %s, not the expected %s" % (info.metric.name, check_metric(expect_metric).name)
         )
     if challenge is None:
         if secret is not None:

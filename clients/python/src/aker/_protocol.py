@@ -140,7 +140,11 @@ class ServerInfo:
 @dataclass(frozen=True, eq=False)
 class SearchResult:
     """One SEARCH answer: ``ids`` (uint64) and ``distances`` (float32), ascending by
-    distance, at most k of them, and how it was answered."""
+    distance, at most k of them, and how it was answered.
+
+    ``len(result)`` is the number of neighbours; iterating yields the two arrays
+    ``(ids, distances)`` (not the neighbours), so that ``ids, distances = result``
+    unpacks. To walk the neighbours use ``zip(result.ids, result.distances)``."""
 
     ids: np.ndarray
     distances: np.ndarray
@@ -160,7 +164,8 @@ class SearchResult:
         return int(self.ids.shape[0])
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        """``ids, distances = result``."""
+        """Yields ``ids`` then ``distances`` (two arrays, whatever ``len()`` is), for
+        ``ids, distances = result``."""
         return iter((self.ids, self.distances))
 
 
@@ -171,6 +176,11 @@ class BatchResult:
     ``ids`` has shape ``(n, k)`` (uint64) and ``distances`` ``(n, k)`` (float32). A row with
     fewer than k neighbours (``counts[i] < k``: a cache-aside MISS, a small collection) is
     padded with :data:`NO_ID` and ``+inf``.
+
+    ``len(batch)`` and ``batch[i]`` (a :class:`SearchResult`) are per row, but iterating
+    yields the two ``(n, k)`` arrays ``(ids, distances)``, not the rows, so that
+    ``ids, distances = batch`` unpacks. To walk the rows use
+    ``(batch[i] for i in range(len(batch)))``.
     """
 
     ids: np.ndarray
@@ -194,7 +204,8 @@ class BatchResult:
         )
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        """``ids, distances = batch``."""
+        """Yields the ``(n, k)`` arrays ``ids`` then ``distances`` (not the rows), for
+        ``ids, distances = batch``."""
         return iter((self.ids, self.distances))
 
     @property

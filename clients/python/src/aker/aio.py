@@ -23,6 +23,7 @@ from ._codec import (
     VectorLike,
     as_vector,
     batch_of,
+    check_metric,
     closes_connection,
     error_of,
     handshake,
@@ -30,7 +31,7 @@ from ._codec import (
     search_rows,
 )
 from ._protocol import HEADER_LEN, BatchResult, HitKind, Metric, SearchResult, ServerInfo
-from .client import DEFAULT, Backend, PathLike, SecretLike, _aside_result
+from .client import DEFAULT, Backend, PathLike, SecretLike, _aside_result, _check_size, _check_window
 from .errors import (
     AkerConnectionError,
     AkerError,
@@ -82,8 +83,9 @@ class AsyncClient:
         max_reply_bytes: int = 64 << 20,
     ) -> "AsyncClient":
         key = load_secret(secret, secret_file)
-        if window is not None and int(window) < 1:
-            raise ValueError("window must be at least 1")
+        _check_window(window)
+        if expect_metric is not None:
+            check_metric(expect_metric)
         t0 = time.monotonic()
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), connect_timeout)
@@ -134,9 +136,16 @@ class AsyncClient:
         if self._dead is None:
             self._dead = why
         pending, self._pending = self._pending, {}
-        for _req, fut in pending.values():
+        for req, fut in pending.values():
             if not fut.done():
                 fut.set_exception(why)
+                # A timed-out request's future has nobody awaiting it: mark the exception
+                # retrieved (an awaiting caller still gets it raised).
+                fut.exception()
+            # Give back the window slots those requests held, so that calls blocked on
+            # the window wake up and raise ConnectionClosed (their _check after acquire).
+            if req.counted and self._sem is not None:
+                self._sem.release()
         try:
             self._writer.close()
         except Exception:
@@ -172,6 +181,9 @@ class AsyncClient:
             self._fail(ConnectionClosed("connection lost: %s" % e))
         except asyncio.CancelledError:
             self._fail(ConnectionClosed("closed by the client"))
+            raise
+        except BaseException as e:
+            self._fail(ConnectionClosed("the reader stopped: %r" % (e,)))
             raise
 
     async def _send(self, req: Req) -> Frame:
@@ -404,8 +416,7 @@ class AsyncPool:
     :meth:`AsyncClient.connect`'s."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 7700, *, size: int = 4, **client_options: Any) -> None:
-        if size < 1:
-            raise ValueError("size must be at least 1")
+        _check_size(size)
         self.address = (host, port)
         self.size = size
         self._options = client_options
@@ -426,7 +437,11 @@ class AsyncPool:
         async with self._lock:
             self._clients = [c for c in self._clients if not c.closed]
             if len(self._clients) < self.size and all(c.in_flight > 0 for c in self._clients):
-                self._clients.append(await AsyncClient.connect(self.address[0], self.address[1], **self._options))
+                new = await AsyncClient.connect(self.address[0], self.address[1], **self._options)
+                if self._closed:
+                    await new.close()
+                    raise ConnectionClosed("the pool is closed")
+                self._clients.append(new)
             return min(self._clients, key=lambda c: c.in_flight)
 
     @property
@@ -438,6 +453,12 @@ class AsyncPool:
         clients, self._clients = self._clients, []
         for c in clients:
             await c.close()
+        if self._lock is not None:
+            # A connection being opened while the pool closed: close it too.
+            async with self._lock:
+                clients, self._clients = self._clients, []
+            for c in clients:
+                await c.close()
 
     async def __aenter__(self) -> "AsyncPool":
         return self

@@ -10,6 +10,7 @@ stops reading until its replies are read.
 
 from __future__ import annotations
 
+import numbers
 import os
 import selectors
 import socket
@@ -31,6 +32,7 @@ from ._codec import (
     VectorLike,
     as_vector,
     batch_of,
+    check_metric,
     closes_connection,
     error_of,
     handshake,
@@ -42,6 +44,7 @@ from .errors import (
     AkerConnectionError,
     AkerError,
     ConnectionClosed,
+    InvalidRequest,
     ProtocolError,
     StatusError,
     Timeout,
@@ -54,6 +57,18 @@ PathLike = Union[str, "os.PathLike[str]", None]
 #: ``backend(query, n) -> (ids, distances, vectors)``: a cache-aside client's own search
 #: of its database for the ``n`` nearest rows, ascending by distance.
 Backend = Callable[[np.ndarray, int], Tuple[Any, Any, Any]]
+
+
+def _check_window(window: Optional[int]) -> None:
+    if window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+        raise InvalidRequest("window must be an integer of at least 1, not %r" % (window,), local=True)
+
+
+def _check_size(size: int) -> None:
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+        raise InvalidRequest("size must be an integer of at least 1, not %r" % (size,), local=True)
 
 
 class _Default:
@@ -104,6 +119,9 @@ class Client:
         max_reply_bytes: int = 64 << 20,
     ) -> None:
         self._secret = load_secret(secret, secret_file)
+        _check_window(window)
+        if expect_metric is not None:
+            check_metric(expect_metric)
         self.address: Tuple[str, int] = (host, int(port))
         self.timeout = timeout
         self._max_reply = int(max_reply_bytes)
@@ -120,10 +138,14 @@ class Client:
         self._version = 3
         self._window = 1
         self._sock = self._connect(connect_timeout)
-        self._sel = selectors.DefaultSelector()
         self._events = selectors.EVENT_READ
-        self._sel.register(self._sock, self._events)
         try:
+            self._sel = selectors.DefaultSelector()
+        except BaseException:
+            self._sock.close()
+            raise
+        try:
+            self._sel.register(self._sock, self._events)
             self.info: ServerInfo = self._handshake(handshake(self._secret, expect_dim, expect_metric), connect_timeout)
         except BaseException:
             self.close()
@@ -131,9 +153,6 @@ class Client:
         self._version = self.info.version
         self._codec = Codec(self.info)
         want = self.info.max_inflight if window is None else int(window)
-        if want < 1:
-            self.close()
-            raise ValueError("window must be at least 1")
         self._window = min(want, self.info.max_inflight)
 
     # ------------------------------------------------------------------ plumbing
@@ -199,12 +218,20 @@ class Client:
         self._check()
         want = selectors.EVENT_READ | (selectors.EVENT_WRITE if self._wbuf and self._write_error is None else 0)
         if want != self._events:
-            self._sel.modify(self._sock, want)
+            try:
+                self._sel.modify(self._sock, want)
+            except (OSError, ValueError, KeyError) as e:
+                self._kill(ConnectionClosed("the connection is closed"))
+                raise ConnectionClosed("the connection is closed: %s" % self._dead) from e
             self._events = want
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             raise Timeout("no reply within the timeout")
-        ready = self._sel.select(left)
+        try:
+            ready = self._sel.select(left)
+        except (OSError, ValueError) as e:  # the selector was closed by close() elsewhere
+            self._kill(ConnectionClosed("the connection is closed"))
+            raise ConnectionClosed("the connection is closed: %s" % self._dead) from e
         if not ready:
             raise Timeout("no reply within the timeout")
         for _key, ev in ready:
@@ -224,9 +251,15 @@ class Client:
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError as e:
+                    if self._dead is not None:  # close() from another thread
+                        self._kill(self._dead)
+                        raise ConnectionClosed("the connection is closed: %s" % self._dead) from e
                     self._kill(ConnectionClosed("connection lost: %s" % e))
                     raise ConnectionClosed("connection lost: %s" % e) from e
                 if not data:
+                    if self._dead is not None:  # close() from another thread
+                        self._kill(self._dead)
+                        raise ConnectionClosed("the connection is closed: %s" % self._dead)
                     why = "the server closed the connection"
                     if self._write_error is not None:
                         why += " (writing failed: %s)" % self._write_error
@@ -268,7 +301,19 @@ class Client:
                         sent += 1
                     # Each request has `t` from when it was sent; the oldest bounds the wait.
                     start = next(iter(own.values()))[1] if own else waiting_since
-                    frame = self._read_frame(None if t is None else start + t)
+                    try:
+                        frame = self._read_frame(None if t is None else start + t)
+                    except Timeout:
+                        if not own and sent < n and self._abandoned:
+                            # Nothing of ours could be sent: the window is full of
+                            # abandoned requests the server does not answer. The
+                            # connection is unusable; close it (a pool drops it).
+                            self._kill(ConnectionClosed(
+                                "the window is full of requests the server never answered"))
+                            raise Timeout(
+                                "no window slot within %s s: the window is full of unanswered "
+                                "requests; the connection was closed" % t) from None
+                        raise
                     rid = frame.request_id
                     if frame.connection_level:
                         err = error_of(frame)
@@ -324,8 +369,35 @@ class Client:
         return self._dead is not None
 
     def close(self) -> None:
-        """Closes the connection (idempotent)."""
-        self._kill(ConnectionClosed("closed by the client"))
+        """Closes the connection (idempotent). From another thread, it interrupts a call
+        blocked on this connection, which raises :class:`~aker.ConnectionClosed`."""
+        if self._dead is None:
+            self._dead = ConnectionClosed("closed by the client")
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes a select() blocked elsewhere
+        except OSError:
+            pass
+        # Let a blocked call notice and leave first (it closes the socket itself).
+        if self._lock.acquire(timeout=1.0):
+            try:
+                self._kill(self._dead)
+            finally:
+                self._lock.release()
+        else:
+            self._kill(self._dead)
+
+    def _idle_usable(self) -> bool:
+        """For a pool, before lending an idle connection: False when the server closed it
+        (EOF), sent something unasked (e.g. SHUTTING_DOWN before closing), or it broke."""
+        if self._dead is not None or self._rbuf or self._wbuf:
+            return False
+        try:
+            self._sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+        return False  # b"" (EOF) or unread bytes
 
     def __enter__(self) -> "Client":
         return self
@@ -517,8 +589,7 @@ class Pool:
         acquire_timeout: Optional[float] = 10.0,
         **client_options: Any,
     ) -> None:
-        if size < 1:
-            raise ValueError("size must be at least 1")
+        _check_size(size)
         self.address = (host, port)
         self.size = size
         self.acquire_timeout = acquire_timeout
@@ -544,8 +615,12 @@ class Pool:
             while True:
                 if self._closed:
                     raise ConnectionClosed("the pool is closed")
-                if self._idle:
-                    return self._idle.pop()
+                while self._idle:
+                    idle = self._idle.pop()
+                    if idle._idle_usable():
+                        return idle
+                    idle.close()  # akerd closed it (idle_timeout_ms) or is stopping
+                    self._count -= 1
                 if self._count < self.size:
                     self._count += 1
                     break
