@@ -242,7 +242,7 @@ fn the_clients_authenticate_with_the_secret() {
     };
     let mut c = Client::connect_with(d.local_addr(), opts.clone()).unwrap();
     let h = c.hello().unwrap();
-    assert_eq!(c.version(), 3);
+    assert_eq!(c.version(), aker::protocol::VERSION);
     assert!(h.auth_challenge.is_some());
     let v = vec![0.25; common::DIM];
     c.insert(1 << 41, &v).unwrap();
@@ -292,7 +292,7 @@ fn a_server_that_does_not_know_the_secret_is_caught() {
             let reply = match f.request {
                 Request::Hello => Reply::Hello(HelloReply {
                     version_min: 1,
-                    version_max: 3,
+                    version_max: 4,
                     metric: shards::Metric::L2Sq,
                     max_frame_bytes: 1 << 20,
                     dim: 4,
@@ -302,6 +302,7 @@ fn a_server_that_does_not_know_the_secret_is_caught() {
                     shards: 1,
                     delta: Some(0),
                     auth_challenge: Some([7; 16]),
+                    max_batch: Some(8),
                 }),
                 _ => Reply::Authenticated {
                     server_proof: [0; 32],

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use aker::config::Config;
 use aker::protocol::{
-    FillCandidate, FillRequest, InsertRequest, Reply, ReplyFrame, Request, SearchRequest, Status,
-    HEADER_LEN, MAGIC,
+    FillCandidate, FillRequest, InsertRequest, Reply, ReplyFrame, Request, SearchBatchRequest,
+    SearchRequest, Status, HEADER_LEN, MAGIC,
 };
 use common::*;
 
@@ -59,6 +59,11 @@ fn body(request: Request) -> Vec<u8> {
     encoded(2, 1, request)[HEADER_LEN..].to_vec()
 }
 
+/// The body of a version 4 request.
+fn body4(request: Request) -> Vec<u8> {
+    encoded(4, 1, request)[HEADER_LEN..].to_vec()
+}
+
 fn status_of(f: &ReplyFrame) -> Status {
     match &f.reply {
         Reply::Error { status, .. } => *status,
@@ -98,6 +103,11 @@ fn row(name: &'static str, bytes: Vec<u8>, status: Status, id: u64, stays: bool)
 
 fn vector(x: f32) -> Vec<f32> {
     vec![x; DIM]
+}
+
+/// A SEARCH_BATCH (version 4) of `n` queries of `x`, dimension `dim`.
+fn batch(k: u32, n: usize, dim: usize) -> Request {
+    Request::SearchBatch(SearchBatchRequest::new(k, vec![vec![0.5; dim]; n]))
 }
 
 fn search(k: u32, v: Vec<f32>) -> Request {
@@ -160,8 +170,8 @@ fn rows() -> Vec<Row> {
             true,
         ),
         row(
-            "version 4",
-            frame(4, 0x02, 0, 0, 7, &ping),
+            "version 5",
+            frame(5, 0x02, 0, 0, 7, &ping),
             BadVersion,
             7,
             true,
@@ -181,8 +191,8 @@ fn rows() -> Vec<Row> {
             true,
         ),
         row(
-            "opcode 0x0A",
-            frame(3, 0x0A, 0, 0, 9, &[]),
+            "opcode 0x0B",
+            frame(4, 0x0B, 0, 0, 9, &[]),
             UnknownOp,
             9,
             true,
@@ -368,6 +378,81 @@ fn rows() -> Vec<Row> {
             ),
             Ok,
             33,
+            true,
+        ),
+        // SEARCH_BATCH (version 4); its per-query statuses: tests/akerd_batch.rs.
+        row(
+            "SEARCH_BATCH in a version 3 frame",
+            frame(3, 0x0A, 0, 0, 40, &body4(batch(K, 2, DIM))),
+            UnknownOp,
+            40,
+            true,
+        ),
+        row(
+            "SEARCH_BATCH of 0 queries",
+            encoded(4, 41, batch(K, 0, DIM)),
+            BadRequest,
+            41,
+            true,
+        ),
+        row(
+            "SEARCH_BATCH over max_batch (64 here: max_inflight)",
+            encoded(4, 42, batch(K, 65, DIM)),
+            BadRequest,
+            42,
+            true,
+        ),
+        row(
+            "SEARCH_BATCH of dimension 3",
+            encoded(4, 43, batch(K, 2, 3)),
+            DimMismatch,
+            43,
+            true,
+        ),
+        row(
+            "SEARCH_BATCH k 0",
+            encoded(4, 44, batch(0, 2, DIM)),
+            BadK,
+            44,
+            true,
+        ),
+        row(
+            "SEARCH_BATCH k 33",
+            encoded(4, 45, batch(33, 2, DIM)),
+            BadK,
+            45,
+            true,
+        ),
+        row(
+            "SEARCH_BATCH undefined flag 0x0004",
+            frame(4, 0x0A, 4, 0, 46, &body4(batch(K, 2, DIM))),
+            BadRequest,
+            46,
+            true,
+        ),
+        row(
+            "SEARCH_BATCH count past its body",
+            {
+                let mut b = body4(batch(K, 2, DIM));
+                b[16..20].copy_from_slice(&3u32.to_le_bytes());
+                frame(4, 0x0A, 0, 0, 47, &b)
+            },
+            BadRequest,
+            47,
+            true,
+        ),
+        row(
+            "SEARCH_BATCH with a NaN query: OK, the query's item says NON_FINITE",
+            encoded(
+                4,
+                48,
+                Request::SearchBatch(SearchBatchRequest::new(
+                    K,
+                    vec![vector(0.5), vector(f32::NAN)],
+                )),
+            ),
+            Ok,
+            48,
             true,
         ),
         row(

@@ -370,7 +370,10 @@ fn a_version_1_client_keeps_working() {
     )
     .unwrap();
     let h = c.hello().unwrap();
-    assert_eq!((h.version_max, h.delta, c.version()), (3, None, 1));
+    assert_eq!(
+        (h.version_max, h.delta, c.version()),
+        (aker::protocol::VERSION, None, 1)
+    );
     let q: Vec<f32> = (0..DIM).map(|i| i as f32 * 0.3).collect();
     let miss = c.search(K, &q).unwrap();
     assert_eq!((miss.hit, miss.token), (HitKind::Miss, None));

@@ -99,9 +99,12 @@ impl Service for MapService {
                     self.vectors.borrow().len()
                 ))),
                 // The server answers these itself.
-                Request::Hello | Request::Ping(_) | Request::Auth(_) => Err(
-                    protocol::Rejection::new(Status::Internal, "fixture got HELLO/PING"),
-                ),
+                Request::Hello | Request::Ping(_) | Request::Auth(_) | Request::SearchBatch(_) => {
+                    Err(protocol::Rejection::new(
+                        Status::Internal,
+                        "fixture got HELLO/PING",
+                    ))
+                }
             }
         })
     }
@@ -222,11 +225,12 @@ fn ping_hello_and_every_operation() {
     let mut c = client(&s);
     c.ping().unwrap();
     let h = c.hello().unwrap();
-    assert_eq!((h.version_min, h.version_max), (1, 3));
-    assert_eq!((h.delta, c.version()), (Some(2), 3));
+    assert_eq!((h.version_min, h.version_max), (1, 4));
+    assert_eq!((h.delta, c.version()), (Some(2), 4));
     assert_eq!(h.max_frame_bytes, 4096);
     assert_eq!((h.dim, h.k_max, h.metric), (DIM, K_MAX, Metric::L2Sq));
-    assert_eq!(h.max_inflight, 8);
+    // max_batch (256 by default) is capped at max_inflight.
+    assert_eq!((h.max_inflight, h.max_batch), (8, Some(8)));
     assert_eq!((h.executors, h.shards), (1, 3));
 
     // PING echoes its payload.

@@ -59,9 +59,14 @@ struct Cli {
     /// TCP connections.
     #[arg(short, long, default_value_t = 16)]
     connections: usize,
-    /// Requests in flight per connection (lowered to the server's max_inflight).
+    /// Requests in flight per connection (lowered to the server's max_inflight; with
+    /// --batch, frames in flight, lowered to max_inflight / batch).
     #[arg(short, long, default_value_t = 8)]
     depth: usize,
+    /// Closed loop: send SEARCHes as SEARCH_BATCH frames (protocol version 4) of this
+    /// many queries each. Latency is then per frame, counted for each of its queries.
+    #[arg(long, value_name = "N", requires = "closed")]
+    batch: Option<usize>,
     /// Sender threads (each owns some connections); default: CPUs, at most --connections.
     #[arg(short = 'T', long)]
     threads: Option<usize>,
@@ -410,7 +415,7 @@ fn run(cli: &Cli) -> Res<()> {
     let mut ctl = control(target, secret.clone())?;
     let hello = ctl.hello().map_err(|e| format!("HELLO to {target}: {e}"))?;
     let workload = Arc::new(build_workload(cli, &hello)?);
-    let cfg = engine_config(cli, target, &hello, secret);
+    let cfg = engine_config(cli, target, &hello, secret, &workload)?;
     println!(
         "target {target}: dim {}, {}, k_max {}, max_inflight {}, {} executors, {} shards",
         hello.dim, hello.metric, hello.k_max, hello.max_inflight, hello.executors, hello.shards
@@ -445,12 +450,21 @@ fn engine_config(
     target: SocketAddr,
     hello: &HelloReply,
     secret: Option<aker::auth::Secret>,
-) -> EngineConfig {
-    let depth = cli.depth.clamp(1, hello.max_inflight.max(1) as usize);
+    workload: &Workload,
+) -> Res<EngineConfig> {
+    let batch = match cli.batch {
+        None => None,
+        Some(n) => Some(batch_size(n, hello, workload)?),
+    };
+    // A batch of n holds n of the server's max_inflight slots.
+    let slots = hello.max_inflight.max(1) as usize / batch.unwrap_or(1);
+    let depth = cli.depth.clamp(1, slots.max(1));
     if depth < cli.depth {
         eprintln!(
-            "note: depth lowered from {} to the server's max_inflight {depth}",
-            cli.depth
+            "note: depth lowered from {} to {depth}: the server's max_inflight {} over {} queries per frame",
+            cli.depth,
+            hello.max_inflight,
+            batch.unwrap_or(1)
         );
     }
     let connections = cli.connections.max(1);
@@ -464,7 +478,7 @@ fn engine_config(
             arrival: cli.arrival,
         }
     };
-    EngineConfig {
+    Ok(EngineConfig {
         target,
         mode,
         connections,
@@ -480,7 +494,29 @@ fn engine_config(
         spin: cli.spin,
         seed: cli.seed,
         secret,
+        batch,
+    })
+}
+
+/// `--batch n` against this server: it must speak version 4, and n queries of the
+/// workload's dimension and largest k must fit its `max_batch` and frame limit.
+fn batch_size(n: usize, hello: &HelloReply, workload: &Workload) -> Res<usize> {
+    if hello.max_batch.is_none() {
+        return Err(format!(
+            "--batch needs SEARCH_BATCH (protocol version 4); the server speaks up to {}",
+            hello.version_max
+        ));
     }
+    let fits = aker::protocol::batch_count_max(hello, hello.dim, workload.max_k()) as usize;
+    if n == 0 || n > fits {
+        return Err(format!(
+            "--batch {n}: the server takes 1 to {fits} queries per SEARCH_BATCH at k {} (max_batch {:?}, max_frame_bytes {})",
+            workload.max_k(),
+            hello.max_batch,
+            hello.max_frame_bytes
+        ));
+    }
+    Ok(n)
 }
 
 /// Per-second lines, unless --quiet.
@@ -586,7 +622,8 @@ fn run_once(
             arrival_name(arrival), cli.warmup, cli.duration
         ),
         Mode::Closed => println!(
-            "closed loop, {connections} connections x depth {depth}, {threads} threads, warm-up {:?}, duration {:?}",
+            "closed loop, {connections} connections x depth {depth}{}, {threads} threads, warm-up {:?}, duration {:?}",
+            cfg.batch.map_or(String::new(), |n| format!(" SEARCH_BATCH frames of {n} queries")),
             cli.warmup, cli.duration
         ),
     }

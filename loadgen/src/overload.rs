@@ -293,6 +293,7 @@ fn engine(cfg: &OverloadConfig, mode: Mode, connections: usize, secs: Duration) 
         spin: Duration::ZERO,
         seed: cfg.seed,
         secret: cfg.secret.clone(),
+        batch: None,
     }
 }
 

@@ -65,6 +65,8 @@ pub struct RunReport {
     pub arrival: Option<&'static str>,
     pub connections: usize,
     pub depth: usize,
+    /// Queries per SEARCH_BATCH frame (closed loop `--batch`); absent: one SEARCH per frame.
+    pub batch: Option<usize>,
     pub threads: usize,
     pub warmup_s: f64,
     pub duration_s: f64,
@@ -110,6 +112,7 @@ impl RunReport {
             arrival,
             connections: cfg.connections,
             depth: cfg.depth,
+            batch: cfg.batch,
             threads: cfg.threads.clamp(1, cfg.connections.max(1)),
             warmup_s: cfg.warmup.as_secs_f64(),
             duration_s: cfg.duration.as_secs_f64(),

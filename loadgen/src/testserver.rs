@@ -87,11 +87,13 @@ impl Service for FixedService {
                 Request::Fill(_) => Reply::Filled { admitted: false },
                 Request::Flush => Reply::Flushed,
                 Request::Stats => Reply::Stats(format!("fixture_requests {}", self.requests.get())),
-                Request::Hello | Request::Ping(_) | Request::Auth(_) => Reply::error(
-                    0,
-                    Status::Internal,
-                    "the server answers HELLO/PING/AUTH itself",
-                ),
+                Request::Hello | Request::Ping(_) | Request::Auth(_) | Request::SearchBatch(_) => {
+                    Reply::error(
+                        0,
+                        Status::Internal,
+                        "the server answers HELLO/PING/AUTH and splits SEARCH_BATCH itself",
+                    )
+                }
             })
         })
     }

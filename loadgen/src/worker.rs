@@ -81,6 +81,9 @@ pub struct EngineConfig {
     /// For a server that requires AUTH: every connection authenticates before the clock
     /// starts.
     pub secret: Option<aker::auth::Secret>,
+    /// Closed loop: SEARCHes go out as SEARCH_BATCH frames (protocol version 4) of this
+    /// many queries; `depth` then counts frames. `None`: one SEARCH per frame.
+    pub batch: Option<usize>,
 }
 
 /// Why the sending stopped.
@@ -123,7 +126,16 @@ struct Pending {
     intended: Instant,
     sent: Instant,
     plan: Planned,
+    /// A SEARCH_BATCH's queries (`plan` is the first); empty for any other request.
+    batch: Vec<Planned>,
     measured: bool,
+}
+
+impl Pending {
+    /// Operations this frame carries: a batch's queries, else one.
+    fn operations(&self) -> u64 {
+        self.batch.len().max(1) as u64
+    }
 }
 
 /// Wakes a sender waiting for a free slot. `waiting` avoids a futex call per reply when
@@ -179,9 +191,10 @@ fn record_failures(recorder: &Mutex<Recorder>, failed: &[Pending], cause: &str) 
         return;
     }
     let mut r = lock(recorder);
-    r.interval.errors += failed.len() as u64;
+    r.interval.errors += failed.iter().map(Pending::operations).sum::<u64>();
     for p in failed.iter().filter(|p| p.measured) {
-        r.run.record_errors(Some(p.plan.kind), cause, 1);
+        r.run
+            .record_errors(Some(p.plan.kind), cause, p.operations());
     }
 }
 
@@ -226,33 +239,60 @@ impl SendConn {
     /// Encodes the request and registers it as pending (before any byte of it can reach
     /// the server, so the receiver always finds it).
     fn queue(&mut self, w: &Workload, plan: Planned, intended: Instant, measured: bool) {
+        self.queue_frame(w, plan, Vec::new(), intended, measured);
+    }
+
+    /// Queues SEARCHes `batch` (of one k, at least one) as one SEARCH_BATCH frame.
+    fn queue_batch(
+        &mut self,
+        w: &Workload,
+        batch: Vec<Planned>,
+        intended: Instant,
+        measured: bool,
+    ) {
+        self.queue_frame(w, batch[0], batch, intended, measured);
+    }
+
+    fn queue_frame(
+        &mut self,
+        w: &Workload,
+        plan: Planned,
+        batch: Vec<Planned>,
+        intended: Instant,
+        measured: bool,
+    ) {
         let id = self.next_id;
         self.next_id += 1;
         let start = self.wbuf.len();
+        let request = if batch.is_empty() {
+            w.request(&plan)
+        } else {
+            w.batch_request(&batch)
+        };
         let frame = RequestFrame {
             version: w.version,
             request_id: id,
-            request: w.request(&plan),
+            request,
+        };
+        let pending = Pending {
+            intended,
+            sent: Instant::now(),
+            plan,
+            batch,
+            measured,
         };
         if let Err(e) = encode_request(&frame, &mut self.wbuf) {
             self.wbuf.truncate(start);
             let mut r = lock(&self.shared.recorder);
-            r.interval.errors += 1;
+            r.interval.errors += pending.operations();
             if measured {
+                let cause = format!("cannot encode: {e}");
                 r.run
-                    .record_errors(Some(plan.kind), &format!("cannot encode: {e}"), 1);
+                    .record_errors(Some(plan.kind), &cause, pending.operations());
             }
             return;
         }
-        lock(&self.shared.pending).insert(
-            id,
-            Pending {
-                intended,
-                sent: Instant::now(),
-                plan,
-                measured,
-            },
-        );
+        lock(&self.shared.pending).insert(id, pending);
         self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
     }
 
@@ -284,6 +324,8 @@ struct Sender {
     spin: Duration,
     seed: u64,
     rr: usize,
+    /// Closed loop: SEARCHes per SEARCH_BATCH frame (`EngineConfig::batch`).
+    batch: Option<usize>,
 }
 
 /// Requests queued before a flush while catching up, so a sender that is behind sends
@@ -448,10 +490,53 @@ impl Sender {
             if measured && !self.shared.take_budget() {
                 return (StopReason::RequestCount, now);
             }
+            if let (Some(n), OpKind::Search) = (self.batch, plan.kind) {
+                if let Some(stop) = self.send_batch(ci, &mut picker, plan, n, measured, now) {
+                    return (stop, now);
+                }
+                continue;
+            }
             // Closed loop: the request is meant to go now; there is no schedule to fall
             // behind.
             self.conns[ci].queue(&self.workload, plan, now, measured);
         }
+    }
+
+    /// Closed loop with batches: `first` and up to `n - 1` more SEARCHes of its k in one
+    /// SEARCH_BATCH frame. A write (or another k) that comes up goes out on its own
+    /// after the frame. `Some` when the workload or the request budget ran out.
+    fn send_batch(
+        &mut self,
+        ci: usize,
+        picker: &mut crate::workload::Picker,
+        first: Planned,
+        n: usize,
+        measured: bool,
+        now: Instant,
+    ) -> Option<StopReason> {
+        let mut batch = vec![first];
+        let mut stop = None;
+        let mut apart = None;
+        while batch.len() < n {
+            let Some(plan) = picker.next(&self.workload) else {
+                stop = Some(StopReason::TraceEnd);
+                break;
+            };
+            if measured && !self.shared.take_budget() {
+                stop = Some(StopReason::RequestCount);
+                break;
+            }
+            if plan.kind != OpKind::Search || plan.k != first.k {
+                apart = Some(plan);
+                break;
+            }
+            batch.push(plan);
+        }
+        self.conns[ci].queue_batch(&self.workload, batch, now, measured);
+        if let Some(plan) = apart {
+            self.conns[ci].queue(&self.workload, plan, now, measured);
+        }
+        stop
     }
 }
 
@@ -584,6 +669,10 @@ fn complete(
     conn.notify.wake();
     let latency = now.saturating_duration_since(p.intended).as_micros() as u64;
     let uncorrected = now.saturating_duration_since(p.sent).as_micros() as u64;
+    if !p.batch.is_empty() {
+        record_batch(conn, workload, &p, reply, latency, uncorrected);
+        return true;
+    }
     let refused = matches!(reply, Ok(Reply::Error { .. }));
     let outcome: Result<(Option<_>, Option<f64>), String> = match &reply {
         Err(why) => Err((*why).to_string()),
@@ -614,6 +703,55 @@ fn complete(
         }
     }
     true
+}
+
+/// A SEARCH_BATCH's answer, one query at a time: each query answered has the frame's
+/// latency and its own hit kind and recall; a failed item counts as its status, and a
+/// frame that failed as a whole fails every query in it.
+fn record_batch(
+    conn: &ConnShared,
+    workload: &Workload,
+    p: &Pending,
+    reply: Result<Reply, &str>,
+    latency: u64,
+    uncorrected: u64,
+) {
+    let items = match reply {
+        Ok(Reply::SearchBatch(items)) if items.len() == p.batch.len() => items,
+        failed => {
+            let cause = match failed {
+                Err(why) => why.to_string(),
+                Ok(Reply::Error { status, .. }) => status.name().to_string(),
+                Ok(_) => "reply of the wrong operation".to_string(),
+            };
+            let mut r = lock(&conn.recorder);
+            r.interval.errors += p.operations();
+            if p.measured {
+                r.run
+                    .record_errors(Some(OpKind::Search), &cause, p.operations());
+            }
+            return;
+        }
+    };
+    let mut r = lock(&conn.recorder);
+    for (plan, item) in p.batch.iter().zip(items) {
+        match item {
+            Ok(s) => {
+                r.interval.hist.saturating_record(latency.max(1));
+                if p.measured {
+                    let recall = workload.recall(plan, &s.neighbors);
+                    r.run
+                        .record_ok(OpKind::Search, Some(s.hit), latency, uncorrected, recall);
+                }
+            }
+            Err(status) => {
+                r.interval.errors += 1;
+                if p.measured {
+                    r.run.record_errors(Some(OpKind::Search), status.name(), 1);
+                }
+            }
+        }
+    }
 }
 
 /// Runs one load test. `on_line` gets each per-second line as it happens.
@@ -788,6 +926,7 @@ impl Load<'_> {
                 spin: self.cfg.spin,
                 seed: self.cfg.seed,
                 rr: 0,
+                batch: self.cfg.batch,
             };
             senders.push(
                 thread::Builder::new()

@@ -10,7 +10,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use aker::protocol::{DeleteRequest, InsertRequest, Neighbor, Request, SearchRequest};
+use aker::protocol::{
+    DeleteRequest, InsertRequest, Neighbor, Request, SearchBatchRequest, SearchRequest,
+};
 use aker_formats::trace::{Op, Trace};
 use aker_formats::zipf::ZipfianGenerator;
 use rand::rngs::StdRng;
@@ -379,6 +381,21 @@ impl Workload {
                 collection: self.collection,
             }),
         }
+    }
+
+    /// The SEARCH_BATCH for SEARCHes `batch` (all of the first one's k).
+    pub fn batch_request(&self, batch: &[Planned]) -> Request {
+        Request::SearchBatch(SearchBatchRequest {
+            collection: self.collection,
+            k: batch.first().map_or(1, |p| p.k),
+            deadline_us: self.deadline_us,
+            bypass_cache: self.bypass,
+            refresh_entry: false,
+            queries: batch
+                .iter()
+                .map(|p| self.vector(p.vector).to_vec())
+                .collect(),
+        })
     }
 
     /// Recall of a SEARCH answer against the trace's ground truth:

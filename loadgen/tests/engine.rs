@@ -55,6 +55,7 @@ fn config(addr: SocketAddr, mode: Mode) -> EngineConfig {
         spin: Duration::ZERO,
         seed: 3,
         secret: None,
+        batch: None,
     }
 }
 
@@ -129,6 +130,50 @@ fn closed_loop_measures_throughput() {
     // Anything sensible: loopback with 32 requests in flight does far more than 200/s.
     assert!(r.stats.ok() > 100, "{} replies", r.stats.ok());
     assert_eq!(r.stats.ok(), r.sent);
+}
+
+/// `--batch 16` against the fixture (max_inflight 128): depth 8 frames of 16 queries;
+/// every query is counted with its own hit kind, writes in the mix go out on their own,
+/// and a request budget counts queries, not frames.
+#[test]
+fn closed_loop_batches_count_every_query() {
+    let f = Fixture::start(Duration::ZERO);
+    let w = generated("search=90,insert=10");
+    let mut cfg = config(f.addr(), Mode::Closed);
+    cfg.batch = Some(16);
+    cfg.max_requests = Some(5_000);
+    cfg.duration = Duration::from_secs(10);
+    let r = worker::run(&cfg, &w, |_| {}).unwrap();
+    assert_eq!(r.stop, StopReason::RequestCount);
+    assert_eq!(r.stats.total_errors(), 0, "{:?}", r.stats.errors);
+    assert_eq!((r.sent, r.stats.ok()), (5_000, 5_000));
+    let searches = r.stats.ops[OpKind::Search.index()].len();
+    let inserts = r.stats.ops[OpKind::Insert.index()].len();
+    assert_eq!(searches + inserts, 5_000);
+    assert!(inserts > 200, "{inserts} inserts");
+    let exact = r.stats.hits[HitKind::Exact.code() as usize].len();
+    let approx = r.stats.hits[HitKind::Approximate.code() as usize].len();
+    assert_eq!(exact + approx, searches);
+    assert!(exact > 0 && approx > 0);
+}
+
+/// A batch the server refuses as a whole (16 queries to a fixture of max_inflight 8,
+/// hence max_batch 8) counts as 16 errors of its status.
+#[test]
+fn a_refused_batch_fails_each_of_its_queries() {
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let f = Fixture(Some(
+        loadgen::testserver::start(addr, DIM, Duration::ZERO, 8).unwrap(),
+    ));
+    let w = generated("search=100");
+    let mut cfg = config(f.addr(), Mode::Closed);
+    (cfg.batch, cfg.depth, cfg.connections) = (Some(16), 1, 1);
+    cfg.max_requests = Some(160);
+    let r = worker::run(&cfg, &w, |_| {}).unwrap();
+    assert_eq!(r.stats.ok(), 0);
+    assert_eq!(r.stats.total_errors(), 160, "{:?}", r.stats.errors);
+    let errors = format!("{:?}", r.stats.errors);
+    assert!(errors.contains("BAD_REQUEST"), "{errors}");
 }
 
 #[test]

@@ -109,6 +109,7 @@ fn sigstop_stall_is_counted_from_the_intended_time() {
         spin: Duration::ZERO,
         seed: 1,
         secret: None,
+        batch: None,
     };
 
     // Stop the server about 1 s into the run (0.7 s into the counted part) for 200 ms,

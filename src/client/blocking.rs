@@ -6,8 +6,9 @@ use std::time::Duration;
 use super::conn::Conn;
 use super::{auth_done, auth_step, server_error, AuthStep, ClientError, ClientOptions, Result};
 use crate::protocol::{
-    DeleteRequest, FillCandidate, FillRequest, HelloReply, InsertRequest, Reply, ReplyFrame,
-    Request, RequestFrame, SearchReply, SearchRequest, CONNECTION_OP,
+    batch_count_max, BatchItem, DeleteRequest, FillCandidate, FillRequest, HelloReply,
+    InsertRequest, Reply, ReplyFrame, Request, RequestFrame, SearchBatchRequest, SearchReply,
+    SearchRequest, CONNECTION_OP,
 };
 
 /// A blocking client. Not thread-safe by design: one connection, one caller.
@@ -170,6 +171,62 @@ impl Client {
             Reply::Search(s) => Ok(s),
             other => Err(server_error(self.next_id - 1, other)),
         }
+    }
+
+    /// SEARCH_BATCH of `queries` in collection 0 at `k`, no flags, no deadline: one item
+    /// per query, in their order. See [`Client::search_batch_with`].
+    pub fn search_batch(&mut self, k: u32, queries: &[Vec<f32>]) -> Result<Vec<BatchItem>> {
+        self.search_batch_with(SearchBatchRequest::new(k, queries.to_vec()))
+    }
+
+    /// The queries of `req` in as few SEARCH_BATCH frames (version 4) as the server's
+    /// limits allow (HELLO: `max_batch`, `max_frame_bytes`), one frame after another; a
+    /// server below version 4 (or no HELLO yet) gets one SEARCH per query, with the same
+    /// items. A query that fails has its status as its item; a frame refused as a whole
+    /// (`BAD_K`, `DIM_MISMATCH`, ...) fails the call.
+    pub fn search_batch_with(&mut self, mut req: SearchBatchRequest) -> Result<Vec<BatchItem>> {
+        let queries = std::mem::take(&mut req.queries);
+        let dim = queries.first().map_or(0, |q| q.len() as u32);
+        let chunk = match self.server {
+            Some(h) if self.conn.version >= 4 => batch_count_max(&h, dim, req.k).max(1),
+            _ => return self.searches_one_by_one(&req, queries),
+        };
+        let mut items = Vec::with_capacity(queries.len());
+        let mut rest = queries.into_iter();
+        loop {
+            let part: Vec<Vec<f32>> = rest.by_ref().take(chunk as usize).collect();
+            if part.is_empty() {
+                return Ok(items);
+            }
+            let frame = SearchBatchRequest {
+                queries: part,
+                ..req.clone()
+            };
+            match self.call(Request::SearchBatch(frame))? {
+                Reply::SearchBatch(got) => items.extend(got),
+                other => return Err(server_error(self.next_id - 1, other)),
+            }
+        }
+    }
+
+    /// A batch as single SEARCHes (a server without SEARCH_BATCH).
+    fn searches_one_by_one(
+        &mut self,
+        req: &SearchBatchRequest,
+        queries: Vec<Vec<f32>>,
+    ) -> Result<Vec<BatchItem>> {
+        let mut items = Vec::with_capacity(queries.len());
+        for q in queries {
+            items.push(match self.search_with(req.search(q)) {
+                Ok(s) => Ok(s),
+                // What a batch reports per query; the rest would refuse a whole frame.
+                Err(ClientError::Server {
+                    status, request_id, ..
+                }) if request_id != 0 && status.fails_one_batch_query() => Err(status),
+                Err(e) => return Err(e),
+            });
+        }
+        Ok(items)
     }
 
     /// INSERT into collection 0, no payload.

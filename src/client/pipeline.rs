@@ -3,7 +3,8 @@
 //! `send` only encodes into a write buffer; bytes go out when the buffer is large, when the
 //! window is full, or on `flush` / `recv`. Keep `window` at or below the server's
 //! `max_inflight` (HELLO) unless BUSY replies are what you want to see: the server answers
-//! BUSY to every request past it.
+//! BUSY to every request past it. A SEARCH_BATCH of n queries takes n slots of the
+//! window, as it takes n of the server's `max_inflight`.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -20,8 +21,11 @@ pub struct Pipeline {
     conn: Conn,
     window: usize,
     next_id: u64,
-    /// Sent, not yet answered: id → opcode (to check the reply answers the request).
-    pending: HashMap<u64, Opcode>,
+    /// Sent, not yet answered: id → opcode (to check the reply answers the request) and
+    /// the window slots it holds.
+    pending: HashMap<u64, (Opcode, usize)>,
+    /// Window slots the pending requests hold (a batch holds one per query).
+    slots: usize,
     /// Answered while `send` waited for room in the window, not yet returned by `recv`.
     ready: VecDeque<(u64, Reply)>,
 }
@@ -42,6 +46,7 @@ impl Pipeline {
             window: window.max(1),
             next_id: 1,
             pending: HashMap::new(),
+            slots: 0,
             ready: VecDeque::new(),
         })
     }
@@ -112,6 +117,11 @@ impl Pipeline {
         self.pending.len()
     }
 
+    /// Window slots the requests in flight hold: one each, a SEARCH_BATCH one per query.
+    pub fn slots_in_flight(&self) -> usize {
+        self.slots
+    }
+
     /// Replies received and not yet returned by [`Pipeline::recv`].
     pub fn ready(&self) -> usize {
         self.ready.len()
@@ -121,10 +131,20 @@ impl Pipeline {
         self.conn.is_broken()
     }
 
-    /// Queues `req` and returns its id. When the window is full, first waits for one reply
-    /// (kept for `recv`).
+    /// Queues `req` and returns its id. When the window has no room for it, first waits
+    /// for replies (kept for `recv`). A SEARCH_BATCH wider than the window is refused.
     pub fn send(&mut self, req: Request) -> Result<u64> {
-        while self.pending.len() >= self.window {
+        let weight = match &req {
+            Request::SearchBatch(b) => b.queries.len().max(1),
+            _ => 1,
+        };
+        if weight > self.window {
+            return Err(ClientError::Protocol(format!(
+                "a batch of {weight} queries is wider than the window of {}",
+                self.window
+            )));
+        }
+        while self.slots + weight > self.window {
             self.conn.flush()?;
             let (id, reply) = self.read_one()?;
             self.ready.push_back((id, reply));
@@ -137,7 +157,8 @@ impl Pipeline {
             request: req,
         })?;
         self.next_id += 1;
-        self.pending.insert(id, op);
+        self.pending.insert(id, (op, weight));
+        self.slots += weight;
         if self.conn.pending_write() >= FLUSH_AT {
             self.conn.flush()?;
         }
@@ -170,12 +191,13 @@ impl Pipeline {
             self.conn.mark_broken();
             return Err(server_error(0, frame.reply));
         }
-        let Some(op) = self.pending.remove(&id) else {
+        let Some((op, weight)) = self.pending.remove(&id) else {
             self.conn.mark_broken();
             return Err(ClientError::Protocol(format!(
                 "reply for request {id}, which is not in flight"
             )));
         };
+        self.slots -= weight;
         if !matches!(frame.reply, Reply::Error { .. }) && !frame.reply.answers(op) {
             return Err(ClientError::Protocol(format!(
                 "request {id} was {op}, the reply is {:?}",

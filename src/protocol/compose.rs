@@ -17,6 +17,12 @@ pub enum EncodeError {
         got: usize,
         expected: usize,
     },
+    #[error("batch query {index} has dimension {got}, the first has {expected}")]
+    BatchDimension {
+        index: usize,
+        got: usize,
+        expected: usize,
+    },
     #[error("an error reply cannot carry status OK")]
     ErrorWithOk,
     #[error("{0} is not part of protocol version 1")]
@@ -93,20 +99,22 @@ pub fn encode_request(f: &RequestFrame, out: &mut Vec<u8>) -> Result<usize, Enco
     if !(VERSION_MIN..=VERSION).contains(&f.version) {
         return Err(EncodeError::Version(f.version));
     }
+    let since = f.request.opcode().since_version();
+    if f.version < since {
+        return Err(EncodeError::NotInVersion {
+            what: f.request.opcode().name(),
+            since,
+            version: f.version,
+        });
+    }
     let flags = match &f.request {
         Request::Search(s) => s.flags(),
+        Request::SearchBatch(b) => b.flags(),
         Request::Fill(fill) if fill.token.is_some() => {
             if f.version < 2 {
                 return Err(EncodeError::NotInVersion1("a FILL token"));
             }
             FLAG_FILL_TOKEN
-        }
-        Request::Auth(_) if f.version < 3 => {
-            return Err(EncodeError::NotInVersion {
-                what: "AUTH",
-                since: 3,
-                version: f.version,
-            })
         }
         _ => 0,
     };
@@ -124,6 +132,24 @@ pub fn encode_request(f: &RequestFrame, out: &mut Vec<u8>) -> Result<usize, Enco
                 put_u32(out, s.deadline_us);
                 put_u32(out, count("vector", s.vector.len())?);
                 put_f32s(out, &s.vector);
+            }
+            Request::SearchBatch(b) => {
+                let n = b.queries.first().map_or(0, Vec::len);
+                put_u32(out, b.collection);
+                put_u32(out, b.k);
+                put_u32(out, b.deadline_us);
+                put_u32(out, count("query", n)?);
+                put_u32(out, count("queries", b.queries.len())?);
+                for (index, q) in b.queries.iter().enumerate() {
+                    if q.len() != n {
+                        return Err(EncodeError::BatchDimension {
+                            index,
+                            got: q.len(),
+                            expected: n,
+                        });
+                    }
+                    put_f32s(out, q);
+                }
             }
             Request::Insert(i) => {
                 put_u64(out, i.id);
@@ -175,6 +201,17 @@ pub fn encode_reply(f: &ReplyFrame, out: &mut Vec<u8>) -> Result<usize, EncodeEr
     if !(VERSION_MIN..=VERSION).contains(&f.version) {
         return Err(EncodeError::Version(f.version));
     }
+    let since = match Opcode::from_code(f.reply.op_code()) {
+        Some(op) if status == Status::Ok => op.since_version(),
+        _ => VERSION_MIN,
+    };
+    if f.version < since {
+        return Err(EncodeError::NotInVersion {
+            what: "this operation's reply",
+            since,
+            version: f.version,
+        });
+    }
     // Only a version 3 peer knows AUTH and its status.
     if f.version < 3
         && (matches!(f.reply, Reply::Authenticated { .. }) || status == Status::Unauthenticated)
@@ -188,6 +225,7 @@ pub fn encode_reply(f: &ReplyFrame, out: &mut Vec<u8>) -> Result<usize, EncodeEr
     // Version 1 has no place for what version 2 added: a version 1 peer never gets it.
     let v2 = f.version >= 2;
     let v3 = f.version >= 3;
+    let v4 = f.version >= 4;
     frame(
         out,
         f.version,
@@ -220,28 +258,34 @@ pub fn encode_reply(f: &ReplyFrame, out: &mut Vec<u8>) -> Result<usize, EncodeEr
                             }
                         }
                     }
+                    if v4 {
+                        put_u32(out, h.max_batch.unwrap_or(0));
+                    }
                 }
                 Reply::Pong(payload) => out.extend_from_slice(payload),
                 Reply::Search(s) => {
-                    let token = s.token.filter(|_| v2);
                     out.push(s.hit.code());
-                    let mut flags = 0;
-                    if s.distances_to_query {
-                        flags |= REPLY_DISTANCES_TO_QUERY;
-                    }
-                    if token.is_some() {
-                        flags |= REPLY_TOKEN;
-                    }
-                    out.push(flags);
+                    out.push(search_flags(s, v2));
                     put_u16(out, 0);
-                    put_u32(out, count("neighbors", s.neighbors.len())?);
-                    out.reserve(s.neighbors.len() * 12);
-                    for n in &s.neighbors {
-                        put_u64(out, n.id);
-                        put_u32(out, n.distance.to_bits());
-                    }
-                    if let Some(t) = token {
-                        put_u64(out, t);
+                    put_answer(out, s, v2)?;
+                }
+                Reply::SearchBatch(items) => {
+                    put_u32(out, count("items", items.len())?);
+                    for item in items {
+                        match item {
+                            Ok(s) => {
+                                put_u16(out, Status::Ok.code());
+                                out.push(s.hit.code());
+                                out.push(search_flags(s, v2));
+                                put_answer(out, s, v2)?;
+                            }
+                            Err(Status::Ok) => return Err(EncodeError::ErrorWithOk),
+                            Err(status) => {
+                                put_u16(out, status.code());
+                                put_u16(out, 0);
+                                put_u32(out, 0);
+                            }
+                        }
                     }
                 }
                 Reply::Inserted | Reply::Flushed => {}
@@ -254,4 +298,30 @@ pub fn encode_reply(f: &ReplyFrame, out: &mut Vec<u8>) -> Result<usize, EncodeEr
             Ok(())
         },
     )
+}
+
+/// A SEARCH answer's flags byte (the token only where version 2 has room for it).
+fn search_flags(s: &SearchReply, v2: bool) -> u8 {
+    let mut flags = 0;
+    if s.distances_to_query {
+        flags |= REPLY_DISTANCES_TO_QUERY;
+    }
+    if s.token.is_some() && v2 {
+        flags |= REPLY_TOKEN;
+    }
+    flags
+}
+
+/// A SEARCH answer after its hit kind and flags: count, neighbours, token.
+fn put_answer(out: &mut Vec<u8>, s: &SearchReply, v2: bool) -> Result<(), EncodeError> {
+    put_u32(out, count("neighbors", s.neighbors.len())?);
+    out.reserve(s.neighbors.len() * 12);
+    for n in &s.neighbors {
+        put_u64(out, n.id);
+        put_u32(out, n.distance.to_bits());
+    }
+    if let Some(t) = s.token.filter(|_| v2) {
+        put_u64(out, t);
+    }
+    Ok(())
 }

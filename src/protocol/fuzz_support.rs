@@ -22,7 +22,12 @@ const MAX_FRAMES: [usize; 2] = [64, 1 << 20];
 /// that decodes: `encode(decode(bytes)) == bytes` byte for byte, the bounds on `consumed`,
 /// and that validation does not panic. Error results must be self-consistent.
 pub fn frame_decode(data: &[u8]) {
-    let limits = Limits { dim: 4, k_max: 16 };
+    let limits = Limits {
+        dim: 4,
+        k_max: 16,
+        max_batch: 8,
+        max_frame_bytes: 4096,
+    };
     for max in MAX_FRAMES {
         walk(
             data,
@@ -91,12 +96,13 @@ fn framed(version: u8, opcode: u8, flags: u16, status: u16, body: &[u8]) -> Vec<
     out
 }
 
-/// The version a selector byte picks: 1 or 2 mostly, now and then any (`BAD_VERSION`).
+/// The version a selector byte picks: 1 to 4 mostly, now and then any (`BAD_VERSION`).
 fn version_of(b: u8) -> u8 {
     match b % 8 {
         0..=1 => 1,
-        2..=3 => 2,
-        4..=6 => 3,
+        2 => 2,
+        3..=4 => 3,
+        5..=6 => 4,
         _ => b,
     }
 }

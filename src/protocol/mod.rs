@@ -1,4 +1,4 @@
-//! The aker wire protocol, versions 1 and 2 (byte layouts and the changelog:
+//! The aker wire protocol, versions 1 to 4 (byte layouts and the changelog:
 //! `PROTOCOL.md` at the repository root). A frame carries its version; the server
 //! answers in the version of the request, so a version 1 client keeps working.
 //!
@@ -36,7 +36,7 @@ use shards::Metric;
 /// `"AK"` on the wire (bytes `0x41 0x4B`), read as a little-endian u16.
 pub const MAGIC: u16 = 0x4B41;
 /// The newest protocol version this build speaks (what the clients send).
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Oldest version this build accepts (the header layout is frozen across versions, so a
 /// peer speaking another version gets a per-request `BAD_VERSION`, not a closed socket).
 /// Connection-level replies go out in it: every client decodes them.
@@ -88,10 +88,12 @@ pub enum Opcode {
     Stats = 0x08,
     /// Version 3: the client's answer to the HELLO reply's challenge.
     Auth = 0x09,
+    /// Version 4: many queries of one k in one frame.
+    SearchBatch = 0x0A,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 9] = [
+    pub const ALL: [Opcode; 10] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::Search,
@@ -101,6 +103,7 @@ impl Opcode {
         Opcode::Flush,
         Opcode::Stats,
         Opcode::Auth,
+        Opcode::SearchBatch,
     ];
 
     pub fn code(self) -> u8 {
@@ -110,6 +113,15 @@ impl Opcode {
     /// The request opcode for a byte without [`REPLY_BIT`]; `None` for unknown codes.
     pub fn from_code(code: u8) -> Option<Opcode> {
         Opcode::ALL.iter().copied().find(|o| o.code() == code)
+    }
+
+    /// The first protocol version with this operation.
+    pub fn since_version(self) -> u8 {
+        match self {
+            Opcode::Auth => 3,
+            Opcode::SearchBatch => 4,
+            _ => 1,
+        }
     }
 
     pub fn name(self) -> &'static str {
@@ -123,6 +135,7 @@ impl Opcode {
             Opcode::Flush => "FLUSH",
             Opcode::Stats => "STATS",
             Opcode::Auth => "AUTH",
+            Opcode::SearchBatch => "SEARCH_BATCH",
         }
     }
 }
@@ -210,6 +223,20 @@ impl Status {
 
     pub fn from_code(code: u16) -> Option<Status> {
         Status::ALL.get(code as usize).copied()
+    }
+
+    /// Whether a SEARCH_BATCH reports this status in one query's item (the others refuse
+    /// the whole frame).
+    pub fn fails_one_batch_query(self) -> bool {
+        matches!(
+            self,
+            Status::NonFinite
+                | Status::UnknownCollection
+                | Status::Busy
+                | Status::Unavailable
+                | Status::DeadlineExceeded
+                | Status::Internal
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -321,6 +348,64 @@ impl SearchRequest {
     }
 }
 
+/// SEARCH_BATCH (version 4): `queries.len()` SEARCHes with one `k`, collection, deadline
+/// and flags, answered in one frame.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct SearchBatchRequest {
+    pub collection: u32,
+    pub k: u32,
+    /// For the whole batch, as [`SearchRequest::deadline_us`]: a query not answered by
+    /// then is `DEADLINE_EXCEEDED` in its item.
+    pub deadline_us: u32,
+    pub bypass_cache: bool,
+    pub refresh_entry: bool,
+    /// Every query has the same length (the wire carries one dimension).
+    pub queries: Vec<Vec<f32>>,
+}
+
+impl SearchBatchRequest {
+    pub fn new(k: u32, queries: Vec<Vec<f32>>) -> Self {
+        SearchBatchRequest {
+            k,
+            queries,
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn flags(&self) -> u16 {
+        self.search(Vec::new()).flags()
+    }
+
+    /// The SEARCH that query `vector` of this batch is served as.
+    pub fn search(&self, vector: Vec<f32>) -> SearchRequest {
+        SearchRequest {
+            collection: self.collection,
+            k: self.k,
+            deadline_us: self.deadline_us,
+            bypass_cache: self.bypass_cache,
+            refresh_entry: self.refresh_entry,
+            vector,
+        }
+    }
+}
+
+/// The most bytes a SEARCH_BATCH reply of `count` queries at `k` can take, header
+/// included: each item's 8 bytes, `k` neighbours and a token.
+pub fn batch_reply_bytes_max(count: u32, k: u32) -> u64 {
+    HEADER_LEN as u64 + 4 + count as u64 * (16 + 12 * k as u64)
+}
+
+/// The most queries of dimension `dim` at `k` one SEARCH_BATCH may carry to a server
+/// that said `hello`: its `max_batch`, and both the request and the largest reply within
+/// its `max_frame_bytes`. 0 when not even one fits (or the server has no SEARCH_BATCH).
+pub fn batch_count_max(hello: &HelloReply, dim: u32, k: u32) -> u32 {
+    let frame = hello.max_frame_bytes as u64;
+    let by_request = frame.saturating_sub(HEADER_LEN as u64 + 20) / (4 * dim as u64).max(1);
+    let by_reply = frame.saturating_sub(HEADER_LEN as u64 + 4) / (16 + 12 * k as u64);
+    let by_limit = hello.max_batch.unwrap_or(0) as u64;
+    by_request.min(by_reply).min(by_limit) as u32
+}
+
 /// INSERT: insert or replace `id` (in the backend, then the cache).
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct InsertRequest {
@@ -390,6 +475,7 @@ pub enum Request {
     Flush,
     Stats,
     Auth(AuthRequest),
+    SearchBatch(SearchBatchRequest),
 }
 
 impl Request {
@@ -404,6 +490,7 @@ impl Request {
             Request::Flush => Opcode::Flush,
             Request::Stats => Opcode::Stats,
             Request::Auth(_) => Opcode::Auth,
+            Request::SearchBatch(_) => Opcode::SearchBatch,
         }
     }
 }
@@ -446,6 +533,8 @@ pub struct HelloReply {
     /// Version 3: the server requires AUTH; the challenge to answer (one per connection).
     /// `None` when it does not, and in versions 1 and 2.
     pub auth_challenge: Option<[u8; crate::auth::NONCE_LEN]>,
+    /// Version 4: the most queries one SEARCH_BATCH may carry (`None` below 4).
+    pub max_batch: Option<u32>,
 }
 
 /// One search result.
@@ -468,6 +557,10 @@ pub struct SearchReply {
     pub token: Option<u64>,
 }
 
+/// One query's answer in a SEARCH_BATCH reply: its SEARCH reply, or the status it failed
+/// with (never `Ok`; an item carries no message).
+pub type BatchItem = Result<SearchReply, Status>;
+
 /// A reply. Every request opcode has its own success variant; any failure is `Error`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reply {
@@ -488,6 +581,8 @@ pub enum Reply {
     Authenticated {
         server_proof: [u8; crate::auth::PROOF_LEN],
     },
+    /// Version 4: one item per query of the SEARCH_BATCH, in its order.
+    SearchBatch(Vec<BatchItem>),
     /// Any non-OK status. `op` is the request opcode byte the error answers (without
     /// [`REPLY_BIT`]; [`CONNECTION_OP`] for connection-level replies). `status` is never `Ok`.
     Error {
@@ -518,6 +613,7 @@ impl Reply {
             Reply::Flushed => Opcode::Flush.code(),
             Reply::Stats(_) => Opcode::Stats.code(),
             Reply::Authenticated { .. } => Opcode::Auth.code(),
+            Reply::SearchBatch(_) => Opcode::SearchBatch.code(),
             Reply::Error { op, .. } => *op & !REPLY_BIT,
         }
     }

@@ -242,11 +242,12 @@ pub fn decode_request(
             format!("unknown opcode {:#04x}", h.opcode),
         ));
     };
-    if op == Opcode::Auth && h.version < 3 {
+    if h.version < op.since_version() {
         return Err(raw.bad(
             Status::UnknownOp,
             format!(
-                "AUTH is protocol version 3 (this frame is version {})",
+                "{op} is protocol version {} (this frame is version {})",
+                op.since_version(),
                 h.version
             ),
         ));
@@ -255,7 +256,7 @@ pub fn decode_request(
         return Err(raw.bad(Status::BadRequest, "status field must be 0 in a request"));
     }
     let allowed_flags = match op {
-        Opcode::Search => SEARCH_FLAGS,
+        Opcode::Search | Opcode::SearchBatch => SEARCH_FLAGS,
         Opcode::Fill if h.version >= 2 => FLAG_FILL_TOKEN,
         _ => 0,
     };
@@ -314,6 +315,16 @@ pub fn decode_reply(
         let Some(op) = Opcode::from_code(op) else {
             return Err(raw.bad(Status::UnknownOp, format!("unknown reply opcode {op:#04x}")));
         };
+        if h.version < op.since_version() {
+            return Err(raw.bad(
+                Status::BadRequest,
+                format!(
+                    "{op} is protocol version {} (the frame is version {})",
+                    op.since_version(),
+                    h.version
+                ),
+            ));
+        }
         parse_reply_body(op, h.version, raw.body)
             .map_err(|reason| raw.bad(Status::BadRequest, format!("{op} reply body: {reason}")))?
     } else {
@@ -438,6 +449,38 @@ fn parse_request_body(op: Opcode, flags: u16, body: &[u8]) -> Parse<Request> {
                 vector,
             })
         }
+        Opcode::SearchBatch => {
+            let collection = c.u32("collection")?;
+            let k = c.u32("k")?;
+            let deadline_us = c.u32("deadline_us")?;
+            let n = c.u32("dim")?;
+            let count = c.u32("count")?;
+            // An empty batch would carry a dimension nothing uses (and could not re-encode).
+            if count == 0 {
+                return Err("a batch carries at least one query".into());
+            }
+            // Check the whole matrix fits before reserving room for it (u128: 2^32 queries
+            // of 2^32 components do not fit in a u64).
+            let need = 4 * n as u128 * count as u128;
+            if need != c.buf.len() as u128 {
+                return Err(format!(
+                    "{count} queries of dimension {n} need {need} bytes, {} left",
+                    c.buf.len()
+                ));
+            }
+            let mut queries = Vec::with_capacity(count as usize);
+            for _ in 0..count {
+                queries.push(c.f32s(n, "query")?);
+            }
+            Request::SearchBatch(SearchBatchRequest {
+                collection,
+                k,
+                deadline_us,
+                bypass_cache: flags & FLAG_BYPASS_CACHE != 0,
+                refresh_entry: flags & FLAG_REFRESH_ENTRY != 0,
+                queries,
+            })
+        }
         Opcode::Insert => {
             let id = c.u64("id")?;
             let collection = c.u32("collection")?;
@@ -552,51 +595,37 @@ fn parse_reply_body(op: Opcode, version: u8, body: &[u8]) -> Parse<Reply> {
                 } else {
                     None
                 },
+                max_batch: if version >= 4 {
+                    Some(c.u32("max_batch")?)
+                } else {
+                    None
+                },
             })
         }
         Opcode::Ping => Reply::Pong(c.rest().to_vec()),
         Opcode::Search => {
-            let hit_code = c.u8("hit kind")?;
-            let hit = HitKind::from_code(hit_code)
-                .ok_or_else(|| format!("unknown hit kind {hit_code}"))?;
+            let hit = c.u8("hit kind")?;
             let flags = c.u8("flags")?;
-            let defined = if version >= 2 {
-                REPLY_DISTANCES_TO_QUERY | REPLY_TOKEN
-            } else {
-                REPLY_DISTANCES_TO_QUERY
-            };
-            if flags & !defined != 0 {
-                return Err(format!("undefined search reply flags {flags:#04x}"));
-            }
             if c.u16("reserved")? != 0 {
                 return Err("reserved field must be 0".into());
             }
-            let n = c.u32("count")?;
-            let token_len = if flags & REPLY_TOKEN != 0 { 8 } else { 0 };
-            if 12 * n as u64 + token_len != c.buf.len() as u64 {
-                return Err(format!(
-                    "{n} neighbours need {} bytes, {} left",
-                    12 * n as u64 + token_len,
-                    c.buf.len()
-                ));
+            let reply = search_answer(&mut c, version, hit, flags)?;
+            if !c.buf.is_empty() {
+                return Err(format!("{} bytes after the neighbours", c.buf.len()));
             }
-            let mut neighbors = Vec::with_capacity(n as usize);
-            for _ in 0..n {
-                let id = c.u64("id")?;
-                let distance = c.f32("distance")?;
-                neighbors.push(Neighbor { id, distance });
+            Reply::Search(reply)
+        }
+        Opcode::SearchBatch => {
+            let count = c.u32("count")?;
+            // An item is at least 8 bytes: a count the body cannot hold allocates nothing.
+            if count as usize > c.buf.len() / 8 {
+                return Err(format!("{count} items cannot fit in {} bytes", c.buf.len()));
             }
-            let token = if token_len > 0 {
-                Some(c.u64("token")?)
-            } else {
-                None
-            };
-            Reply::Search(SearchReply {
-                hit,
-                distances_to_query: flags & REPLY_DISTANCES_TO_QUERY != 0,
-                neighbors,
-                token,
-            })
+            let mut items = Vec::with_capacity(count as usize);
+            for i in 0..count {
+                items.push(batch_item(&mut c, version).map_err(|e| format!("item {i}: {e}"))?);
+            }
+            Reply::SearchBatch(items)
         }
         Opcode::Insert => Reply::Inserted,
         Opcode::Delete => Reply::Deleted {
@@ -620,4 +649,60 @@ fn parse_reply_body(op: Opcode, version: u8, body: &[u8]) -> Parse<Reply> {
     };
     c.finish()?;
     Ok(reply)
+}
+
+/// A SEARCH answer after its hit kind and flags: the neighbour count, the neighbours and
+/// (version 2, with the TOKEN flag) the token.
+fn search_answer(c: &mut Cursor<'_>, version: u8, hit: u8, flags: u8) -> Parse<SearchReply> {
+    let hit = HitKind::from_code(hit).ok_or_else(|| format!("unknown hit kind {hit}"))?;
+    let defined = if version >= 2 {
+        REPLY_DISTANCES_TO_QUERY | REPLY_TOKEN
+    } else {
+        REPLY_DISTANCES_TO_QUERY
+    };
+    if flags & !defined != 0 {
+        return Err(format!("undefined search reply flags {flags:#04x}"));
+    }
+    let n = c.u32("count")?;
+    let token_len = if flags & REPLY_TOKEN != 0 { 8 } else { 0 };
+    let need = 12 * n as u64 + token_len;
+    if need > c.buf.len() as u64 {
+        return Err(format!(
+            "{n} neighbours need {need} bytes, {} left",
+            c.buf.len()
+        ));
+    }
+    let mut neighbors = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let id = c.u64("id")?;
+        let distance = c.f32("distance")?;
+        neighbors.push(Neighbor { id, distance });
+    }
+    let token = if token_len > 0 {
+        Some(c.u64("token")?)
+    } else {
+        None
+    };
+    Ok(SearchReply {
+        hit,
+        distances_to_query: flags & REPLY_DISTANCES_TO_QUERY != 0,
+        neighbors,
+        token,
+    })
+}
+
+/// One SEARCH_BATCH reply item: a status, then a SEARCH answer, or zeros when the status
+/// is not OK.
+fn batch_item(c: &mut Cursor<'_>, version: u8) -> Parse<BatchItem> {
+    let code = c.u16("status")?;
+    let status = Status::from_code(code).ok_or_else(|| format!("unknown status {code}"))?;
+    let hit = c.u8("hit kind")?;
+    let flags = c.u8("flags")?;
+    if status == Status::Ok {
+        return search_answer(c, version, hit, flags).map(Ok);
+    }
+    if hit != 0 || flags != 0 || c.u32("count")? != 0 {
+        return Err(format!("a {status} item must have hit, flags and count 0"));
+    }
+    Ok(Err(status))
 }

@@ -2,7 +2,12 @@ use super::*;
 use proptest::prelude::*;
 
 const MAX: usize = 4096;
-const LIMITS: Limits = Limits { dim: 4, k_max: 10 };
+const LIMITS: Limits = Limits {
+    dim: 4,
+    k_max: 10,
+    max_batch: 8,
+    max_frame_bytes: 4096,
+};
 
 fn enc_req(id: u64, r: Request) -> Vec<u8> {
     let mut out = Vec::new();
@@ -111,6 +116,15 @@ fn all_requests() -> Vec<Request> {
             nonce: [0xA5; 16],
             proof: std::array::from_fn(|i| i as u8),
         }),
+        Request::SearchBatch(SearchBatchRequest {
+            collection: 5,
+            k: 7,
+            deadline_us: 2500,
+            bypass_cache: false,
+            refresh_entry: true,
+            queries: vec![v4(), vec![1.0; 4], vec![-0.0, 3.5, 1e-30, 9.0]],
+        }),
+        Request::SearchBatch(SearchBatchRequest::new(1, vec![vec![]])),
     ]
 }
 
@@ -128,6 +142,7 @@ fn all_replies() -> Vec<Reply> {
             executors: 4,
             shards: 16,
             auth_challenge: None,
+            max_batch: Some(256),
         }),
         Reply::Hello(HelloReply {
             delta: Some(0),
@@ -141,7 +156,39 @@ fn all_replies() -> Vec<Reply> {
             executors: 1,
             shards: 1,
             auth_challenge: Some(std::array::from_fn(|i| 0xF0 | i as u8)),
+            max_batch: Some(1),
         }),
+        Reply::SearchBatch(vec![]),
+        Reply::SearchBatch(vec![
+            Ok(SearchReply {
+                token: None,
+                hit: HitKind::Exact,
+                distances_to_query: true,
+                neighbors: vec![Neighbor {
+                    id: 4,
+                    distance: 0.25,
+                }],
+            }),
+            Err(Status::NonFinite),
+            Ok(SearchReply {
+                token: Some(77),
+                hit: HitKind::Miss,
+                distances_to_query: true,
+                neighbors: vec![],
+            }),
+            Err(Status::DeadlineExceeded),
+            Ok(SearchReply {
+                token: None,
+                hit: HitKind::Approximate,
+                distances_to_query: false,
+                neighbors: (0..3)
+                    .map(|i| Neighbor {
+                        id: i,
+                        distance: i as f32,
+                    })
+                    .collect(),
+            }),
+        ]),
         Reply::Authenticated {
             server_proof: [0x5A; 32],
         },
@@ -238,12 +285,13 @@ fn every_reply_round_trips() {
     }
 }
 
-/// What a version 1 peer sees of a value: version 2's and 3's additions dropped.
+/// What a version 1 peer sees of a value: version 2's, 3's and 4's additions dropped.
 fn as_version_1_reply(r: Reply) -> Reply {
     match r {
         Reply::Hello(h) => Reply::Hello(HelloReply {
             delta: None,
             auth_challenge: None,
+            max_batch: None,
             ..h
         }),
         Reply::Search(s) => Reply::Search(SearchReply { token: None, ..s }),
@@ -251,10 +299,92 @@ fn as_version_1_reply(r: Reply) -> Reply {
     }
 }
 
-/// Only version 3 has AUTH and UNAUTHENTICATED: encoding them in an older version is
-/// refused, never sent to a peer that cannot read them.
-fn version_3_only(r: &Reply) -> bool {
-    matches!(r, Reply::Authenticated { .. }) || r.status() == Status::Unauthenticated
+/// The first version that can carry `r`: AUTH and UNAUTHENTICATED are version 3's,
+/// SEARCH_BATCH version 4's. Encoding them in an older version is refused, never sent to
+/// a peer that cannot read them.
+fn since(r: &Reply) -> u8 {
+    match r {
+        Reply::SearchBatch(_) => 4,
+        Reply::Authenticated { .. } => 3,
+        r if r.status() == Status::Unauthenticated => 3,
+        _ => 1,
+    }
+}
+
+#[test]
+fn version_3_frames_round_trip_without_version_4_fields() {
+    for (i, r) in all_replies().into_iter().enumerate() {
+        let frame = ReplyFrame {
+            request_id: i as u64 + 1,
+            version: 3,
+            reply: r.clone(),
+        };
+        let mut bytes = Vec::new();
+        if since(&r) > 3 {
+            assert!(encode_reply(&frame, &mut bytes).is_err(), "{r:?}");
+            continue;
+        }
+        encode_reply(&frame, &mut bytes).unwrap();
+        let (f, _) = decode_reply(&bytes, MAX).unwrap().unwrap();
+        let want = match r {
+            Reply::Hello(h) => Reply::Hello(HelloReply {
+                max_batch: None,
+                ..h
+            }),
+            r => r,
+        };
+        assert_eq!((f.version, f.reply), (3, want));
+    }
+    // A SEARCH_BATCH frame in version 3 is an unknown opcode there, and is not encoded.
+    let batch = all_requests()
+        .into_iter()
+        .rfind(|r| matches!(r, Request::SearchBatch(_)))
+        .unwrap();
+    let frame = RequestFrame {
+        request_id: 1,
+        version: 3,
+        request: batch.clone(),
+    };
+    assert!(encode_request(&frame, &mut Vec::new()).is_err());
+    let mut bytes = enc_req(5, batch);
+    bytes[2] = 3;
+    let e = decode_request(&bytes, MAX).unwrap_err();
+    assert_eq!(e.status(), Status::UnknownOp);
+    assert_eq!(e.consumed(), Some(bytes.len()));
+    // A SEARCH_BATCH reply in a version 3 frame is refused by the decoder.
+    let mut bytes = enc_reply(6, all_replies()[3].clone());
+    assert!(matches!(
+        decode_reply(&bytes, MAX),
+        Ok(Some((
+            ReplyFrame {
+                reply: Reply::SearchBatch(_),
+                ..
+            },
+            _
+        )))
+    ));
+    bytes[2] = 3;
+    assert_eq!(
+        decode_reply(&bytes, MAX).unwrap_err().status(),
+        Status::BadRequest
+    );
+    // A version 4 HELLO reply is 4 bytes longer than version 3's (max_batch).
+    let replies = all_replies();
+    for hello in [&replies[0], &replies[1]] {
+        let len = |v: u8| {
+            let mut out = Vec::new();
+            encode_reply(
+                &ReplyFrame {
+                    request_id: 1,
+                    version: v,
+                    reply: hello.clone(),
+                },
+                &mut out,
+            )
+            .unwrap()
+        };
+        assert_eq!(len(4), len(3) + 4);
+    }
 }
 
 #[test]
@@ -266,7 +396,7 @@ fn version_2_frames_round_trip_without_version_3_fields() {
             reply: r.clone(),
         };
         let mut bytes = Vec::new();
-        if version_3_only(&r) {
+        if since(&r) > 2 {
             assert!(encode_reply(&frame, &mut bytes).is_err(), "{r:?}");
             continue;
         }
@@ -275,6 +405,7 @@ fn version_2_frames_round_trip_without_version_3_fields() {
         let want = match r {
             Reply::Hello(h) => Reply::Hello(HelloReply {
                 auth_challenge: None,
+                max_batch: None,
                 ..h
             }),
             r => r,
@@ -284,7 +415,10 @@ fn version_2_frames_round_trip_without_version_3_fields() {
     let auth = RequestFrame {
         request_id: 1,
         version: 2,
-        request: all_requests().pop().unwrap(),
+        request: all_requests()
+            .into_iter()
+            .find(|r| matches!(r, Request::Auth(_)))
+            .unwrap(),
     };
     assert!(matches!(auth.request, Request::Auth(_)));
     assert!(encode_request(&auth, &mut Vec::new()).is_err());
@@ -323,7 +457,7 @@ fn version_1_frames_round_trip_without_version_2_fields() {
             version: 1,
             reply: r.clone(),
         };
-        if version_3_only(&r) {
+        if since(&r) > 1 {
             assert!(encode_reply(&frame, &mut bytes).is_err(), "{r:?}");
             continue;
         }
@@ -345,7 +479,7 @@ fn version_1_frames_round_trip_without_version_2_fields() {
                 assert!(encode_request(&frame, &mut bytes).is_err());
                 continue;
             }
-            Request::Auth(_) => {
+            Request::Auth(_) | Request::SearchBatch(_) => {
                 assert!(encode_request(&frame, &mut bytes).is_err());
                 continue;
             }
@@ -418,7 +552,7 @@ fn header_layout_is_the_documented_one() {
         &bytes[..HEADER_LEN],
         &[
             0x41, 0x4B, // magic "AK"
-            3,    // version
+            4,    // version
             0x05, // DELETE
             0, 0, // flags
             0, 0, // status
@@ -496,6 +630,18 @@ fn search_body(k: u32, v: &[f32]) -> Vec<u8> {
     b.extend((v.len() as u32).to_le_bytes());
     for x in v {
         b.extend(x.to_le_bytes());
+    }
+    b
+}
+
+/// A SEARCH_BATCH body: `count` queries of dimension `dim`, all 0.5.
+fn batch_body(k: u32, dim: u32, count: u32) -> Vec<u8> {
+    let mut b = Vec::new();
+    for x in [0, k, 0, dim, count] {
+        b.extend(x.to_le_bytes());
+    }
+    for _ in 0..dim * count {
+        b.extend(0.5f32.to_le_bytes());
     }
     b
 }
@@ -602,7 +748,7 @@ fn every_bad_input_gets_its_exact_status() {
         ("truncated body", { let b = search(3, 1, v4()); b[..b.len() - 1].to_vec() }, Outcome::NeedMore),
         // -- this request only: error reply with its id, connection stays
         ("bad version 0", raw(m, 0, 0x02, 0, 0, 11, &[]), rejected(BadVersion, 11, false)),
-        ("bad version 4", raw(m, 4, 0x03, 0, 0, 12, &search_body(1, &v4())), rejected(BadVersion, 12, false)),
+        ("bad version 5", raw(m, 5, 0x03, 0, 0, 12, &search_body(1, &v4())), rejected(BadVersion, 12, false)),
         ("version 1 search", raw(m, 1, 0x03, 0, 0, 61, &search_body(1, &v4())), Outcome::Accepted),
         ("fill token flag in version 1", raw(m, 1, 0x06, FLAG_FILL_TOKEN, 0, 62, &[0; 24]), rejected(BadRequest, 62, false)),
         ("unknown opcode", raw(m, 1, 0x42, 0, 0, 13, b"xyz"), rejected(UnknownOp, 13, false)),
@@ -660,6 +806,38 @@ fn every_bad_input_gets_its_exact_status() {
         ("fill unsorted", fill(43, 1, vec![(1, 2.0, v4()), (2, 1.0, v4())]), rejected(BadRequest, 43, false)),
         ("fill duplicate id", fill(44, 1, vec![(1, 1.0, v4()), (1, 2.0, v4())]), rejected(BadRequest, 44, false)),
         ("fill wrong query dimension", enc_req(45, Request::Fill(FillRequest { k: 1, query: vec![0.0; 2], ..Default::default() })), rejected(DimMismatch, 45, false)),
+        // -- SEARCH_BATCH (version 4)
+        ("batch in version 3", raw(m, 3, 0x0A, 0, 0, 70, &batch_body(1, 4, 1)), rejected(UnknownOp, 70, false)),
+        ("batch of 0", raw(m, 4, 0x0A, 0, 0, 71, &batch_body(1, 4, 0)), rejected(BadRequest, 71, false)),
+        ("batch count over its body", {
+            let mut b = batch_body(1, 4, 2);
+            b[16..20].copy_from_slice(&3u32.to_le_bytes());
+            raw(m, 4, 0x0A, 0, 0, 72, &b)
+        }, rejected(BadRequest, 72, false)),
+        ("batch count u32::MAX", {
+            let mut b = batch_body(1, 4, 1);
+            b[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+            raw(m, 4, 0x0A, 0, 0, 73, &b)
+        }, rejected(BadRequest, 73, false)),
+        ("batch dim u32::MAX", {
+            let mut b = batch_body(1, 4, 1);
+            b[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+            raw(m, 4, 0x0A, 0, 0, 74, &b)
+        }, rejected(BadRequest, 74, false)),
+        ("batch with trailing bytes", { let mut b = batch_body(1, 4, 2); b.push(0); raw(m, 4, 0x0A, 0, 0, 75, &b) }, rejected(BadRequest, 75, false)),
+        ("batch undefined flag", raw(m, 4, 0x0A, 0x0004, 0, 76, &batch_body(1, 4, 1)), rejected(BadRequest, 76, false)),
+        ("batch over max_batch", raw(m, 4, 0x0A, 0, 0, 77, &batch_body(1, 4, 9)), rejected(BadRequest, 77, false)),
+        ("batch wrong dimension", raw(m, 4, 0x0A, 0, 0, 78, &batch_body(1, 3, 2)), rejected(DimMismatch, 78, false)),
+        ("batch k = 0", raw(m, 4, 0x0A, 0, 0, 79, &batch_body(0, 4, 2)), rejected(BadK, 79, false)),
+        ("batch k > k_max", raw(m, 4, 0x0A, 0, 0, 80, &batch_body(11, 4, 2)), rejected(BadK, 80, false)),
+        // 4096-byte frames: 24 + 8 * (16 + 12 * 10) = 1112 fits; with 40-byte frames it would not.
+        ("batch of max_batch at k_max", raw(m, 4, 0x0A, FLAG_BYPASS_CACHE, 0, 81, &batch_body(10, 4, 8)), Outcome::Accepted),
+        // A non-finite query is its own item's status, not the frame's.
+        ("batch with a NaN query", {
+            let mut b = batch_body(1, 4, 2);
+            b[24..28].copy_from_slice(&nan.to_le_bytes());
+            raw(m, 4, 0x0A, 0, 0, 82, &b)
+        }, Outcome::Accepted),
         // -- and the good ones pass
         ("valid search, k = k_max", search(50, 10, v4()), Outcome::Accepted),
         ("valid fill", fill(51, 2, vec![(1, 0.5, v4()), (2, 0.5, v4()), (3, 1.0, v4())]), Outcome::Accepted),
@@ -749,7 +927,8 @@ fn status_and_kind_codes_are_dense_and_stable() {
     }
     assert_eq!(Opcode::from_code(0), None);
     assert_eq!(Opcode::from_code(0x09), Some(Opcode::Auth));
-    assert_eq!(Opcode::from_code(0x0A), None);
+    assert_eq!(Opcode::from_code(0x0A), Some(Opcode::SearchBatch));
+    assert_eq!(Opcode::from_code(0x0B), None);
     assert_eq!(Status::Unauthenticated.code(), 17);
 }
 
@@ -840,7 +1019,7 @@ fn protocol_md_example_is_exact() {
     );
     #[rustfmt::skip]
     let want_req: &[u8] = &[
-        0x41, 0x4B, 0x03, 0x03, 0x00, 0x00, 0x00, 0x00, 0x07, 0, 0, 0, 0, 0, 0, 0, 0x18, 0, 0, 0,
+        0x41, 0x4B, 0x04, 0x03, 0x00, 0x00, 0x00, 0x00, 0x07, 0, 0, 0, 0, 0, 0, 0, 0x18, 0, 0, 0,
         0, 0, 0, 0, 0x02, 0, 0, 0, 0, 0, 0, 0, 0x02, 0, 0, 0,
         0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x00, 0x00,
     ];
@@ -865,10 +1044,50 @@ fn protocol_md_example_is_exact() {
     );
     #[rustfmt::skip]
     let want_reply: &[u8] = &[
-        0x41, 0x4B, 0x03, 0x83, 0x00, 0x00, 0x00, 0x00, 0x07, 0, 0, 0, 0, 0, 0, 0, 0x20, 0, 0, 0,
+        0x41, 0x4B, 0x04, 0x83, 0x00, 0x00, 0x00, 0x00, 0x07, 0, 0, 0, 0, 0, 0, 0, 0x20, 0, 0, 0,
         0x01, 0x01, 0x00, 0x00, 0x02, 0, 0, 0,
         0x05, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x00, 0x00, 0x00,
         0x09, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x00, 0x80, 0x3E,
+    ];
+    assert_eq!(reply, want_reply);
+    // The SEARCH_BATCH example: the same query and a NaN one, k 1.
+    let req = enc_req(
+        8,
+        Request::SearchBatch(SearchBatchRequest::new(
+            1,
+            vec![vec![1.0, 0.0], vec![f32::NAN, 0.0]],
+        )),
+    );
+    #[rustfmt::skip]
+    let want_req: &[u8] = &[
+        0x41, 0x4B, 0x04, 0x0A, 0x00, 0x00, 0x00, 0x00, 0x08, 0, 0, 0, 0, 0, 0, 0, 0x24, 0, 0, 0,
+        0, 0, 0, 0, 0x01, 0, 0, 0, 0, 0, 0, 0, 0x02, 0, 0, 0, 0x02, 0, 0, 0,
+        0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0xC0, 0x7F, 0x00, 0x00, 0x00, 0x00,
+    ];
+    assert_eq!(req, want_req);
+    let reply = enc_reply(
+        8,
+        Reply::SearchBatch(vec![
+            Ok(SearchReply {
+                token: None,
+                hit: HitKind::Exact,
+                distances_to_query: true,
+                neighbors: vec![Neighbor {
+                    id: 5,
+                    distance: 0.0,
+                }],
+            }),
+            Err(Status::NonFinite),
+        ]),
+    );
+    #[rustfmt::skip]
+    let want_reply: &[u8] = &[
+        0x41, 0x4B, 0x04, 0x8A, 0x00, 0x00, 0x00, 0x00, 0x08, 0, 0, 0, 0, 0, 0, 0, 0x20, 0, 0, 0,
+        0x02, 0, 0, 0,
+        0x00, 0x00, 0x01, 0x01, 0x01, 0, 0, 0,
+        0x05, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x00, 0x00, 0x00,
+        0x09, 0x00, 0x00, 0x00, 0x00, 0, 0, 0,
     ];
     assert_eq!(reply, want_reply);
 }

@@ -12,6 +12,10 @@ use super::*;
 pub struct Limits {
     pub dim: u32,
     pub k_max: u32,
+    /// Queries one SEARCH_BATCH may carry.
+    pub max_batch: u32,
+    /// Every reply must fit in it: a SEARCH_BATCH whose reply could not is refused.
+    pub max_frame_bytes: u32,
 }
 
 /// A request refused by [`validate`]: the status and message of its error reply.
@@ -65,6 +69,48 @@ fn k(k: u32, limits: &Limits) -> Result<(), Rejection> {
     shards::error::validate_k(k as usize, limits.k_max as usize).map_err(Rejection::from)
 }
 
+/// A SEARCH_BATCH as a whole: k, dimension, count and the size of its reply. Each query's
+/// own components are checked by [`batch_query`], so one bad query fails alone.
+fn batch(b: &SearchBatchRequest, limits: &Limits) -> Result<(), Rejection> {
+    k(b.k, limits)?;
+    let count = b.queries.len();
+    if count == 0 || count > limits.max_batch as usize {
+        return Err(Rejection::new(
+            Status::BadRequest,
+            format!(
+                "a batch carries 1 to {} queries, not {count}",
+                limits.max_batch
+            ),
+        ));
+    }
+    if let Some(q) = b.queries.iter().find(|q| q.len() != limits.dim as usize) {
+        return Err(Rejection::new(
+            Status::DimMismatch,
+            format!(
+                "queries have dimension {}, the collection {}",
+                q.len(),
+                limits.dim
+            ),
+        ));
+    }
+    let reply = batch_reply_bytes_max(count as u32, b.k);
+    if reply > limits.max_frame_bytes as u64 {
+        return Err(Rejection::new(
+            Status::BadRequest,
+            format!(
+                "the reply to {count} queries at k {} can take {reply} bytes, over max_frame_bytes {}",
+                b.k, limits.max_frame_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// One query of a validated SEARCH_BATCH: its components (the dimension is the batch's).
+pub fn batch_query(q: &[f32], limits: &Limits) -> Result<(), Rejection> {
+    vector(q, limits, "query")
+}
+
 /// Checks `req` against `limits`. HELLO, PING, AUTH, FLUSH, STATS and DELETE have nothing
 /// to check.
 pub fn validate(req: &Request, limits: &Limits) -> Result<(), Rejection> {
@@ -79,6 +125,7 @@ pub fn validate(req: &Request, limits: &Limits) -> Result<(), Rejection> {
             vector(&s.vector, limits, "vector")?;
             k(s.k, limits)
         }
+        Request::SearchBatch(b) => batch(b, limits),
         Request::Insert(i) => vector(&i.vector, limits, "vector"),
         Request::Fill(f) => {
             k(f.k, limits)?;

@@ -36,8 +36,12 @@ pub struct ServerConfig {
     /// Largest frame (header + body) accepted; a longer one gets TOO_LARGE and the
     /// connection is closed. Also bounds every reply we send.
     pub max_frame_bytes: u32,
-    /// Requests one connection may have in the service at once; past it: BUSY.
+    /// Requests one connection may have in the service at once; past it: BUSY. A
+    /// SEARCH_BATCH of n queries counts n.
     pub max_inflight: u32,
+    /// Queries one SEARCH_BATCH may carry; more: BAD_REQUEST. Above `max_inflight`, that
+    /// is the limit ([`ServerConfig::batch_max`]).
+    pub max_batch: u32,
     /// Upper bound on every request's time in the service (0 = none); a SEARCH may ask
     /// for less with its own deadline.
     pub request_timeout_ms: u64,
@@ -68,7 +72,8 @@ impl Default for ServerConfig {
             protected_mode: true,
             auth_timeout_ms: 10_000,
             max_frame_bytes: 4 << 20,
-            max_inflight: 128,
+            max_inflight: 256,
+            max_batch: 256,
             request_timeout_ms: 5_000,
             idle_timeout_ms: 300_000,
             write_timeout_ms: 10_000,
@@ -95,6 +100,7 @@ impl ServerConfig {
             ("executors", self.executors as u64),
             ("max_connections", self.max_connections as u64),
             ("max_inflight", self.max_inflight as u64),
+            ("max_batch", self.max_batch as u64),
             ("shutdown_poll_ms", self.shutdown_poll_ms),
             ("io_memory_bytes", self.io_memory_bytes as u64),
         ] {
@@ -103,5 +109,11 @@ impl ServerConfig {
             }
         }
         Ok(())
+    }
+
+    /// The largest SEARCH_BATCH served: `max_batch`, but never above `max_inflight` (a
+    /// batch counts its queries against it, so a larger one could never run).
+    pub fn batch_max(&self) -> u32 {
+        self.max_batch.min(self.max_inflight)
     }
 }

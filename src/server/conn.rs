@@ -21,8 +21,8 @@ use super::sync::Signal;
 use super::{RequestContext, ServiceResult};
 use crate::metrics;
 use crate::protocol::{
-    self, encode_reply, validate, Opcode, Reply, ReplyFrame, Request, RequestFrame, Status,
-    CONNECTION_OP, HEADER_LEN,
+    self, encode_reply, validate, BatchItem, Opcode, Reply, ReplyFrame, Request, RequestFrame,
+    SearchBatchRequest, Status, CONNECTION_OP, HEADER_LEN,
 };
 
 /// Read buffer to start with; grows to the largest frame seen, shrinks back when idle.
@@ -469,23 +469,27 @@ fn dispatch(
         conn.push_error(id, version, op.code(), r.status, r.message);
         return Dispatched::Continue;
     }
-    if conn.inflight.get() >= ctx.server.config().max_inflight {
+    // A batch holds one slot per query: max_inflight bounds the queries in the service.
+    let slots = match &req {
+        Request::SearchBatch(b) => b.queries.len() as u32,
+        _ => 1,
+    };
+    let max_inflight = ctx.server.config().max_inflight;
+    if conn.inflight.get() + slots > max_inflight {
         ServerStats::inc(&stats.busy_inflight);
-        conn.push_error(
-            id,
-            version,
-            op.code(),
-            Status::Busy,
-            format!(
-                "more than {} requests in flight",
-                ctx.server.config().max_inflight
-            ),
-        );
+        let message = if slots == 1 {
+            format!("more than {max_inflight} requests in flight")
+        } else {
+            let free = max_inflight - conn.inflight.get();
+            format!("a batch of {slots} needs {slots} of the {max_inflight} in-flight slots; {free} are free")
+        };
+        conn.push_error(id, version, op.code(), Status::Busy, message);
         return Dispatched::Continue;
     }
     let now = Instant::now();
     let request_deadline = match &req {
         Request::Search(s) => s.deadline().map(|d| now + d),
+        Request::SearchBatch(b) => b.search(Vec::new()).deadline().map(|d| now + d),
         _ => None,
     };
     let timeout = ctx.server.config().request_timeout_ms;
@@ -494,15 +498,19 @@ fn dispatch(
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    conn.inflight.set(conn.inflight.get() + 1);
+    conn.inflight.set(conn.inflight.get() + slots);
     let rctx = RequestContext {
         request_id: id,
         received: now,
         deadline,
         peer,
     };
-    let run = run_request(conn.clone(), ctx.clone(), op, version, req, rctx);
-    glommio::spawn_local(run).detach();
+    let (conn, ctx) = (conn.clone(), ctx.clone());
+    match req {
+        Request::SearchBatch(b) => glommio::spawn_local(run_batch(conn, ctx, version, b, rctx)),
+        req => glommio::spawn_local(run_request(conn, ctx, op, version, req, rctx)),
+    }
+    .detach();
     Dispatched::Continue
 }
 
@@ -608,6 +616,88 @@ async fn run_request(
     conn.inflight.set(conn.inflight.get() - 1);
     conn.writer_wake.notify();
     conn.done_wake.notify();
+}
+
+/// A SEARCH_BATCH: every query served as its own SEARCH (the service sees only SEARCHes),
+/// all polled at once in this task and raced against the batch's deadline; one reply
+/// with an item per query. Queries not answered by the deadline are dropped (cancelled,
+/// as a single request is) and answered DEADLINE_EXCEEDED in their items.
+async fn run_batch(
+    conn: Rc<ConnState>,
+    ctx: Rc<ExecutorCtx>,
+    version: u8,
+    mut batch: SearchBatchRequest,
+    rctx: RequestContext,
+) {
+    let stats = ctx.server.stats();
+    let queries = std::mem::take(&mut batch.queries);
+    let count = queries.len();
+    ServerStats::inc(&stats.batches);
+    ServerStats::add(&stats.batch_queries, count as u64);
+    let service = ctx.service.clone();
+    let mut items: Vec<Option<BatchItem>> = vec![None; count];
+    let mut pending = Vec::with_capacity(count);
+    for (i, q) in queries.into_iter().enumerate() {
+        if let Err(r) = protocol::validate::batch_query(&q, &ctx.limits) {
+            ServerStats::inc(&stats.invalid_requests);
+            items[i] = Some(Err(r.status));
+            continue;
+        }
+        let work = AssertUnwindSafe(service.handle(Request::Search(batch.search(q)), rctx));
+        pending.push((i, work.catch_unwind()));
+    }
+    let all_answered = future::poll_fn(|cx| {
+        pending.retain_mut(|(i, work)| match Pin::new(work).poll(cx) {
+            Poll::Ready(outcome) => {
+                items[*i] = Some(batch_item(outcome, stats));
+                false
+            }
+            Poll::Pending => true,
+        });
+        if pending.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    });
+    match rctx.deadline {
+        None => all_answered.await,
+        Some(d) => {
+            let timer = async {
+                Timer::new(d.saturating_duration_since(Instant::now())).await;
+            };
+            future::or(all_answered, timer).await
+        }
+    }
+    drop(pending);
+    let items = items
+        .into_iter()
+        .map(|item| {
+            item.unwrap_or_else(|| {
+                ServerStats::inc(&stats.deadline_exceeded);
+                Err(Status::DeadlineExceeded)
+            })
+        })
+        .collect();
+    conn.push(rctx.request_id, version, Reply::SearchBatch(items));
+    conn.inflight.set(conn.inflight.get() - count as u32);
+    conn.writer_wake.notify();
+    conn.done_wake.notify();
+}
+
+/// One query's outcome as its batch item (a panic is INTERNAL, as for a single request).
+fn batch_item(outcome: std::thread::Result<ServiceResult>, stats: &ServerStats) -> BatchItem {
+    let Ok(result) = outcome else {
+        ServerStats::inc(&stats.internal_errors);
+        tracing::error!("service panicked handling a SEARCH_BATCH query");
+        return Err(Status::Internal);
+    };
+    match service_reply(Opcode::Search, result, stats) {
+        Reply::Search(s) => Ok(s),
+        Reply::Error { status, .. } => Err(status),
+        // service_reply answers SEARCH with a SEARCH reply or an error.
+        _ => Err(Status::Internal),
+    }
 }
 
 /// Checks that the service answered the operation it was asked.

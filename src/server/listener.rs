@@ -47,6 +47,8 @@ impl Server {
             limits: Limits {
                 dim: info.dim,
                 k_max: info.k_max,
+                max_batch: cfg.batch_max(),
+                max_frame_bytes: cfg.max_frame_bytes,
             },
             hello: HelloReply {
                 version_min: VERSION_MIN,
@@ -61,6 +63,7 @@ impl Server {
                 delta: Some(info.delta),
                 // Each connection's own challenge replaces it (conn.rs).
                 auth_challenge: None,
+                max_batch: Some(cfg.batch_max()),
             },
             service,
             shutdown: Latch::default(),

@@ -14,7 +14,9 @@
 //!  │      ▼                                                                       │    │
 //!  │  dispatch: HELLO, PING ─────────────────────────► answered inline ──┐        │    │
 //!  │      │  validate (dim, finite, k) ──refused──► DIM_MISMATCH, ... ───┤        │    │
-//!  │      │  in flight >= max_inflight ───────────► BUSY ────────────────┤        │    │
+//!  │      │  in flight + n > max_inflight ────────► BUSY ────────────────┤        │    │
+//!  │      │  (n = 1, or a SEARCH_BATCH's queries: run as n SEARCHes      │        │    │
+//!  │      │   in one task, one reply when the last is done)              │        │    │
 //!  │      ▼                                                              │        │    │
 //!  │  spawn: service.handle(req) raced with its deadline                 │        │    │
 //!  │      │  (many at once, finish in any order)  ──timer first──► DEADLINE_EXCEEDED   │
@@ -103,7 +105,9 @@ pub struct RequestContext {
 ///
 /// `handle` gets requests that are already validated (dimension, finite components,
 /// `1 <= k <= k_max`, FILL candidates finite, ascending and distinct): SEARCH, INSERT,
-/// DELETE, FILL, FLUSH and STATS. HELLO and PING never reach it. It returns a future so
+/// DELETE, FILL, FLUSH and STATS. HELLO, PING and AUTH never reach it; a SEARCH_BATCH
+/// reaches it as one SEARCH per query (the connection layer runs them at once and
+/// gathers one reply). It returns a future so
 /// that a cache miss can await a backend on another thread without blocking the executor;
 /// many of these futures run at once on one connection and may finish in any order.
 ///

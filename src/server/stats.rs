@@ -33,12 +33,15 @@ pub struct ServerStats {
     pub unauthenticated_requests: AtomicU64,
     /// AUTH requests whose proof did not hold (each closed its connection).
     pub auth_failures: AtomicU64,
+    /// SEARCH_BATCH frames handed to the service, and the queries they carried.
+    pub batches: AtomicU64,
+    pub batch_queries: AtomicU64,
 }
 
 type Row = (&'static str, &'static str, fn(&ServerStats) -> &AtomicU64);
 
 /// Every counter but the one gauge, `server_connections_current`.
-const COUNTERS: [Row; 14] = [
+const COUNTERS: [Row; 16] = [
     (
         "server_connections_accepted",
         "Connections accepted.",
@@ -103,11 +106,25 @@ const COUNTERS: [Row; 14] = [
         "AUTH requests whose proof did not hold; each closed its connection.",
         |s| &s.auth_failures,
     ),
+    (
+        "server_batches",
+        "SEARCH_BATCH frames served (each query also counts as a search).",
+        |s| &s.batches,
+    ),
+    (
+        "server_batch_queries",
+        "Queries carried by the SEARCH_BATCH frames served.",
+        |s| &s.batch_queries,
+    ),
 ];
 
 impl ServerStats {
     pub(crate) fn inc(c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
     }
 
     /// The counters as samples, named `server_...`.

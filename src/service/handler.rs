@@ -472,10 +472,10 @@ impl Service for AkerService {
                     Op::Stats,
                     Ok(Reply::Stats(self.shared.snapshot().render_stats())),
                 ),
-                Request::Hello | Request::Ping(_) | Request::Auth(_) => {
+                Request::Hello | Request::Ping(_) | Request::Auth(_) | Request::SearchBatch(_) => {
                     return Err(rejection(
                         Status::Internal,
-                        "HELLO, PING and AUTH are the connection layer's",
+                        "HELLO, PING, AUTH and SEARCH_BATCH are the connection layer's",
                     ))
                 }
             };
