@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Queries/s of exact hits through the Python client: one search at a time (sync), many
 in flight on one connection (async gather, a window of `max_inflight`), and
-`search_batch` (pipelined SEARCHes, `max_inflight` in flight). The same vector every
+`search_batch` (SEARCH_BATCH frames of at most `max_batch` rows from a version 4 akerd,
+pipelined SEARCHes from an older one; `max_inflight` rows in flight). The same vector every
 time after one miss, so every counted request is an EXACT hit and the figures are the
 client's and the protocol's cost, not the backend's.
 
@@ -69,7 +70,8 @@ def main() -> None:
             if time.monotonic() > warm_end:
                 raise SystemExit("the vector was not admitted within 10 s")
             time.sleep(0.01)
-        print(f"server: dim {c.info.dim}, max_inflight {c.info.max_inflight}, protocol v{c.version}")
+        mode = f"SEARCH_BATCH, max_batch {c.info.max_batch}" if c.info.max_batch else "pipelined SEARCH"
+        print(f"server: dim {c.info.dim}, max_inflight {c.info.max_inflight}, protocol v{c.version} ({mode})")
         print(f"sync, one at a time: {sync_rate(c, q, a.seconds):,.0f} exact hits/s")
         for rows in a.batch:
             print(f"search_batch of {rows}: {batch_rate(c, q, rows, a.seconds):,.0f} exact hits/s")

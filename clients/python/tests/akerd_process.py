@@ -23,10 +23,11 @@ def akerd_binary() -> Path:
 
 
 def config_text(kind: str, data_file: str, secret_file: Optional[str] = None, k_max: int = 32, delta: int = 3,
-                max_inflight: int = 8, max_frame_bytes: int = 65536) -> str:
+                max_inflight: int = 8, max_frame_bytes: int = 65536, max_batch: Optional[int] = None) -> str:
     """An akerd config: one executor (the CI machine has 2 cores), an exact store over
     ``data_file`` (or cache-aside with it as the routing sample), only exact cache hits
-    (proximity policy with threshold 0: answers are checkable against numpy)."""
+    (proximity policy with threshold 0: answers are checkable against numpy).
+    ``max_batch``: the server's (protocol v4), left to its default when ``None``."""
     recall = "recall_floor = 0.0\n"
     backend = (
         'kind = "embedded"\nindex = "exact"\nthreads = 1\n'
@@ -34,12 +35,14 @@ def config_text(kind: str, data_file: str, secret_file: Optional[str] = None, k_
         else 'kind = "cache_aside"\nthreads = 1\n'
     )
     auth = '[auth]\nsecret_file = "%s"\n' % secret_file if secret_file else ""
+    batch = "max_batch = %d\n" % max_batch if max_batch is not None else ""
     return (
         "[server]\n"
         'listen = "127.0.0.1:0"\n'
         "executors = 1\n"
         "max_inflight = %d\n"
         "max_frame_bytes = %d\n"
+        "%s"
         "request_timeout_ms = 5000\n"
         "idle_timeout_ms = 120000\n"
         "shutdown_poll_ms = 10\n"
@@ -63,7 +66,7 @@ def config_text(kind: str, data_file: str, secret_file: Optional[str] = None, k_
         "\n[admin]\n"
         "enabled = false\n"
         "\n%s"
-    ) % (max_inflight, max_frame_bytes, k_max, delta, recall, backend, data_file, auth)
+    ) % (max_inflight, max_frame_bytes, batch, k_max, delta, recall, backend, data_file, auth)
 
 
 class Akerd:

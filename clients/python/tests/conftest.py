@@ -83,6 +83,13 @@ def akerd(workdir: Path) -> Iterator[Akerd]:
 
 
 @pytest.fixture(scope="session")
+def akerd_batch3(workdir: Path) -> Iterator[Akerd]:
+    """The embedded akerd with ``max_batch = 3`` (protocol v4): batches go in chunks of 3."""
+    yield from _serve(workdir, "batch3", kind="embedded", k_max=K_MAX, delta=DELTA,
+                      max_inflight=MAX_INFLIGHT, max_frame_bytes=MAX_FRAME, max_batch=3)
+
+
+@pytest.fixture(scope="session")
 def akerd_auth(workdir: Path) -> Iterator[Akerd]:
     """The embedded akerd with ``[auth] secret_file``."""
     yield from _serve(workdir, "auth", kind="embedded", secret_file=str(workdir / "secret"))

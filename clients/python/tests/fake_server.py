@@ -1,12 +1,15 @@
 """A scripted stand-in for akerd (what a real one never does: stay silent, answer late,
-speak only old versions, prove a wrong secret, answer out of order)."""
+speak only old versions, prove a wrong secret, answer out of order, fail chosen rows of
+a SEARCH_BATCH)."""
 
 from __future__ import annotations
 
 import socket
 import struct
 import threading
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from aker._protocol import HEADER, MAGIC
 
@@ -14,13 +17,45 @@ Request = Tuple[int, int, int, int, bytes]  # version, opcode, flags, request id
 
 
 def hello_body(version: int, *, dim: int = 4, k_max: int = 16, max_inflight: int = 4, delta: int = 2,
-               challenge: Optional[bytes] = None, vmin: int = 1, vmax: int = 3, max_frame: int = 1 << 16) -> bytes:
-    b = struct.pack("<BBBB6I", vmin, vmax, 0, 0, max_frame, dim, k_max, max_inflight, 1, 1)
+               challenge: Optional[bytes] = None, vmin: int = 1, vmax: Optional[int] = None,
+               max_frame: int = 1 << 16, max_batch: int = 4) -> bytes:
+    """HELLO's reply body in ``version`` (``vmax``: by default that version)."""
+    top = max(version, 3) if vmax is None else vmax
+    b = struct.pack("<BBBB6I", vmin, top, 0, 0, max_frame, dim, k_max, max_inflight, 1, 1)
     if version >= 2:
         b += struct.pack("<I", delta)
     if version >= 3:
         b += b"\x01" + challenge if challenge is not None else b"\x00"
+    if version >= 4:
+        b += struct.pack("<I", max_batch)
     return b
+
+
+BatchQuery = Tuple[int, int, int, int, np.ndarray]  # collection, k, deadline_us, n, (count, n) queries
+
+
+def parse_batch(body: bytes) -> BatchQuery:
+    """A SEARCH_BATCH request body, checked against its layout."""
+    collection, k, deadline_us, n, count = struct.unpack_from("<5I", body, 0)
+    assert len(body) == 20 + 4 * n * count, (len(body), n, count)
+    queries = np.frombuffer(body, dtype="<f4", offset=20).reshape(count, n)
+    return collection, k, deadline_us, n, queries
+
+
+def batch_item(ids: Sequence[int] = (), dists: Sequence[float] = (), *, hit: int = 0, status: int = 0,
+               token: Optional[int] = None) -> bytes:
+    """One SEARCH_BATCH reply item (a failed one: ``status`` and nothing else)."""
+    if status:
+        return struct.pack("<HBBI", status, 0, 0, 0)
+    flags = 0x01 | (0x02 if token is not None else 0)
+    b = struct.pack("<HBBI", 0, hit, flags, len(ids))
+    for i, d in zip(ids, dists):
+        b += struct.pack("<Qf", i, d)
+    return b + (struct.pack("<Q", token) if token is not None else b"")
+
+
+def batch_body(items: Sequence[bytes]) -> bytes:
+    return struct.pack("<I", len(items)) + b"".join(items)
 
 
 def search_body(ids: List[int], dists: List[float], hit: int = 0) -> bytes:

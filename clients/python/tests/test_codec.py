@@ -33,18 +33,19 @@ def hexbytes(text: str) -> bytes:
 def test_search_request_is_the_protocol_example() -> None:
     req = _codec.Codec(info()).search(np.array([1.0, 0.0]), 2)
     want = hexbytes(
-        "41 4B 03 03 00 00 00 00  07 00 00 00 00 00 00 00  18 00 00 00"
+        "41 4B 04 03 00 00 00 00  07 00 00 00 00 00 00 00  18 00 00 00"
         " 00 00 00 00  02 00 00 00  00 00 00 00  02 00 00 00 00 00 80 3F  00 00 00 00"
     )
-    assert req.encode(3, 7) == want
+    assert req.encode(4, 7) == want
+    assert req.encode(3, 7) == want[:2] + b"\x03" + want[3:]  # the same request in version 3
     if PROTOCOL_MD.is_file():  # the same bytes as in the document itself
-        assert "41 4B 03 03 00 00 00 00  07 00" in PROTOCOL_MD.read_text()
+        assert "41 4B 04 03 00 00 00 00  07 00" in PROTOCOL_MD.read_text()
 
 
 def test_search_reply_of_the_protocol_example_decodes() -> None:
     raw = bytearray(
         hexbytes(
-            "41 4B 03 83 00 00 00 00  07 00 00 00 00 00 00 00  20 00 00 00"
+            "41 4B 04 83 00 00 00 00  07 00 00 00 00 00 00 00  20 00 00 00"
             " 01 01 00 00  02 00 00 00"
             " 05 00 00 00 00 00 00 00  00 00 00 00"
             " 09 00 00 00 00 00 00 00  00 00 80 3E"

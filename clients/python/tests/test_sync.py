@@ -19,8 +19,9 @@ def test_hello_is_checked_and_remembered(client: aker.Client) -> None:
     i = client.info
     assert (i.dim, i.metric, i.k_max, i.delta, i.max_inflight, i.max_frame_bytes) == (
         DIM, aker.Metric.L2SQ, K_MAX, DELTA, MAX_INFLIGHT, MAX_FRAME)
-    assert client.version == 3 and i.version_max >= 3 and not i.auth_required
-    assert client.window == MAX_INFLIGHT
+    assert client.version == 4 and i.version_max >= 4 and not i.auth_required
+    # max_batch defaults to 256, capped by max_inflight: HELLO reports the cap.
+    assert i.max_batch == MAX_INFLIGHT and client.window == MAX_INFLIGHT
 
 
 def test_expectations_refuse_another_server(akerd: Akerd) -> None:

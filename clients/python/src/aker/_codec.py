@@ -7,6 +7,7 @@ requests of HELLO / AUTH and is sent their reply frames, so each transport drive
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from dataclasses import dataclass
@@ -127,10 +128,17 @@ def error_of(frame: Frame) -> StatusError:
     return error_for_status(frame.status, message, request_id=frame.request_id)
 
 
-class Req:
-    """One request: what goes on the wire and how its reply decodes."""
+_UNCOUNTED = (Opcode.HELLO, Opcode.PING, Opcode.AUTH)
 
-    __slots__ = ("opcode", "flags", "body", "parse", "version")
+
+class Req:
+    """One request: what goes on the wire and how its reply decodes.
+
+    ``slots``: how many of the server's ``max_inflight`` it holds (0 for HELLO, PING and
+    AUTH, ``count`` for a SEARCH_BATCH, 1 otherwise). ``row``: for a request of
+    ``search_batch``, the first matrix row it carries (``slots`` rows from there)."""
+
+    __slots__ = ("opcode", "flags", "body", "parse", "version", "slots", "row")
 
     def __init__(
         self,
@@ -139,6 +147,8 @@ class Req:
         flags: int = 0,
         parse: Optional[Callable[[int, bytes], Any]] = None,
         version: Optional[int] = None,
+        slots: Optional[int] = None,
+        row: Optional[int] = None,
     ) -> None:
         self.opcode = opcode
         self.flags = flags
@@ -146,11 +156,13 @@ class Req:
         self.parse = parse
         #: Forced version (the handshake); ``None``: the connection's.
         self.version = version
+        self.slots: int = (0 if opcode in _UNCOUNTED else 1) if slots is None else slots
+        self.row = row
 
     @property
     def counted(self) -> bool:
         """Whether it counts against the server's ``max_inflight`` (all but HELLO, PING, AUTH)."""
-        return self.opcode not in (Opcode.HELLO, Opcode.PING, Opcode.AUTH)
+        return self.slots > 0
 
     def encode(self, version: int, request_id: int) -> bytes:
         v = self.version if self.version is not None else version
@@ -159,7 +171,9 @@ class Req:
     def result(self, frame: Frame) -> Any:
         """The decoded reply; raises the status's exception for an error reply."""
         if frame.status != Status.OK:
-            raise error_of(frame)
+            err = error_of(frame)
+            err.row = self.row
+            raise err
         if frame.opcode != (int(self.opcode) | REPLY_BIT):
             raise ProtocolError(
                 "request %d was %s, the reply's opcode is %#04x"
@@ -177,6 +191,18 @@ class Req:
             if isinstance(e, StatusError):
                 raise
             raise ProtocolError("%s reply body: %s" % (self.opcode.name, e)) from None
+
+
+class BatchReq(Req):
+    """A SEARCH_BATCH: its result is the :class:`RowBlock` of its rows, which remembers the
+    reply's request id (for the exception of a failed row)."""
+
+    __slots__ = ()
+
+    def result(self, frame: Frame) -> Any:
+        block: RowBlock = super().result(frame)
+        block.request_id = frame.request_id
+        return block
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -274,7 +300,7 @@ def _deadline_us(deadline: Optional[float]) -> int:
 
 
 def _hello(version: int, body: bytes) -> Tuple[Dict[str, Any], Optional[bytes]]:
-    want = {2: (32,), 3: (33, 33 + NONCE_LEN)}.get(version, (28,))
+    want = {2: (32,), 3: (33, 33 + NONCE_LEN), 4: (37, 37 + NONCE_LEN)}.get(version, (28,))
     if len(body) not in want:
         raise ProtocolError("HELLO reply of version %d has %d bytes" % (version, len(body)))
     vmin, vmax, metric, reserved = struct.unpack_from("<BBBB", body, 0)
@@ -286,11 +312,13 @@ def _hello(version: int, body: bytes) -> Tuple[Dict[str, Any], Optional[bytes]]:
     auth = False
     if version >= 3:
         mode = body[32]
-        if mode == 1 and len(body) == 33 + NONCE_LEN:
-            challenge = bytes(body[33:])
+        after = 33 + (4 if version >= 4 else 0)  # v4: max_batch ends the body
+        if mode == 1 and len(body) == after + NONCE_LEN:
+            challenge = bytes(body[33 : 33 + NONCE_LEN])
             auth = True
-        elif not (mode == 0 and len(body) == 33):
+        elif not (mode == 0 and len(body) == after):
             raise ProtocolError("HELLO reply: auth mode %d with %d bytes" % (mode, len(body)))
+    max_batch = struct.unpack_from("<I", body, len(body) - 4)[0] if version >= 4 else None
     try:
         m = Metric(metric)
     except ValueError:
@@ -307,6 +335,7 @@ def _hello(version: int, body: bytes) -> Tuple[Dict[str, Any], Optional[bytes]]:
         shards=shards,
         delta=delta,
         auth_required=auth,
+        max_batch=max_batch,
     )
     return fields, challenge
 
@@ -370,24 +399,179 @@ def parse_stats(version: int, body: bytes) -> Dict[str, Union[int, float, str]]:
     return out
 
 
-def batch_of(results: Sequence[SearchResult], k: int) -> BatchResult:
-    n = len(results)
-    ids = np.full((n, k), NO_ID, dtype=np.uint64)
-    distances = np.full((n, k), np.inf, dtype=np.float32)
-    counts = np.zeros(n, dtype=np.int64)
-    for i, r in enumerate(results):
+# ---------------------------------------------------------------------------- batches
+
+_KINDS = tuple(HitKind)  # by code: MISS, EXACT, ALIAS, APPROXIMATE
+_NOT_DTQ = np.uint8(0xFF ^ REPLY_DISTANCES_TO_QUERY)
+BATCH_ERRORS = ("raise", "return")
+
+
+@dataclass
+class RowBlock:
+    """Consecutive rows of a search_batch: the arrays of a :class:`BatchResult` being
+    filled (rows padded; a failed row: count 0, kind MISS, its status)."""
+
+    ids: np.ndarray
+    distances: np.ndarray
+    counts: np.ndarray
+    kinds: List[HitKind]
+    tokens: List[Optional[int]]
+    distances_to_query: List[bool]
+    statuses: np.ndarray
+    #: The id of the SEARCH_BATCH reply that brought the rows.
+    request_id: int = 0
+
+    @classmethod
+    def empty(cls, n: int, k: int) -> "RowBlock":
+        return cls(
+            ids=np.full((n, k), NO_ID, dtype=np.uint64),
+            distances=np.full((n, k), np.inf, dtype=np.float32),
+            counts=np.zeros(n, dtype=np.int64),
+            kinds=[HitKind.MISS] * n,
+            tokens=[None] * n,
+            distances_to_query=[False] * n,
+            statuses=np.zeros(n, dtype=np.uint16),
+        )
+
+    def put_block(self, row: int, b: "RowBlock") -> None:
+        end = row + len(b.kinds)
+        self.ids[row:end] = b.ids
+        self.distances[row:end] = b.distances
+        self.counts[row:end] = b.counts
+        self.kinds[row:end] = b.kinds
+        self.tokens[row:end] = b.tokens
+        self.distances_to_query[row:end] = b.distances_to_query
+        self.statuses[row:end] = b.statuses
+
+    def put_one(self, row: int, r: SearchResult) -> None:
         m = len(r)
-        ids[i, :m] = r.ids
-        distances[i, :m] = r.distances
-        counts[i] = m
-    return BatchResult(
-        ids=ids,
-        distances=distances,
-        kinds=[r.kind for r in results],
-        counts=counts,
-        tokens=[r.token for r in results],
-        distances_to_query=[r.distances_to_query for r in results],
+        self.ids[row, :m] = r.ids
+        self.distances[row, :m] = r.distances
+        self.counts[row] = m
+        self.kinds[row] = r.kind
+        self.tokens[row] = r.token
+        self.distances_to_query[row] = r.distances_to_query
+
+    def first_error(self, row: int) -> Optional[StatusError]:
+        """The exception of the first failed row (``row``: where the block starts)."""
+        bad = np.flatnonzero(self.statuses)
+        if bad.shape[0] == 0:
+            return None
+        i = int(bad[0])
+        err = error_for_status(
+            int(self.statuses[i]), "search_batch row %d" % (row + i), request_id=self.request_id
+        )
+        err.row = row + i
+        return err
+
+    def result(self) -> BatchResult:
+        return BatchResult(
+            ids=self.ids,
+            distances=self.distances,
+            kinds=self.kinds,
+            counts=self.counts,
+            tokens=self.tokens,
+            distances_to_query=self.distances_to_query,
+            statuses=self.statuses,
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def _items_dtype(k: int) -> np.dtype:
+    """A reply item with k neighbours and no token (the layout of a reply of full hits)."""
+    return np.dtype([("status", "<u2"), ("hit", "u1"), ("flags", "u1"), ("m", "<u4"), ("nb", _NEIGHBOUR, (k,))])
+
+
+def decode_batch(version: int, body: bytes, k: int, count: int) -> RowBlock:
+    """A SEARCH_BATCH reply body: ``count`` items, each a status and a SEARCH answer."""
+    if len(body) < 4:
+        raise ProtocolError("SEARCH_BATCH reply of %d bytes" % len(body))
+    got = struct.unpack_from("<I", body, 0)[0]
+    if got != count:
+        raise ProtocolError("SEARCH_BATCH reply of %d items for %d queries" % (got, count))
+    if len(body) == 4 + count * (8 + 12 * k):
+        items = np.frombuffer(body, _items_dtype(k), count, 4)
+        if (items["m"] == k).all() and not items["status"].any() and not (items["flags"] & REPLY_TOKEN).any():
+            return _full_block(items, k)
+    return _item_block(body, k, count)
+
+
+def _full_block(items: np.ndarray, k: int) -> RowBlock:
+    """Every item OK with k neighbours and no token: read as one array."""
+    hits, flags = items["hit"], items["flags"]
+    if int(hits.max()) >= len(_KINDS) or (flags & _NOT_DTQ).any():
+        raise ProtocolError("SEARCH_BATCH reply: an unknown hit kind or undefined flags")
+    count = items.shape[0]
+    return RowBlock(
+        ids=items["nb"]["id"].astype(np.uint64),
+        distances=items["nb"]["distance"].astype(np.float32),
+        counts=np.full(count, k, dtype=np.int64),
+        kinds=[_KINDS[h] for h in hits.tolist()],
+        tokens=[None] * count,
+        distances_to_query=(flags & REPLY_DISTANCES_TO_QUERY).astype(bool).tolist(),
+        statuses=np.zeros(count, dtype=np.uint16),
     )
+
+
+def _item_block(body: bytes, k: int, count: int) -> RowBlock:
+    """The items one by one (failed rows, short rows, tokens)."""
+    b = RowBlock.empty(count, k)
+    off = 4
+    for i in range(count):
+        status, hit, flags, m = struct.unpack_from("<HBBI", body, off)
+        off += 8
+        if status != Status.OK:
+            if hit or flags or m:
+                raise ProtocolError("SEARCH_BATCH reply item %d: status %d with a hit, flags or neighbours" % (i, status))
+            b.statuses[i] = status
+            continue
+        if hit >= len(_KINDS) or flags & ~(REPLY_DISTANCES_TO_QUERY | REPLY_TOKEN):
+            raise ProtocolError("SEARCH_BATCH reply item %d: hit kind %d, flags %#04x" % (i, hit, flags))
+        if m > k:
+            raise ProtocolError("SEARCH_BATCH reply item %d: %d neighbours for k = %d" % (i, m, k))
+        if m:
+            arr = np.frombuffer(body, dtype=_NEIGHBOUR, count=m, offset=off)
+            b.ids[i, :m] = arr["id"]
+            b.distances[i, :m] = arr["distance"]
+        off += 12 * m
+        b.counts[i] = m
+        b.kinds[i] = _KINDS[hit]
+        b.distances_to_query[i] = bool(flags & REPLY_DISTANCES_TO_QUERY)
+        if flags & REPLY_TOKEN:
+            b.tokens[i] = struct.unpack_from("<Q", body, off)[0]
+            off += 8
+    if off != len(body):
+        raise ProtocolError("SEARCH_BATCH reply: %d bytes after the last item" % (len(body) - off))
+    return b
+
+
+def batch_of(outs: Sequence[Any], reqs: Sequence[Req], k: int) -> BatchResult:
+    """search_batch's answer from its requests' results, in row order: a :class:`RowBlock`
+    (SEARCH_BATCH), a :class:`SearchResult` (one SEARCH per row), or, with
+    ``errors="return"``, the :class:`StatusError` of a request's error reply (every row
+    it carried failed with that status)."""
+    if len(outs) == 1 and isinstance(outs[0], RowBlock):
+        return outs[0].result()  # one SEARCH_BATCH carried every row: nothing to copy
+    out = RowBlock.empty(sum(r.slots for r in reqs), k)
+    for res, req in zip(outs, reqs):
+        row = req.row or 0
+        if isinstance(res, RowBlock):
+            out.put_block(row, res)
+        elif isinstance(res, SearchResult):
+            out.put_one(row, res)
+        else:
+            out.statuses[row : row + req.slots] = res.code
+    return out.result()
+
+
+def batch_result(outs: Sequence[Any], reqs: Sequence[Req], k: int, errors: str) -> BatchResult:
+    """:func:`batch_of`; with ``errors="raise"``, raises the first failed row's exception."""
+    if errors == "raise":
+        for res, req in zip(outs, reqs):
+            err = res.first_error(req.row or 0) if isinstance(res, RowBlock) else None
+            if err is not None:
+                raise err
+    return batch_of(outs, reqs, k)
 
 
 # ---------------------------------------------------------------------------- requests
@@ -436,7 +620,7 @@ class Codec:
     ) -> Req:
         """SEARCH for an already checked vector (:func:`as_vector`)."""
         kk = self._k(k)
-        flags = (FLAG_BYPASS_CACHE if bypass_cache else 0) | (FLAG_REFRESH_ENTRY if refresh_entry else 0)
+        flags = _search_flags(bypass_cache, refresh_entry)
         head = struct.pack(
             "<IIII", _uint(collection, 32, "collection"), kk, _deadline_us(deadline), vec.shape[0]
         )
@@ -448,6 +632,41 @@ class Codec:
 
     def search(self, vector: VectorLike, k: int, **kw: Any) -> Req:
         return self.search_vec(as_vector(vector, self.info.dim), k, **kw)
+
+    def batch_count(self, k: int, window: int, reply_limit: int) -> int:
+        """The most rows one SEARCH_BATCH at ``k`` may carry (PROTOCOL.md, SEARCH_BATCH):
+        ``max_batch``, the window, and both the request frame (``40 + 4·dim·count``) and
+        the largest reply (``24 + count·(16 + 12·k)``) within ``max_frame_bytes`` (and the
+        client's ``reply_limit``). 0: no SEARCH_BATCH (below version 4, or not one row fits)."""
+        info = self.info
+        if info.version < 4 or not info.max_batch:
+            return 0
+        by_request = (info.max_frame_bytes - HEADER_LEN - 20) // (4 * info.dim)
+        by_reply = (min(info.max_frame_bytes, reply_limit) - HEADER_LEN - 4) // (16 + 12 * k)
+        return max(0, min(info.max_batch, window, by_request, by_reply))
+
+    def search_batch_rows(
+        self,
+        mat: np.ndarray,
+        k: int,
+        count: int,
+        bypass_cache: bool = False,
+        refresh_entry: bool = False,
+        deadline: Optional[float] = None,
+        collection: int = 0,
+    ) -> List[Req]:
+        """SEARCH_BATCH requests of at most ``count`` rows each, for an already checked
+        matrix (:func:`as_matrix`), in row order."""
+        kk = self._k(k)
+        flags = _search_flags(bypass_cache, refresh_entry)
+        fields = (_uint(collection, 32, "collection"), kk, _deadline_us(deadline), mat.shape[1])
+        reqs: List[Req] = []
+        for row in range(0, mat.shape[0], count):
+            chunk = mat[row : row + count]
+            c = chunk.shape[0]
+            body = struct.pack("<5I", *fields, c) + chunk.tobytes()
+            reqs.append(self._sized(BatchReq(Opcode.SEARCH_BATCH, body, flags, _batch_parse(kk, c), slots=c, row=row)))
+        return reqs
 
     def insert(self, id: int, vector: VectorLike, payload: Payload = None, collection: int = 0) -> Req:
         vec = as_vector(vector, self.info.dim)
@@ -597,8 +816,36 @@ def _raw_proof(version: int, body: bytes) -> bytes:
     return body
 
 
-def search_rows(codec: Codec, matrix: VectorLike, k: int, **kw: Any) -> Tuple[List[Req], int]:
-    """One SEARCH request per row of ``matrix`` (converted once)."""
+def _search_flags(bypass_cache: bool, refresh_entry: bool) -> int:
+    return (FLAG_BYPASS_CACHE if bypass_cache else 0) | (FLAG_REFRESH_ENTRY if refresh_entry else 0)
+
+
+def _batch_parse(k: int, count: int) -> Callable[[int, bytes], RowBlock]:
+    def parse(version: int, body: bytes) -> RowBlock:
+        return decode_batch(version, body, k, count)
+
+    return parse
+
+
+def check_errors(errors: str) -> str:
+    if errors not in BATCH_ERRORS:
+        raise _local(InvalidRequest, 'errors must be "raise" or "return", not %r' % (errors,))
+    return errors
+
+
+def batch_requests(
+    codec: Codec, matrix: VectorLike, k: int, window: int, reply_limit: int, errors: str, **kw: Any
+) -> Tuple[List[Req], int]:
+    """search_batch's requests for ``matrix`` (converted and checked once): SEARCH_BATCH
+    chunks (:meth:`Codec.batch_count` rows each) when the server speaks version 4, else
+    one SEARCH per row; and the checked k."""
+    check_errors(errors)
     mat = as_matrix(matrix, codec.info.dim)
     kk = codec._k(k)
-    return [codec.search_vec(mat[i], kk, **kw) for i in range(mat.shape[0])], kk
+    count = codec.batch_count(kk, window, reply_limit)
+    if count:
+        return codec.search_batch_rows(mat, kk, count, **kw), kk
+    reqs = [codec.search_vec(mat[i], kk, **kw) for i in range(mat.shape[0])]
+    for i, req in enumerate(reqs):
+        req.row = i
+    return reqs, kk

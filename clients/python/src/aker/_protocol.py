@@ -36,8 +36,8 @@ REPLY_BIT = 0x80
 #: Request opcode of connection-level replies (sent with request id 0).
 CONNECTION_OP = 0
 #: The protocol versions this client speaks, newest first (version 1 lacks Δ and the
-#: MISS token, so it is not spoken).
-VERSIONS = (3, 2)
+#: MISS token, so it is not spoken). Version 4 adds SEARCH_BATCH.
+VERSIONS = (4, 3, 2)
 
 FLAG_BYPASS_CACHE = 0x0001
 FLAG_REFRESH_ENTRY = 0x0002
@@ -64,6 +64,7 @@ class Opcode(enum.IntEnum):
     FLUSH = 0x07
     STATS = 0x08
     AUTH = 0x09
+    SEARCH_BATCH = 0x0A
 
 
 class Status(enum.IntEnum):
@@ -135,6 +136,9 @@ class ServerInfo:
     delta: int
     #: Whether the server required (and got) AUTH on this connection.
     auth_required: bool
+    #: (v4) The most queries one SEARCH_BATCH may carry; ``None`` below version 4 (no
+    #: SEARCH_BATCH: :meth:`aker.Client.search_batch` pipelines one SEARCH per row).
+    max_batch: Optional[int] = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,6 +173,10 @@ class SearchResult:
         return iter((self.ids, self.distances))
 
 
+def _no_statuses() -> np.ndarray:
+    return np.zeros(0, dtype=np.uint16)
+
+
 @dataclass(frozen=True, eq=False)
 class BatchResult:
     """The answers to many queries, in the order of the rows asked.
@@ -176,6 +184,11 @@ class BatchResult:
     ``ids`` has shape ``(n, k)`` (uint64) and ``distances`` ``(n, k)`` (float32). A row with
     fewer than k neighbours (``counts[i] < k``: a cache-aside MISS, a small collection) is
     padded with :data:`NO_ID` and ``+inf``.
+
+    ``statuses`` (uint16, shape ``(n,)``) is each row's status code: ``0`` (``Status.OK``)
+    for an answered row. Only ``search_batch(..., errors="return")`` gives back a batch
+    with failed rows; such a row is padded as an empty one (``counts[i] == 0``, kind
+    ``MISS``, no token) and ``ok[i]`` is False.
 
     ``len(batch)`` and ``batch[i]`` (a :class:`SearchResult`) are per row, but iterating
     yields the two ``(n, k)`` arrays ``(ids, distances)``, not the rows, so that
@@ -189,6 +202,7 @@ class BatchResult:
     counts: np.ndarray
     tokens: List[Optional[int]] = field(default_factory=list)
     distances_to_query: List[bool] = field(default_factory=list)
+    statuses: np.ndarray = field(default_factory=_no_statuses)
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
@@ -209,8 +223,15 @@ class BatchResult:
         return iter((self.ids, self.distances))
 
     @property
+    def ok(self) -> np.ndarray:
+        """Per row, whether it was answered (``statuses == 0``), a bool array of shape ``(n,)``."""
+        if self.statuses.shape[0] != len(self):
+            return np.ones(len(self), dtype=bool)
+        return np.asarray(self.statuses == 0)
+
+    @property
     def hit_ratio(self) -> float:
-        """Fraction of the rows the cache answered."""
+        """Fraction of the rows the cache answered (a failed row is no hit)."""
         if not self.kinds:
             return 0.0
         return sum(1 for k in self.kinds if k != HitKind.MISS) / len(self.kinds)

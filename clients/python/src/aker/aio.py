@@ -1,16 +1,17 @@
 """The asyncio client (streams), its pipeline and a pool.
 
 One :class:`AsyncClient` is one connection that any number of tasks share: each call
-sends its request at once (within the window, the server's ``max_inflight``) and a
-reader task hands each reply to its caller by request id, so concurrent calls are
-pipelined on the wire.
+sends its request at once (within the window, the server's ``max_inflight``; a
+SEARCH_BATCH of ``count`` rows takes ``count`` slots) and a reader task hands each reply
+to its caller by request id, so concurrent calls are pipelined on the wire.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Deque, Dict, List, Optional, Tuple, Union
 
 from ._auth import load_secret
 from ._pipeline import PipelineRequests
@@ -22,15 +23,15 @@ from ._codec import (
     Req,
     VectorLike,
     as_vector,
-    batch_of,
+    batch_requests,
+    batch_result,
     check_metric,
     closes_connection,
     error_of,
     handshake,
     parse_header,
-    search_rows,
 )
-from ._protocol import HEADER_LEN, BatchResult, HitKind, Metric, SearchResult, ServerInfo
+from ._protocol import HEADER_LEN, VERSIONS, BatchResult, HitKind, Metric, SearchResult, ServerInfo
 from .client import DEFAULT, Backend, PathLike, SecretLike, _aside_result, _check_size, _check_window
 from .errors import (
     AkerConnectionError,
@@ -42,6 +43,53 @@ from .errors import (
 )
 
 __all__ = ["AsyncClient", "AsyncPipeline", "AsyncPool"]
+
+
+class _Slots:
+    """The window: ``capacity`` slots, taken ``n`` at once (a SEARCH_BATCH of ``n`` rows)
+    in FIFO order, so a large request is not starved by small ones and two callers never
+    each hold part of what the other needs."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self._waiters: Deque[Tuple[int, "asyncio.Future[None]"]] = collections.deque()
+
+    async def acquire(self, n: int) -> None:
+        n = min(n, self.capacity)  # never more than the whole window (not to wait forever)
+        if not self._waiters and self.used + n <= self.capacity:
+            self.used += n
+            return
+        entry = (n, asyncio.get_running_loop().create_future())
+        self._waiters.append(entry)
+        try:
+            await entry[1]
+        except BaseException:
+            if entry[1].done() and not entry[1].cancelled():
+                self.release(n)  # granted, but the caller was cancelled meanwhile
+            else:
+                try:
+                    self._waiters.remove(entry)
+                except ValueError:
+                    pass
+                self._wake()
+            raise
+
+    def release(self, n: int) -> None:
+        self.used -= min(n, self.capacity)
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            n, fut = self._waiters[0]
+            if fut.done():  # cancelled
+                self._waiters.popleft()
+                continue
+            if self.used + n > self.capacity:
+                return
+            self._waiters.popleft()
+            self.used += n
+            fut.set_result(None)
 
 
 class AsyncClient:
@@ -57,9 +105,9 @@ class AsyncClient:
         #: until its reply comes (and is dropped), so the window stays honest.
         self._pending: Dict[int, Tuple[Req, "asyncio.Future[Frame]"]] = {}
         self._next_id = 1
-        self._version = 3
+        self._version = VERSIONS[0]
         self._window = 1
-        self._sem: Optional[asyncio.Semaphore] = None
+        self._slots: Optional[_Slots] = None
         self._wlock = asyncio.Lock()
         self._dead: Optional[AkerError] = None
         self._task: "asyncio.Task[None]" = asyncio.ensure_future(self._read_loop())
@@ -108,7 +156,7 @@ class AsyncClient:
         c._version = info.version
         c._codec = Codec(info)
         c._window = min(info.max_inflight if window is None else int(window), info.max_inflight)
-        c._sem = asyncio.Semaphore(c._window)
+        c._slots = _Slots(c._window)
         return c
 
     # ------------------------------------------------------------------ plumbing
@@ -144,8 +192,8 @@ class AsyncClient:
                 fut.exception()
             # Give back the window slots those requests held, so that calls blocked on
             # the window wake up and raise ConnectionClosed (their _check after acquire).
-            if req.counted and self._sem is not None:
-                self._sem.release()
+            if req.slots and self._slots is not None:
+                self._slots.release(req.slots)
         try:
             self._writer.close()
         except Exception:
@@ -166,8 +214,8 @@ class AsyncClient:
                     self._fail(ProtocolError("reply for request %d, which is not in flight" % rid))
                     return
                 req, fut = entry
-                if req.counted and self._sem is not None:
-                    self._sem.release()
+                if req.slots and self._slots is not None:
+                    self._slots.release(req.slots)
                 if not fut.done():
                     fut.set_result(frame)
                 if closes_connection(frame, req.opcode):
@@ -189,10 +237,9 @@ class AsyncClient:
     async def _send(self, req: Req) -> Frame:
         """Sends ``req`` and waits for its reply frame (no timeout here)."""
         self._check()
-        counted = req.counted and self._sem is not None
-        if counted:
-            assert self._sem is not None
-            await self._sem.acquire()
+        slots = self._slots if req.slots else None
+        if slots is not None:
+            await slots.acquire(req.slots)
         sent = False
         rid = 0
         try:
@@ -210,12 +257,9 @@ class AsyncClient:
                 except (OSError, ConnectionError) as e:
                     self._fail(ConnectionClosed("connection lost: %s" % e))
         finally:
-            if not sent:
-                if rid:
-                    self._pending.pop(rid, None)
-                if counted:
-                    assert self._sem is not None
-                    self._sem.release()
+            # Not sent: give its slots back, unless _fail already did (it took the entry).
+            if not sent and (not rid or self._pending.pop(rid, None) is not None) and slots is not None:
+                slots.release(req.slots)
         return await fut
 
     async def _call(self, req: Req, timeout: Any = DEFAULT) -> Any:
@@ -230,7 +274,7 @@ class AsyncClient:
         return req.result(frame)
 
     async def _many(self, reqs: List[Req], timeout: Any = DEFAULT, return_exceptions: bool = False) -> List[Any]:
-        """Runs ``reqs`` concurrently (at most the window in flight); results in order."""
+        """Runs ``reqs`` concurrently (at most the window's slots in flight); results in order."""
         self._check()
         results: List[Any] = [None] * len(reqs)
         order = iter(range(len(reqs)))
@@ -268,6 +312,12 @@ class AsyncClient:
     def in_flight(self) -> int:
         """Requests sent and not answered yet (timed-out ones included)."""
         return len(self._pending)
+
+    @property
+    def _load(self) -> int:
+        """Window slots held, then requests in flight (an :class:`AsyncPool` sends to the
+        least loaded connection)."""
+        return (self._slots.used if self._slots is not None else 0) + len(self._pending)
 
     @property
     def closed(self) -> bool:
@@ -330,20 +380,24 @@ class AsyncClient:
         refresh_entry: bool = False,
         deadline: Optional[float] = None,
         collection: int = 0,
+        errors: str = "raise",
         timeout: Any = DEFAULT,
     ) -> BatchResult:
-        """As :meth:`aker.Client.search_batch`: one SEARCH per row, pipelined within the
-        window (until a server offers a batch opcode)."""
-        reqs, kk = search_rows(
+        """As :meth:`aker.Client.search_batch`: SEARCH_BATCH frames on a version 4 server
+        (``count`` window slots each), one SEARCH per row on an older one; ``errors`` the same."""
+        reqs, kk = batch_requests(
             self._codec,
             matrix,
             k,
+            self._window,
+            self._max_reply,
+            errors,
             bypass_cache=bypass_cache,
             refresh_entry=refresh_entry,
             deadline=deadline,
             collection=collection,
         )
-        return batch_of(await self._many(reqs, timeout), kk)
+        return batch_result(await self._many(reqs, timeout, errors == "return"), reqs, kk, errors)
 
     async def insert(
         self, id: int, vector: VectorLike, payload: Payload = None, *, collection: int = 0, timeout: Any = DEFAULT
@@ -410,9 +464,9 @@ class AsyncPipeline(PipelineRequests):
 
 
 class AsyncPool:
-    """Up to ``size`` :class:`AsyncClient` connections; each call goes to the one with
-    the fewest requests in flight, and a new connection is opened (up to ``size``) when
-    every open one is busy. Broken connections are dropped. Keyword arguments are
+    """Up to ``size`` :class:`AsyncClient` connections; each call goes to the least
+    loaded one (window slots held: a SEARCH_BATCH of n rows counts n), and a new
+    connection is opened (up to ``size``) when every open one is busy. Broken connections are dropped. Keyword arguments are
     :meth:`AsyncClient.connect`'s."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 7700, *, size: int = 4, **client_options: Any) -> None:
@@ -429,7 +483,7 @@ class AsyncPool:
         if self._closed:
             raise ConnectionClosed("the pool is closed")
         self._clients = [c for c in self._clients if not c.closed]
-        best = min(self._clients, key=lambda c: c.in_flight, default=None)
+        best = min(self._clients, key=lambda c: c._load, default=None)
         if best is not None and (best.in_flight == 0 or len(self._clients) >= self.size):
             return best
         if self._lock is None:
@@ -442,7 +496,7 @@ class AsyncPool:
                     await new.close()
                     raise ConnectionClosed("the pool is closed")
                 self._clients.append(new)
-            return min(self._clients, key=lambda c: c.in_flight)
+            return min(self._clients, key=lambda c: c._load)
 
     @property
     def connections(self) -> int:

@@ -2,10 +2,11 @@
 
 One :class:`Client` is one TCP connection. Every call may carry many requests on the wire
 at once (:meth:`Client.search_batch`, :meth:`Client.pipeline`): up to the window (the
-server's ``max_inflight`` by default), their replies matched by request id in whatever
-order the server answers. The socket is non-blocking and driven by a selector, so the
-client reads replies while it writes requests and never deadlocks against a server that
-stops reading until its replies are read.
+server's ``max_inflight`` by default; a SEARCH_BATCH of ``count`` rows takes ``count`` of
+it), their replies matched by request id in whatever order the server answers. The socket
+is non-blocking and driven by a selector, so the client reads replies while it writes
+requests and never deadlocks against a server that stops reading until its replies are
+read.
 """
 
 from __future__ import annotations
@@ -31,15 +32,15 @@ from ._codec import (
     Req,
     VectorLike,
     as_vector,
-    batch_of,
+    batch_requests,
+    batch_result,
     check_metric,
     closes_connection,
     error_of,
     handshake,
-    search_rows,
     take_frame,
 )
-from ._protocol import BatchResult, HitKind, Metric, SearchResult, ServerInfo
+from ._protocol import VERSIONS, BatchResult, HitKind, Metric, SearchResult, ServerInfo
 from .errors import (
     AkerConnectionError,
     AkerError,
@@ -94,8 +95,8 @@ class Client:
         connect_timeout: seconds for the TCP connect and the handshake (HELLO, AUTH).
         timeout: seconds a request may wait for its reply (``None``: forever); each call
             can override it. A timed-out request's late reply is dropped.
-        window: most requests in flight on this connection; at most (and by default) the
-            server's ``max_inflight``.
+        window: most requests in flight on this connection (a SEARCH_BATCH of n rows
+            counts n); at most (and by default) the server's ``max_inflight``.
         expect_dim, expect_metric: refuse a server with another dimension / metric
             (:class:`~aker.IncompatibleServer`).
         max_reply_bytes: largest reply frame accepted.
@@ -129,13 +130,13 @@ class Client:
         self._rbuf = bytearray()
         self._wbuf = bytearray()
         self._next_id = 1
-        #: Requests that timed out or were given up, not yet answered: id -> counted.
-        self._abandoned: Dict[int, bool] = {}
-        #: Requests sent that count against max_inflight and are not answered yet.
+        #: Requests that timed out or were given up, not yet answered: id -> window slots.
+        self._abandoned: Dict[int, int] = {}
+        #: Window slots (``Req.slots``) of the requests sent and not answered yet.
         self._counted_out = 0
         self._dead: Optional[AkerError] = None
         self._write_error: Optional[OSError] = None
-        self._version = 3
+        self._version = VERSIONS[0]
         self._window = 1
         self._sock = self._connect(connect_timeout)
         self._events = selectors.EVENT_READ
@@ -278,8 +279,13 @@ class Client:
                 return frame
             self._pump(deadline)
 
+    def _fits(self, req: Req) -> bool:
+        """Whether ``req``'s window slots are free now (one wider than the whole window,
+        which search_batch never makes, would go alone rather than wait forever)."""
+        return self._counted_out + req.slots <= max(self._window, req.slots)
+
     def _exchange(self, reqs: List[Req], timeout: Any = DEFAULT, return_exceptions: bool = False) -> List[Any]:
-        """Sends ``reqs`` (at most the window in flight) and returns their results in order."""
+        """Sends ``reqs`` (at most the window's slots in flight) and returns their results in order."""
         t: Optional[float] = self.timeout if timeout is DEFAULT else timeout
         n = len(reqs)
         results: List[Any] = [None] * n
@@ -292,12 +298,11 @@ class Client:
             try:
                 while left:
                     now = time.monotonic()
-                    while sent < n and (not reqs[sent].counted or self._counted_out < self._window):
+                    while sent < n and self._fits(reqs[sent]):
                         rid = self._new_id()
                         self._wbuf += reqs[sent].encode(self._version, rid)
                         own[rid] = (sent, now)
-                        if reqs[sent].counted:
-                            self._counted_out += 1
+                        self._counted_out += reqs[sent].slots
                         sent += 1
                     # Each request has `t` from when it was sent; the oldest bounds the wait.
                     start = next(iter(own.values()))[1] if own else waiting_since
@@ -322,8 +327,7 @@ class Client:
                     if rid in own:
                         idx, _ = own.pop(rid)
                         req = reqs[idx]
-                        if req.counted:
-                            self._counted_out -= 1
+                        self._counted_out -= req.slots
                         left -= 1
                         waiting_since = time.monotonic()
                         if closes_connection(frame, req.opcode):
@@ -335,8 +339,7 @@ class Client:
                                 raise
                             results[idx] = e
                     elif rid in self._abandoned:
-                        if self._abandoned.pop(rid):
-                            self._counted_out -= 1
+                        self._counted_out -= self._abandoned.pop(rid)
                         waiting_since = time.monotonic()
                     else:
                         err2 = ProtocolError("reply for request %d, which is not in flight" % rid)
@@ -345,7 +348,7 @@ class Client:
             except BaseException:
                 # What is still in flight is given up: its replies are dropped when they come.
                 for rid, (idx, _) in own.items():
-                    self._abandoned[rid] = reqs[idx].counted
+                    self._abandoned[rid] = reqs[idx].slots
                 raise
         return results
 
@@ -447,25 +450,40 @@ class Client:
         refresh_entry: bool = False,
         deadline: Optional[float] = None,
         collection: int = 0,
+        errors: str = "raise",
         timeout: Any = DEFAULT,
     ) -> BatchResult:
-        """One SEARCH per row of ``matrix`` ``(n, dim)``, pipelined within the window;
-        the answers in row order (``ids`` / ``distances`` of shape ``(n, k)``).
+        """The ``k`` nearest neighbours of each row of ``matrix`` ``(n, dim)``, in row order
+        (``ids`` / ``distances`` of shape ``(n, k)``); the flags as :meth:`search`'s, for
+        every row (``deadline``: for each request carrying rows).
 
-        The protocol has no batch operation yet (versions 1-3): this sends one SEARCH
-        per row. When a server offers a SEARCH_BATCH opcode (a later version), this
-        method will use it, with the same result.
+        A version 4 server gets SEARCH_BATCH frames of at most ``info.max_batch`` rows
+        (fewer when the request or its largest reply would be over ``max_frame_bytes``,
+        or the window is smaller), several in flight within the window, where a frame of
+        ``count`` rows takes ``count`` slots. An older server gets one SEARCH per row,
+        pipelined within the window; the result is the same.
+
+        ``errors="raise"`` (the default): a failed row raises its status's exception
+        (:mod:`aker.errors`) with ``.row``, the failed row's index: the first failed row
+        in row order, or an error reply to a whole request when it comes (``.row``: the
+        first row it carried; what is not sent yet is not sent). ``errors="return"``: no
+        status raises; each failed row's code is in ``BatchResult.statuses`` and the row
+        is padded as an empty one (``ok[i]`` False). Connection errors and timeouts raise
+        either way.
         """
-        reqs, kk = search_rows(
+        reqs, kk = batch_requests(
             self._codec,
             matrix,
             k,
+            self._window,
+            self._max_reply,
+            errors,
             bypass_cache=bypass_cache,
             refresh_entry=refresh_entry,
             deadline=deadline,
             collection=collection,
         )
-        return batch_of(self._exchange(reqs, timeout), kk)
+        return batch_result(self._exchange(reqs, timeout, errors == "return"), reqs, kk, errors)
 
     def insert(
         self,

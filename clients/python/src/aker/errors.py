@@ -35,7 +35,7 @@ a frame over ``max_frame_bytes``), so a caller catches one class whichever end n
     │   └── ConnectionClosed             the server closed the connection
     ├── Timeout (TimeoutError)           connect or request timeout of the client
     └── ProtocolError                    a reply that does not decode
-        └── IncompatibleServer           no common version (>= 2), or HELLO is not as expected
+        └── IncompatibleServer           no common version (2 to 4), or HELLO is not as expected
 """
 
 from __future__ import annotations
@@ -95,6 +95,9 @@ class StatusError(AkerError):
         message: the server's message (or the client's).
         request_id: the id of the request answered (0: a connection-level reply).
         local: True when the client refused the request before sending anything.
+        row: for an error of :meth:`~aker.Client.search_batch`, the index of the failed
+            row of the matrix (for an error reply to a whole SEARCH_BATCH frame, the first
+            row that frame carried); ``None`` otherwise.
     """
 
     #: The status this class stands for (``None`` on the base class).
@@ -118,6 +121,7 @@ class StatusError(AkerError):
         self.message: str = message
         self.request_id: int = request_id
         self.local: bool = local
+        self.row: Optional[int] = None
         name = self.status.name if self.status is not None else "status %d" % code
         where = "client check" if local else "server"
         super().__init__("%s (%s): %s" % (name, where, message) if message else "%s (%s)" % (name, where))
@@ -263,7 +267,7 @@ class ProtocolError(AkerError):
 
 
 class IncompatibleServer(ProtocolError):
-    """The server speaks no common protocol version (this client needs 2 or 3), or its
+    """The server speaks no common protocol version (this client needs 2, 3 or 4), or its
     HELLO is not what the client was told to expect (dimension, metric)."""
 
 
