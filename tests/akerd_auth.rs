@@ -112,6 +112,10 @@ fn until_it_authenticates_a_connection_gets_only_hello_and_ping() {
         let r = call(&mut s, 3, 10 + i as u64, req);
         assert_eq!(status(&r), Status::Unauthenticated, "{op}: {r:?}");
     }
+    // SEARCH_BATCH (version 4) too, as a whole frame.
+    let batch = aker::protocol::SearchBatchRequest::new(common::K, vec![vec![0.5; common::DIM]; 3]);
+    let r = call(&mut s, 4, 19, Request::SearchBatch(batch));
+    assert_eq!(status(&r), Status::Unauthenticated, "{r:?}");
     assert!(matches!(
         call(&mut s, 3, 20, Request::Ping(b"p".to_vec())),
         Reply::Pong(_)
@@ -136,7 +140,7 @@ fn until_it_authenticates_a_connection_gets_only_hello_and_ping() {
     let Reply::Stats(text) = r else {
         panic!("{r:?}")
     };
-    assert!(text.contains("server_unauthenticated_requests 6"), "{text}");
+    assert!(text.contains("server_unauthenticated_requests 7"), "{text}");
     d.stop().unwrap();
 }
 

@@ -59,6 +59,14 @@ fn body(request: Request) -> Vec<u8> {
     encoded(2, 1, request)[HEADER_LEN..].to_vec()
 }
 
+/// A SEARCH_BATCH body's first 20 bytes: collection 0, `k`, no deadline, `n`, `count`.
+fn batch_header(k: u32, n: u32, count: u32) -> Vec<u8> {
+    [0, k, 0, n, count]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect()
+}
+
 /// The body of a version 4 request.
 fn body4(request: Request) -> Vec<u8> {
     encoded(4, 1, request)[HEADER_LEN..].to_vec()
@@ -390,9 +398,16 @@ fn rows() -> Vec<Row> {
         ),
         row(
             "SEARCH_BATCH of 0 queries",
-            encoded(4, 41, batch(K, 0, DIM)),
+            frame(4, 0x0A, 0, 0, 41, &batch_header(K, DIM as u32, 0)),
             BadRequest,
             41,
+            true,
+        ),
+        row(
+            "SEARCH_BATCH of 2^32 - 1 queries of dimension 0 (a 40-byte frame)",
+            frame(4, 0x0A, 0, 0, 49, &batch_header(K, 0, u32::MAX)),
+            BadRequest,
+            49,
             true,
         ),
         row(

@@ -74,8 +74,8 @@ fn a_batch_answers_each_query_as_its_search_would() {
 }
 
 /// max_batch 8 and a 4 KiB frame limit: the client splits 30 queries into frames of 8
-/// (k 5) and, at k 32 where a reply of 8 could exceed the frame, of fewer; the server
-/// refuses a frame over either limit as a whole.
+/// (k 5), and 8 at k 32 (3,224 reply bytes) into one; the server refuses a frame over
+/// max_batch as a whole.
 #[test]
 fn the_client_chunks_to_the_servers_limits_and_the_server_holds_them() {
     let ds = dataset();
@@ -91,9 +91,10 @@ fn the_client_chunks_to_the_servers_limits_and_the_server_holds_them() {
     for (q, item) in qs.iter().zip(&items) {
         assert_eq!(ids(item.as_ref().unwrap()), exact_ids(&ds, q, K as usize));
     }
-    // k 32: a reply of 8 items can take 24 + 8 * (16 + 384) = 3224 bytes: fits; with a
-    // 2 KiB reply room it would not. Ask the server directly for 8 at k 32 in 4 KiB: OK.
+    // k 32: a reply of 8 items can take 24 + 8 * (16 + 384) = 3224 bytes: fits in 4 KiB,
+    // so 8 at k 32 is one frame too (the next test has a limit that splits them).
     let wide = c.search_batch(32, &qs[..8]).unwrap();
+    assert_eq!(batches(&d), 5);
     assert!(wide
         .iter()
         .all(|i| i.as_ref().unwrap().neighbors.len() == 32));
@@ -245,6 +246,16 @@ fn a_batch_deadline_answers_the_queries_that_are_done() {
     assert_eq!(items[0].as_ref().unwrap().hit, HitKind::Exact);
     assert_eq!(items[1].as_ref().unwrap_err(), &Status::DeadlineExceeded);
     assert!(stat(&c.stats().unwrap(), "server_deadline_exceeded").unwrap() >= 1.0);
+    // The batch gave its slots back at its deadline: a batch of max_inflight (64) of the
+    // cached query is served at once, though the cancelled miss's backend call may still
+    // be running.
+    let cached = items[0].as_ref().unwrap().clone();
+    let full = c
+        .search_batch(K, &vec![query_near(&ds, 3, 0.01); 64])
+        .unwrap();
+    assert!(full
+        .iter()
+        .all(|i| i.as_ref().unwrap().neighbors == cached.neighbors));
     d.stop().unwrap();
 }
 

@@ -56,6 +56,8 @@ impl Service for MapService {
         Box::pin(async move {
             match req {
                 Request::Search(s) => {
+                    // The SEARCH_BATCH panic test's query.
+                    assert!(s.vector.first() != Some(&-13.0), "a query that panics");
                     if s.collection > 0 {
                         glommio::timer::Timer::new(Duration::from_millis(s.collection as u64))
                             .await;
@@ -566,6 +568,47 @@ fn service_panic_is_an_internal_error_not_a_crash() {
     c.insert(1, &[0.0; 4]).unwrap();
     assert_serving(&s);
     s.stop();
+}
+
+/// A query of a SEARCH_BATCH that panics is INTERNAL in its item, the others are
+/// answered, and the batch's slots are free again: a batch of max_inflight (8) follows.
+/// At shutdown, a batch in flight (300 ms queries) is answered before SHUTTING_DOWN.
+#[test]
+fn a_batch_survives_a_panicking_query_and_shutdown_waits_for_a_batch() {
+    let s = start(|_| {});
+    let mut c = client(&s);
+    c.hello().unwrap();
+    let v = |x: f32| vec![x; DIM as usize];
+    let items = c.search_batch(1, &[v(0.0), v(-13.0), v(1.0)]).unwrap();
+    let statuses: Vec<Status> = items
+        .iter()
+        .map(|i| i.as_ref().err().copied().unwrap_or(Status::Ok))
+        .collect();
+    assert_eq!(statuses, [Status::Ok, Status::Internal, Status::Ok]);
+    let full = c.search_batch(1, &vec![v(0.5); 8]).unwrap();
+    assert!(full.iter().all(|i| i.is_ok()), "{full:?}");
+    assert_serving(&s);
+
+    let slow = protocol::SearchBatchRequest {
+        collection: 300,
+        ..protocol::SearchBatchRequest::new(1, vec![v(0.0), v(1.0)])
+    };
+    c.send_raw(&encode(6, Request::SearchBatch(slow))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.server().stats().batches.load(Ordering::Relaxed) < 3 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stopper = std::thread::spawn(move || s.stop());
+    let f = c.recv_frame().unwrap();
+    assert_eq!(f.request_id, 6);
+    assert!(
+        matches!(&f.reply, Reply::SearchBatch(items) if items.iter().all(|i| i.is_ok())),
+        "{f:?}"
+    );
+    expect_error(c.recv_frame().unwrap(), 0, Status::ShuttingDown);
+    expect_closed(&mut c);
+    stopper.join().unwrap();
 }
 
 #[test]

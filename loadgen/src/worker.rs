@@ -722,6 +722,11 @@ fn record_batch(
             let cause = match failed {
                 Err(why) => why.to_string(),
                 Ok(Reply::Error { status, .. }) => status.name().to_string(),
+                Ok(Reply::SearchBatch(items)) => format!(
+                    "a batch of {} queries answered with {} items",
+                    p.batch.len(),
+                    items.len()
+                ),
                 Ok(_) => "reply of the wrong operation".to_string(),
             };
             let mut r = lock(&conn.recorder);

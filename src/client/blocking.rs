@@ -183,7 +183,9 @@ impl Client {
     /// limits allow (HELLO: `max_batch`, `max_frame_bytes`), one frame after another; a
     /// server below version 4 (or no HELLO yet) gets one SEARCH per query, with the same
     /// items. A query that fails has its status as its item; a frame refused as a whole
-    /// (`BAD_K`, `DIM_MISMATCH`, ...) fails the call.
+    /// (`BAD_K`, `DIM_MISMATCH`, ...) fails the call, and the answers of the frames before
+    /// it are dropped. `deadline_us` is each frame's (each SEARCH's below version 4), so
+    /// a call of several frames can take several deadlines.
     pub fn search_batch_with(&mut self, mut req: SearchBatchRequest) -> Result<Vec<BatchItem>> {
         let queries = std::mem::take(&mut req.queries);
         let dim = queries.first().map_or(0, |q| q.len() as u32);
@@ -202,7 +204,16 @@ impl Client {
                 queries: part,
                 ..req.clone()
             };
+            let sent = frame.queries.len();
             match self.call(Request::SearchBatch(frame))? {
+                // Items pair with queries by position: a count that differs pairs nothing.
+                Reply::SearchBatch(got) if got.len() != sent => {
+                    self.conn.mark_broken();
+                    return Err(ClientError::Protocol(format!(
+                        "a batch of {sent} queries was answered with {} items",
+                        got.len()
+                    )));
+                }
                 Reply::SearchBatch(got) => items.extend(got),
                 other => return Err(server_error(self.next_id - 1, other)),
             }

@@ -135,7 +135,12 @@ impl Pipeline {
     /// for replies (kept for `recv`). A SEARCH_BATCH wider than the window is refused.
     pub fn send(&mut self, req: Request) -> Result<u64> {
         let weight = match &req {
-            Request::SearchBatch(b) => b.queries.len().max(1),
+            Request::SearchBatch(b) if b.queries.is_empty() => {
+                return Err(ClientError::Protocol(
+                    "a batch needs at least one query".into(),
+                ))
+            }
+            Request::SearchBatch(b) => b.queries.len(),
             _ => 1,
         };
         if weight > self.window {
@@ -172,6 +177,7 @@ impl Pipeline {
 
     /// The next reply, in whatever order the server answers. Error replies are
     /// `Ok((id, Reply::Error { .. }))`: they answer one request and the connection stays.
+    /// A SEARCH_BATCH's items pair with its queries by position: check their count.
     pub fn recv(&mut self) -> Result<(u64, Reply)> {
         if let Some(r) = self.ready.pop_front() {
             return Ok(r);

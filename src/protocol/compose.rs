@@ -23,6 +23,10 @@ pub enum EncodeError {
         got: usize,
         expected: usize,
     },
+    #[error("a batch needs at least one query of at least one component")]
+    EmptyBatch,
+    #[error("{0} is a frame's status, not a batch item's")]
+    NotAnItemStatus(Status),
     #[error("an error reply cannot carry status OK")]
     ErrorWithOk,
     #[error("{0} is not part of protocol version 1")]
@@ -135,6 +139,10 @@ pub fn encode_request(f: &RequestFrame, out: &mut Vec<u8>) -> Result<usize, Enco
             }
             Request::SearchBatch(b) => {
                 let n = b.queries.first().map_or(0, Vec::len);
+                if n == 0 {
+                    // The decoder refuses it: what is encoded must decode.
+                    return Err(EncodeError::EmptyBatch);
+                }
                 put_u32(out, b.collection);
                 put_u32(out, b.k);
                 put_u32(out, b.deadline_us);
@@ -279,7 +287,9 @@ pub fn encode_reply(f: &ReplyFrame, out: &mut Vec<u8>) -> Result<usize, EncodeEr
                                 out.push(search_flags(s, v2));
                                 put_answer(out, s, v2)?;
                             }
-                            Err(Status::Ok) => return Err(EncodeError::ErrorWithOk),
+                            Err(status) if !status.fails_one_batch_query() => {
+                                return Err(EncodeError::NotAnItemStatus(*status))
+                            }
                             Err(status) => {
                                 put_u16(out, status.code());
                                 put_u16(out, 0);

@@ -225,16 +225,19 @@ impl Status {
         Status::ALL.get(code as usize).copied()
     }
 
-    /// Whether a SEARCH_BATCH reports this status in one query's item (the others refuse
-    /// the whole frame).
+    /// Whether a SEARCH_BATCH reports this status in one query's item. The others are
+    /// the frame's: its layout, dimension, k, size and slots are checked once for all its
+    /// queries (and the connection-level statuses are never an item).
     pub fn fails_one_batch_query(self) -> bool {
         matches!(
             self,
-            Status::NonFinite
-                | Status::UnknownCollection
+            Status::NotFound
                 | Status::Busy
-                | Status::Unavailable
+                | Status::NonFinite
                 | Status::DeadlineExceeded
+                | Status::UnknownCollection
+                | Status::Unsupported
+                | Status::Unavailable
                 | Status::Internal
         )
     }

@@ -455,9 +455,12 @@ fn parse_request_body(op: Opcode, flags: u16, body: &[u8]) -> Parse<Request> {
             let deadline_us = c.u32("deadline_us")?;
             let n = c.u32("dim")?;
             let count = c.u32("count")?;
-            // An empty batch would carry a dimension nothing uses (and could not re-encode).
-            if count == 0 {
-                return Err("a batch carries at least one query".into());
+            // An empty batch would carry a dimension nothing uses (and could not
+            // re-encode); empty queries would let a 40-byte frame claim 2^32 of them.
+            if count == 0 || n == 0 {
+                return Err(format!(
+                    "a batch carries at least one query of at least one component (count {count}, n {n})"
+                ));
             }
             // Check the whole matrix fits before reserving room for it (u128: 2^32 queries
             // of 2^32 components do not fit in a u64).
@@ -700,6 +703,9 @@ fn batch_item(c: &mut Cursor<'_>, version: u8) -> Parse<BatchItem> {
     let flags = c.u8("flags")?;
     if status == Status::Ok {
         return search_answer(c, version, hit, flags).map(Ok);
+    }
+    if !status.fails_one_batch_query() {
+        return Err(format!("{status} is a frame's status, not an item's"));
     }
     if hit != 0 || flags != 0 || c.u32("count")? != 0 {
         return Err(format!("a {status} item must have hit, flags and count 0"));

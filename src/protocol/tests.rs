@@ -124,7 +124,7 @@ fn all_requests() -> Vec<Request> {
             refresh_entry: true,
             queries: vec![v4(), vec![1.0; 4], vec![-0.0, 3.5, 1e-30, 9.0]],
         }),
-        Request::SearchBatch(SearchBatchRequest::new(1, vec![vec![]])),
+        Request::SearchBatch(SearchBatchRequest::new(1, vec![vec![2.0]])),
     ]
 }
 
@@ -606,6 +606,41 @@ fn encoder_refuses_what_it_cannot_represent() {
         encode_reply(&ok_error, &mut out),
         Err(EncodeError::ErrorWithOk)
     );
+    // Batches the decoder would refuse: none, empty queries, ragged ones, an item with a
+    // frame's status.
+    for (queries, want) in [
+        (vec![], EncodeError::EmptyBatch),
+        (vec![vec![], vec![]], EncodeError::EmptyBatch),
+        (
+            vec![v4(), vec![1.0]],
+            EncodeError::BatchDimension {
+                index: 1,
+                got: 1,
+                expected: 4,
+            },
+        ),
+    ] {
+        let f = RequestFrame::new(1, Request::SearchBatch(SearchBatchRequest::new(1, queries)));
+        assert_eq!(encode_request(&f, &mut out), Err(want));
+    }
+    let frame_status = ReplyFrame {
+        version: VERSION,
+        request_id: 1,
+        reply: Reply::SearchBatch(vec![Err(Status::BadK)]),
+    };
+    assert_eq!(
+        encode_reply(&frame_status, &mut out),
+        Err(EncodeError::NotAnItemStatus(Status::BadK))
+    );
+    assert_eq!(out, vec![9u8], "nothing is left behind on error");
+    // ... and the decoder refuses such an item.
+    let mut bytes = enc_reply(3, Reply::SearchBatch(vec![Err(Status::Busy)]));
+    assert!(decode_reply(&bytes, MAX).is_ok());
+    bytes[HEADER_LEN + 4..HEADER_LEN + 6].copy_from_slice(&Status::BadK.code().to_le_bytes());
+    assert_eq!(
+        decode_reply(&bytes, MAX).unwrap_err().status(),
+        Status::BadRequest
+    );
 }
 
 /// A hand-built frame, for inputs the encoder would never produce.
@@ -809,6 +844,16 @@ fn every_bad_input_gets_its_exact_status() {
         // -- SEARCH_BATCH (version 4)
         ("batch in version 3", raw(m, 3, 0x0A, 0, 0, 70, &batch_body(1, 4, 1)), rejected(UnknownOp, 70, false)),
         ("batch of 0", raw(m, 4, 0x0A, 0, 0, 71, &batch_body(1, 4, 0)), rejected(BadRequest, 71, false)),
+        // 2^32 - 1 empty queries in a 40-byte frame: refused before anything is allocated.
+        ("batch of dimension 0", {
+            let mut b = batch_body(1, 0, 1);
+            b[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+            raw(m, 4, 0x0A, 0, 0, 83, &b)
+        }, rejected(BadRequest, 83, false)),
+        // Two faults: SEARCH's order, the dimension first.
+        ("batch of dimension 3 at k 0", raw(m, 4, 0x0A, 0, 0, 84, &batch_body(0, 3, 2)), rejected(DimMismatch, 84, false)),
+        ("batch of dimension 3 over max_batch", raw(m, 4, 0x0A, 0, 0, 85, &batch_body(1, 3, 9)), rejected(DimMismatch, 85, false)),
+        ("batch over max_batch at k 0", raw(m, 4, 0x0A, 0, 0, 86, &batch_body(0, 4, 9)), rejected(BadK, 86, false)),
         ("batch count over its body", {
             let mut b = batch_body(1, 4, 2);
             b[16..20].copy_from_slice(&3u32.to_le_bytes());

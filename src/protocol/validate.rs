@@ -72,6 +72,17 @@ fn k(k: u32, limits: &Limits) -> Result<(), Rejection> {
 /// A SEARCH_BATCH as a whole: k, dimension, count and the size of its reply. Each query's
 /// own components are checked by [`batch_query`], so one bad query fails alone.
 fn batch(b: &SearchBatchRequest, limits: &Limits) -> Result<(), Rejection> {
+    // SEARCH's order: dimension, then k; then what only a batch has.
+    if let Some(q) = b.queries.iter().find(|q| q.len() != limits.dim as usize) {
+        return Err(Rejection::new(
+            Status::DimMismatch,
+            format!(
+                "queries have dimension {}, the collection {}",
+                q.len(),
+                limits.dim
+            ),
+        ));
+    }
     k(b.k, limits)?;
     let count = b.queries.len();
     if count == 0 || count > limits.max_batch as usize {
@@ -80,16 +91,6 @@ fn batch(b: &SearchBatchRequest, limits: &Limits) -> Result<(), Rejection> {
             format!(
                 "a batch carries 1 to {} queries, not {count}",
                 limits.max_batch
-            ),
-        ));
-    }
-    if let Some(q) = b.queries.iter().find(|q| q.len() != limits.dim as usize) {
-        return Err(Rejection::new(
-            Status::DimMismatch,
-            format!(
-                "queries have dimension {}, the collection {}",
-                q.len(),
-                limits.dim
             ),
         ));
     }

@@ -475,7 +475,7 @@ fn dispatch(
         _ => 1,
     };
     let max_inflight = ctx.server.config().max_inflight;
-    if conn.inflight.get() + slots > max_inflight {
+    if u64::from(conn.inflight.get()) + u64::from(slots) > u64::from(max_inflight) {
         ServerStats::inc(&stats.busy_inflight);
         let message = if slots == 1 {
             format!("more than {max_inflight} requests in flight")
@@ -618,10 +618,20 @@ async fn run_request(
     conn.done_wake.notify();
 }
 
-/// A SEARCH_BATCH: every query served as its own SEARCH (the service sees only SEARCHes),
-/// all polled at once in this task and raced against the batch's deadline; one reply
-/// with an item per query. Queries not answered by the deadline are dropped (cancelled,
-/// as a single request is) and answered DEADLINE_EXCEEDED in their items.
+/// What a SEARCH_BATCH's query tasks share with the batch: an item per query, filled as
+/// each is answered, and how many are still running.
+struct BatchSlots {
+    items: RefCell<Vec<Option<BatchItem>>>,
+    running: Cell<usize>,
+    /// Notified when the last running query is answered.
+    done: Signal,
+}
+
+/// A SEARCH_BATCH: every query served as its own SEARCH (the service sees only SEARCHes)
+/// in its own task, so that the executor interleaves them with other connections' work
+/// as it would single SEARCHes; one reply with an item per query once all are answered
+/// or the batch's deadline passes. The tasks still running then are cancelled (dropped,
+/// as a single request is at its deadline) and their items are DEADLINE_EXCEEDED.
 async fn run_batch(
     conn: Rc<ConnState>,
     ctx: Rc<ExecutorCtx>,
@@ -634,32 +644,36 @@ async fn run_batch(
     let count = queries.len();
     ServerStats::inc(&stats.batches);
     ServerStats::add(&stats.batch_queries, count as u64);
-    let service = ctx.service.clone();
-    let mut items: Vec<Option<BatchItem>> = vec![None; count];
-    let mut pending = Vec::with_capacity(count);
+    let slots = Rc::new(BatchSlots {
+        items: RefCell::new(vec![None; count]),
+        running: Cell::new(0),
+        done: Signal::default(),
+    });
+    let mut tasks = Vec::with_capacity(count);
     for (i, q) in queries.into_iter().enumerate() {
         if let Err(r) = protocol::validate::batch_query(&q, &ctx.limits) {
             ServerStats::inc(&stats.invalid_requests);
-            items[i] = Some(Err(r.status));
+            slots.items.borrow_mut()[i] = Some(Err(r.status));
             continue;
         }
-        let work = AssertUnwindSafe(service.handle(Request::Search(batch.search(q)), rctx));
-        pending.push((i, work.catch_unwind()));
-    }
-    let all_answered = future::poll_fn(|cx| {
-        pending.retain_mut(|(i, work)| match Pin::new(work).poll(cx) {
-            Poll::Ready(outcome) => {
-                items[*i] = Some(batch_item(outcome, stats));
-                false
+        slots.running.set(slots.running.get() + 1);
+        let req = Request::Search(batch.search(q));
+        let (slots, ctx) = (slots.clone(), ctx.clone());
+        tasks.push(glommio::spawn_local(async move {
+            let work = async { ctx.service.handle(req, rctx).await };
+            let outcome = AssertUnwindSafe(work).catch_unwind().await;
+            slots.items.borrow_mut()[i] = Some(batch_item(outcome, ctx.server.stats()));
+            slots.running.set(slots.running.get() - 1);
+            if slots.running.get() == 0 {
+                slots.done.notify();
             }
-            Poll::Pending => true,
-        });
-        if pending.is_empty() {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
+        }));
+    }
+    let all_answered = async {
+        while slots.running.get() > 0 {
+            slots.done.wait().await;
         }
-    });
+    };
     match rctx.deadline {
         None => all_answered.await,
         Some(d) => {
@@ -669,8 +683,11 @@ async fn run_batch(
             future::or(all_answered, timer).await
         }
     }
-    drop(pending);
-    let items = items
+    // Cancels the queries still running (a Task is cancelled when dropped).
+    drop(tasks);
+    let items = slots
+        .items
+        .take()
         .into_iter()
         .map(|item| {
             item.unwrap_or_else(|| {
@@ -694,9 +711,14 @@ fn batch_item(outcome: std::thread::Result<ServiceResult>, stats: &ServerStats) 
     };
     match service_reply(Opcode::Search, result, stats) {
         Reply::Search(s) => Ok(s),
-        Reply::Error { status, .. } => Err(status),
-        // service_reply answers SEARCH with a SEARCH reply or an error.
-        _ => Err(Status::Internal),
+        Reply::Error { status, .. } if status.fails_one_batch_query() => Err(status),
+        // A frame-level status from the service (the frame was validated already), or a
+        // reply other than SEARCH's: the service's bug, reported as one.
+        other => {
+            ServerStats::inc(&stats.internal_errors);
+            tracing::error!("service answered a SEARCH_BATCH query with {other:?}");
+            Err(Status::Internal)
+        }
     }
 }
 

@@ -20,7 +20,8 @@ pub struct ServerStats {
     pub framing_errors: AtomicU64,
     /// Bad frames answered with an error, connection kept.
     pub frame_errors: AtomicU64,
-    /// Refused by validation (dimension, finiteness, k).
+    /// Refused by validation (dimension, finiteness, k); a SEARCH_BATCH query that is not
+    /// finite counts one (its item is NON_FINITE).
     pub invalid_requests: AtomicU64,
     pub deadline_exceeded: AtomicU64,
     /// Service panics, wrong reply kinds, unencodable or oversized replies.
@@ -73,7 +74,7 @@ const COUNTERS: [Row; 16] = [
     ),
     (
         "server_invalid_requests",
-        "Requests refused by validation (dimension, finiteness, k).",
+        "Requests refused by validation (dimension, finiteness, k); a SEARCH_BATCH query with a non-finite component counts one.",
         |s| &s.invalid_requests,
     ),
     (
