@@ -6,8 +6,10 @@
 # 0, aker-loadgen (closed loop, one sender thread) to CPU 1. The workload repeats 1,000
 # distinct queries drawn uniformly, so after the warm-up every answer is an exact hit
 # (the summary prints the share to show it).
+# Then the Python client's own rates against the same akerd (clients/python/bench/rates.py,
+# pinned to CPU 1; its venv from clients/python/ci.sh, or $PY).
 #   bash ops/batch-bench.sh        # results in target/batch-bench/ (summary.md)
-#   env: SECS (10s counted per run), ROUNDS (1: runs of each kind, interleaved), OUT
+#   env: SECS (10s counted per run), ROUNDS (1: runs of each kind, interleaved), OUT, PY
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/target/batch-bench}
@@ -49,5 +51,13 @@ for r in $(seq 1 "$rounds"); do
     lg "batch$b-r$r" -d $((256 / b)) --batch "$b"
   done
 done
+py=${PY:-$PWD/target/py-client-venv/bin/python}
+if [ -x "$py" ] && "$py" -c "import aker" 2>/dev/null; then
+  taskset -c 1 "$py" clients/python/bench/rates.py --port $port --seconds "${secs%s}" \
+    --batch 1 16 256 > "$out/python-rates.txt"
+else
+  echo "no Python client at $py (bash clients/python/ci.sh makes one): Python rates skipped" |
+    tee "$out/python-rates.txt"
+fi
 akerd_stop
 python3 ops/batch_bench_summary.py "$out" | tee "$out/summary.md"
