@@ -194,6 +194,9 @@ def test_a_reply_of_every_item_kind_decodes() -> None:
         batch_body([struct.pack("<HBBI", 11, 1, 0, 0)] * 3),                  # a failed item with a hit
         batch_body([struct.pack("<HBBI", 11, 0, 0, 1) + bytes(12)] * 3),      # a failed item with neighbours
         batch_body([struct.pack("<HBBI", 0, 1, 0x03, 0)] * 3),                # a token missing
+        batch_body([struct.pack("<HBBI", 15, 0, 0, 0)] * 3),                  # SHUTTING_DOWN: a connection's
+        batch_body([struct.pack("<HBBI", 10, 0, 0, 0)] * 3),                  # BAD_K: a frame's
+        batch_body([struct.pack("<HBBI", 0xFFFF, 0, 0, 0)] * 3),              # no such status
     ],
 )
 def test_malformed_replies_are_protocol_errors(body: bytes) -> None:

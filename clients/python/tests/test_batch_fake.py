@@ -8,7 +8,7 @@ import asyncio
 import struct
 import threading
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -225,7 +225,9 @@ def test_an_empty_matrix_sends_nothing() -> None:
 
 
 def slow(i: int) -> float:
-    return 0.05
+    # Long enough that every chunk the window holds is sent before the first is
+    # answered, even on a loaded machine: the tests count the most in flight.
+    return 0.25
 
 
 def test_the_window_counts_rows_and_pipelines_chunks() -> None:
@@ -273,6 +275,37 @@ def test_async_batches_and_searches_share_the_window() -> None:
                 assert c.in_flight == 0 and c._slots is not None and c._slots.used == 0
             assert fake.busy == 0 and fake.most == 6
             assert sorted(fake.batches()) == [1, 4, 4, 4, 4]
+
+    run(body())
+
+
+def tenth(i: int) -> float:
+    return 0.1
+
+
+def test_an_async_call_waits_behind_one_chunk_not_the_whole_batch() -> None:
+    """64 rows in chunks as wide as the window (8) take 8 round trips; a search made on
+    the same connection meanwhile queues behind one chunk, so it is answered long before
+    the batch is."""
+    async def body() -> None:
+        with Fake(max_batch=8, max_inflight=8, delay=tenth) as fake:
+            async with await aker.AsyncClient.connect("127.0.0.1", fake.port) as c:
+                loop = asyncio.get_running_loop()
+                done: Dict[str, float] = {}
+
+                async def batch() -> None:
+                    check_answers(await c.search_batch(rows(64), 1), 0, 64, 1)
+                    done["batch"] = loop.time()
+
+                async def one() -> None:
+                    await asyncio.sleep(0.05)
+                    r = await c.search(rows(1, start=500)[0], 1)
+                    assert int(r.ids[0]) == 500
+                    done["search"] = loop.time()
+
+                await asyncio.gather(batch(), one())
+                assert done["search"] < done["batch"], done
+            assert fake.most <= 8 and fake.busy == 0
 
     run(body())
 

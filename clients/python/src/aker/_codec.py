@@ -513,6 +513,22 @@ def _full_block(items: np.ndarray, k: int) -> RowBlock:
     )
 
 
+#: The statuses one query of a SEARCH_BATCH can fail with (PROTOCOL.md, the item table);
+#: the others refuse a whole frame, and an item carrying one is the server's error.
+_ITEM_STATUSES = frozenset(
+    (
+        Status.NOT_FOUND,
+        Status.BUSY,
+        Status.NON_FINITE,
+        Status.DEADLINE_EXCEEDED,
+        Status.UNKNOWN_COLLECTION,
+        Status.UNSUPPORTED,
+        Status.UNAVAILABLE,
+        Status.INTERNAL,
+    )
+)
+
+
 def _item_block(body: bytes, k: int, count: int) -> RowBlock:
     """The items one by one (failed rows, short rows, tokens)."""
     b = RowBlock.empty(count, k)
@@ -521,6 +537,8 @@ def _item_block(body: bytes, k: int, count: int) -> RowBlock:
         status, hit, flags, m = struct.unpack_from("<HBBI", body, off)
         off += 8
         if status != Status.OK:
+            if status not in _ITEM_STATUSES:
+                raise ProtocolError("SEARCH_BATCH reply item %d: status %d is not a query's" % (i, status))
             if hit or flags or m:
                 raise ProtocolError("SEARCH_BATCH reply item %d: status %d with a hit, flags or neighbours" % (i, status))
             b.statuses[i] = status

@@ -288,7 +288,12 @@ class AsyncClient:
                         raise
                     results[i] = e
 
-        tasks = [asyncio.ensure_future(worker()) for _ in range(min(len(reqs), self._window))]
+        # As many workers as the window holds requests of the widest: a batch of chunks
+        # as wide as the window queues one chunk at a time, so that a call made meanwhile
+        # on this connection waits behind one chunk, not behind all of them.
+        widest = max((r.slots for r in reqs), default=1)
+        workers = max(1, min(len(reqs), self._window // max(widest, 1)))
+        tasks = [asyncio.ensure_future(worker()) for _ in range(workers)]
         try:
             await asyncio.gather(*tasks)
         except BaseException:
