@@ -650,3 +650,23 @@ fn with_the_complete_fast_path_an_insert_is_in_every_entry_it_belongs_in() {
     }
     d.stop().unwrap();
 }
+
+/// A STATS text longer than the frame limit is cut at a line and says so in its last
+/// line, instead of failing as INTERNAL; under the default limit nothing is cut.
+#[test]
+fn stats_under_a_small_frame_limit_is_cut_and_says_so() {
+    let mut cfg = config();
+    cfg.server.max_frame_bytes = 2048;
+    let d = start(&cfg);
+    let mut c = client(d.local_addr());
+    let text = c.stats().unwrap();
+    assert!(text.len() <= 2048 - 20, "{} bytes", text.len());
+    assert!(text.ends_with("\nserver_stats_truncated 1\n"), "{text}");
+    assert!(text.lines().all(|l| l.split_once(' ').is_some()), "{text}");
+    d.stop().unwrap();
+    let d = start(&config());
+    let mut c = client(d.local_addr());
+    let text = c.stats().unwrap();
+    assert!(text.len() > 2048 && !text.contains("server_stats_truncated"));
+    d.stop().unwrap();
+}

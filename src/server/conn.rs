@@ -608,6 +608,7 @@ async fn run_request(
                 text.push('\n');
             }
             metrics::write_stats(&mut text, &stats.samples());
+            fit_stats(&mut text, conn.max_frame);
             Reply::Stats(text)
         }
         r => r,
@@ -720,6 +721,26 @@ fn batch_item(outcome: std::thread::Result<ServiceResult>, stats: &ServerStats) 
             Err(Status::Internal)
         }
     }
+}
+
+/// The line that ends a STATS text cut to fit the frame limit.
+const STATS_CUT: &str = "server_stats_truncated 1\n";
+
+/// Cuts a STATS text that would not fit in one frame of `max_frame` bytes at a line
+/// boundary and says so in its last line, so that a server with a small frame limit still
+/// answers STATS (with its first lines) instead of INTERNAL.
+fn fit_stats(text: &mut String, max_frame: usize) {
+    let room = max_frame.saturating_sub(HEADER_LEN);
+    if text.len() <= room {
+        return;
+    }
+    let mut keep = room.saturating_sub(STATS_CUT.len()).min(text.len());
+    while !text.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    let cut = text[..keep].rfind('\n').map_or(0, |i| i + 1);
+    text.truncate(cut);
+    text.push_str(STATS_CUT);
 }
 
 /// Checks that the service answered the operation it was asked.
