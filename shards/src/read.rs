@@ -41,9 +41,6 @@ pub enum HitKind {
 }
 
 impl HitKind {
-    pub fn is_hit(self) -> bool {
-        self != HitKind::Miss
-    }
     pub fn name(self) -> &'static str {
         match self {
             HitKind::Exact => "exact",

@@ -188,11 +188,6 @@ impl PolicyConfig {
         }
     }
 
-    /// Whether hits under this policy need each result's vector.
-    pub fn needs_vectors(&self) -> bool {
-        matches!(self, PolicyConfig::AkerRerank { .. })
-    }
-
     pub fn build(&self) -> Box<dyn HitPolicy> {
         match *self {
             PolicyConfig::Aker {
