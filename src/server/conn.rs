@@ -604,10 +604,12 @@ async fn run_request(
     // STATS: the connection layer's counters follow the service's lines.
     let reply = match reply {
         Reply::Stats(mut text) => {
-            if !text.is_empty() && !text.ends_with('\n') {
-                text.push('\n');
+            if !ctx.service.stats_has_server_lines() {
+                if !text.is_empty() && !text.ends_with('\n') {
+                    text.push('\n');
+                }
+                metrics::write_stats(&mut text, &stats.samples());
             }
-            metrics::write_stats(&mut text, &stats.samples());
             fit_stats(&mut text, conn.max_frame);
             Reply::Stats(text)
         }

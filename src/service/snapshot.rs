@@ -1,5 +1,10 @@
 //! What STATS and `/metrics` show: tables of metrics (name, help, how to read it), read
 //! into one [`Snapshot`] that each format renders (`crate::metrics`).
+//!
+//! [`Shared::snapshot`] is the one place the samples are taken: the engine's counters,
+//! the owners' gauges, the service's histograms and, last, the connection layer's
+//! counters (handed to the service at start). STATS renders it as `name value` lines
+//! ([`Shared::stats_text`]), `GET /metrics` as Prometheus text ([`Shared::prometheus`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -320,8 +325,8 @@ fn read<T>(s: &mut Snapshot, from: &T, rows: &[Row<T>]) {
 }
 
 impl Shared {
-    /// Every metric of the service at one moment, in STATS order (the connection layer
-    /// appends its own).
+    /// Every metric at one moment, in STATS order: the service's, then the connection
+    /// layer's `server_*` counters.
     pub(crate) fn snapshot(&self) -> Snapshot {
         let mut s = Snapshot::default();
         read(&mut s, self, &DAEMON);
@@ -336,7 +341,18 @@ impl Shared {
         }
         self.per_shard(&mut s);
         latencies(&mut s, recorded);
+        s.samples.extend(self.server_stats.samples());
         s
+    }
+
+    /// The STATS reply's text (the connection layer cuts it to the frame limit).
+    pub(crate) fn stats_text(&self) -> String {
+        self.snapshot().render_stats()
+    }
+
+    /// The body of `GET /metrics`: the same samples as STATS, as Prometheus text.
+    pub(crate) fn prometheus(&self) -> String {
+        self.snapshot().render_prometheus()
     }
 
     /// The embedded store's rows and, when durable (`backend.data_dir`), its log; all
@@ -523,15 +539,6 @@ impl Shared {
             "Served ids a check found missing from the store (stripped from every shard).",
             n(&c.deleted_ids),
         );
-    }
-
-    /// Prometheus text: the snapshot, then the connection layer's counters.
-    pub(crate) fn prometheus(&self) -> String {
-        let mut s = self.snapshot();
-        if let Some(server) = self.server.get() {
-            s.samples.extend(server.stats().samples());
-        }
-        s.render_prometheus()
     }
 
     fn engine_counters(&self, s: &mut Snapshot) {
