@@ -413,14 +413,8 @@ fn estimate_cell(s: &Snapshot, row: &str) -> String {
 
 /// The floor, its state and what its checks cost.
 fn floor_line(s: &Snapshot) -> String {
-    let state = match s.value("recall_floor_state").unwrap_or(0.0) as u8 {
-        0 => "off",
-        1 => "warming",
-        2 => "holding",
-        3 => "tightening",
-        4 => "unreachable",
-        _ => "unavailable",
-    };
+    let code = s.value("recall_floor_state").unwrap_or(0.0) as usize;
+    let state = crate::metrics::recall_state_name(code).unwrap_or("unavailable");
     let Some(floor) = s.value("recall_floor") else {
         return format!("recall floor: {state}");
     };
