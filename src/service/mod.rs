@@ -26,7 +26,8 @@
 //!                                  centroid's old shard stays probed until its
 //!                                  entries age out: router::Retirements),
 //!                                  budget.rebalance() (pool shares follow admissions)
-//!  admin thread(s): GET /metrics ─► Snapshot (engine counters, owner gauges, histograms)
+//!  admin thread(s): GET /metrics ─► Snapshot (engine counters, owner gauges, histograms,
+//!                  the server's counters): the same one STATS renders (snapshot.rs)
 //! ```
 //!
 //! Why this shape:
@@ -40,6 +41,10 @@
 //! - A DELETE is acknowledged only after every owner applied it, and the queued messages
 //!   survive the client's deadline, so the cache never keeps an id the store dropped.
 //! - Blocking calls (the store) run on their own threads; executors only await channels.
+//!
+//! Where things are: what to serve is a [`StartPlan`] (`plan.rs`, from the config or a
+//! test's own store); `start.rs` starts one, step by step; `shared.rs` is what the
+//! executors share; `snapshot.rs` takes the samples STATS and `/metrics` render.
 
 mod admin;
 mod backend;
@@ -70,7 +75,6 @@ use std::thread::JoinHandle;
 
 use crate::metrics::Snapshot;
 use crate::server::{Running, Server};
-use plan::build_store;
 pub(crate) use shared::Shared;
 
 /// A running daemon: executors, backend threads and the admin endpoint. Started from a

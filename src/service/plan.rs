@@ -34,13 +34,13 @@ pub(crate) enum Backing {
     /// An embedded store built over the sample at start (ids are row numbers).
     BuildFromSample,
     /// An embedded store already built; with its log, checkpoints and warm snapshot when
-    /// durable (`backend.data_dir`).
+    /// durable (`backend.data_dir`; boxed: a snapshot to restore is large).
     Embedded {
         store: Store,
-        durable: Option<DurableStart>,
+        durable: Option<Box<DurableStart>>,
     },
-    /// A PostgreSQL table, checked at plan time.
-    Pgvector(PgTarget),
+    /// A PostgreSQL table, checked at plan time (boxed: it is large).
+    Pgvector(Box<PgTarget>),
     /// No store: the client FILLs misses.
     CacheAside,
 }
@@ -217,7 +217,7 @@ fn pgvector_plan(cfg: &Config) -> Result<StartPlan, StartError> {
     Ok(StartPlan {
         sample,
         metric: Some(target.metric),
-        backing: Backing::Pgvector(target),
+        backing: Backing::Pgvector(Box::new(target)),
     })
 }
 
@@ -269,10 +269,10 @@ fn durable_plan(cfg: &Config, dir: &Path) -> Result<StartPlan, StartError> {
     } else {
         Dataset::new(r.dim, r.vectors).map_err(StartError::Data)?
     };
-    let durable = Some(DurableStart {
+    let durable = Some(Box::new(DurableStart {
         durable: Arc::new(durable),
         warm,
-    });
+    }));
     Ok(StartPlan::new(sample, Backing::Embedded { store, durable }))
 }
 

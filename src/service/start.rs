@@ -133,7 +133,7 @@ fn store_side(
     cfg: &Config,
     sample: &Dataset,
     backing: Backing,
-) -> Result<(StoreSide, Option<DurableStart>), StartError> {
+) -> Result<(StoreSide, Option<Box<DurableStart>>), StartError> {
     let embedded = |s: Store| -> Result<StoreSide, StartError> {
         let metric = cfg.cache.metric_or_default();
         if s.dim() != sample.dim || s.metric() != metric {
@@ -149,7 +149,7 @@ fn store_side(
     Ok(match backing {
         Backing::BuildFromSample => (embedded(plan::build_from_sample(cfg, sample)?)?, None),
         Backing::Embedded { store, durable } => (embedded(store)?, durable),
-        Backing::Pgvector(target) => (StoreSide::Pgvector(Arc::new(target)), None),
+        Backing::Pgvector(target) => (StoreSide::Pgvector(Arc::from(target)), None),
         Backing::CacheAside => (StoreSide::CacheAside, None),
     })
 }
