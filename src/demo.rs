@@ -24,7 +24,7 @@ use crate::client::{ClientOptions, Pipeline};
 use crate::config::{Config, IndexKind};
 use crate::metrics::{Snapshot, Value};
 use crate::protocol::{HitKind, Reply, Request, SearchRequest};
-use crate::service::{Daemon, Dataset};
+use crate::service::{Daemon, Dataset, StartPlan};
 
 #[derive(Clone, Debug)]
 pub struct DemoOptions {
@@ -304,7 +304,8 @@ pub fn measure(o: &DemoOptions) -> Result<DemoReport, String> {
     let shards = cfg.sharding.shard_count(executors);
     let w = workload(o, &bases, &exact);
     let t_data = t0.elapsed();
-    let daemon = Daemon::start_with_data(&cfg, collection).map_err(|e| e.to_string())?;
+    let plan = StartPlan::with_data(collection);
+    let daemon = Daemon::start_plan(&cfg, plan).map_err(|e| e.to_string())?;
     let setup = t0.elapsed();
     let start = setup - t_data;
 
@@ -412,14 +413,8 @@ fn estimate_cell(s: &Snapshot, row: &str) -> String {
 
 /// The floor, its state and what its checks cost.
 fn floor_line(s: &Snapshot) -> String {
-    let state = match s.value("recall_floor_state").unwrap_or(0.0) as u8 {
-        0 => "off",
-        1 => "warming",
-        2 => "holding",
-        3 => "tightening",
-        4 => "unreachable",
-        _ => "unavailable",
-    };
+    let code = s.value("recall_floor_state").unwrap_or(0.0) as usize;
+    let state = crate::metrics::recall_state_name(code).unwrap_or("unavailable");
     let Some(floor) = s.value("recall_floor") else {
         return format!("recall floor: {state}");
     };

@@ -17,6 +17,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
+use shards::floor::FloorState;
 
 /// Service operations with their own latency histogram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +53,20 @@ impl Op {
 
 /// Hit kinds in wire order (`protocol::HitKind::code`): miss, exact, alias, approximate.
 pub const KIND_NAMES: [&str; 4] = ["miss", "exact", "alias", "approximate"];
+
+/// `recall_floor_state` in cache-aside mode with a floor set: the code after the
+/// engine's own ([`FloorState::code`]).
+pub const RECALL_STATE_UNAVAILABLE: u8 = 5;
+
+/// The name of a `recall_floor_state` code: the engine's [`FloorState::name`], or
+/// `unavailable`; `None` past those.
+pub fn recall_state_name(code: usize) -> Option<&'static str> {
+    match FloorState::from_code(code) {
+        Some(s) => Some(s.name()),
+        None if code == RECALL_STATE_UNAVAILABLE as usize => Some("unavailable"),
+        None => None,
+    }
+}
 
 const SIGFIG: u8 = 2;
 const HIGHEST_NS: u64 = 60_000_000_000;
@@ -420,6 +435,15 @@ fn number(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recall_state_names() {
+        let names: Vec<_> = (0..7).map(recall_state_name).collect();
+        let want = ["off", "warming", "holding", "tightening", "unreachable"];
+        let want: Vec<_> = want.into_iter().chain(["unavailable"]).map(Some).collect();
+        assert_eq!(names[..6], want[..]);
+        assert_eq!(names[6], None);
+    }
 
     #[test]
     fn record_merge_and_render() {

@@ -14,7 +14,7 @@ use aker::client::{ClientOptions, Pipeline};
 use aker::protocol::{
     BatchItem, HitKind, Reply, Request, SearchBatchRequest, SearchRequest, Status,
 };
-use aker::service::Daemon;
+use aker::service::{Daemon, StartPlan};
 use common::*;
 
 /// SEARCH_BATCH frames served (read in-process: a STATS reply is over these tests' small
@@ -44,7 +44,7 @@ fn queries(ds: &aker::service::Dataset, n: usize, offset: f32) -> Vec<Vec<f32>> 
 #[test]
 fn a_batch_answers_each_query_as_its_search_would() {
     let ds = dataset();
-    let d = Daemon::start_with_data(&config(), ds.clone()).unwrap();
+    let d = Daemon::start_plan(&config(), StartPlan::with_data(ds.clone())).unwrap();
     let mut c = client(d.local_addr());
     assert_eq!(c.version(), 4);
     assert_eq!(c.server_info().unwrap().max_batch, Some(64));
@@ -82,7 +82,7 @@ fn the_client_chunks_to_the_servers_limits_and_the_server_holds_them() {
     let mut cfg = config();
     cfg.server.max_batch = 8;
     cfg.server.max_frame_bytes = 4096;
-    let d = Daemon::start_with_data(&cfg, ds.clone()).unwrap();
+    let d = Daemon::start_plan(&cfg, StartPlan::with_data(ds.clone())).unwrap();
     let mut c = client(d.local_addr());
     let qs = queries(&ds, 30, 0.02);
     let items = c.search_batch(K, &qs).unwrap();
@@ -114,7 +114,7 @@ fn a_batch_whose_reply_could_be_over_the_frame_limit_is_refused_whole() {
     let ds = dataset();
     let mut cfg = config();
     cfg.server.max_frame_bytes = 2048;
-    let d = Daemon::start_with_data(&cfg, ds.clone()).unwrap();
+    let d = Daemon::start_plan(&cfg, StartPlan::with_data(ds.clone())).unwrap();
     let mut c = client(d.local_addr());
     let qs = queries(&ds, 8, 0.03);
     // 24 + 8 * (16 + 12 * 32) = 3224 > 2048.
@@ -143,7 +143,7 @@ fn a_batch_whose_reply_could_be_over_the_frame_limit_is_refused_whole() {
 #[test]
 fn one_bad_query_fails_alone() {
     let ds = dataset();
-    let d = Daemon::start_with_data(&config(), ds.clone()).unwrap();
+    let d = Daemon::start_plan(&config(), StartPlan::with_data(ds.clone())).unwrap();
     let mut c = client(d.local_addr());
     let mut qs = queries(&ds, 5, 0.01);
     qs[2][3] = f32::NAN;
@@ -169,7 +169,7 @@ fn a_batch_needs_one_in_flight_slot_per_query() {
     let mut cfg = config();
     cfg.server.max_inflight = 8;
     let (store, _) = SlowStore::boxed(&ds, Duration::from_millis(300));
-    let d = Daemon::start_with_backend(&cfg, ds.clone(), Some(store)).unwrap();
+    let d = Daemon::start_plan(&cfg, StartPlan::embedded(ds.clone(), store)).unwrap();
     let cached = queries(&ds, 8, 0.01);
     {
         let mut c = client(d.local_addr());
@@ -234,7 +234,7 @@ fn a_batch_deadline_answers_the_queries_that_are_done() {
     let ds = dataset();
     let cfg = config();
     let (store, _) = SlowStore::boxed(&ds, Duration::from_millis(500));
-    let d = Daemon::start_with_backend(&cfg, ds.clone(), Some(store)).unwrap();
+    let d = Daemon::start_plan(&cfg, StartPlan::embedded(ds.clone(), store)).unwrap();
     let mut c = client(d.local_addr());
     let cached = query_near(&ds, 3, 0.01);
     search_until(&mut c, &cached, HitKind::Exact);
@@ -264,7 +264,7 @@ fn a_batch_deadline_answers_the_queries_that_are_done() {
 #[test]
 fn a_version_3_client_gets_the_same_items_from_single_searches() {
     let ds = dataset();
-    let d = Daemon::start_with_data(&config(), ds.clone()).unwrap();
+    let d = Daemon::start_plan(&config(), StartPlan::with_data(ds.clone())).unwrap();
     let mut c = aker::client::Client::connect_with(
         d.local_addr(),
         ClientOptions {

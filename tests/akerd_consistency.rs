@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use aker::client::{ClientOptions, Pipeline};
 use aker::config::{BackendKind, DataSource};
 use aker::protocol::{FillCandidate, HitKind, Reply, Request, SearchRequest, Status};
-use aker::service::Daemon;
+use aker::service::{Daemon, StartPlan};
 use common::*;
 use rand::{Rng, SeedableRng};
 
@@ -140,7 +140,7 @@ fn a_miss_in_flight_during_a_delete_does_not_bring_the_id_back() {
     let mut cfg = config();
     cfg.backend.threads = 2;
     let (store, searches) = SlowStore::boxed(&ds, Duration::from_millis(80));
-    let d = Daemon::start_with_backend(&cfg, ds.clone(), Some(store)).unwrap();
+    let d = Daemon::start_plan(&cfg, StartPlan::embedded(ds.clone(), store)).unwrap();
     let addr = d.local_addr();
     // Several search/delete pairs at once, each on its own query.
     let pairs: Vec<_> = (0..4)
@@ -445,7 +445,7 @@ fn a_flood_gets_busy_and_queues_stay_bounded() {
     cfg.backend.threads = 1;
     cfg.backend.queue_depth = 64;
     let (store, _) = SlowStore::boxed(&ds, Duration::from_millis(5));
-    let d = Daemon::start_with_backend(&cfg, ds.clone(), Some(store)).unwrap();
+    let d = Daemon::start_plan(&cfg, StartPlan::embedded(ds.clone(), store)).unwrap();
     check_flood(&flood(d.local_addr(), &ds, 300, 1), 300);
     let mut c = client(d.local_addr());
     let stats = c.stats().unwrap();
@@ -460,7 +460,7 @@ fn a_flood_gets_busy_and_queues_stay_bounded() {
     cfg.server.max_inflight = 64;
     cfg.backend.queue_depth = 2;
     let (store, _) = SlowStore::boxed(&ds, Duration::from_millis(5));
-    let d = Daemon::start_with_backend(&cfg, ds.clone(), Some(store)).unwrap();
+    let d = Daemon::start_plan(&cfg, StartPlan::embedded(ds.clone(), store)).unwrap();
     let addr = d.local_addr();
     let floods: Vec<_> = (0..2)
         .map(|seed| {

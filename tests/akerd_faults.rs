@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use aker::client::ClientOptions;
 use aker::protocol::{HitKind, SearchRequest, Status};
-use aker::service::Daemon;
+use aker::service::{Daemon, StartPlan};
 use common::*;
 
 /// Every backend search sleeps 50 ms; 2 backend threads and a queue of 4 jobs.
@@ -30,7 +30,7 @@ fn a_slow_saturated_backend_still_serves_hits_and_sheds_misses() {
     cfg.backend.queue_depth = 4;
     cfg.server.request_timeout_ms = 400;
     let (store, searches) = SlowStore::boxed(&ds, Duration::from_millis(50));
-    let d = Daemon::start_with_backend(&cfg, ds.clone(), Some(store)).unwrap();
+    let d = Daemon::start_plan(&cfg, StartPlan::embedded(ds.clone(), store)).unwrap();
     let addr = d.local_addr();
     let cached: Vec<Vec<f32>> = (0..8).map(|i| query_near(&ds, 40 * i, 0.01)).collect();
     {
@@ -129,7 +129,7 @@ fn full_owner_queues_slow_writes_down_and_lose_nothing() {
     let ds = dataset();
     let mut cfg = config();
     cfg.cache.owner_queue_depth = 1;
-    let d = Daemon::start_with_data(&cfg, ds.clone()).unwrap();
+    let d = Daemon::start_plan(&cfg, StartPlan::with_data(ds.clone())).unwrap();
     let addr = d.local_addr();
     let writers: Vec<_> = (0..4u64)
         .map(|t| {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use aker::config::{BackendKind, Config, DataSource};
 use aker::protocol::HitKind;
-use aker::service::{Daemon, Store};
+use aker::service::{Daemon, StartPlan, Store};
 use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -280,7 +280,7 @@ fn a_check_strips_an_id_the_store_lost_and_refreshes_the_entry() {
         inner: ExactStore::from_rows(ds.dim, Metric::L2Sq, &ds.data).unwrap(),
         hidden: hidden.clone(),
     });
-    let d = Daemon::start_with_backend(&floor_config(0.9), ds.clone(), Some(store)).unwrap();
+    let d = Daemon::start_plan(&floor_config(0.9), StartPlan::embedded(ds.clone(), store)).unwrap();
     let mut c = client(d.local_addr());
     let q = query_near(&ds, 100, 0.01);
     let first = c.search(K, &q).unwrap();

@@ -262,6 +262,19 @@ impl FloorState {
     pub fn code(self) -> u8 {
         self as u8
     }
+
+    /// The state whose [`FloorState::code`] is `code` (readers of the gauge).
+    pub fn from_code(code: usize) -> Option<FloorState> {
+        [
+            FloorState::Off,
+            FloorState::Warming,
+            FloorState::Holding,
+            FloorState::Tightening,
+            FloorState::Unreachable,
+        ]
+        .into_iter()
+        .find(|s| s.code() as usize == code)
+    }
 }
 
 /// The estimate over all replies, its per-kind parts and the controller's state.

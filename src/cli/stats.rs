@@ -5,21 +5,11 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use crate::metrics::KIND_NAMES;
+use crate::metrics::{recall_state_name, KIND_NAMES};
 use crate::protocol::{HelloReply, SearchReply};
 
 /// The operations STATS counts requests of (`metrics::Op`, in its order).
 const OPS: [&str; 6] = ["search", "insert", "delete", "fill", "flush", "stats"];
-
-/// `recall_floor_state`'s codes.
-const RECALL_STATES: [&str; 6] = [
-    "off",
-    "warming",
-    "holding",
-    "tightening",
-    "unreachable",
-    "unavailable",
-];
 
 /// A STATS reply: its `name value` pairs in the order sent.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -265,7 +255,7 @@ pub fn table(s: &Stats, hello: &HelloReply, target: &str) -> String {
     );
 
     let state = s.count("recall_floor_state") as usize;
-    let state_name = RECALL_STATES.get(state).copied().unwrap_or("unknown");
+    let state_name = recall_state_name(state).unwrap_or("unknown");
     match (s.get("recall_floor"), s.get("recall_estimate")) {
         (Some(floor), Some(est)) => {
             let _ = writeln!(

@@ -295,101 +295,31 @@ pub(crate) async fn linger_close(io: &Io) {
 }
 
 async fn reader(conn: &Rc<ConnState>, io: &Io, ctx: &Rc<ExecutorCtx>, peer: SocketAddr) -> ReadEnd {
-    let cfg = ctx.server.config();
-    let max_frame = cfg.max_frame_bytes as usize;
-    let high_water = cfg.output_high_water_bytes;
+    let max_frame = ctx.server.config().max_frame_bytes as usize;
     let mut io = io.clone();
-    let mut buf = vec![0u8; INITIAL_READ.min(max_frame)];
-    let (mut start, mut end) = (0usize, 0usize);
+    let mut rb = ReadBuf::new(max_frame);
     loop {
-        // Dispatch every complete frame in the buffer.
-        loop {
-            if conn.dead.get() {
-                return ReadEnd::Failed;
-            }
-            // Back-pressure: a peer that does not read its replies stops being read.
-            if conn.out.borrow().len() > high_water {
-                ServerStats::inc(&ctx.server.stats().output_stalls);
-                while conn.out.borrow().len() > high_water && !conn.dead.get() {
-                    conn.reader_wake.wait().await;
-                }
-            }
-            let limit = if conn.authenticated.get() {
-                max_frame
-            } else {
-                max_frame.min(PRE_AUTH_FRAME_BYTES)
-            };
-            match protocol::decode_request(&buf[start..end], limit) {
-                Ok(None) => break,
-                Ok(Some((frame, n))) => {
-                    start += n;
-                    if dispatch(conn, ctx, frame, peer) == Dispatched::Close {
-                        return ReadEnd::AuthFailed;
-                    }
-                }
-                Err(e) => {
-                    let (counter, framing) = if e.closes_connection() {
-                        (&ctx.server.stats().framing_errors, true)
-                    } else {
-                        (&ctx.server.stats().frame_errors, false)
-                    };
-                    ServerStats::inc(counter);
-                    tracing::debug!(%peer, error = %e, "bad frame");
-                    let r = e.error_reply();
-                    conn.push(r.request_id, r.version, r.reply);
-                    match e.consumed() {
-                        Some(n) if !framing => start += n,
-                        _ => return ReadEnd::FramingLost,
-                    }
-                }
-            }
+        if let Some(end) = dispatch_frames(conn, ctx, &mut rb, peer).await {
+            return end;
         }
-
-        // Make room: reset, compact, or grow toward the frame being read.
-        if start == end {
-            start = 0;
-            end = 0;
-            if buf.len() > 4 * INITIAL_READ {
-                buf = vec![0u8; INITIAL_READ.min(max_frame)];
-            }
-        }
-        if end == buf.len() {
-            if start > 0 {
-                buf.copy_within(start..end, 0);
-                end -= start;
-                start = 0;
-            } else {
-                // The decoder refused frames over max_frame, so this one fits in max_frame.
-                let want = protocol::peek_header(&buf[..end])
-                    .map(|h| h.frame_len() as usize)
-                    .unwrap_or(HEADER_LEN);
-                let grown = (buf.len() * 2).max(want).min(max_frame.max(HEADER_LEN));
-                if grown <= buf.len() {
-                    // Unreachable with a correct decoder; close rather than spin.
-                    tracing::error!(%peer, "read buffer full without a complete frame");
-                    return ReadEnd::Failed;
-                }
-                buf.resize(grown, 0);
-            }
+        if !rb.make_room(max_frame, peer) {
+            return ReadEnd::Failed;
         }
 
         enum Woke {
             Read(io::Result<usize>),
             Stop,
         }
-        let woke = future::or(
-            async { Woke::Read(io.read(&mut buf[end..]).await) },
-            async {
-                future::or(ctx.shutdown.wait(), conn.reader_wake_until_dead()).await;
-                Woke::Stop
-            },
-        )
+        let woke = future::or(async { Woke::Read(io.read(rb.free()).await) }, async {
+            future::or(ctx.shutdown.wait(), conn.reader_wake_until_dead()).await;
+            Woke::Stop
+        })
         .await;
         match woke {
             Woke::Stop if conn.dead.get() => return ReadEnd::Failed,
             Woke::Stop => return ReadEnd::Shutdown,
             Woke::Read(Ok(0)) => return ReadEnd::Eof,
-            Woke::Read(Ok(n)) => end += n,
+            Woke::Read(Ok(n)) => rb.end += n,
             Woke::Read(Err(e)) if e.kind() == io::ErrorKind::TimedOut => {
                 // The read timeout is the idle timeout; it only counts while we owe the
                 // peer nothing.
@@ -400,6 +330,116 @@ async fn reader(conn: &Rc<ConnState>, io: &Io, ctx: &Rc<ExecutorCtx>, peer: Sock
             Woke::Read(Err(e)) => {
                 tracing::debug!(%peer, error = %e, "read failed");
                 return ReadEnd::Failed;
+            }
+        }
+    }
+}
+
+/// The reader's buffer: `buf[start..end]` is read and not yet decoded.
+struct ReadBuf {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl ReadBuf {
+    fn new(max_frame: usize) -> ReadBuf {
+        ReadBuf {
+            buf: vec![0u8; INITIAL_READ.min(max_frame)],
+            start: 0,
+            end: 0,
+        }
+    }
+
+    /// Where the next read goes.
+    fn free(&mut self) -> &mut [u8] {
+        &mut self.buf[self.end..]
+    }
+
+    /// Makes room: reset, compact, or grow toward the frame being read. `false` when the
+    /// buffer is full without a complete frame (the connection is closed).
+    fn make_room(&mut self, max_frame: usize, peer: SocketAddr) -> bool {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+            if self.buf.len() > 4 * INITIAL_READ {
+                self.buf = vec![0u8; INITIAL_READ.min(max_frame)];
+            }
+        }
+        if self.end < self.buf.len() {
+            return true;
+        }
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            return true;
+        }
+        // The decoder refused frames over max_frame, so this one fits in max_frame.
+        let want = protocol::peek_header(&self.buf[..self.end])
+            .map(|h| h.frame_len() as usize)
+            .unwrap_or(HEADER_LEN);
+        let grown = (self.buf.len() * 2)
+            .max(want)
+            .min(max_frame.max(HEADER_LEN));
+        if grown <= self.buf.len() {
+            // Unreachable with a correct decoder; close rather than spin.
+            tracing::error!(%peer, "read buffer full without a complete frame");
+            return false;
+        }
+        self.buf.resize(grown, 0);
+        true
+    }
+}
+
+/// Dispatches every complete frame in the buffer; `Some` when the reader must stop.
+async fn dispatch_frames(
+    conn: &Rc<ConnState>,
+    ctx: &Rc<ExecutorCtx>,
+    rb: &mut ReadBuf,
+    peer: SocketAddr,
+) -> Option<ReadEnd> {
+    let cfg = ctx.server.config();
+    let max_frame = cfg.max_frame_bytes as usize;
+    let high_water = cfg.output_high_water_bytes;
+    loop {
+        if conn.dead.get() {
+            return Some(ReadEnd::Failed);
+        }
+        // Back-pressure: a peer that does not read its replies stops being read.
+        if conn.out.borrow().len() > high_water {
+            ServerStats::inc(&ctx.server.stats().output_stalls);
+            while conn.out.borrow().len() > high_water && !conn.dead.get() {
+                conn.reader_wake.wait().await;
+            }
+        }
+        let limit = if conn.authenticated.get() {
+            max_frame
+        } else {
+            max_frame.min(PRE_AUTH_FRAME_BYTES)
+        };
+        match protocol::decode_request(&rb.buf[rb.start..rb.end], limit) {
+            Ok(None) => return None,
+            Ok(Some((frame, n))) => {
+                rb.start += n;
+                if dispatch(conn, ctx, frame, peer) == Dispatched::Close {
+                    return Some(ReadEnd::AuthFailed);
+                }
+            }
+            Err(e) => {
+                let (counter, framing) = if e.closes_connection() {
+                    (&ctx.server.stats().framing_errors, true)
+                } else {
+                    (&ctx.server.stats().frame_errors, false)
+                };
+                ServerStats::inc(counter);
+                tracing::debug!(%peer, error = %e, "bad frame");
+                let r = e.error_reply();
+                conn.push(r.request_id, r.version, r.reply);
+                match e.consumed() {
+                    Some(n) if !framing => rb.start += n,
+                    _ => return Some(ReadEnd::FramingLost),
+                }
             }
         }
     }
@@ -604,10 +644,12 @@ async fn run_request(
     // STATS: the connection layer's counters follow the service's lines.
     let reply = match reply {
         Reply::Stats(mut text) => {
-            if !text.is_empty() && !text.ends_with('\n') {
-                text.push('\n');
+            if !ctx.service.stats_has_server_lines() {
+                if !text.is_empty() && !text.ends_with('\n') {
+                    text.push('\n');
+                }
+                metrics::write_stats(&mut text, &stats.samples());
             }
-            metrics::write_stats(&mut text, &stats.samples());
             fit_stats(&mut text, conn.max_frame);
             Reply::Stats(text)
         }

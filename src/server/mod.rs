@@ -122,9 +122,19 @@ pub struct RequestContext {
 ///   DEADLINE_EXCEEDED and the outcome is unknown.
 /// - Do not block the thread: blocking work belongs on another thread, awaited over a
 ///   channel.
-/// - STATS: return `name value` lines; the server appends its own `server_*` lines.
+/// - STATS: return `name value` lines; the server appends its own `server_*` lines
+///   unless [`Service::stats_has_server_lines`] says the service did, and cuts the text
+///   to one frame.
 pub trait Service {
     fn info(&self) -> ServiceInfo;
     fn handle<'a>(&'a self, req: Request, ctx: RequestContext)
         -> LocalBoxFuture<'a, ServiceResult>;
+
+    /// Whether this service's STATS text already ends with the connection layer's
+    /// `server_*` lines ([`ServerStats::samples`] of the [`Server::stats`] it was given
+    /// at start). The daemon's does, so that STATS and its `/metrics` render one set of
+    /// samples; by default the server appends them.
+    fn stats_has_server_lines(&self) -> bool {
+        false
+    }
 }

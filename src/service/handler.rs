@@ -456,6 +456,12 @@ impl Service for AkerService {
         self.shared.info
     }
 
+    /// The service renders STATS and /metrics from one snapshot that holds the server's
+    /// counters too (`snapshot.rs`).
+    fn stats_has_server_lines(&self) -> bool {
+        true
+    }
+
     fn handle<'a>(
         &'a self,
         req: Request,
@@ -468,10 +474,7 @@ impl Service for AkerService {
                 Request::Delete(d) => (Op::Delete, self.delete(d, &ctx).await),
                 Request::Fill(f) => (Op::Fill, self.fill(f).await),
                 Request::Flush => (Op::Flush, self.flush().await),
-                Request::Stats => (
-                    Op::Stats,
-                    Ok(Reply::Stats(self.shared.snapshot().render_stats())),
-                ),
+                Request::Stats => (Op::Stats, Ok(Reply::Stats(self.shared.stats_text()))),
                 Request::Hello | Request::Ping(_) | Request::Auth(_) | Request::SearchBatch(_) => {
                     return Err(rejection(
                         Status::Internal,

@@ -11,7 +11,8 @@ use std::time::Instant;
 use shards::store::{HnswParams, HnswStore};
 use shards::Backend;
 
-use super::{build_store, StartError, Store};
+use super::plan::build_store;
+use super::{StartError, Store};
 use crate::config::{Config, IndexKind};
 use crate::durable::graph::{self, GraphError};
 use crate::durable::wal::Op;

@@ -1,5 +1,10 @@
 //! What STATS and `/metrics` show: tables of metrics (name, help, how to read it), read
 //! into one [`Snapshot`] that each format renders (`crate::metrics`).
+//!
+//! [`Shared::snapshot`] is the one place the samples are taken: the engine's counters,
+//! the owners' gauges, the service's histograms and, last, the connection layer's
+//! counters (handed to the service at start). STATS renders it as `name value` lines
+//! ([`Shared::stats_text`]), `GET /metrics` as Prometheus text ([`Shared::prometheus`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -9,8 +14,12 @@ use shards::read::Counters;
 
 use super::owner::ShardGauges;
 use super::pgvector::PgStats;
+use super::recall::RecallChecks;
 use super::Shared;
-use crate::metrics::{self, Op, Recorded, Sample, ServiceCounters, Snapshot, Value, KIND_NAMES};
+use crate::metrics::{
+    self, Op, Recorded, Sample, ServiceCounters, Snapshot, Value, KIND_NAMES,
+    RECALL_STATE_UNAVAILABLE,
+};
 
 /// Name, help, and how to read the value from a `T`.
 type Row<T> = (&'static str, &'static str, fn(&T) -> Value);
@@ -297,9 +306,6 @@ const LATENCY_HELP: &str = "Service time per operation and SEARCH hit kind.";
 const RECALL_STATE_HELP: &str = "Recall floor: 0 off, 1 warming (too few checks), 2 holding, \
      3 tightening, 4 unreachable (thresholds at their minimum), 5 unavailable (cache-aside).";
 
-/// `recall_floor_state` in cache-aside mode with a floor set.
-const RECALL_STATE_UNAVAILABLE: u8 = 5;
-
 fn count(c: &AtomicU64) -> Value {
     Value::Counter(c.load(Ordering::Relaxed))
 }
@@ -320,8 +326,8 @@ fn read<T>(s: &mut Snapshot, from: &T, rows: &[Row<T>]) {
 }
 
 impl Shared {
-    /// Every metric of the service at one moment, in STATS order (the connection layer
-    /// appends its own).
+    /// Every metric at one moment, in STATS order: the service's, then the connection
+    /// layer's `server_*` counters.
     pub(crate) fn snapshot(&self) -> Snapshot {
         let mut s = Snapshot::default();
         read(&mut s, self, &DAEMON);
@@ -336,7 +342,18 @@ impl Shared {
         }
         self.per_shard(&mut s);
         latencies(&mut s, recorded);
+        s.samples.extend(self.server_stats.samples());
         s
+    }
+
+    /// The STATS reply's text (the connection layer cuts it to the frame limit).
+    pub(crate) fn stats_text(&self) -> String {
+        self.snapshot().render_stats()
+    }
+
+    /// The body of `GET /metrics`: the same samples as STATS, as Prometheus text.
+    pub(crate) fn prometheus(&self) -> String {
+        self.snapshot().render_prometheus()
     }
 
     /// The embedded store's rows and, when durable (`backend.data_dir`), its log; all
@@ -480,58 +497,7 @@ impl Shared {
             "Controller steps that relaxed them.",
             e.relaxed,
         );
-        let c = &checks.counters;
-        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        s.counter(
-            "recall_checks_queued",
-            "Hits queued for a check against the backend.",
-            n(&c.queued),
-        );
-        s.counter(
-            "recall_checks_done",
-            "Checks answered by the backend and counted.",
-            n(&c.done),
-        );
-        for (reason, v) in [
-            ("busy", n(&c.dropped_busy)),
-            ("rate", n(&c.dropped_rate)),
-            ("full", n(&c.dropped_full)),
-            ("stale", n(&c.dropped_stale)),
-        ] {
-            s.push(
-                Sample::counter(
-                    "recall_checks_dropped",
-                    "Sampled hits not checked: backend busy, over recall_checks_per_s, \
-                     checks queue full, or waited over 1 s for an idle backend thread.",
-                    v,
-                )
-                .label("reason", reason),
-            );
-        }
-        s.counter(
-            "recall_check_failures",
-            "Checks whose backend search failed.",
-            n(&c.failed),
-        );
-        s.counter(
-            "recall_repairs",
-            "Exact or alias entries refreshed because a check differed.",
-            n(&c.repairs),
-        );
-        s.counter(
-            "recall_deleted_ids",
-            "Served ids a check found missing from the store (stripped from every shard).",
-            n(&c.deleted_ids),
-        );
-    }
-
-    /// Prometheus text: the snapshot, then the connection layer's counters.
-    pub(crate) fn prometheus(&self) -> String {
-        let mut s = self.snapshot();
-        if let Some(server) = self.server.get() {
-            s.samples.extend(server.stats().samples());
-        }
-        s.render_prometheus()
+        recall_checks(s, checks);
     }
 
     fn engine_counters(&self, s: &mut Snapshot) {
@@ -592,4 +558,51 @@ fn latencies(s: &mut Snapshot, recorded: Recorded) {
         s.push(latency(h).label("op", "search").label("kind", kind));
     }
     s.push(latency(backend).label("op", "backend_search"));
+}
+
+/// What the recall floor's checks cost and found.
+fn recall_checks(s: &mut Snapshot, checks: &RecallChecks) {
+    let c = &checks.counters;
+    let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    s.counter(
+        "recall_checks_queued",
+        "Hits queued for a check against the backend.",
+        n(&c.queued),
+    );
+    s.counter(
+        "recall_checks_done",
+        "Checks answered by the backend and counted.",
+        n(&c.done),
+    );
+    for (reason, v) in [
+        ("busy", n(&c.dropped_busy)),
+        ("rate", n(&c.dropped_rate)),
+        ("full", n(&c.dropped_full)),
+        ("stale", n(&c.dropped_stale)),
+    ] {
+        s.push(
+            Sample::counter(
+                "recall_checks_dropped",
+                "Sampled hits not checked: backend busy, over recall_checks_per_s, \
+                 checks queue full, or waited over 1 s for an idle backend thread.",
+                v,
+            )
+            .label("reason", reason),
+        );
+    }
+    s.counter(
+        "recall_check_failures",
+        "Checks whose backend search failed.",
+        n(&c.failed),
+    );
+    s.counter(
+        "recall_repairs",
+        "Exact or alias entries refreshed because a check differed.",
+        n(&c.repairs),
+    );
+    s.counter(
+        "recall_deleted_ids",
+        "Served ids a check found missing from the store (stripped from every shard).",
+        n(&c.deleted_ids),
+    );
 }
