@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use aker::protocol::Neighbor;
 use aker::service::pgvector as pgvector_backend;
-use aker::service::pgvector::{describe, opclass, operator, quote_ident as quote};
+use aker::service::pgvector::sql::{describe, opclass, operator, quote_ident as quote};
 use hdrhistogram::Histogram;
 use pgvector::Vector;
 use shards::Metric;

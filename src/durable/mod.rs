@@ -24,11 +24,15 @@
 //!          then, on its own thread: graph's checksums + manifest, synced, renamed;
 //!          checkpoint written + synced + renamed; older files removed
 //! ```
+//!
+//! A running store's writes go through [`Durable::log`] and [`Durable::made_durable`]
+//! (`write.rs`), which start the checkpoints too.
 
 pub mod checkpoint;
 pub mod graph;
 pub mod snapshot;
 pub mod wal;
+mod write;
 
 use std::collections::HashMap;
 use std::io;
