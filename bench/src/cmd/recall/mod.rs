@@ -271,7 +271,6 @@ fn backend_names(b: BackendChoice) -> Vec<String> {
 
 /// The report's header: the paper configuration's settings, and akerd's when its rows
 /// ran.
-#[allow(clippy::too_many_arguments)]
 fn header(
     args: &RecallArgs,
     command: &str,

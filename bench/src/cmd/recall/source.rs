@@ -62,6 +62,10 @@ const FILTER_CHECK_ENTRIES: usize = 5_000;
 /// Memoised HNSW answers searched again to check that searches repeat.
 const DETERMINISM_CHECK: usize = 200;
 
+/// One stream's memoised HNSW answers: at the paper rows' depth, and at the akerd rows'
+/// when it differs.
+type Memo = (PrecomputedBackend, Option<PrecomputedBackend>);
+
 /// Timed phases of one data set's runs, for the report.
 type Phases = Vec<(String, f64)>;
 
@@ -347,16 +351,12 @@ impl SourceRun<'_> {
     /// rows whose `k + Δ` differs from the paper rows', their answers are searched
     /// once more at that depth (an HNSW search for more results is not a prefix of
     /// one for fewer: it searches with `ef` at least the results asked for).
-    #[allow(clippy::type_complexity)]
     fn tune_and_memoise(
         &self,
         prep: &Prepared,
         streams: &[Stream],
         store: &mut HnswStore,
-    ) -> Fallible<(
-        Vec<HnswStream>,
-        Vec<(PrecomputedBackend, Option<PrecomputedBackend>)>,
-    )> {
+    ) -> Fallible<(Vec<HnswStream>, Vec<Memo>)> {
         let (args, name, k) = (self.args, &prep.name, self.args.common.k);
         let mut tuned = Vec::new();
         let mut memos = Vec::new();
