@@ -160,13 +160,13 @@ fn main() -> ExitCode {
             }
         };
     }
-    if let Err(e) = cfg.validate() {
+    if let Err(e) = aker::config::validate(&cfg) {
         eprintln!("akerd: {e}");
         return ExitCode::from(2);
     }
     // The secret is read again by the daemon; here, so a missing one fails before the
     // (possibly long) data load. Only whether it loaded is logged.
-    match cfg.auth.load() {
+    match aker::auth::Secret::load(&cfg.auth) {
         Ok(s) => tracing::info!(authentication = s.is_some(), "auth"),
         Err(e) => {
             eprintln!("akerd: {e}");

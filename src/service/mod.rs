@@ -530,7 +530,7 @@ impl Daemon {
             shared: shared.clone(),
         };
 
-        let secret = cfg.auth.load().map_err(StartError::Config)?;
+        let secret = crate::auth::Secret::load(&cfg.auth).map_err(StartError::Config)?;
         let server = Server::with_auth(cfg.server.clone(), secret).map_err(StartError::Config)?;
         let _ = shared.server.set(server.clone());
         let owners = Mutex::new(per_executor.into_iter().map(Some).collect::<Vec<_>>());

@@ -4,7 +4,8 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::HEADER_LEN;
+/// The smallest `max_frame_bytes`: room for a HELLO reply and short error messages.
+pub const FRAME_BYTES_MIN: u32 = 256;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -87,15 +88,13 @@ impl Default for ServerConfig {
 impl ServerConfig {
     /// Refuses settings the connection layer cannot honour.
     pub fn validate(&self) -> Result<(), String> {
-        // Room for a HELLO reply and short error messages.
-        const MIN_FRAME: u32 = 256;
+        const MIN_FRAME: u32 = FRAME_BYTES_MIN;
         if self.max_frame_bytes < MIN_FRAME {
             return Err(format!(
                 "max_frame_bytes = {} is below the minimum {MIN_FRAME}",
                 self.max_frame_bytes
             ));
         }
-        debug_assert!(MIN_FRAME as usize > HEADER_LEN);
         for (name, v) in [
             ("executors", self.executors as u64),
             ("max_connections", self.max_connections as u64),
