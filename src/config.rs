@@ -8,12 +8,12 @@ pub use aker_config::*;
 /// [`Config::validate`], and the pgvector url parsed by the driver that will use it
 /// (`tokio-postgres`): a url it cannot parse is refused here, before any data loads,
 /// rather than when the backend connects.
-pub fn validate(cfg: &Config) -> Result<(), String> {
+pub fn validate(cfg: &Config) -> Result<(), ConfigError> {
     cfg.validate()?;
     if let Some(pg) = &cfg.backend.pgvector {
         pg.url
             .parse::<tokio_postgres::Config>()
-            .map_err(|e| format!("backend.pgvector: url: {e}"))?;
+            .map_err(|e| ConfigError::invalid("backend.pgvector.url", e.to_string()))?;
     }
     Ok(())
 }
@@ -32,7 +32,7 @@ mod tests {
             pg.url = "host=h user=u no_such_option=1".into();
         }
         bad.validate().unwrap();
-        let e = validate(&bad).unwrap_err();
-        assert!(e.contains("backend.pgvector: url"), "{e}");
+        let e = validate(&bad).unwrap_err().to_string();
+        assert!(e.contains("backend.pgvector.url"), "{e}");
     }
 }

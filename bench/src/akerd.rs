@@ -47,10 +47,14 @@ pub fn resolve_metric(file: Option<Metric>, run: Metric) -> Result<Metric, Strin
 }
 
 impl AkerdFile {
-    /// Reads `path` with `aker_config::Config::load`, validates it as akerd does at
-    /// start, and resolves the metric against `metric` (`--metric`).
+    /// Reads `path` with `aker_config::Config::read` (printing its deprecation notes),
+    /// validates it as akerd does at start, and resolves the metric against `metric`
+    /// (`--metric`).
     pub fn load(path: &Path, metric: Metric) -> Result<AkerdFile, String> {
-        let config = Config::load(path)?;
+        let (config, deprecated) = Config::read(path).map_err(|e| e.to_string())?;
+        for d in &deprecated {
+            eprintln!("warning: {}: {d}", path.display());
+        }
         AkerdFile::new(path.to_path_buf(), config, metric)
     }
 

@@ -1,24 +1,40 @@
 //! The daemon's one TOML file (`ops/akerd.toml` is the commented example). Every table
 //! and key is optional (defaults below); an unknown key is an error, so a typo does not
-//! silently fall back to a default.
+//! silently fall back to a default. A crate of its own: the experiment runner reads
+//! akerd's file with these functions without linking the daemon (`aker` re-exports it
+//! as `aker::config`; the checks that need the daemon, reading the secret and parsing
+//! the pgvector url with its driver, are there).
 //!
 //! ```toml
-//! [server]    # connection layer: listen, executors, cpus, limits (aker::server::ServerConfig)
-//! [cache]     # the engine: metric, k_max, delta, capacity, filter, policy, log caps
+//! [server]    # connection layer: listen, executors, cpus, limits (ServerConfig)
+//! [cache]     # the engine: metric, k_max, delta, capacity, filter, policy, log bounds
 //! [sharding]  # shards (0 = 2 x executors), centroids, rebalance period
 //! [backend]   # embedded (in-process HNSW / exact store over a collection), pgvector
 //!             # (a PostgreSQL table: [backend.pgvector]) or cache_aside
 //! [admin]     # Prometheus text endpoint (GET /metrics), 127.0.0.1 by default
+//! [auth]      # where protocol version 3's shared secret comes from
 //! ```
+//!
+//! Errors are a [`ConfigError`]; keys renamed since (`keys::RENAMED`) still load, each
+//! with a [`Deprecation`] note that [`Config::parse`] and [`Config::read`] return.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use shards::floor::FloorConfig;
-use shards::{CacheConfig, Capacity, Eviction, FilterKind, Metric, PolicyConfig, StandbySearch};
 
+mod backend;
+mod cache;
+mod error;
+pub mod keys;
 mod server;
+
+pub use backend::{
+    redact_password, url_has_password, BackendKind, BackendSection, DataSource, IndexKind,
+    IterativeScan, PgvectorSection,
+};
+pub use cache::{daemon_defaults, CacheSection, DEFAULT_CAPACITY_BYTES};
+pub use error::{ConfigError, Deprecation};
 pub use server::{ServerConfig, FRAME_BYTES_MIN};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -47,245 +63,6 @@ pub struct AuthSection {
 impl AuthSection {
     pub fn enabled(&self) -> bool {
         self.secret_file.is_some() || self.secret_env.is_some()
-    }
-}
-
-/// The engine's knobs (`shards::CacheConfig`); the dimension comes from the data.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CacheSection {
-    /// `l2sq` (squared L2), `cosine` (1 - cos) or `ip` (-dot); the engine's other
-    /// spellings (`l2`, `dot`, `inner_product`, ...) are accepted too. Unset: `l2sq` for
-    /// the embedded and cache-aside backends; for pgvector, the operator class of the
-    /// column's HNSW index (set it when the column has indexes for several metrics).
-    pub metric: Option<Metric>,
-    pub k_max: usize,
-    /// Reserve results kept beyond k (Δ): deletes promote them instead of invalidating.
-    pub delta: usize,
-    /// Pool budget in bytes (objects, representatives, aliases), over all shards.
-    /// Exactly one of `capacity_bytes` / `capacity_objects`; bytes is the default.
-    pub capacity_bytes: Option<usize>,
-    /// Pool budget in distinct neighbour objects (the paper's unit), over all shards.
-    pub capacity_objects: Option<usize>,
-    pub store_vectors: bool,
-    /// `{ kind = "hnsw", m = 4, ef_construction = 8, ef_search = 16 }` or
-    /// `{ kind = "brute_force" }`.
-    pub filter: FilterKind,
-    pub filter_candidates: usize,
-    /// `learned` (the default here): while a rotation leaves two filter generations,
-    /// the one lookups' approximate hits have been coming from is searched first and
-    /// answers when it has a candidate that serves, the other is searched only
-    /// otherwise; `active_first`: the same with the newer generation always first;
-    /// `nearest` is ALGORITHM.md's rule (and the engine's default): the nearest serving
-    /// candidate of either generation.
-    pub standby_search: StandbySearch,
-    /// An insert reaches every cached entry it belongs in before it is acknowledged
-    /// (an exact index on every shard), not only the nearest one the filter finds
-    /// (`shards::CacheConfig::complete_fast_path`; costs in `bench/results/engine.md`).
-    pub complete_fast_path: bool,
-    /// `fifo` (the paper's) or `second_chance` (CLOCK: an entry hit since the hand last
-    /// passed it stays).
-    pub eviction: Eviction,
-    pub max_aliases_per_rep: usize,
-    pub slow_path_batch: usize,
-    pub slow_path_max_steps: usize,
-    pub risk_threshold: f64,
-    pub insert_log_cap: usize,
-    /// Most bytes of the insert log (vectors and bookkeeping); with `insert_log_cap`,
-    /// whichever binds first.
-    pub insert_log_bytes: usize,
-    pub delete_log_cap: usize,
-    /// `{ kind = "aker", alpha_l = 1.1, alpha_t = 0.25, tau_init_divisor = 4.0 }`,
-    /// `{ kind = "guarded", alpha_l, alpha_t, tau_init_divisor, spread = 0.0 }` (Aker's
-    /// rules, an alias asked again promoted: docs/ALGORITHM.md),
-    /// `{ kind = "proximity", threshold = .. }` or `{ kind = "potluck", .. }`; a threshold
-    /// is a gap (`shards::gap`): the metric's distance, on `ip` the angle `1 - cos`.
-    pub policy: PolicyConfig,
-    /// The recall@k that what akerd serves must keep, relative to the backend's own
-    /// answer for the same request (over all replies; a miss counts 1): sampled hits
-    /// are checked against the backend in its spare capacity, and hit thresholds are
-    /// tightened while the estimate's lower bound is below it (docs/ALGORITHM.md, "The
-    /// recall floor"). 0 turns it off; unavailable in cache-aside mode.
-    pub recall_floor: f64,
-    /// Fraction of approximate and alias hits checked (exact hits: an eighth of it).
-    pub recall_sample: f64,
-    /// Most checks a second over all executors; past it, sampled hits go unchecked.
-    pub recall_checks_per_s: u32,
-    /// The loosest threshold scale the floor may set: 1 keeps the policy's own
-    /// thresholds as the loosest; above 1 it may loosen past them while the floor holds.
-    pub recall_scale_max: f32,
-    /// Messages queued to one shard's owner; hints past it are dropped and counted,
-    /// writes wait for room.
-    pub owner_queue_depth: usize,
-    /// With `backend.data_dir` (the durable store) only: the cache's warm-restart
-    /// snapshot (docs/ARCHITECTURE.md, "Warm restart") is written at shutdown (SIGTERM).
-    pub snapshot_on_shutdown: bool,
-    /// ... and every this many seconds (0: never on a timer). `POST /snapshot` on the
-    /// admin endpoint writes one on demand.
-    pub snapshot_interval_s: u64,
-    /// ... and loaded at start when the store's log still holds every write after it.
-    pub snapshot_load: bool,
-    /// Memory akerd touches and frees at start (0: none), so that the cache's first
-    /// growth reuses pages already faulted in (`aker_alloc::prefault`; the allocator
-    /// keeps what it frees) instead of faulting each one in during an admission or an
-    /// insert (~4.5 ms per 2 MB huge page on this project's VMs). Up to the cache's peak:
-    /// the pool budget, its entries and filter, and the insert log. At most the
-    /// machine's memory.
-    pub prefault_bytes: usize,
-}
-
-/// akerd's deliberate departures from the engine's defaults, named here and nowhere
-/// else: every other `[cache]` default is `shards::CacheConfig::default()`'s, and
-/// `ops/akerd.toml` states them all (a test holds it to that).
-pub mod daemon_defaults {
-    use shards::{Eviction, PolicyConfig, StandbySearch};
-
-    /// Δ = 2 reserve results (engine: 0, the paper's search runs): a delete of a cached
-    /// neighbour promotes a reserve instead of invalidating the entry, which a daemon
-    /// that takes writes needs; 2, not more, because at equal bytes each reserve costs
-    /// entries (GloVe 5%, skew 0.99: Δ 0 / 2 / 10 hold 5,253 / 4,716 / 3,457 entries,
-    /// 67.6 / 66.2 / 61.6% hits: bench/results/policy-frontier.md).
-    pub const DELTA: usize = 2;
-    /// Neighbour vectors are not kept (engine: kept): at d = 50 a vector costs three
-    /// ids-only objects, and with the guarded policy re-ranking them bought less than
-    /// the entries they displace (policy-frontier.md, "akerd's configuration").
-    pub const STORE_VECTORS: bool = false;
-    /// Second-chance eviction (engine: FIFO, the paper's): an entry hit since the clock
-    /// hand last passed it is spared, so a popular query keeps its exact answer.
-    pub const EVICTION: Eviction = Eviction::SecondChance;
-    /// The guarded policy (engine: paper-Aker): paper-Aker's thresholds, and an alias
-    /// asked for again is promoted to an entry of its own (docs/ALGORITHM.md, "The
-    /// guarded policy").
-    pub fn policy() -> PolicyConfig {
-        PolicyConfig::Guarded {
-            alpha_l: 1.1,
-            alpha_t: 0.25,
-            tau_init_divisor: 4.0,
-            spread: 0.0,
-        }
-    }
-    /// `learned` (engine: `nearest`, ALGORITHM.md's rule): after a filter rotation, the
-    /// generation hits come from is searched first and answers alone when it can
-    /// (two-generation hits 25.9 -> 18.5 µs at d = 768, hit ratios within 0.1 point:
-    /// docs/ARCHITECTURE.md, "The query filter").
-    pub const STANDBY_SEARCH: StandbySearch = StandbySearch::Learned;
-    /// The pool budget is bytes, 256 MiB (engine: objects, the paper's unit): an
-    /// operator sizes memory, not neighbour counts.
-    pub const CAPACITY_BYTES: usize = 256 << 20;
-    /// Messages queued per shard owner (daemon-only).
-    pub const OWNER_QUEUE_DEPTH: usize = 4096;
-    /// The recall floor is on at 0.95 (engine: off): the default policy measures
-    /// 0.97-0.99 on GloVe at equal bytes (bench/results/policy-frontier.md), so there
-    /// the floor only costs its checks, and it catches a workload or a policy that does
-    /// worse (paper-Aker: 0.92 at skew 0.99) instead of serving it silently.
-    pub const RECALL_FLOOR: f64 = 0.95;
-    /// Checks a second at most: ~1-3% of what one backend thread answers here, and
-    /// enough for the estimate to follow a changed workload within seconds.
-    pub const RECALL_CHECKS_PER_S: u32 = 200;
-}
-
-impl Default for CacheSection {
-    fn default() -> Self {
-        let e = CacheConfig::default();
-        let f = FloorConfig::default();
-        CacheSection {
-            metric: None,
-            k_max: e.k_max,
-            delta: daemon_defaults::DELTA,
-            capacity_bytes: None,
-            capacity_objects: None,
-            store_vectors: daemon_defaults::STORE_VECTORS,
-            filter: e.filter,
-            filter_candidates: e.filter_candidates,
-            standby_search: daemon_defaults::STANDBY_SEARCH,
-            complete_fast_path: e.complete_fast_path,
-            eviction: daemon_defaults::EVICTION,
-            max_aliases_per_rep: e.max_aliases_per_rep,
-            slow_path_batch: e.slow_path_batch,
-            slow_path_max_steps: e.slow_path_max_steps,
-            risk_threshold: e.risk_threshold,
-            insert_log_cap: e.insert_log_cap,
-            insert_log_bytes: e.insert_log_bytes,
-            delete_log_cap: e.delete_log_cap,
-            policy: daemon_defaults::policy(),
-            recall_floor: daemon_defaults::RECALL_FLOOR,
-            recall_sample: f.sample,
-            recall_checks_per_s: daemon_defaults::RECALL_CHECKS_PER_S,
-            recall_scale_max: f.scale_max,
-            owner_queue_depth: daemon_defaults::OWNER_QUEUE_DEPTH,
-            snapshot_on_shutdown: true,
-            snapshot_interval_s: 0,
-            snapshot_load: true,
-            prefault_bytes: 0,
-        }
-    }
-}
-
-/// Default pool budget when neither capacity key is set.
-pub const DEFAULT_CAPACITY_BYTES: usize = daemon_defaults::CAPACITY_BYTES;
-
-impl CacheSection {
-    /// The configured metric, or the engine's default (`l2sq`).
-    pub fn metric_or_default(&self) -> Metric {
-        self.metric.unwrap_or(CacheConfig::default().metric)
-    }
-
-    /// The engine configuration for a collection of dimension `dim`.
-    pub fn engine_config(&self, dim: usize) -> Result<CacheConfig, String> {
-        let capacity = match (self.capacity_bytes, self.capacity_objects) {
-            (Some(_), Some(_)) => {
-                return Err("cache: set capacity_bytes or capacity_objects, not both".into())
-            }
-            (Some(b), None) => Capacity::Bytes(b),
-            (None, Some(o)) => Capacity::Objects(o),
-            (None, None) => Capacity::Bytes(DEFAULT_CAPACITY_BYTES),
-        };
-        let cfg = CacheConfig {
-            dim,
-            metric: self.metric_or_default(),
-            k_max: self.k_max,
-            delta: self.delta,
-            capacity,
-            store_vectors: self.store_vectors,
-            filter: self.filter,
-            filter_candidates: self.filter_candidates,
-            standby_search: self.standby_search,
-            complete_fast_path: self.complete_fast_path,
-            eviction: self.eviction,
-            max_aliases_per_rep: self.max_aliases_per_rep,
-            slow_path_batch: self.slow_path_batch,
-            slow_path_max_steps: self.slow_path_max_steps,
-            risk_threshold: self.risk_threshold,
-            insert_log_cap: self.insert_log_cap,
-            insert_log_bytes: self.insert_log_bytes,
-            delete_log_cap: self.delete_log_cap,
-            // The no-refresh ablation is the runner's (`bench updates`), not a daemon's.
-            refresh: true,
-        };
-        cfg.validate().map_err(|e| format!("cache: {e}"))?;
-        self.policy
-            .validate(cfg.metric)
-            .map_err(|e| format!("cache: {e}"))?;
-        if self.owner_queue_depth == 0 {
-            return Err("cache: owner_queue_depth must be at least 1".into());
-        }
-        self.floor_config()
-            .validate()
-            .map_err(|e| format!("cache: {e}"))?;
-        if self.recall_checks_per_s == 0 {
-            return Err("cache: recall_checks_per_s must be at least 1".into());
-        }
-        Ok(cfg)
-    }
-
-    /// The engine's recall-floor settings (`shards::floor`).
-    pub fn floor_config(&self) -> FloorConfig {
-        FloorConfig {
-            floor: self.recall_floor,
-            sample: self.recall_sample,
-            scale_max: self.recall_scale_max,
-            ..FloorConfig::default()
-        }
     }
 }
 
@@ -336,302 +113,15 @@ impl ShardingSection {
         }
     }
 }
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BackendKind {
-    /// An in-process index over the collection in `data`, on backend threads.
-    Embedded,
-    /// A PostgreSQL table with a pgvector column and its HNSW index (`[backend.pgvector]`):
-    /// misses query it, writes go through it.
-    Pgvector,
-    /// No backend: a miss answers MISS with no neighbours and the client FILLs.
-    CacheAside,
-}
-
-/// `hnsw.iterative_scan` (pgvector 0.8): whether an index scan that ran out of
-/// candidates goes on searching.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum IterativeScan {
-    #[default]
-    Off,
-    StrictOrder,
-    /// Results may come slightly out of order; akerd re-sorts them.
-    RelaxedOrder,
-}
-
-impl IterativeScan {
-    pub fn as_sql(self) -> &'static str {
-        match self {
-            IterativeScan::Off => "off",
-            IterativeScan::StrictOrder => "strict_order",
-            IterativeScan::RelaxedOrder => "relaxed_order",
-        }
-    }
-}
-
-/// `[backend.pgvector]`: the table akerd fronts. The connection pool is
-/// `backend.threads` connections, one per backend thread.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PgvectorSection {
-    /// `postgresql://user@host:port/dbname` (libpq URL or key=value form), without a
-    /// password: that comes from `password_file` or `password_env`, so that neither
-    /// `--print-config` nor a log line can show it.
-    pub url: String,
-    /// A file whose first line is the password (trailing newline ignored).
-    pub password_file: Option<PathBuf>,
-    /// An environment variable holding the password.
-    pub password_env: Option<String>,
-    /// The table, optionally schema-qualified (`public.items`).
-    pub table: String,
-    /// A `bigint` column with a unique index (or the primary key).
-    pub id_column: String,
-    /// A `vector` or `vector(n)` column with an HNSW index.
-    pub vector_column: String,
-    /// The dimension clients send, checked against the table at start (unset: the
-    /// table's, whatever it is).
-    pub dim: Option<usize>,
-    /// A `bytea` column for INSERT payloads; unset, an INSERT with a payload is refused
-    /// (UNSUPPORTED) rather than dropped silently.
-    pub payload_column: Option<String>,
-    /// `hnsw.ef_search` for every search (unset: `k_max + delta`, at least pgvector's
-    /// default 40). Below `k_max + delta` it is refused unless `iterative_scan` is on:
-    /// pgvector would return fewer rows than a miss asks for.
-    pub ef_search: Option<usize>,
-    pub iterative_scan: IterativeScan,
-    /// `statement_timeout`: the longest one statement may run; a request whose deadline
-    /// comes sooner has its statement cancelled at that instant.
-    pub statement_timeout_ms: u64,
-    /// Bound on opening one connection.
-    pub connect_timeout_ms: u64,
-    /// At start, how long akerd retries (with backoff) a database that cannot be
-    /// reached before it gives up and exits; 0: give up at once.
-    pub start_wait_ms: u64,
-    /// Longest pause between reconnection attempts once running (backoff from 50 ms,
-    /// doubling).
-    pub reconnect_max_ms: u64,
-}
-
-impl Default for PgvectorSection {
-    fn default() -> Self {
-        PgvectorSection {
-            url: String::new(),
-            password_file: None,
-            password_env: None,
-            table: String::new(),
-            id_column: "id".into(),
-            vector_column: "embedding".into(),
-            dim: None,
-            payload_column: None,
-            ef_search: None,
-            iterative_scan: IterativeScan::Off,
-            statement_timeout_ms: 5_000,
-            connect_timeout_ms: 2_000,
-            start_wait_ms: 30_000,
-            reconnect_max_ms: 2_000,
-        }
-    }
-}
-
-/// `url` with any password masked as `***`: in `scheme://user:password@host` (the
-/// userinfo ends at the last `@` before the path), in a `password=` query parameter, and
-/// in the key=value form (`password=...` or `password = '...'`).
-pub fn redact_password(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://") {
-        let path_at = rest.find(['/', '?']).unwrap_or(rest.len());
-        let mut out = match rest[..path_at].rfind('@') {
-            Some(at) => match rest[..at].find(':') {
-                Some(colon) => format!("{scheme}://{}:***{}", &rest[..colon], &rest[at..]),
-                None => url.to_string(),
-            },
-            None => url.to_string(),
-        };
-        if let Some(q) = out.find('?') {
-            let (head, query) = out.split_at(q + 1);
-            let masked: Vec<String> = query
-                .split('&')
-                .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                    _ => kv.to_string(),
-                })
-                .collect();
-            out = format!("{head}{}", masked.join("&"));
-        }
-        return out;
-    }
-    // key=value form: after "password", the value up to the next unquoted space.
-    let lower = url.to_ascii_lowercase();
-    let Some(k) = lower.find("password") else {
-        return url.to_string();
-    };
-    let after = &url[k + "password".len()..];
-    let Some(eq) = after.find('=').filter(|&e| after[..e].trim().is_empty()) else {
-        return url.to_string();
-    };
-    let value = after[eq + 1..].trim_start();
-    let value_start = url.len() - value.len();
-    let value_len = if let Some(quoted) = value.strip_prefix('\'') {
-        quoted.find('\'').map_or(value.len(), |e| e + 2)
-    } else {
-        value.find(' ').unwrap_or(value.len())
-    };
-    format!(
-        "{}***{}",
-        &url[..value_start],
-        &url[value_start + value_len..]
-    )
-}
-
-/// Whether `url` carries a password in any of the places [`redact_password`] masks.
-pub fn url_has_password(url: &str) -> bool {
-    redact_password(url) != url
-}
-
-impl PgvectorSection {
-    /// `hnsw.ef_search` as sent, for a cache that asks for `k_max + delta` rows.
-    pub fn effective_ef_search(&self, k_max: usize, delta: usize) -> usize {
-        self.ef_search.unwrap_or((k_max + delta).max(40))
-    }
-
-    fn validate(&self, k_max: usize, delta: usize) -> Result<(), String> {
-        let bad = |m: String| Err(format!("backend.pgvector: {m}"));
-        if self.url.is_empty() || self.table.is_empty() {
-            return bad("url and table must be set".into());
-        }
-        if self.id_column.is_empty() || self.vector_column.is_empty() {
-            return bad("id_column and vector_column must be set".into());
-        }
-        // The url's full syntax is checked where it is parsed (the daemon's driver);
-        // a password in it is found here, without that driver.
-        if url_has_password(&self.url) {
-            return bad(
-                "url: holds a password; put it in password_file or password_env instead (the url is printed by --print-config)"
-                    .into(),
-            );
-        }
-        if self.password_file.is_some() && self.password_env.is_some() {
-            return bad("set password_file or password_env, not both".into());
-        }
-        let ef = self.effective_ef_search(k_max, delta);
-        if !(1..=1000).contains(&ef) {
-            return bad(format!("ef_search {ef} is outside pgvector's 1..=1000"));
-        }
-        if ef < k_max + delta && self.iterative_scan == IterativeScan::Off {
-            return bad(format!(
-                "ef_search {ef} is below k_max + delta = {}: pgvector would return fewer rows than a miss asks for; raise it or set iterative_scan",
-                k_max + delta
-            ));
-        }
-        if self.statement_timeout_ms == 0 || self.connect_timeout_ms == 0 {
-            return bad("statement_timeout_ms and connect_timeout_ms must be positive".into());
-        }
-        if self.reconnect_max_ms < 50 {
-            return bad("reconnect_max_ms must be at least 50".into());
-        }
-        Ok(())
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum IndexKind {
-    /// hnsw_rs graph (approximate); the default.
-    Hnsw,
-    /// Brute force (exact; small collections and tests).
-    Exact,
-}
-
-/// Where the collection (embedded) or the routing sample (cache-aside) comes from.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum DataSource {
-    /// Clustered synthetic vectors, ids 0..n.
-    Synthetic {
-        n: usize,
-        dim: usize,
-        clusters: usize,
-        seed: u64,
-    },
-    /// A `.npy` (float32/float16, 2-D) or `.fvecs` file; ids are row numbers. `limit`
-    /// keeps the first rows only (0 = all). Relative paths are from the config file.
-    File {
-        path: PathBuf,
-        #[serde(default)]
-        limit: usize,
-    },
-    /// No vectors (cache-aside only): the dimension alone; the router's centroids are
-    /// then random, which still routes a query and its near duplicates consistently.
-    None { dim: usize },
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct BackendSection {
-    pub kind: BackendKind,
-    pub data: DataSource,
-    pub index: IndexKind,
-    /// Backend threads (blocking calls stay off the executors).
-    pub threads: usize,
-    /// Backend requests queued at most; past it a request gets BUSY.
-    pub queue_depth: usize,
-    /// Nice value of the backend threads (0..=19; 0 leaves them alone). Misses' index
-    /// searches are CPU-bound for a millisecond; at a lower priority they yield the core
-    /// the moment an executor wakes to serve a hit, instead of holding it for a time slice.
-    pub nice: i32,
-    /// SCHED_IDLE for the backend threads: they run only on otherwise idle CPU time, so
-    /// hits and the network never wait for them; under a hit load that saturates the
-    /// cores, misses wait instead (bounded by their deadlines). Off by default.
-    pub idle: bool,
-    pub hnsw_m: usize,
-    pub hnsw_ef_construction: usize,
-    pub hnsw_ef_search: usize,
-    /// Embedded only: where the store is durable (docs/ARCHITECTURE.md, "Durability").
-    /// Unset, the store lives in memory and writes are lost at exit. Set, a write is in
-    /// the directory's log, synced, before it is acknowledged; the first start imports
-    /// `data` into it, later starts recover from it (and ignore `data`). Relative to the
-    /// config file.
-    pub data_dir: Option<PathBuf>,
-    /// A checkpoint is written when the log's current segment reaches this many bytes
-    /// (0: only at start, after a recovery that replayed records).
-    pub checkpoint_log_bytes: u64,
-    /// `kind = "pgvector"` only.
-    pub pgvector: Option<PgvectorSection>,
-}
-
-impl Default for BackendSection {
-    fn default() -> Self {
-        BackendSection {
-            kind: BackendKind::Embedded,
-            data: DataSource::Synthetic {
-                n: 20_000,
-                dim: 32,
-                clusters: 64,
-                seed: 7,
-            },
-            index: IndexKind::Hnsw,
-            threads: 2,
-            queue_depth: 1024,
-            nice: 10,
-            idle: false,
-            hnsw_m: 16,
-            hnsw_ef_construction: 100,
-            hnsw_ef_search: 64,
-            data_dir: None,
-            checkpoint_log_bytes: 64 << 20,
-            pgvector: None,
-        }
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminSection {
     pub enabled: bool,
     /// Loopback unless configured otherwise: the endpoint has no authentication.
     pub listen: SocketAddr,
-    /// Scrapes served at once; more wait in the kernel's backlog.
+    /// Scrapes served at once; more wait in the kernel's backlog. (`max_connections`
+    /// before.)
+    #[serde(rename = "connections_max", alias = "max_connections")]
     pub max_connections: usize,
 }
 
@@ -644,25 +134,35 @@ impl Default for AdminSection {
         }
     }
 }
-
 impl Config {
-    /// Parses a config file's text. An error names the line and column but does not
-    /// quote the line: a secret pasted into the file by mistake (`[auth] secret = ...`)
-    /// must not reach stderr or the journal.
-    pub fn from_toml(text: &str) -> Result<Config, String> {
-        toml::from_str(text).map_err(|e: toml::de::Error| {
-            let at = e.span().map(|s| s.start).unwrap_or(0).min(text.len());
-            let before = &text[..at];
-            let line = before.matches('\n').count() + 1;
-            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-            format!("line {line}, column {column}: {}", e.message().trim_end())
-        })
+    /// Parses a config file's text, with a note for each old key name it uses (an old
+    /// and a new name of one key together are an error). An error names the line and
+    /// column but does not quote the line: a secret pasted into the file by mistake
+    /// (`[auth] secret = ...`) must not reach stderr or the journal.
+    pub fn parse(text: &str) -> Result<(Config, Vec<Deprecation>), ConfigError> {
+        let doc: toml::Table = toml::from_str(text).map_err(|e| parse_error(text, e))?;
+        let notes = keys::deprecations(&doc)?;
+        let cfg = toml::from_str(text).map_err(|e| parse_error(text, e))?;
+        Ok((cfg, notes))
     }
 
-    /// Reads `path`; a relative data path is made relative to the file's folder.
-    pub fn load(path: &Path) -> Result<Config, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut cfg = Config::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    /// [`Config::parse`] without the deprecation notes (tests, fuzzing; akerd and the
+    /// runner read files with [`Config::read`] and show the notes).
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text).map(|(cfg, _)| cfg)
+    }
+
+    /// Reads `path`, with its deprecation notes; a relative data path is made relative
+    /// to the file's folder.
+    pub fn read(path: &Path) -> Result<(Config, Vec<Deprecation>), ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Io {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        let (mut cfg, notes) = Config::parse(&text).map_err(|e| ConfigError::InFile {
+            path: path.to_path_buf(),
+            error: Box::new(e),
+        })?;
         let relative = |p: &mut PathBuf| {
             if p.is_relative() {
                 if let Some(dir) = path.parent() {
@@ -679,38 +179,47 @@ impl Config {
         if let Some(p) = &mut cfg.auth.secret_file {
             relative(p);
         }
-        Ok(cfg)
+        Ok((cfg, notes))
+    }
+
+    /// [`Config::read`] without the deprecation notes.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::read(path).map(|(cfg, _)| cfg)
     }
 
     /// Protected mode (`server.protected_mode`, on by default): no listening beyond
     /// loopback without authentication, and the admin endpoint (which has none) on
     /// loopback only.
-    fn protected_mode(&self) -> Result<(), String> {
+    fn protected_mode(&self) -> Result<(), ConfigError> {
         if self.auth.secret_file.is_some() && self.auth.secret_env.is_some() {
-            return Err("auth: set secret_file or secret_env, not both".into());
+            return Err(ConfigError::invalid(
+                "auth",
+                "set secret_file or secret_env, not both",
+            ));
         }
         if !self.server.protected_mode {
             return Ok(());
         }
         let listen = self.server.listen.ip().to_canonical();
         if !listen.is_loopback() && !self.auth.enabled() {
-            return Err(format!(
-                "protected mode: refusing to listen on {listen} without authentication; set \
+            return Err(ConfigError::ProtectedMode(format!(
+                "refusing to listen on {listen} without authentication; set \
                  [auth] secret_file or secret_env, or server.protected_mode = false"
-            ));
+            )));
         }
         let admin = self.admin.listen.ip().to_canonical();
         if self.admin.enabled && !admin.is_loopback() {
-            return Err(format!(
-                "protected mode: the admin endpoint has no authentication and may listen on \
+            return Err(ConfigError::ProtectedMode(format!(
+                "the admin endpoint has no authentication and may listen on \
                  loopback only, not {admin}; or set server.protected_mode = false"
-            ));
+            )));
         }
         Ok(())
     }
 
     /// The configuration as TOML (`--print-config`), with any password written into the
-    /// pgvector url (refused by `validate`, but printed before it runs) masked.
+    /// pgvector url (refused by `validate`, but printed before it runs) masked. Keys
+    /// are printed under their current names.
     pub fn to_toml(&self) -> String {
         let mut shown = self.clone();
         if let Some(pg) = &mut shown.backend.pgvector {
@@ -720,73 +229,66 @@ impl Config {
     }
 
     /// Checks what can be checked before loading data.
-    pub fn validate(&self) -> Result<(), String> {
-        self.server.validate().map_err(|e| format!("server: {e}"))?;
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.server.validate()?;
         self.protected_mode()?;
         // The dimension is not known yet; 1 stands in to check the rest.
         self.cache.engine_config(1)?;
-        let b = &self.backend;
-        if b.threads == 0 || b.queue_depth == 0 {
-            return Err("backend: threads and queue_depth must be at least 1".into());
-        }
-        if !(0..=19).contains(&b.nice) {
-            return Err("backend: nice must be in 0..=19".into());
-        }
-        if b.hnsw_m == 0 || b.hnsw_ef_construction == 0 || b.hnsw_ef_search == 0 {
-            return Err(
-                "backend: hnsw_m, hnsw_ef_construction, hnsw_ef_search must be positive".into(),
-            );
-        }
-        match (&b.kind, &b.pgvector) {
-            (BackendKind::Pgvector, None) => {
-                return Err("backend: kind = \"pgvector\" needs a [backend.pgvector] table".into())
-            }
-            (BackendKind::Pgvector, Some(pg)) => pg.validate(self.cache.k_max, self.cache.delta)?,
-            (_, Some(_)) => {
-                return Err("backend: [backend.pgvector] is for kind = \"pgvector\"".into())
-            }
-            (_, None) => {}
-        }
-        if b.data_dir.is_some() && b.kind != BackendKind::Embedded {
-            return Err("backend: data_dir is for the embedded store (kind = \"embedded\")".into());
-        }
-        if b.kind == BackendKind::Pgvector && b.threads > 64 {
-            return Err("backend: a pgvector pool of at most 64 connections (threads)".into());
-        }
-        match (&b.kind, &b.data) {
-            (BackendKind::Embedded, DataSource::None { .. }) => {
-                return Err("backend: an embedded backend needs data (synthetic or file)".into())
-            }
-            (
-                _,
-                DataSource::Synthetic {
-                    n, dim, clusters, ..
-                },
-            ) if *n == 0 || *dim == 0 || *clusters == 0 => {
-                return Err("backend.data: n, dim and clusters must be positive".into())
-            }
-            (_, DataSource::None { dim: 0 }) => {
-                return Err("backend.data: dim must be positive".into())
-            }
-            _ => {}
-        }
+        self.backend.validate(self.cache.k_max, self.cache.delta)?;
         let s = &self.sharding;
         if s.centroids == 0 || s.sample_rows == 0 {
-            return Err("sharding: centroids and sample_rows must be positive".into());
+            return Err(ConfigError::invalid(
+                "sharding",
+                "centroids and sample_rows must be positive",
+            ));
         }
         if s.shard_count(self.server.executors) > 4096 {
-            return Err("sharding: at most 4096 shards".into());
+            return Err(ConfigError::invalid(
+                "sharding.shards",
+                "at most 4096 shards",
+            ));
         }
         if self.admin.enabled && self.admin.max_connections == 0 {
-            return Err("admin: max_connections must be at least 1".into());
+            return Err(ConfigError::invalid(
+                "admin.connections_max",
+                "must be at least 1",
+            ));
         }
         Ok(())
+    }
+}
+
+/// A `toml` error as a [`ConfigError`]: the line and column of its span in `text`, the
+/// message without the quoted line; an unknown key as a kind of its own.
+fn parse_error(text: &str, e: toml::de::Error) -> ConfigError {
+    let at = e.span().map(|s| s.start).unwrap_or(0).min(text.len());
+    let before = &text[..at];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    let message = e.message().trim_end().to_string();
+    // serde's words for a field no struct has (`de::Error::unknown_field`).
+    match message
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split_once('`'))
+    {
+        Some((key, _)) => ConfigError::UnknownKey {
+            key: key.to_string(),
+            line,
+            column,
+            message,
+        },
+        None => ConfigError::Parse {
+            line,
+            column,
+            message,
+        },
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shards::{Capacity, Eviction, FilterKind};
 
     #[test]
     fn empty_file_is_the_default_and_unknown_keys_are_refused() {
@@ -893,7 +395,8 @@ mod tests {
     fn a_config_error_does_not_quote_the_line() {
         // The natural mistake: the secret itself in the file.
         let e = Config::from_toml("[server]\n[auth]\nsecret = \"supersecret-value-1234\"\n")
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(!e.contains("supersecret"), "{e}");
         assert!(e.contains("line 3") && e.contains("unknown field"), "{e}");
     }
@@ -928,13 +431,15 @@ mod tests {
     fn pgvector_settings_are_checked() {
         let base = include_str!("../../ops/akerd-pgvector.toml");
         let with = |extra: &str| -> Result<(), String> {
-            Config::from_toml(&format!("{base}\n{extra}"))?.validate()
+            let cfg = Config::from_toml(&format!("{base}\n{extra}")).map_err(|e| e.to_string())?;
+            cfg.validate().map_err(|e| e.to_string())
         };
         // the url is printed by --print-config: a password in it is refused
         let e = Config::from_toml(&base.replace("aker@", "aker:hunter2@"))
             .unwrap()
             .validate()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("password_file") && !e.contains("hunter2"), "{e}");
         // ef_search below k_max + delta without an iterative scan returns short answers
         assert!(with("ef_search = 50")
@@ -984,5 +489,121 @@ mod tests {
             redact_password("host=h password = 'a b' user=u"),
             "host=h password = *** user=u"
         );
+    }
+
+    #[test]
+    fn an_old_key_loads_with_a_note_and_prints_under_its_new_name() {
+        let (cfg, notes) =
+            Config::parse("[server]\nmax_inflight = 7\n[cache]\ninsert_log_cap = 99").unwrap();
+        assert_eq!((cfg.server.max_inflight, cfg.cache.insert_log_cap), (7, 99));
+        assert_eq!(
+            notes,
+            [
+                Deprecation {
+                    section: "server",
+                    old: "max_inflight",
+                    new: "inflight_max"
+                },
+                Deprecation {
+                    section: "cache",
+                    old: "insert_log_cap",
+                    new: "insert_log_entries_max"
+                },
+            ]
+        );
+        assert!(
+            notes[0]
+                .to_string()
+                .contains("server.max_inflight is deprecated"),
+            "{}",
+            notes[0]
+        );
+        let printed = cfg.to_toml();
+        assert!(
+            printed.contains("inflight_max = 7") && !printed.contains("max_inflight"),
+            "{printed}"
+        );
+        // The new name alone: no note.
+        let (same, none) =
+            Config::parse("[server]\ninflight_max = 7\n[cache]\ninsert_log_entries_max = 99")
+                .unwrap();
+        assert_eq!((same, none.len()), (cfg, 0));
+    }
+
+    /// Every row of `keys::RENAMED` loads under its old name (its field carries the
+    /// alias), with its note, to the same value as under its new name.
+    #[test]
+    fn every_renamed_key_loads_under_either_name() {
+        for &(section, old, new) in keys::RENAMED {
+            let with = |key: &str| {
+                let text = format!("[{section}]\n{key} = 1234\n");
+                Config::parse(&text).unwrap_or_else(|e| panic!("{section}.{key}: {e}"))
+            };
+            let (by_old, notes) = with(old);
+            let (by_new, none) = with(new);
+            assert_eq!(by_old, by_new, "{section}.{old}");
+            assert_ne!(
+                by_new,
+                Config::parse(&format!("[{section}]\n")).unwrap().0,
+                "{section}.{new} is read"
+            );
+            assert_eq!(notes, [Deprecation { section, old, new }]);
+            assert!(none.is_empty());
+        }
+    }
+
+    #[test]
+    fn both_names_of_a_key_are_refused() {
+        let e = Config::parse("[admin]\nmax_connections = 2\nconnections_max = 3").unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ConfigError::BothKeys {
+                    section: "admin",
+                    old: "max_connections",
+                    new: "connections_max"
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("both"), "{e}");
+    }
+
+    #[test]
+    fn errors_are_typed() {
+        let e = Config::from_toml("[cache]\nno_such = 1").unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::UnknownKey { key, line: 2, .. } if key == "no_such"),
+            "{e:?}"
+        );
+        let e = Config::from_toml("[cache]\nk_max = \"ten\"").unwrap_err();
+        assert!(matches!(e, ConfigError::Parse { line: 2, .. }), "{e:?}");
+        let e = Config::from_toml("[server]\nframe_bytes_max = 10")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::Invalid { key, .. } if key == "server.frame_bytes_max"),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("server.frame_bytes_max: 10 is below"),
+            "{e}"
+        );
+        let missing = Path::new("/nonexistent/akerd.toml");
+        assert!(matches!(Config::load(missing), Err(ConfigError::Io { .. })));
+        let dir = std::env::temp_dir().join(format!("aker-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("akerd.toml");
+        std::fs::write(&file, "[nope]\n").unwrap();
+        let e = Config::load(&file).unwrap_err();
+        assert!(matches!(e.kind(), ConfigError::UnknownKey { .. }), "{e:?}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("{}: line 1", file.display())),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -125,8 +125,14 @@ fn main() -> ExitCode {
     );
 
     let mut cfg = match &cli.config {
-        Some(path) => match Config::load(path) {
-            Ok(c) => c,
+        Some(path) => match Config::read(path) {
+            Ok((c, deprecated)) => {
+                // One line per old key name: the file loads, and says what to rename.
+                for d in &deprecated {
+                    tracing::warn!(file = %path.display(), "{d}");
+                }
+                c
+            }
             Err(e) => {
                 eprintln!("akerd: {e}");
                 return ExitCode::from(2);

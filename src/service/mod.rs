@@ -75,7 +75,7 @@ use shards::sharded::ShardSet;
 use shards::store::{ExactStore, HnswStore};
 use shards::{Cache, CacheConfig};
 
-use crate::config::{BackendKind, Config, DataSource, IndexKind};
+use crate::config::{BackendKind, Config, ConfigError, DataSource, IndexKind};
 use crate::metrics::{ExecutorMetrics, Snapshot};
 use crate::server::{Running, Server, Service, ServiceInfo};
 use backend::{BackendPool, StoreSide};
@@ -85,7 +85,7 @@ use handler::AkerService;
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("configuration: {0}")]
-    Config(String),
+    Config(#[from] crate::config::ConfigError),
     #[error("data: {0}")]
     Data(String),
     #[error("engine: {0}")]
@@ -209,9 +209,10 @@ impl Daemon {
                 Daemon::start_durable(cfg)
             }
             (BackendKind::Embedded, Some(ds)) => Daemon::start_with_data(cfg, ds),
-            (BackendKind::Embedded, None) => {
-                Err(StartError::Config("an embedded backend needs data".into()))
-            }
+            (BackendKind::Embedded, None) => Err(StartError::Config(ConfigError::invalid(
+                "backend.data",
+                "an embedded backend needs data",
+            ))),
             (BackendKind::CacheAside, Some(ds)) => Daemon::start_with_backend(cfg, ds, None),
             (BackendKind::CacheAside, None) => {
                 let DataSource::None { dim } = cfg.backend.data else {
@@ -233,7 +234,7 @@ impl Daemon {
             .backend
             .pgvector
             .as_ref()
-            .ok_or_else(|| StartError::Config("backend.pgvector is not set".into()))?;
+            .ok_or_else(|| ConfigError::invalid("backend.pgvector", "is not set"))?;
         let (target, sample) = pgvector::start(
             section,
             cfg.cache.metric,
@@ -402,11 +403,14 @@ impl Daemon {
             Some(s) => {
                 let metric = cfg.cache.metric_or_default();
                 if s.dim() != sample.dim || s.metric() != metric {
-                    return Err(StartError::Config(format!(
-                        "store is {}-d {}, the cache {}-d {metric}",
-                        s.dim(),
-                        s.metric(),
-                        sample.dim,
+                    return Err(StartError::Config(ConfigError::invalid(
+                        "cache",
+                        format!(
+                            "store is {}-d {}, the cache {}-d {metric}",
+                            s.dim(),
+                            s.metric(),
+                            sample.dim,
+                        ),
                     )));
                 }
                 StoreSide::Embedded(std::sync::RwLock::new(s))
@@ -483,7 +487,7 @@ impl Daemon {
                 cfg.cache.recall_checks_per_s,
                 cfg.backend.threads,
             )
-            .map_err(StartError::Config)?;
+            .map_err(|e| ConfigError::invalid("cache", e))?;
             (Some(r.clone()), Some((r, rx)))
         } else {
             (None, None)

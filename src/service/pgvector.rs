@@ -37,7 +37,7 @@ use tokio_postgres::{Client, NoTls, Statement};
 
 use super::data::Dataset;
 use super::StartError;
-use crate::config::PgvectorSection;
+use crate::config::{ConfigError, PgvectorSection};
 use crate::protocol::{Rejection, Status};
 
 /// First pause between connection attempts; doubles up to the configured maximum.
@@ -203,7 +203,7 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
 
 /// The connection settings of `section`, with the password from its file or variable.
 fn connection_config(section: &PgvectorSection) -> Result<tokio_postgres::Config, StartError> {
-    let cfg_err = |m: String| StartError::Config(format!("backend.pgvector: {m}"));
+    let cfg_err = |m: String| StartError::Config(ConfigError::invalid("backend.pgvector", m));
     let mut c: tokio_postgres::Config = section
         .url
         .parse()
