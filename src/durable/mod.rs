@@ -26,6 +26,7 @@
 //! ```
 
 pub mod checkpoint;
+pub mod fingerprint;
 pub mod graph;
 pub mod snapshot;
 pub mod wal;

@@ -328,14 +328,15 @@ impl Daemon {
         let collection = snapshot::collection_id(dir, imported)?;
         let metric = cfg.cache.metric_or_default().to_string();
         let engine = cfg.cache.engine_config(dim).map_err(StartError::Config)?;
-        let policy = format!("{:?}", cfg.cache.policy);
         let want = snapshot::Expect {
             collection,
             dim,
             metric: &metric,
             shards: cfg.sharding.shard_count(cfg.server.executors),
-            policy: &policy,
-            store_vectors: engine.store_vectors,
+            settings: crate::durable::fingerprint::settings(
+                &cfg.cache.policy,
+                engine.store_vectors,
+            ),
             last_seq,
         };
         let state = warm::SnapshotState::new(
