@@ -47,7 +47,7 @@ for conf in ${CONFIGS:-2:10 1:10 2:0 2:idle}; do
 [server]
 listen = "127.0.0.1:$port"
 executors = $ex
-max_inflight = 128
+inflight_max = 128
 [cache]
 metric = "l2sq"
 delta = 0

@@ -189,7 +189,7 @@ run_set() {  # TAG
 [server]
 listen = "127.0.0.1:$aport"
 executors = 1
-max_inflight = 128
+inflight_max = 128
 request_timeout_ms = 60000
 [cache]
 k_max = 10

@@ -88,6 +88,20 @@ impl Secret {
             .map_err(|e| format!("the environment variable secret_env names: {e}"))
     }
 
+    /// The daemon's secret as `[auth]` says where it is (read at start); `None`
+    /// without authentication.
+    pub fn load(
+        auth: &crate::config::AuthSection,
+    ) -> Result<Option<Secret>, crate::config::ConfigError> {
+        match (&auth.secret_file, &auth.secret_env) {
+            (Some(_), Some(_)) => Err("set secret_file or secret_env, not both".into()),
+            (Some(f), None) => Secret::from_file(f).map(Some),
+            (None, Some(v)) => Secret::from_env(v).map(Some),
+            (None, None) => Ok(None),
+        }
+        .map_err(|e| crate::config::ConfigError::invalid("auth", e))
+    }
+
     /// The secret a client tool authenticates with: `file`'s first line, else
     /// `$AKER_SECRET` ([`SECRET_ENV`]) when it is set, else none (aker-cli, the load
     /// generator and its tools share this convention).

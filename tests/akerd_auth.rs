@@ -342,7 +342,7 @@ fn protected_mode_refuses_public_addresses_without_authentication() {
     let mut c = common::config();
     c.admin.enabled = false;
     c.server.listen = "0.0.0.0:7799".parse().unwrap();
-    let e = c.validate().unwrap_err();
+    let e = c.validate().unwrap_err().to_string();
     assert!(e.contains("protected mode") && e.contains("0.0.0.0"), "{e}");
     // Refused before anything is bound or loaded.
     assert!(matches!(
@@ -358,7 +358,7 @@ fn protected_mode_refuses_public_addresses_without_authentication() {
     let mut c = common::config();
     c.auth.secret_env = Some("AKER_TEST_UNUSED".into());
     c.admin.listen = "0.0.0.0:7798".parse().unwrap();
-    let e = c.validate().unwrap_err();
+    let e = c.validate().unwrap_err().to_string();
     assert!(e.contains("admin endpoint"), "{e}");
     c.server.protected_mode = false;
     c.validate().unwrap();
@@ -366,7 +366,7 @@ fn protected_mode_refuses_public_addresses_without_authentication() {
     let mut c = common::config();
     c.auth.secret_env = Some("A".into());
     c.auth.secret_file = Some("/nonexistent".into());
-    assert!(c.validate().unwrap_err().contains("not both"));
+    assert!(c.validate().unwrap_err().to_string().contains("not both"));
 }
 
 #[test]

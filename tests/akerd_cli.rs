@@ -127,6 +127,44 @@ fn print_config_and_bad_configs() {
     );
 }
 
+/// A key's old name (issue #39: bounds spelled `*_max`) loads with one deprecation line
+/// and prints under its new name; both names at once, or an unknown key, are refused.
+#[test]
+fn old_key_names_load_with_a_deprecation_line() {
+    let path = temp_config("old-keys", "[server]\nmax_inflight = 7\n");
+    let out = Command::new(AKERD)
+        .arg("--config")
+        .arg(&path)
+        .arg("--print-config")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(path);
+    let (printed, log) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{log}");
+    assert!(
+        printed.contains("inflight_max = 7") && !printed.contains("max_inflight"),
+        "{printed}"
+    );
+    assert_eq!(log.matches("deprecated").count(), 1, "{log}");
+    assert!(log.contains("server.max_inflight"), "{log}");
+    let err = refused_config(
+        "both-keys",
+        "[server]\nmax_inflight = 7\ninflight_max = 8\n",
+    );
+    assert!(
+        err.contains("both") && err.contains("inflight_max"),
+        "{err}"
+    );
+    let err = refused_config("unknown-key", "[server]\nmax_inflights = 7\n");
+    assert!(
+        err.contains("unknown field") && err.contains("line 2"),
+        "{err}"
+    );
+}
+
 /// Starts akerd on a config of `text`, which it must refuse (exit 2); its stderr.
 fn refused_config(name: &str, text: &str) -> String {
     let path = temp_config(name, text);

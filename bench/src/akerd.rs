@@ -1,5 +1,5 @@
 //! akerd's effective cache configuration for the runner (`bench recall --akerd-config`):
-//! the daemon's own file read with the daemon's own functions (`aker::config`), so a
+//! the daemon's own file read with the daemon's own functions (`aker_config`), so a
 //! runner row labelled `akerd` cannot drift from what akerd would run:
 //!
 //! - the engine config is `cache.engine_config(dim)`,
@@ -18,7 +18,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use aker::config::Config;
+use aker_config::Config;
 use shards::sharded::ShardingConfig;
 use shards::{CacheConfig, Capacity, Metric, PolicyConfig};
 
@@ -47,10 +47,14 @@ pub fn resolve_metric(file: Option<Metric>, run: Metric) -> Result<Metric, Strin
 }
 
 impl AkerdFile {
-    /// Reads `path` with `aker::config::Config::load`, validates it as akerd does at
-    /// start, and resolves the metric against `metric` (`--metric`).
+    /// Reads `path` with `aker_config::Config::read` (printing its deprecation notes),
+    /// validates it as akerd does at start, and resolves the metric against `metric`
+    /// (`--metric`).
     pub fn load(path: &Path, metric: Metric) -> Result<AkerdFile, String> {
-        let config = Config::load(path)?;
+        let (config, deprecated) = Config::read(path).map_err(|e| e.to_string())?;
+        for d in &deprecated {
+            eprintln!("warning: {}: {d}", path.display());
+        }
         AkerdFile::new(path.to_path_buf(), config, metric)
     }
 

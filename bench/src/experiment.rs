@@ -1054,7 +1054,7 @@ mod tests {
             Some(file.setup(dim).unwrap()),
         );
         let got = s.cache_config(dim, Metric::L2Sq).unwrap();
-        let want = aker::config::Config::load(&path)
+        let want = aker_config::Config::load(&path)
             .unwrap()
             .cache
             .engine_config(dim)

@@ -125,8 +125,14 @@ fn main() -> ExitCode {
     );
 
     let mut cfg = match &cli.config {
-        Some(path) => match Config::load(path) {
-            Ok(c) => c,
+        Some(path) => match Config::read(path) {
+            Ok((c, deprecated)) => {
+                // One line per old key name: the file loads, and says what to rename.
+                for d in &deprecated {
+                    tracing::warn!(file = %path.display(), "{d}");
+                }
+                c
+            }
             Err(e) => {
                 eprintln!("akerd: {e}");
                 return ExitCode::from(2);
@@ -160,13 +166,13 @@ fn main() -> ExitCode {
             }
         };
     }
-    if let Err(e) = cfg.validate() {
+    if let Err(e) = aker::config::validate(&cfg) {
         eprintln!("akerd: {e}");
         return ExitCode::from(2);
     }
     // The secret is read again by the daemon; here, so a missing one fails before the
     // (possibly long) data load. Only whether it loaded is logged.
-    match cfg.auth.load() {
+    match aker::auth::Secret::load(&cfg.auth) {
         Ok(s) => tracing::info!(authentication = s.is_some(), "auth"),
         Err(e) => {
             eprintln!("akerd: {e}");

@@ -29,6 +29,7 @@
 //! (`write.rs`), which start the checkpoints too.
 
 pub mod checkpoint;
+pub mod fingerprint;
 pub mod graph;
 pub mod snapshot;
 pub mod wal;

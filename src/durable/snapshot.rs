@@ -3,7 +3,8 @@
 //!
 //! ```text
 //!  cache.snapshot = magic "AKERSNP\0" | format u32 | length u64 | xxh3_64(archive) u64 | archive
-//!  archive (rkyv) = CacheSnapshot { format, collection, seq, dim, metric, shards, taken,
+//!  archive (rkyv) = CacheSnapshot { format, collection, seq, dim, metric, shards,
+//!                                   settings, capacity (`durable::fingerprint`), taken,
 //!                                   router image, shard images }
 //! ```
 //! Taken (`service::warm`) while writers are held at the log's gate: every write up to
@@ -23,9 +24,16 @@ use super::checkpoint::{read_framed, write_framed, HEADER_BYTES};
 use super::wal::{self, sync_dir, Op};
 
 const MAGIC: &[u8; 8] = b"AKERSNP\0";
-/// The snapshot format this build writes and reads. 2: query keys no longer hash `k`
-/// (an entry answers any smaller `k`); a format 1 snapshot's keys would not match.
-pub const FORMAT: u32 = 2;
+/// The snapshot format this build writes and reads; its history, each change refusing
+/// the snapshots written before it once (the cache starts cold, the log says why):
+/// - 2: query keys no longer hash `k` (an entry answers any smaller `k`); a format 1
+///   snapshot's keys would not match.
+/// - 3 (issue #39): the configuration it was taken under is recorded as stable
+///   fingerprints (`durable::fingerprint`), no longer as Rust's `Debug` text of the
+///   policy and the capacity, which a renamed field would have changed.
+pub const FORMAT: u32 = 3;
+/// The last format that recorded the configuration as `Debug` text.
+const FORMAT_DEBUG_TEXT: u32 = 2;
 /// The snapshot's file name in the data directory.
 pub const FILE: &str = "cache.snapshot";
 const TMP: &str = "cache.snapshot.tmp";
@@ -42,12 +50,11 @@ pub struct CacheSnapshot {
     pub dim: u32,
     pub metric: String,
     pub shards: u32,
-    /// The hit policy with its parameters (`Debug` of the config): τ means what it
-    /// means only under the policy that set it.
-    pub policy: String,
-    pub store_vectors: bool,
-    /// The pool's capacity (`Debug` of `shards::Capacity`): shares are in its unit.
-    pub capacity: String,
+    /// The hit policy with its parameters and `store_vectors`
+    /// (`fingerprint::settings`): τ means what it means only under the policy that set it.
+    pub settings: u64,
+    /// The pool's capacity (`fingerprint::capacity`): shares are in its unit.
+    pub capacity: u64,
     pub taken_unix_s: u64,
     pub router: RouterImage,
     pub images: Vec<ShardImage>,
@@ -99,8 +106,23 @@ pub fn remove(dir: &Path) -> io::Result<()> {
 
 /// Reads and validates a snapshot: header, checksum, then rkyv's structural check.
 pub fn read(p: &Path) -> Result<CacheSnapshot, String> {
-    let archive = read_framed(p, MAGIC, FORMAT).map_err(|e| e.to_string())?;
+    let archive = read_framed(p, MAGIC, FORMAT).map_err(|e| match stored_format(p) {
+        Some(f) if f <= FORMAT_DEBUG_TEXT => format!(
+            "{e}: written before format {FORMAT}, which records the configuration as a \
+             stable fingerprint instead of Rust's Debug text; refused this once"
+        ),
+        _ => e.to_string(),
+    })?;
     rkyv::from_bytes::<CacheSnapshot, rancor::Error>(&archive).map_err(|e| format!("archive: {e}"))
+}
+
+/// The format a snapshot file's header names, if it has this file's magic.
+fn stored_format(p: &Path) -> Option<u32> {
+    use std::io::Read;
+    let mut header = [0u8; 12];
+    File::open(p).ok()?.read_exact(&mut header).ok()?;
+    let format = header[8..12].try_into().ok().map(u32::from_le_bytes)?;
+    (&header[..8] == MAGIC).then_some(format)
 }
 
 /// The data directory's collection id: read, or made (random) when missing or `fresh`
@@ -132,8 +154,8 @@ pub struct Expect<'a> {
     pub dim: usize,
     pub metric: &'a str,
     pub shards: usize,
-    pub policy: &'a str,
-    pub store_vectors: bool,
+    /// `fingerprint::settings` of this configuration.
+    pub settings: u64,
     /// The last seq recovery applied.
     pub last_seq: u64,
 }
@@ -161,10 +183,11 @@ pub fn load(dir: &Path, want: &Expect) -> Result<Option<WarmStart>, String> {
             s.shards, want.shards
         ));
     }
-    if s.policy != want.policy || s.store_vectors != want.store_vectors {
+    if s.settings != want.settings {
         return Err(format!(
-            "taken with policy {} and store_vectors {}, this configuration has {} and {}",
-            s.policy, s.store_vectors, want.policy, want.store_vectors
+            "taken under another hit policy or store_vectors (settings fingerprint {:016x}, \
+             this configuration's {:016x})",
+            s.settings, want.settings
         ));
     }
     if s.seq > want.last_seq {
@@ -236,9 +259,8 @@ mod tests {
             dim: 2,
             metric: "l2sq".into(),
             shards: 1,
-            policy: "P".into(),
-            store_vectors: false,
-            capacity: "C".into(),
+            settings: 1,
+            capacity: 2,
             taken_unix_s: 0,
             router: RouterImage {
                 centroids: vec![0.0, 1.0],
@@ -256,8 +278,7 @@ mod tests {
             dim: 2,
             metric: "l2sq",
             shards: 1,
-            policy: "P",
-            store_vectors: false,
+            settings: 1,
             last_seq,
         }
     }
@@ -290,7 +311,7 @@ mod tests {
         };
         assert!(load(&d, &three).unwrap_err().contains("shards"));
         let other = Expect {
-            policy: "Q",
+            settings: 3,
             ..expect(id, 4)
         };
         assert!(load(&d, &other).unwrap_err().contains("policy"));
@@ -319,6 +340,15 @@ mod tests {
         assert!(read(&p).unwrap_err().contains("header says"));
         std::fs::write(&p, b"AKERSNP").unwrap();
         assert!(read(&p).unwrap_err().contains("shorter"));
+        // A snapshot of format 2 (the configuration as Debug text): refused, saying why.
+        let mut older = good.clone();
+        older[8..12].copy_from_slice(&FORMAT_DEBUG_TEXT.to_le_bytes());
+        std::fs::write(&p, &older).unwrap();
+        let e = read(&p).unwrap_err();
+        assert!(
+            e.contains("stable fingerprint") && e.contains("once"),
+            "{e}"
+        );
         std::fs::write(&p, &good).unwrap();
         assert_eq!(read(&p).unwrap(), sample(7, 0));
         remove(&d).unwrap();

@@ -44,14 +44,16 @@
 //! The daemon either calls [`Server::start`] (N executors, one service per executor from
 //! a factory) or runs [`Server::serve`] inside executors it builds itself.
 
-mod config;
 mod conn;
 mod listener;
 mod state;
 mod stats;
 mod sync;
 
-pub use config::ServerConfig;
+pub use aker_config::ServerConfig;
+
+// The smallest frame limit the configuration allows holds a header and more.
+const _: () = assert!(aker_config::FRAME_BYTES_MIN as usize > crate::protocol::HEADER_LEN);
 pub use listener::Running;
 pub use state::Server;
 pub use stats::ServerStats;

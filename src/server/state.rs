@@ -13,6 +13,7 @@ use super::stats::ServerStats;
 use super::sync::Latch;
 use super::{ServerConfig, Service};
 use crate::auth::Secret;
+use crate::config::ConfigError;
 use crate::protocol::{HelloReply, Limits};
 
 struct Inner {
@@ -35,18 +36,18 @@ pub struct Server {
 
 impl Server {
     /// A server without authentication.
-    pub fn new(config: ServerConfig) -> Result<Server, String> {
+    pub fn new(config: ServerConfig) -> Result<Server, ConfigError> {
         Server::with_auth(config, None)
     }
 
     /// A server whose connections authenticate with `secret` (protocol version 3).
-    pub fn with_auth(config: ServerConfig, secret: Option<Secret>) -> Result<Server, String> {
+    pub fn with_auth(config: ServerConfig, secret: Option<Secret>) -> Result<Server, ConfigError> {
         config.validate()?;
         let ip = config.listen.ip().to_canonical();
         if config.protected_mode && secret.is_none() && !ip.is_loopback() {
-            return Err(format!(
-                "protected mode: refusing to listen on {ip} without authentication"
-            ));
+            return Err(ConfigError::ProtectedMode(format!(
+                "refusing to listen on {ip} without authentication"
+            )));
         }
         Ok(Server {
             inner: Arc::new(Inner {

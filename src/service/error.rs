@@ -6,7 +6,7 @@
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("configuration: {0}")]
-    Config(String),
+    Config(#[from] crate::config::ConfigError),
     #[error("data: {0}")]
     Data(String),
     #[error("engine: {0}")]

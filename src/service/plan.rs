@@ -16,7 +16,7 @@ use shards::Metric;
 
 use super::pgvector::{self, PgTarget};
 use super::{data, recovered, warm, Dataset, StartError, Store};
-use crate::config::{BackendKind, Config, DataSource, IndexKind};
+use crate::config::{BackendKind, Config, ConfigError, DataSource, IndexKind};
 use crate::durable::snapshot::WarmStart;
 use crate::durable::Durable;
 
@@ -99,7 +99,10 @@ impl StartPlan {
             (BackendKind::Embedded, Some(dir)) => durable_plan(cfg, dir),
             (BackendKind::Embedded, None) => match load_data(&b.data)? {
                 Some(ds) => Ok(StartPlan::with_data(ds)),
-                None => Err(StartError::Config("an embedded backend needs data".into())),
+                None => Err(StartError::Config(ConfigError::invalid(
+                    "backend.data",
+                    "an embedded backend needs data",
+                ))),
             },
             (BackendKind::CacheAside, _) => {
                 let sample = match &b.data {
@@ -107,8 +110,9 @@ impl StartPlan {
                         data::random_routing_sample(*dim, cfg.sharding.centroids, cfg.sharding.seed)
                     }
                     // Only `DataSource::None` loads nothing.
-                    source => load_data(source)?
-                        .ok_or_else(|| StartError::Config("backend.data loaded nothing".into()))?,
+                    source => load_data(source)?.ok_or_else(|| {
+                        StartError::Config(ConfigError::invalid("backend.data", "loaded nothing"))
+                    })?,
                 };
                 Ok(StartPlan::cache_aside(sample))
             }
@@ -197,11 +201,9 @@ pub(crate) fn build_from_sample(cfg: &Config, data: &Dataset) -> Result<Store, S
 /// table and its index, takes the metric from the index and trains the router on a
 /// sample of the table.
 fn pgvector_plan(cfg: &Config) -> Result<StartPlan, StartError> {
-    let section = cfg
-        .backend
-        .pgvector
-        .as_ref()
-        .ok_or_else(|| StartError::Config("backend.pgvector is not set".into()))?;
+    let section = cfg.backend.pgvector.as_ref().ok_or_else(|| {
+        StartError::Config(ConfigError::invalid("backend.pgvector", "is not set"))
+    })?;
     let (target, sample) = pgvector::start(
         section,
         cfg.cache.metric,
@@ -290,14 +292,12 @@ fn warm_start(
     let collection = snapshot::collection_id(dir, imported)?;
     let metric = cfg.cache.metric_or_default().to_string();
     let engine = cfg.cache.engine_config(dim).map_err(StartError::Config)?;
-    let policy = format!("{:?}", cfg.cache.policy);
     let want = snapshot::Expect {
         collection,
         dim,
         metric: &metric,
         shards: cfg.sharding.shard_count(cfg.server.executors),
-        policy: &policy,
-        store_vectors: engine.store_vectors,
+        settings: crate::durable::fingerprint::settings(&cfg.cache.policy, engine.store_vectors),
         last_seq,
     };
     let state = warm::SnapshotState::new(

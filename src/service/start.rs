@@ -29,7 +29,7 @@ use super::owner::{self, ShardGauges};
 use super::plan::{self, Backing, DurableStart, StartPlan, Warm};
 use super::recall::{Check, RecallChecks};
 use super::{admin, warm, AdminServer, Daemon, Dataset, Shared, StartError, Store};
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::metrics::ExecutorMetrics;
 use crate::server::{Running, Server, Service, ServiceInfo};
 
@@ -137,11 +137,14 @@ fn store_side(
     let embedded = |s: Store| -> Result<StoreSide, StartError> {
         let metric = cfg.cache.metric_or_default();
         if s.dim() != sample.dim || s.metric() != metric {
-            return Err(StartError::Config(format!(
-                "store is {}-d {}, the cache {}-d {metric}",
-                s.dim(),
-                s.metric(),
-                sample.dim,
+            return Err(StartError::Config(ConfigError::invalid(
+                "cache",
+                format!(
+                    "store is {}-d {}, the cache {}-d {metric}",
+                    s.dim(),
+                    s.metric(),
+                    sample.dim,
+                ),
             )));
         }
         Ok(StoreSide::Embedded(std::sync::RwLock::new(s)))
@@ -251,7 +254,7 @@ fn recall_floor(cfg: &Config, has_store: bool) -> Result<Floor, StartError> {
         });
     }
     let (r, rx) = RecallChecks::new(floor, cfg.cache.recall_checks_per_s, cfg.backend.threads)
-        .map_err(StartError::Config)?;
+        .map_err(|e| ConfigError::invalid("cache", e))?;
     Ok(Floor {
         recall: Some(r.clone()),
         checks: Some((r, rx)),
@@ -262,7 +265,7 @@ fn recall_floor(cfg: &Config, has_store: bool) -> Result<Floor, StartError> {
 /// The connection layer, with its secret. Before the backend threads, so a bad secret
 /// starts none.
 fn server(cfg: &Config) -> Result<Server, StartError> {
-    let secret = cfg.auth.load().map_err(StartError::Config)?;
+    let secret = crate::auth::Secret::load(&cfg.auth).map_err(StartError::Config)?;
     Server::with_auth(cfg.server.clone(), secret).map_err(StartError::Config)
 }
 

@@ -33,6 +33,7 @@ use shards::sharded::ShardSet;
 use shards::snapshot::RestoreReport;
 
 use super::Shared;
+use crate::durable::fingerprint;
 use crate::durable::snapshot::{self as file, CacheSnapshot, WarmStart};
 use crate::durable::wal::Op;
 
@@ -47,10 +48,9 @@ pub(crate) struct SnapshotState {
     pub(crate) dir: PathBuf,
     pub(crate) collection: u64,
     pub(crate) on_shutdown: bool,
-    /// What the snapshot records of the configuration (`CacheSnapshot::policy` etc.).
-    pub(crate) policy: String,
-    pub(crate) store_vectors: bool,
-    pub(crate) capacity: String,
+    /// What the snapshot records of the configuration (`durable::fingerprint`).
+    pub(crate) settings: u64,
+    pub(crate) capacity: u64,
     /// Incremented when a FLUSH begins and when it ends: odd while one runs.
     flushes: AtomicU64,
     /// A snapshot holds it to install its file, a FLUSH to remove it.
@@ -96,9 +96,8 @@ impl SnapshotState {
             dir,
             collection,
             on_shutdown,
-            policy: format!("{:?}", cache.policy),
-            store_vectors: engine.store_vectors,
-            capacity: format!("{:?}", engine.capacity),
+            settings: fingerprint::settings(&cache.policy, engine.store_vectors),
+            capacity: fingerprint::capacity(engine.capacity),
             flushes: AtomicU64::new(0),
             file_lock: Mutex::new(()),
             running: AtomicBool::new(false),
@@ -155,9 +154,8 @@ impl SnapshotState {
             dim: info.dim,
             metric: info.metric.to_string(),
             shards: images.len() as u32,
-            policy: self.policy.clone(),
-            store_vectors: self.store_vectors,
-            capacity: self.capacity.clone(),
+            settings: self.settings,
+            capacity: self.capacity,
             taken_unix_s: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),

@@ -35,13 +35,13 @@ def config_text(kind: str, data_file: str, secret_file: Optional[str] = None, k_
         else 'kind = "cache_aside"\nthreads = 1\n'
     )
     auth = '[auth]\nsecret_file = "%s"\n' % secret_file if secret_file else ""
-    batch = "max_batch = %d\n" % max_batch if max_batch is not None else ""
+    batch = "batch_max = %d\n" % max_batch if max_batch is not None else ""
     return (
         "[server]\n"
         'listen = "127.0.0.1:0"\n'
         "executors = 1\n"
-        "max_inflight = %d\n"
-        "max_frame_bytes = %d\n"
+        "inflight_max = %d\n"
+        "frame_bytes_max = %d\n"
         "%s"
         "request_timeout_ms = 5000\n"
         "idle_timeout_ms = 120000\n"

@@ -20,7 +20,7 @@ use tokio_postgres::Client;
 
 use super::sql::{describe, metric_of_opclass, opclass, operator, quote_ident};
 use super::{open, runtime, PgStats, PgTarget, Sql, BACKOFF_FIRST, CLIENT_GRACE};
-use crate::config::PgvectorSection;
+use crate::config::{ConfigError, PgvectorSection};
 use crate::service::data::Dataset;
 use crate::service::StartError;
 
@@ -34,7 +34,7 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
 
 /// The connection settings of `section`, with the password from its file or variable.
 fn connection_config(section: &PgvectorSection) -> Result<tokio_postgres::Config, StartError> {
-    let cfg_err = |m: String| StartError::Config(format!("backend.pgvector: {m}"));
+    let cfg_err = |m: String| StartError::Config(ConfigError::invalid("backend.pgvector", m));
     let mut c: tokio_postgres::Config = section
         .url
         .parse()

@@ -1,10 +1,15 @@
-//! Connection-layer settings (a `[server]` table in the daemon's TOML).
+//! Connection-layer settings (a `[server]` table in the daemon's TOML). The bounds'
+//! keys are spelled `*_max` with the unit before it (`frame_bytes_max`); the old
+//! `max_*` names still load (`crate::keys`). The Rust fields keep the old names for now.
 
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::HEADER_LEN;
+use crate::ConfigError;
+
+/// The smallest `max_frame_bytes`: room for a HELLO reply and short error messages.
+pub const FRAME_BYTES_MIN: u32 = 256;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -22,10 +27,15 @@ pub struct ServerConfig {
     /// network I/O does not use it.
     pub io_memory_bytes: usize,
     /// Open connections over all executors; past it a connection gets one BUSY reply
-    /// (request id 0) and is closed.
+    /// (request id 0) and is closed. (`max_connections` before.)
+    #[serde(rename = "connections_max", alias = "max_connections")]
     pub max_connections: usize,
-    /// Open connections from one IP address; past it, as past `max_connections`
-    /// (0 = no limit).
+    /// Open connections from one IP address; past it, as past `connections_max`
+    /// (0 = no limit). (`max_connections_per_source` before.)
+    #[serde(
+        rename = "connections_per_source_max",
+        alias = "max_connections_per_source"
+    )]
     pub max_connections_per_source: usize,
     /// With authentication: a connection that has not authenticated this long after it
     /// was accepted is closed (0 = never).
@@ -34,13 +44,16 @@ pub struct ServerConfig {
     /// (`[auth]`), and the admin endpoint anywhere but loopback. False: allowed.
     pub protected_mode: bool,
     /// Largest frame (header + body) accepted; a longer one gets TOO_LARGE and the
-    /// connection is closed. Also bounds every reply we send.
+    /// connection is closed. Also bounds every reply we send. (`max_frame_bytes` before.)
+    #[serde(rename = "frame_bytes_max", alias = "max_frame_bytes")]
     pub max_frame_bytes: u32,
     /// Requests one connection may have in the service at once; past it: BUSY. A
-    /// SEARCH_BATCH of n queries counts n.
+    /// SEARCH_BATCH of n queries counts n. (`max_inflight` before.)
+    #[serde(rename = "inflight_max", alias = "max_inflight")]
     pub max_inflight: u32,
-    /// Queries one SEARCH_BATCH may carry; more: BAD_REQUEST. Above `max_inflight`, that
-    /// is the limit ([`ServerConfig::batch_max`]).
+    /// Queries one SEARCH_BATCH may carry; more: BAD_REQUEST. Above `inflight_max`, that
+    /// is the limit ([`ServerConfig::batch_max`]). (`max_batch` before.)
+    #[serde(rename = "batch_max", alias = "max_batch")]
     pub max_batch: u32,
     /// Upper bound on every request's time in the service (0 = none); a SEARCH may ask
     /// for less with its own deadline.
@@ -86,32 +99,35 @@ impl Default for ServerConfig {
 
 impl ServerConfig {
     /// Refuses settings the connection layer cannot honour.
-    pub fn validate(&self) -> Result<(), String> {
-        // Room for a HELLO reply and short error messages.
-        const MIN_FRAME: u32 = 256;
-        if self.max_frame_bytes < MIN_FRAME {
-            return Err(format!(
-                "max_frame_bytes = {} is below the minimum {MIN_FRAME}",
-                self.max_frame_bytes
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_frame_bytes < FRAME_BYTES_MIN {
+            return Err(ConfigError::invalid(
+                "server.frame_bytes_max",
+                format!(
+                    "{} is below the minimum {FRAME_BYTES_MIN}",
+                    self.max_frame_bytes
+                ),
             ));
         }
-        debug_assert!(MIN_FRAME as usize > HEADER_LEN);
-        for (name, v) in [
+        for (key, v) in [
             ("executors", self.executors as u64),
-            ("max_connections", self.max_connections as u64),
-            ("max_inflight", self.max_inflight as u64),
-            ("max_batch", self.max_batch as u64),
+            ("connections_max", self.max_connections as u64),
+            ("inflight_max", self.max_inflight as u64),
+            ("batch_max", self.max_batch as u64),
             ("shutdown_poll_ms", self.shutdown_poll_ms),
             ("io_memory_bytes", self.io_memory_bytes as u64),
         ] {
             if v == 0 {
-                return Err(format!("{name} must be at least 1"));
+                return Err(ConfigError::invalid(
+                    format!("server.{key}"),
+                    "must be at least 1",
+                ));
             }
         }
         Ok(())
     }
 
-    /// The largest SEARCH_BATCH served: `max_batch`, but never above `max_inflight` (a
+    /// The largest SEARCH_BATCH served: `batch_max`, but never above `inflight_max` (a
     /// batch counts its queries against it, so a larger one could never run).
     pub fn batch_max(&self) -> u32 {
         self.max_batch.min(self.max_inflight)

@@ -1,0 +1,366 @@
+//! `[backend]` and `[backend.pgvector]`: where misses are answered (an embedded index
+//! over a collection, a PostgreSQL table, or none: cache-aside) and the data it loads.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ConfigError;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// An in-process index over the collection in `data`, on backend threads.
+    Embedded,
+    /// A PostgreSQL table with a pgvector column and its HNSW index (`[backend.pgvector]`):
+    /// misses query it, writes go through it.
+    Pgvector,
+    /// No backend: a miss answers MISS with no neighbours and the client FILLs.
+    CacheAside,
+}
+
+/// `hnsw.iterative_scan` (pgvector 0.8): whether an index scan that ran out of
+/// candidates goes on searching.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IterativeScan {
+    #[default]
+    Off,
+    StrictOrder,
+    /// Results may come slightly out of order; akerd re-sorts them.
+    RelaxedOrder,
+}
+
+impl IterativeScan {
+    pub fn as_sql(self) -> &'static str {
+        match self {
+            IterativeScan::Off => "off",
+            IterativeScan::StrictOrder => "strict_order",
+            IterativeScan::RelaxedOrder => "relaxed_order",
+        }
+    }
+}
+
+/// `[backend.pgvector]`: the table akerd fronts. The connection pool is
+/// `backend.threads` connections, one per backend thread.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PgvectorSection {
+    /// `postgresql://user@host:port/dbname` (libpq URL or key=value form), without a
+    /// password: that comes from `password_file` or `password_env`, so that neither
+    /// `--print-config` nor a log line can show it.
+    pub url: String,
+    /// A file whose first line is the password (trailing newline ignored).
+    pub password_file: Option<PathBuf>,
+    /// An environment variable holding the password.
+    pub password_env: Option<String>,
+    /// The table, optionally schema-qualified (`public.items`).
+    pub table: String,
+    /// A `bigint` column with a unique index (or the primary key).
+    pub id_column: String,
+    /// A `vector` or `vector(n)` column with an HNSW index.
+    pub vector_column: String,
+    /// The dimension clients send, checked against the table at start (unset: the
+    /// table's, whatever it is).
+    pub dim: Option<usize>,
+    /// A `bytea` column for INSERT payloads; unset, an INSERT with a payload is refused
+    /// (UNSUPPORTED) rather than dropped silently.
+    pub payload_column: Option<String>,
+    /// `hnsw.ef_search` for every search (unset: `k_max + delta`, at least pgvector's
+    /// default 40). Below `k_max + delta` it is refused unless `iterative_scan` is on:
+    /// pgvector would return fewer rows than a miss asks for.
+    pub ef_search: Option<usize>,
+    pub iterative_scan: IterativeScan,
+    /// `statement_timeout`: the longest one statement may run; a request whose deadline
+    /// comes sooner has its statement cancelled at that instant.
+    pub statement_timeout_ms: u64,
+    /// Bound on opening one connection.
+    pub connect_timeout_ms: u64,
+    /// At start, how long akerd retries (with backoff) a database that cannot be
+    /// reached before it gives up and exits; 0: give up at once.
+    pub start_wait_ms: u64,
+    /// Longest pause between reconnection attempts once running (backoff from 50 ms,
+    /// doubling). (`reconnect_max_ms` before.)
+    #[serde(rename = "reconnect_ms_max", alias = "reconnect_max_ms")]
+    pub reconnect_max_ms: u64,
+}
+
+impl Default for PgvectorSection {
+    fn default() -> Self {
+        PgvectorSection {
+            url: String::new(),
+            password_file: None,
+            password_env: None,
+            table: String::new(),
+            id_column: "id".into(),
+            vector_column: "embedding".into(),
+            dim: None,
+            payload_column: None,
+            ef_search: None,
+            iterative_scan: IterativeScan::Off,
+            statement_timeout_ms: 5_000,
+            connect_timeout_ms: 2_000,
+            start_wait_ms: 30_000,
+            reconnect_max_ms: 2_000,
+        }
+    }
+}
+
+/// `url` with any password masked as `***`: in `scheme://user:password@host` (the
+/// userinfo ends at the last `@` before the path), in a `password=` query parameter, and
+/// in the key=value form (`password=...` or `password = '...'`).
+pub fn redact_password(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let path_at = rest.find(['/', '?']).unwrap_or(rest.len());
+        let mut out = match rest[..path_at].rfind('@') {
+            Some(at) => match rest[..at].find(':') {
+                Some(colon) => format!("{scheme}://{}:***{}", &rest[..colon], &rest[at..]),
+                None => url.to_string(),
+            },
+            None => url.to_string(),
+        };
+        if let Some(q) = out.find('?') {
+            let (head, query) = out.split_at(q + 1);
+            let masked: Vec<String> = query
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                    _ => kv.to_string(),
+                })
+                .collect();
+            out = format!("{head}{}", masked.join("&"));
+        }
+        return out;
+    }
+    // key=value form: after "password", the value up to the next unquoted space.
+    let lower = url.to_ascii_lowercase();
+    let Some(k) = lower.find("password") else {
+        return url.to_string();
+    };
+    let after = &url[k + "password".len()..];
+    let Some(eq) = after.find('=').filter(|&e| after[..e].trim().is_empty()) else {
+        return url.to_string();
+    };
+    let value = after[eq + 1..].trim_start();
+    let value_start = url.len() - value.len();
+    let value_len = if let Some(quoted) = value.strip_prefix('\'') {
+        quoted.find('\'').map_or(value.len(), |e| e + 2)
+    } else {
+        value.find(' ').unwrap_or(value.len())
+    };
+    format!(
+        "{}***{}",
+        &url[..value_start],
+        &url[value_start + value_len..]
+    )
+}
+
+/// Whether `url` carries a password in any of the places [`redact_password`] masks.
+pub fn url_has_password(url: &str) -> bool {
+    redact_password(url) != url
+}
+
+impl PgvectorSection {
+    /// `hnsw.ef_search` as sent, for a cache that asks for `k_max + delta` rows.
+    pub fn effective_ef_search(&self, k_max: usize, delta: usize) -> usize {
+        self.ef_search.unwrap_or((k_max + delta).max(40))
+    }
+
+    /// What can be checked without a database; `k_max + delta` is what a miss asks for.
+    pub(crate) fn validate(&self, k_max: usize, delta: usize) -> Result<(), ConfigError> {
+        let bad = |key: &str, m: String| {
+            let key = match key {
+                "" => "backend.pgvector".to_string(),
+                k => format!("backend.pgvector.{k}"),
+            };
+            Err(ConfigError::invalid(key, m))
+        };
+        if self.url.is_empty() || self.table.is_empty() {
+            return bad("", "url and table must be set".into());
+        }
+        if self.id_column.is_empty() || self.vector_column.is_empty() {
+            return bad("", "id_column and vector_column must be set".into());
+        }
+        // The url's full syntax is checked where it is parsed (the daemon's driver);
+        // a password in it is found here, without that driver.
+        if url_has_password(&self.url) {
+            return bad(
+                "url",
+                "holds a password; put it in password_file or password_env instead (the url is printed by --print-config)"
+                    .into(),
+            );
+        }
+        if self.password_file.is_some() && self.password_env.is_some() {
+            return bad("", "set password_file or password_env, not both".into());
+        }
+        let ef = self.effective_ef_search(k_max, delta);
+        if !(1..=1000).contains(&ef) {
+            return bad("ef_search", format!("{ef} is outside pgvector's 1..=1000"));
+        }
+        if ef < k_max + delta && self.iterative_scan == IterativeScan::Off {
+            return bad("ef_search", format!(
+                "{ef} is below k_max + delta = {}: pgvector would return fewer rows than a miss asks for; raise it or set iterative_scan",
+                k_max + delta
+            ));
+        }
+        if self.statement_timeout_ms == 0 || self.connect_timeout_ms == 0 {
+            return bad(
+                "",
+                "statement_timeout_ms and connect_timeout_ms must be positive".into(),
+            );
+        }
+        if self.reconnect_max_ms < 50 {
+            return bad("reconnect_ms_max", "must be at least 50".into());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IndexKind {
+    /// hnsw_rs graph (approximate); the default.
+    Hnsw,
+    /// Brute force (exact; small collections and tests).
+    Exact,
+}
+
+/// Where the collection (embedded) or the routing sample (cache-aside) comes from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DataSource {
+    /// Clustered synthetic vectors, ids 0..n.
+    Synthetic {
+        n: usize,
+        dim: usize,
+        clusters: usize,
+        seed: u64,
+    },
+    /// A `.npy` (float32/float16, 2-D) or `.fvecs` file; ids are row numbers. `limit`
+    /// keeps the first rows only (0 = all). Relative paths are from the config file.
+    File {
+        path: PathBuf,
+        #[serde(default)]
+        limit: usize,
+    },
+    /// No vectors (cache-aside only): the dimension alone; the router's centroids are
+    /// then random, which still routes a query and its near duplicates consistently.
+    None { dim: usize },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BackendSection {
+    pub kind: BackendKind,
+    pub data: DataSource,
+    pub index: IndexKind,
+    /// Backend threads (blocking calls stay off the executors).
+    pub threads: usize,
+    /// Backend requests queued at most; past it a request gets BUSY.
+    pub queue_depth: usize,
+    /// Nice value of the backend threads (0..=19; 0 leaves them alone). Misses' index
+    /// searches are CPU-bound for a millisecond; at a lower priority they yield the core
+    /// the moment an executor wakes to serve a hit, instead of holding it for a time slice.
+    pub nice: i32,
+    /// SCHED_IDLE for the backend threads: they run only on otherwise idle CPU time, so
+    /// hits and the network never wait for them; under a hit load that saturates the
+    /// cores, misses wait instead (bounded by their deadlines). Off by default.
+    pub idle: bool,
+    pub hnsw_m: usize,
+    pub hnsw_ef_construction: usize,
+    pub hnsw_ef_search: usize,
+    /// Embedded only: where the store is durable (docs/ARCHITECTURE.md, "Durability").
+    /// Unset, the store lives in memory and writes are lost at exit. Set, a write is in
+    /// the directory's log, synced, before it is acknowledged; the first start imports
+    /// `data` into it, later starts recover from it (and ignore `data`). Relative to the
+    /// config file.
+    pub data_dir: Option<PathBuf>,
+    /// A checkpoint is written when the log's current segment reaches this many bytes
+    /// (0: only at start, after a recovery that replayed records).
+    pub checkpoint_log_bytes: u64,
+    /// `kind = "pgvector"` only.
+    pub pgvector: Option<PgvectorSection>,
+}
+
+impl Default for BackendSection {
+    fn default() -> Self {
+        BackendSection {
+            kind: BackendKind::Embedded,
+            data: DataSource::Synthetic {
+                n: 20_000,
+                dim: 32,
+                clusters: 64,
+                seed: 7,
+            },
+            index: IndexKind::Hnsw,
+            threads: 2,
+            queue_depth: 1024,
+            nice: 10,
+            idle: false,
+            hnsw_m: 16,
+            hnsw_ef_construction: 100,
+            hnsw_ef_search: 64,
+            data_dir: None,
+            checkpoint_log_bytes: 64 << 20,
+            pgvector: None,
+        }
+    }
+}
+
+impl BackendSection {
+    /// What can be checked before loading data; `k_max + delta` is what a miss asks for.
+    pub(crate) fn validate(&self, k_max: usize, delta: usize) -> Result<(), ConfigError> {
+        let bad = |key: &str, m: &str| Err(ConfigError::invalid(key, m));
+        if self.threads == 0 || self.queue_depth == 0 {
+            return bad("backend", "threads and queue_depth must be at least 1");
+        }
+        if !(0..=19).contains(&self.nice) {
+            return bad("backend.nice", "must be in 0..=19");
+        }
+        if self.hnsw_m == 0 || self.hnsw_ef_construction == 0 || self.hnsw_ef_search == 0 {
+            return bad(
+                "backend",
+                "hnsw_m, hnsw_ef_construction, hnsw_ef_search must be positive",
+            );
+        }
+        match (&self.kind, &self.pgvector) {
+            (BackendKind::Pgvector, None) => {
+                return bad(
+                    "backend",
+                    "kind = \"pgvector\" needs a [backend.pgvector] table",
+                )
+            }
+            (BackendKind::Pgvector, Some(pg)) => pg.validate(k_max, delta)?,
+            (_, Some(_)) => return bad("backend", "[backend.pgvector] is for kind = \"pgvector\""),
+            (_, None) => {}
+        }
+        if self.data_dir.is_some() && self.kind != BackendKind::Embedded {
+            return bad(
+                "backend.data_dir",
+                "is for the embedded store (kind = \"embedded\")",
+            );
+        }
+        if self.kind == BackendKind::Pgvector && self.threads > 64 {
+            return bad(
+                "backend.threads",
+                "a pgvector pool of at most 64 connections (threads)",
+            );
+        }
+        match (&self.kind, &self.data) {
+            (BackendKind::Embedded, DataSource::None { .. }) => bad(
+                "backend.data",
+                "an embedded backend needs data (synthetic or file)",
+            ),
+            (
+                _,
+                DataSource::Synthetic {
+                    n, dim, clusters, ..
+                },
+            ) if *n == 0 || *dim == 0 || *clusters == 0 => {
+                bad("backend.data", "n, dim and clusters must be positive")
+            }
+            (_, DataSource::None { dim: 0 }) => bad("backend.data", "dim must be positive"),
+            _ => Ok(()),
+        }
+    }
+}
