@@ -139,7 +139,7 @@ impl ConnState {
             Ok(n) if n <= self.max_frame => None,
             Ok(n) => {
                 out.truncate(start);
-                Some(format!("reply of {n} bytes is over max_frame_bytes"))
+                Some(format!("reply of {n} bytes is over server.frame_bytes_max"))
             }
             Err(e) => Some(format!("reply cannot be encoded: {e}")),
         };

@@ -134,16 +134,16 @@ impl Server {
         if before >= max {
             stats.connections_current.fetch_sub(1, Ordering::AcqRel);
             ServerStats::inc(&stats.connections_rejected);
-            tracing::debug!(%peer, "over max_connections; rejecting");
-            Self::turn_away(stream, ctx, format!("server is at max_connections ({max})"));
+            tracing::debug!(%peer, "over server.connections_max; rejecting");
+            Self::turn_away(stream, ctx, format!("server is at server.connections_max ({max})"));
             return;
         }
         if !self.source_enter(peer.ip()) {
             stats.connections_current.fetch_sub(1, Ordering::AcqRel);
             ServerStats::inc(&stats.connections_rejected_per_source);
-            tracing::debug!(%peer, "over max_connections_per_source; rejecting");
+            tracing::debug!(%peer, "over server.connections_per_source_max; rejecting");
             let why = format!(
-                "{} already has max_connections_per_source ({}) open",
+                "{} already has server.connections_per_source_max ({}) open",
                 peer.ip(),
                 self.config().max_connections_per_source
             );

@@ -50,7 +50,7 @@ const COUNTERS: [Row; 16] = [
     ),
     (
         "server_connections_rejected",
-        "Connections refused past max_connections.",
+        "Connections refused past server.connections_max.",
         |s| &s.connections_rejected,
     ),
     ("server_requests", "Request frames decoded.", |s| {
@@ -59,7 +59,7 @@ const COUNTERS: [Row; 16] = [
     ("server_replies", "Replies encoded.", |s| &s.replies),
     (
         "server_busy_inflight",
-        "Requests refused with BUSY past max_inflight.",
+        "Requests refused with BUSY past server.inflight_max.",
         |s| &s.busy_inflight,
     ),
     (
@@ -94,7 +94,7 @@ const COUNTERS: [Row; 16] = [
     ),
     (
         "server_connections_rejected_per_source",
-        "Connections refused past max_connections_per_source.",
+        "Connections refused past server.connections_per_source_max.",
         |s| &s.connections_rejected_per_source,
     ),
     (
