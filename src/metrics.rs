@@ -10,7 +10,6 @@
 //! moment the service has its reply.
 
 // The one lock here is per executor and off the engine's read path (see above).
-#![allow(clippy::disallowed_types)]
 
 use std::fmt::Write;
 use std::sync::Mutex;

@@ -1,7 +1,6 @@
 //! akerd under concurrency: deletes stay deleted across shards while others search (with
 //! centroids moving between shards), a miss in flight during a delete does not bring the
 //! id back, and a flood gets BUSY instead of growing queues. Bounded in time and requests.
-#![allow(clippy::disallowed_types)] // the test's bookkeeping, not the cache
 
 #[path = "akerd_common/mod.rs"]
 mod common;

@@ -2,7 +2,6 @@
 //! 127.0.0.1): answers equal pgvector's, hits, write-through, del-consistency under
 //! concurrent searches, one order for writes to one id, the database going away and
 //! coming back, and the refusals at start. Every loop is bounded in count and time.
-#![allow(clippy::disallowed_types)] // the test's bookkeeping, not the cache
 
 #[path = "akerd_common/mod.rs"]
 mod akerd_common;

@@ -21,7 +21,6 @@
 
 // The log's mutex and condvar are the control plane of writes (one lock per append and
 // per sync, never on a search's path).
-#![allow(clippy::disallowed_types)]
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};

@@ -17,7 +17,6 @@
 
 // The floor's state is the control plane's: a check takes its lock once, at the rate
 // checks are made (at most `recall_checks_per_s`), never on a hit's path.
-#![allow(clippy::disallowed_types)]
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};

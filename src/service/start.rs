@@ -9,7 +9,7 @@
 //! Once the backend threads run, a failure must stop them: the [`Daemon`] is built right
 //! after them and its `Drop` does it.
 
-#[allow(clippy::disallowed_types)] // control plane: the caches are handed over once.
+// Control plane: the caches are handed over once.
 use std::sync::Mutex;
 
 use std::rc::Rc;

@@ -19,7 +19,7 @@
 //! a snapshot reflecting a write the log then loses (a torn, never acknowledged tail)
 //! would serve an id the store does not hold; recovery refuses a snapshot past its log.
 
-#[allow(clippy::disallowed_types)] // control plane: a snapshot's rename against a FLUSH.
+// Control plane: a snapshot's rename against a FLUSH.
 use std::sync::Mutex;
 
 use std::path::PathBuf;
