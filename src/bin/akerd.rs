@@ -109,113 +109,40 @@ fn apply_overrides(cfg: &mut Config, cli: &Cli) -> Result<(), String> {
 fn main() -> ExitCode {
     let purge_delay_ms = aker_alloc::keep_freed_memory();
     let cli = Cli::parse();
-    // The demo prints a table; keep the logs to warnings unless asked.
-    let default_level = if cli.demo { "warn" } else { "info" };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: journald and log files get plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_logging(&cli);
     tracing::debug!(
         purge_delay_ms,
         "allocator: mimalloc; freed memory returned to the kernel after this delay (-1: never)"
     );
-
-    let mut cfg = match &cli.config {
-        Some(path) => match Config::read(path) {
-            Ok((c, deprecated)) => {
-                // One line per old key name: the file loads, and says what to rename.
-                for d in &deprecated {
-                    tracing::warn!(file = %path.display(), "{d}");
-                }
-                c
-            }
-            Err(e) => {
-                eprintln!("akerd: {e}");
-                return ExitCode::from(2);
-            }
-        },
-        None => Config::default(),
-    };
-    if let Err(e) = apply_overrides(&mut cfg, &cli) {
-        eprintln!("akerd: {e}");
-        return ExitCode::from(2);
+    match run(&cli) {
+        Ok(code) | Err(code) => code,
     }
+}
+
+/// Prints `akerd: {e}` and gives `code`: the one way a start-up step fails.
+fn fail(e: impl std::fmt::Display, code: ExitCode) -> ExitCode {
+    eprintln!("akerd: {e}");
+    code
+}
+
+/// The steps in order; `Err` is a failure already reported.
+fn run(cli: &Cli) -> Result<ExitCode, ExitCode> {
+    let cfg = load_config(cli)?;
     if cli.print_config {
         print!("{}", cfg.to_toml());
-        return ExitCode::SUCCESS;
+        return Ok(ExitCode::SUCCESS);
     }
     if cli.demo {
-        // Only the topology overrides apply to the demo; it brings its own data.
-        let executors = cli
-            .executors
-            .or(cli.cpus.as_ref().map(|_| cfg.server.executors));
-        return match aker::demo::run(&aker::demo::DemoOptions {
-            executors,
-            cpus: cfg.server.cpus.clone(),
-            shards: cli.shards,
-            ..Default::default()
-        }) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("akerd --demo: {e}");
-                ExitCode::FAILURE
-            }
-        };
+        return Ok(run_demo(cli, &cfg));
     }
-    if let Err(e) = aker::config::validate(&cfg) {
-        eprintln!("akerd: {e}");
-        return ExitCode::from(2);
-    }
-    // The secret is read again by the daemon; here, so a missing one fails before the
-    // (possibly long) data load. Only whether it loaded is logged.
-    match aker::auth::Secret::load(&cfg.auth) {
-        Ok(s) => tracing::info!(authentication = s.is_some(), "auth"),
-        Err(e) => {
-            eprintln!("akerd: {e}");
-            return ExitCode::from(2);
-        }
-    }
-
+    preflight(&cfg)?;
     // Signals first, so a SIGTERM during the (possibly long) index build is not lost.
-    let term = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        // A second signal while `term` is set exits at once (code 1).
-        let _ = signal_hook::flag::register_conditional_shutdown(sig, 1, term.clone());
-        if let Err(e) = signal_hook::flag::register(sig, term.clone()) {
-            eprintln!("akerd: cannot install a signal handler: {e}");
-            return ExitCode::FAILURE;
-        }
-    }
-
-    if cfg.cache.prefault_bytes > 0 {
-        let bytes = cfg.cache.prefault_bytes;
-        if let Some(total) = memory_total_bytes().filter(|&total| bytes > total) {
-            eprintln!(
-                "akerd: cache.prefault_bytes = {bytes} is more than this machine's memory \
-                 ({total} bytes)"
-            );
-            return ExitCode::from(2);
-        }
-        let took = aker_alloc::prefault(bytes);
-        tracing::info!(
-            bytes,
-            ms = took.as_millis() as u64,
-            "memory faulted in and kept for the cache's growth (cache.prefault_bytes)"
-        );
-    }
-
-    let daemon = match Daemon::start(&cfg) {
-        Ok(d) => d,
-        Err(e) => {
-            tracing::error!("cannot start: {e}");
-            eprintln!("akerd: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let term = install_signals()?;
+    prefault(&cfg)?;
+    let daemon = Daemon::start(&cfg).map_err(|e| {
+        tracing::error!("cannot start: {e}");
+        fail(e, ExitCode::FAILURE)
+    })?;
     tracing::info!(
         listen = %daemon.local_addr(),
         admin = ?daemon.admin_addr(),
@@ -228,13 +155,112 @@ fn main() -> ExitCode {
     match daemon.stop() {
         Ok(()) => {
             tracing::info!("stopped");
-            ExitCode::SUCCESS
+            Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
             tracing::error!("shutdown: {e}");
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn init_logging(cli: &Cli) {
+    // The demo prints a table; keep the logs to warnings unless asked.
+    let default_level = if cli.demo { "warn" } else { "info" };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
+        )
+        .with_writer(std::io::stderr)
+        // Colours only on a terminal: journald and log files get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+/// The file (or the defaults) with the command line's overrides applied.
+fn load_config(cli: &Cli) -> Result<Config, ExitCode> {
+    let mut cfg = match &cli.config {
+        Some(path) => {
+            let (c, deprecated) = Config::read(path).map_err(|e| fail(e, ExitCode::from(2)))?;
+            // One line per old key name: the file loads, and says what to rename.
+            for d in &deprecated {
+                tracing::warn!(file = %path.display(), "{d}");
+            }
+            c
+        }
+        None => Config::default(),
+    };
+    apply_overrides(&mut cfg, cli).map_err(|e| fail(e, ExitCode::from(2)))?;
+    Ok(cfg)
+}
+
+fn run_demo(cli: &Cli, cfg: &Config) -> ExitCode {
+    // Only the topology overrides apply to the demo; it brings its own data.
+    let executors = cli
+        .executors
+        .or(cli.cpus.as_ref().map(|_| cfg.server.executors));
+    match aker::demo::run(&aker::demo::DemoOptions {
+        executors,
+        cpus: cfg.server.cpus.clone(),
+        shards: cli.shards,
+        ..Default::default()
+    }) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("akerd --demo: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// What can be refused before the (possibly long) data load: the checks that need the
+/// daemon's own parsers, and the secret (read again by the daemon; only whether it
+/// loaded is logged).
+fn preflight(cfg: &Config) -> Result<(), ExitCode> {
+    aker::config::validate(cfg).map_err(|e| fail(e, ExitCode::from(2)))?;
+    let secret = aker::auth::Secret::load(&cfg.auth).map_err(|e| fail(e, ExitCode::from(2)))?;
+    tracing::info!(authentication = secret.is_some(), "auth");
+    Ok(())
+}
+
+/// SIGTERM / SIGINT set the returned flag; a second one while it is set exits at once
+/// (code 1).
+fn install_signals() -> Result<Arc<AtomicBool>, ExitCode> {
+    let term = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        let _ = signal_hook::flag::register_conditional_shutdown(sig, 1, term.clone());
+        signal_hook::flag::register(sig, term.clone()).map_err(|e| {
+            fail(
+                format!("cannot install a signal handler: {e}"),
+                ExitCode::FAILURE,
+            )
+        })?;
+    }
+    Ok(term)
+}
+
+/// `cache.prefault_bytes`: refused past the machine's memory, else faulted in now.
+fn prefault(cfg: &Config) -> Result<(), ExitCode> {
+    let bytes = cfg.cache.prefault_bytes;
+    if bytes == 0 {
+        return Ok(());
+    }
+    if let Some(total) = memory_total_bytes().filter(|&total| bytes > total) {
+        return Err(fail(
+            format!(
+                "cache.prefault_bytes = {bytes} is more than this machine's memory \
+                 ({total} bytes)"
+            ),
+            ExitCode::from(2),
+        ));
+    }
+    let took = aker_alloc::prefault(bytes);
+    tracing::info!(
+        bytes,
+        ms = took.as_millis() as u64,
+        "memory faulted in and kept for the cache's growth (cache.prefault_bytes)"
+    );
+    Ok(())
 }
 
 /// `MemTotal` of /proc/meminfo, in bytes (None where it cannot be read).

@@ -135,7 +135,11 @@ impl Server {
             stats.connections_current.fetch_sub(1, Ordering::AcqRel);
             ServerStats::inc(&stats.connections_rejected);
             tracing::debug!(%peer, "over server.connections_max; rejecting");
-            Self::turn_away(stream, ctx, format!("server is at server.connections_max ({max})"));
+            Self::turn_away(
+                stream,
+                ctx,
+                format!("server is at server.connections_max ({max})"),
+            );
             return;
         }
         if !self.source_enter(peer.ip()) {
