@@ -436,7 +436,19 @@ fn floor_line(s: &Snapshot) -> String {
 pub fn run(o: &DemoOptions) -> Result<(), String> {
     let started = Instant::now();
     let r = measure(o)?;
-    let total = r.total().max(1);
+    print_setup(o, &r);
+    println!();
+    print_kinds(&r);
+    println!();
+    print_totals(&r, started);
+    if r.errors > 0 {
+        return Err(format!("{} requests failed", r.errors));
+    }
+    Ok(())
+}
+
+/// What ran: the collection, the daemon's shape, the workload.
+fn print_setup(o: &DemoOptions, r: &DemoReport) {
     println!(
         "akerd demo: {} x {} clustered synthetic vectors, embedded {} backend, {} executors, {} shards,",
         o.n,
@@ -461,7 +473,10 @@ pub fn run(o: &DemoOptions) -> Result<(), String> {
         "  Zipfian {} popularity, {} pipelined clients (window {}) on 127.0.0.1",
         o.skew, o.clients, o.window
     );
-    println!();
+}
+
+/// The table by answer kind: share, recall, akerd's estimate, client and server latency.
+fn print_kinds(r: &DemoReport) {
     println!(
         "  {:<12} {:>7} {:>10} {:>18} {:>22} {:>22}",
         "answer",
@@ -501,39 +516,50 @@ pub fn run(o: &DemoOptions) -> Result<(), String> {
         ),
         ("all", &all, None),
     ];
+    let total = r.total().max(1);
     for (name, row, kind) in rows {
-        let server = match (name, kind) {
-            (_, Some(k)) => format!(
-                "{} / {}",
-                server_us(&r.server, Some(k), 0.5),
-                server_us(&r.server, Some(k), 0.99)
-            ),
-            ("all", None) => format!(
-                "{} / {}",
-                server_us(&r.server, None, 0.5),
-                server_us(&r.server, None, 0.99)
-            ),
-            _ => "".into(),
-        };
-        println!(
-            "  {:<12} {:>6.1}% {:>10} {:>18} {:>22} {:>22}",
-            name,
-            100.0 * row.count as f64 / total as f64,
-            if row.count == 0 {
-                "-".into()
-            } else {
-                format!("{:.3}", row.recall_sum / row.count as f64)
-            },
-            estimate_cell(&r.server, name),
-            format!(
-                "{} / {}",
-                us(&row.client_latency, 0.5),
-                us(&row.client_latency, 0.99)
-            ),
-            server
-        );
+        print_kind_row(r, name, row, kind, total);
     }
-    println!();
+}
+
+/// One row of the kind table; `kind` names the server's histogram (none for the sums of
+/// kinds: the server's over all of them is shown for `all` alone).
+fn print_kind_row(r: &DemoReport, name: &str, row: &KindRow, kind: Option<&str>, total: u64) {
+    let server = match (name, kind) {
+        (_, Some(k)) => format!(
+            "{} / {}",
+            server_us(&r.server, Some(k), 0.5),
+            server_us(&r.server, Some(k), 0.99)
+        ),
+        ("all", None) => format!(
+            "{} / {}",
+            server_us(&r.server, None, 0.5),
+            server_us(&r.server, None, 0.99)
+        ),
+        _ => "".into(),
+    };
+    println!(
+        "  {:<12} {:>6.1}% {:>10} {:>18} {:>22} {:>22}",
+        name,
+        100.0 * row.count as f64 / total as f64,
+        if row.count == 0 {
+            "-".into()
+        } else {
+            format!("{:.3}", row.recall_sum / row.count as f64)
+        },
+        estimate_cell(&r.server, name),
+        format!(
+            "{} / {}",
+            us(&row.client_latency, 0.5),
+            us(&row.client_latency, 0.99)
+        ),
+        server
+    );
+}
+
+/// Throughput and the daemon's counters, the recall floor, the backend's latency, and
+/// where the wall time went.
+fn print_totals(r: &DemoReport, started: Instant) {
     let v = |name: &str| r.server.value(name).unwrap_or(0.0) as u64;
     println!(
         "  throughput {:.0} searches/s ({} in {:.2} s); admissions {}, evictions {}, aliases linked {}, hints dropped {}, centroids moved {}, errors {}",
@@ -561,8 +587,4 @@ pub fn run(o: &DemoOptions) -> Result<(), String> {
         r.ground_truth.as_secs_f64(),
         r.workload.as_secs_f64()
     );
-    if r.errors > 0 {
-        return Err(format!("{} requests failed", r.errors));
-    }
-    Ok(())
 }

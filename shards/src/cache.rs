@@ -32,6 +32,10 @@ use crate::reach::MaxDistances;
 use crate::read::{CacheReader, Counters, HitKind, Lookup, MissTicket, Neighbor};
 use crate::takers::Takers;
 
+/// A pinned view of one of the maps readers probe, as `check_invariants` reads it.
+type PinnedMap<'a, K, V> =
+    papaya::HashMapRef<'a, K, V, crate::hash::RandomState, papaya::LocalGuard<'a>>;
+
 /// Bytes charged per representative beyond its query vector and list.
 pub const REP_OVERHEAD_BYTES: usize = 160;
 /// Bytes charged per alias (a table slot and a key in its representative).
@@ -895,6 +899,28 @@ impl Cache {
         let published = self.read.reps.pin();
         let mut aliases = 0;
         let mut sum_cursor: u128 = 0;
+        self.check_index_sizes()?;
+        for (&id, rep) in &self.reps {
+            self.check_rep(id, rep, &table, &published)
+                .map_err(|m| format!("rep {id}: {m}"))?;
+            aliases += rep.aliases.len();
+            sum_cursor += rep.cursor as u128;
+        }
+        self.check_reach()?;
+        if published.len() != self.reps.len() {
+            return Err(format!(
+                "{} views published for {} reps",
+                published.len(),
+                self.reps.len()
+            ));
+        }
+        self.check_pool_holders()?;
+        self.check_totals(table.len(), aliases, sum_cursor)?;
+        self.check_capacity()
+    }
+
+    /// The per-representative indexes hold one entry per representative.
+    fn check_index_sizes(&self) -> std::result::Result<(), String> {
         if self.max_d_by_rep.len() != self.reps.len() {
             return Err("maxD map and representatives differ in size".into());
         }
@@ -905,72 +931,108 @@ impl Cache {
         {
             return Err("the takers' index and representatives differ in size".into());
         }
-        for (&id, rep) in &self.reps {
-            let nrl = &rep.nrl;
-            let ctx = |m: &str| format!("rep {id}: {m}");
-            if rep.id != id {
-                return Err(ctx("id mismatch"));
-            }
-            let max_d = self.gauge().filter_max_d(nrl.max_d(), rep.query_norm);
-            if self.max_d_by_rep.get(&id) != Some(&max_d) {
-                return Err(ctx("maxD map out of date"));
-            }
-            if let Some(t) = &self.takers {
-                if !t.check(self.gauge(), id, &rep.query, max_d) {
-                    return Err(ctx("the takers' index does not cover it"));
-                }
-            }
-            if nrl.len() < rep.k || nrl.len() > self.answer_len(rep.k) {
-                return Err(ctx(&format!(
-                    "list length {} outside k..=k+Δ ({})",
-                    nrl.len(),
-                    rep.k
-                )));
-            }
-            if nrl.ids.len() != nrl.dists.len() || nrl.ids.len() != nrl.vectors.len() {
-                return Err(ctx("list columns differ in length"));
-            }
-            if !nrl.is_sorted() {
-                return Err(ctx("list not ascending"));
-            }
-            match published.get(&id) {
-                Some(v)
-                    if Arc::ptr_eq(&v.nrl, &rep.nrl)
-                        && Arc::ptr_eq(&v.tau, &rep.tau)
-                        && Arc::ptr_eq(&v.referenced, &rep.referenced) => {}
-                _ => return Err(ctx("published view differs from the owner's")),
-            }
-            for &nid in &nrl.ids {
-                match self.pool.get(nid) {
-                    Some(o) if o.holders.contains(&id) => {}
-                    _ => return Err(ctx(&format!("id {nid} has no object held by it"))),
-                }
-            }
-            if table.get(&rep.key) != Some(&Slot::Representative(id)) {
-                return Err(ctx("key not in the exact table"));
-            }
-            for a in &rep.aliases {
-                if table.get(a) != Some(&Slot::Alias(id)) {
-                    return Err(ctx("alias not in the exact table"));
-                }
-            }
-            aliases += rep.aliases.len();
-            if !self.filter.contains(id) {
-                return Err(ctx("not in the query filter"));
-            }
-            if !self.cursors.contains(&(rep.cursor, id)) {
-                return Err(ctx("cursor not indexed"));
-            }
-            if rep.cursor > self.log.last_seq() || rep.cursor + 1 < self.log.head_seq() {
-                return Err(ctx(&format!(
-                    "cursor {} outside the log [{}, {}]",
-                    rep.cursor,
-                    self.log.head_seq(),
-                    self.log.last_seq()
-                )));
-            }
-            sum_cursor += rep.cursor as u128;
+        Ok(())
+    }
+
+    /// One representative against everything that refers to it; the message leaves
+    /// out which representative (the caller adds it).
+    fn check_rep(
+        &self,
+        id: RepId,
+        rep: &Representative,
+        table: &PinnedMap<'_, QueryKey, Slot>,
+        published: &PinnedMap<'_, RepId, RepView>,
+    ) -> std::result::Result<(), String> {
+        self.check_rep_list(id, rep)?;
+        self.check_rep_links(id, rep, table, published)?;
+        self.check_rep_cursor(id, rep)
+    }
+
+    /// Its id, its `maxD` in the fast path's indexes, and its list's shape.
+    fn check_rep_list(&self, id: RepId, rep: &Representative) -> std::result::Result<(), String> {
+        let nrl = &rep.nrl;
+        if rep.id != id {
+            return Err("id mismatch".into());
         }
+        let max_d = self.gauge().filter_max_d(nrl.max_d(), rep.query_norm);
+        if self.max_d_by_rep.get(&id) != Some(&max_d) {
+            return Err("maxD map out of date".into());
+        }
+        if let Some(t) = &self.takers {
+            if !t.check(self.gauge(), id, &rep.query, max_d) {
+                return Err("the takers' index does not cover it".into());
+            }
+        }
+        if nrl.len() < rep.k || nrl.len() > self.answer_len(rep.k) {
+            return Err(format!(
+                "list length {} outside k..=k+Δ ({})",
+                nrl.len(),
+                rep.k
+            ));
+        }
+        if nrl.ids.len() != nrl.dists.len() || nrl.ids.len() != nrl.vectors.len() {
+            return Err("list columns differ in length".into());
+        }
+        if !nrl.is_sorted() {
+            return Err("list not ascending".into());
+        }
+        Ok(())
+    }
+
+    /// Its published view, the pool objects its list holds, and its key and aliases in
+    /// the exact table.
+    fn check_rep_links(
+        &self,
+        id: RepId,
+        rep: &Representative,
+        table: &PinnedMap<'_, QueryKey, Slot>,
+        published: &PinnedMap<'_, RepId, RepView>,
+    ) -> std::result::Result<(), String> {
+        match published.get(&id) {
+            Some(v)
+                if Arc::ptr_eq(&v.nrl, &rep.nrl)
+                    && Arc::ptr_eq(&v.tau, &rep.tau)
+                    && Arc::ptr_eq(&v.referenced, &rep.referenced) => {}
+            _ => return Err("published view differs from the owner's".into()),
+        }
+        for &nid in &rep.nrl.ids {
+            match self.pool.get(nid) {
+                Some(o) if o.holders.contains(&id) => {}
+                _ => return Err(format!("id {nid} has no object held by it")),
+            }
+        }
+        if table.get(&rep.key) != Some(&Slot::Representative(id)) {
+            return Err("key not in the exact table".into());
+        }
+        for a in &rep.aliases {
+            if table.get(a) != Some(&Slot::Alias(id)) {
+                return Err("alias not in the exact table".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Its place in the query filter and the cursor index, and its cursor within the log.
+    fn check_rep_cursor(&self, id: RepId, rep: &Representative) -> std::result::Result<(), String> {
+        if !self.filter.contains(id) {
+            return Err("not in the query filter".into());
+        }
+        if !self.cursors.contains(&(rep.cursor, id)) {
+            return Err("cursor not indexed".into());
+        }
+        if rep.cursor > self.log.last_seq() || rep.cursor + 1 < self.log.head_seq() {
+            return Err(format!(
+                "cursor {} outside the log [{}, {}]",
+                rep.cursor,
+                self.log.head_seq(),
+                self.log.last_seq()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The fast path's reach is the largest `maxD` of any live list.
+    fn check_reach(&self) -> std::result::Result<(), String> {
         let gauge = self.gauge();
         let max_d = self
             .reps
@@ -983,13 +1045,11 @@ impl Cache {
                 self.max_ds.max()
             ));
         }
-        if published.len() != self.reps.len() {
-            return Err(format!(
-                "{} views published for {} reps",
-                published.len(),
-                self.reps.len()
-            ));
-        }
+        Ok(())
+    }
+
+    /// Every pool object is held, and only by representatives that list it.
+    fn check_pool_holders(&self) -> std::result::Result<(), String> {
         for (&nid, obj) in self.pool.iter() {
             if obj.holders.is_empty() {
                 return Err(format!("object {nid} has no references"));
@@ -1002,10 +1062,21 @@ impl Cache {
                 }
             }
         }
-        if aliases != self.alias_count || table.len() != self.reps.len() + aliases {
+        Ok(())
+    }
+
+    /// The exact table, the filter and the cursor index count what the representatives
+    /// hold (`aliases` and `sum_cursor` summed over them).
+    fn check_totals(
+        &self,
+        table_len: usize,
+        aliases: usize,
+        sum_cursor: u128,
+    ) -> std::result::Result<(), String> {
+        if aliases != self.alias_count || table_len != self.reps.len() + aliases {
             return Err(format!(
                 "table holds {} keys for {} reps + {} aliases",
-                table.len(),
+                table_len,
                 self.reps.len(),
                 aliases
             ));
@@ -1020,6 +1091,11 @@ impl Cache {
         if self.cursors.len() != self.reps.len() || sum_cursor != self.risk.sum_cursor {
             return Err("cursor index or sum out of step".into());
         }
+        Ok(())
+    }
+
+    /// What the shard holds is within its capacity.
+    fn check_capacity(&self) -> std::result::Result<(), String> {
         // A global budget's share moves under the shard; it must stay within the total.
         let cap = match &self.budget {
             Some((b, _)) => b.total(),

@@ -134,62 +134,9 @@ impl Router {
         };
         let n = sample.len() / dim;
         let c = n_centroids.min(n);
-        let row = |i: usize| &sample[i * dim..(i + 1) * dim];
         let mut rng = StdRng::seed_from_u64(seed);
-        // k-means++ seeding
-        let mut centroids: Vec<f32> = row(rng.gen_range(0..n)).to_vec();
-        let mut d2: Vec<f64> = (0..n)
-            .map(|i| Metric::L2Sq.distance(row(i), &centroids[..dim]) as f64)
-            .collect();
-        while centroids.len() / dim < c {
-            let total: f64 = d2.iter().sum();
-            let pick = if total <= 0.0 {
-                rng.gen_range(0..n)
-            } else {
-                let mut t = rng.gen_range(0.0..total);
-                d2.iter()
-                    .position(|&x| {
-                        t -= x;
-                        t <= 0.0
-                    })
-                    .unwrap_or(n - 1)
-            };
-            let new = row(pick).to_vec();
-            for (i, d) in d2.iter_mut().enumerate() {
-                *d = d.min(Metric::L2Sq.distance(row(i), &new) as f64);
-            }
-            centroids.extend_from_slice(&new);
-        }
-        // Lloyd iterations
-        let mut assign = vec![usize::MAX; n];
-        for _ in 0..KMEANS_ITERATIONS_MAX {
-            let mut changed = 0;
-            for (i, a) in assign.iter_mut().enumerate() {
-                let best = nearest(&centroids, dim, Metric::L2Sq, row(i));
-                if *a != best {
-                    *a = best;
-                    changed += 1;
-                }
-            }
-            let mut sums = vec![0f64; c * dim];
-            let mut counts = vec![0usize; c];
-            for (i, &a) in assign.iter().enumerate() {
-                counts[a] += 1;
-                for (s, &x) in sums[a * dim..(a + 1) * dim].iter_mut().zip(row(i)) {
-                    *s += x as f64;
-                }
-            }
-            for j in 0..c {
-                if counts[j] > 0 {
-                    for t in 0..dim {
-                        centroids[j * dim + t] = (sums[j * dim + t] / counts[j] as f64) as f32;
-                    }
-                }
-            }
-            if changed == 0 {
-                break;
-            }
-        }
+        let mut centroids = kmeans_pp_seeds(sample, dim, c, &mut rng);
+        lloyd(sample, dim, &mut centroids);
         Ok(Router {
             dim,
             metric: routing_metric(metric),
@@ -470,6 +417,75 @@ impl Retirements {
 
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()
+    }
+}
+
+/// k-means++ seeding: `c` centroids drawn from `sample` (row-major, `dim` wide), each
+/// with probability proportional to its squared distance from those drawn before.
+fn kmeans_pp_seeds(sample: &[f32], dim: usize, c: usize, rng: &mut StdRng) -> Vec<f32> {
+    let n = sample.len() / dim;
+    let row = |i: usize| &sample[i * dim..(i + 1) * dim];
+    let mut centroids: Vec<f32> = row(rng.gen_range(0..n)).to_vec();
+    let mut d2: Vec<f64> = (0..n)
+        .map(|i| Metric::L2Sq.distance(row(i), &centroids[..dim]) as f64)
+        .collect();
+    while centroids.len() / dim < c {
+        let total: f64 = d2.iter().sum();
+        let pick = if total <= 0.0 {
+            rng.gen_range(0..n)
+        } else {
+            let mut t = rng.gen_range(0.0..total);
+            d2.iter()
+                .position(|&x| {
+                    t -= x;
+                    t <= 0.0
+                })
+                .unwrap_or(n - 1)
+        };
+        let new = row(pick).to_vec();
+        for (i, d) in d2.iter_mut().enumerate() {
+            *d = d.min(Metric::L2Sq.distance(row(i), &new) as f64);
+        }
+        centroids.extend_from_slice(&new);
+    }
+    centroids
+}
+
+/// Lloyd iterations over `sample` from `centroids` (row-major, `dim` wide), in place:
+/// at most [`KMEANS_ITERATIONS_MAX`], until no vector changes centroid. A centroid
+/// left without vectors stays where it was.
+fn lloyd(sample: &[f32], dim: usize, centroids: &mut [f32]) {
+    let n = sample.len() / dim;
+    let c = centroids.len() / dim;
+    let row = |i: usize| &sample[i * dim..(i + 1) * dim];
+    let mut assign = vec![usize::MAX; n];
+    for _ in 0..KMEANS_ITERATIONS_MAX {
+        let mut changed = 0;
+        for (i, a) in assign.iter_mut().enumerate() {
+            let best = nearest(centroids, dim, Metric::L2Sq, row(i));
+            if *a != best {
+                *a = best;
+                changed += 1;
+            }
+        }
+        let mut sums = vec![0f64; c * dim];
+        let mut counts = vec![0usize; c];
+        for (i, &a) in assign.iter().enumerate() {
+            counts[a] += 1;
+            for (s, &x) in sums[a * dim..(a + 1) * dim].iter_mut().zip(row(i)) {
+                *s += x as f64;
+            }
+        }
+        for j in 0..c {
+            if counts[j] > 0 {
+                for t in 0..dim {
+                    centroids[j * dim + t] = (sums[j * dim + t] / counts[j] as f64) as f32;
+                }
+            }
+        }
+        if changed == 0 {
+            break;
+        }
     }
 }
 

@@ -151,6 +151,18 @@ fn kind_counts(s: &Stats) -> [f64; 4] {
 pub fn table(s: &Stats, hello: &HelloReply, target: &str) -> String {
     let mut t = String::new();
     let w = &mut t;
+    write_title(w, s, hello, target);
+    write_requests(w, s);
+    write_lookups(w, s);
+    write_latency(w, s);
+    write_pool(w, s);
+    write_recall(w, s);
+    write_connections(w, s);
+    t
+}
+
+/// The table's first line: the daemon and what HELLO said of it.
+fn write_title(w: &mut String, s: &Stats, hello: &HelloReply, target: &str) {
     let _ = writeln!(
         w,
         "akerd {target}   up {}   protocol v{}   dim {}   metric {}   k_max {}   {} executors   {} shards{}",
@@ -163,7 +175,10 @@ pub fn table(s: &Stats, hello: &HelloReply, target: &str) -> String {
         hello.shards,
         if hello.auth_challenge.is_some() { "   auth" } else { "" },
     );
+}
 
+/// Requests and errors per operation, and the searches' flags.
+fn write_requests(w: &mut String, s: &Stats) {
     let _ = writeln!(
         w,
         "\nrequests              {:>12} {:>10}",
@@ -183,7 +198,10 @@ pub fn table(s: &Stats, hello: &HelloReply, target: &str) -> String {
         num(s.count("searches_bypass")),
         num(s.count("searches_refresh"))
     );
+}
 
+/// Cache lookups by how they were answered, each with its share, and the hit ratio.
+fn write_lookups(w: &mut String, s: &Stats) {
     let kinds = kind_counts(s);
     let answered: f64 = kinds.iter().sum();
     let _ = writeln!(
@@ -208,7 +226,11 @@ pub fn table(s: &Stats, hello: &HelloReply, target: &str) -> String {
         "",
         percent(answered - miss, answered)
     );
+}
 
+/// Latency quantiles: searches by hit kind, the backend, and the other operations
+/// that have run.
+fn write_latency(w: &mut String, s: &Stats) {
     let _ = writeln!(
         w,
         "\nlatency (us)          {:>12} {:>10} {:>10} {:>10}",
@@ -233,7 +255,10 @@ pub fn table(s: &Stats, hello: &HelloReply, target: &str) -> String {
             row(op, op);
         }
     }
+}
 
+/// The pool's size and its admissions, evictions and invalidations.
+fn write_pool(w: &mut String, s: &Stats) {
     let _ = writeln!(w, "\npool");
     let objects = s.count("pool_objects");
     let _ = writeln!(
@@ -253,7 +278,10 @@ pub fn table(s: &Stats, hello: &HelloReply, target: &str) -> String {
         num(s.count("evictions")),
         num(s.count("invalidations")),
     );
+}
 
+/// The recall floor's state, and its estimate when there is one.
+fn write_recall(w: &mut String, s: &Stats) {
     let state = s.count("recall_floor_state") as usize;
     let state_name = recall_state_name(state).unwrap_or("unknown");
     match (s.get("recall_floor"), s.get("recall_estimate")) {
@@ -271,7 +299,10 @@ pub fn table(s: &Stats, hello: &HelloReply, target: &str) -> String {
             let _ = writeln!(w, "\nrecall floor          {state_name}");
         }
     }
+}
 
+/// Connections now, accepted, turned away, and failed authentications.
+fn write_connections(w: &mut String, s: &Stats) {
     let _ = writeln!(
         w,
         "\nconnections           current {}   accepted {}   turned away {}   auth failures {}",
@@ -281,7 +312,6 @@ pub fn table(s: &Stats, hello: &HelloReply, target: &str) -> String {
             + s.count("server_connections_rejected_per_source")),
         num(s.count("server_auth_failures")),
     );
-    t
 }
 
 /// `search`: how it was answered, then one line per neighbour.

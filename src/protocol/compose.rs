@@ -203,6 +203,22 @@ pub fn encode_request(f: &RequestFrame, out: &mut Vec<u8>) -> Result<usize, Enco
 pub fn encode_reply(f: &ReplyFrame, out: &mut Vec<u8>) -> Result<usize, EncodeError> {
     let opcode = f.reply.op_code() | REPLY_BIT;
     let status = f.reply.status();
+    check_reply(f)?;
+    frame(
+        out,
+        f.version,
+        opcode,
+        0,
+        status.code(),
+        f.request_id,
+        |out| put_reply_body(out, &f.reply, f.version),
+    )
+}
+
+/// Refuses a reply its frame cannot carry: an error with status OK, a version not spoken
+/// here, or a reply newer than the frame's version.
+fn check_reply(f: &ReplyFrame) -> Result<(), EncodeError> {
+    let status = f.reply.status();
     if matches!(f.reply, Reply::Error { .. }) && status == Status::Ok {
         return Err(EncodeError::ErrorWithOk);
     }
@@ -230,84 +246,85 @@ pub fn encode_reply(f: &ReplyFrame, out: &mut Vec<u8>) -> Result<usize, EncodeEr
             version: f.version,
         });
     }
+    Ok(())
+}
+
+/// A reply's body, in `version`'s layout.
+fn put_reply_body(out: &mut Vec<u8>, reply: &Reply, version: u8) -> Result<(), EncodeError> {
     // Version 1 has no place for what version 2 added: a version 1 peer never gets it.
-    let v2 = f.version >= 2;
-    let v3 = f.version >= 3;
-    let v4 = f.version >= 4;
-    frame(
-        out,
-        f.version,
-        opcode,
-        0,
-        status.code(),
-        f.request_id,
-        |out| {
-            match &f.reply {
-                Reply::Hello(h) => {
-                    out.push(h.version_min);
-                    out.push(h.version_max);
-                    out.push(h.metric.code());
-                    out.push(0);
-                    put_u32(out, h.max_frame_bytes);
-                    put_u32(out, h.dim);
-                    put_u32(out, h.k_max);
-                    put_u32(out, h.max_inflight);
-                    put_u32(out, h.executors);
-                    put_u32(out, h.shards);
-                    if v2 {
-                        put_u32(out, h.delta.unwrap_or(0));
-                    }
-                    if v3 {
-                        match &h.auth_challenge {
-                            None => out.push(0),
-                            Some(c) => {
-                                out.push(1);
-                                out.extend_from_slice(c);
-                            }
-                        }
-                    }
-                    if v4 {
-                        put_u32(out, h.max_batch.unwrap_or(0));
-                    }
-                }
-                Reply::Pong(payload) => out.extend_from_slice(payload),
-                Reply::Search(s) => {
-                    out.push(s.hit.code());
-                    out.push(search_flags(s, v2));
-                    put_u16(out, 0);
-                    put_answer(out, s, v2)?;
-                }
-                Reply::SearchBatch(items) => {
-                    put_u32(out, count("items", items.len())?);
-                    for item in items {
-                        match item {
-                            Ok(s) => {
-                                put_u16(out, Status::Ok.code());
-                                out.push(s.hit.code());
-                                out.push(search_flags(s, v2));
-                                put_answer(out, s, v2)?;
-                            }
-                            Err(status) if !status.fails_one_batch_query() => {
-                                return Err(EncodeError::NotAnItemStatus(*status))
-                            }
-                            Err(status) => {
-                                put_u16(out, status.code());
-                                put_u16(out, 0);
-                                put_u32(out, 0);
-                            }
-                        }
-                    }
-                }
-                Reply::Inserted | Reply::Flushed => {}
-                Reply::Deleted { existed } => out.push(*existed as u8),
-                Reply::Filled { admitted } => out.push(*admitted as u8),
-                Reply::Stats(text) => out.extend_from_slice(text.as_bytes()),
-                Reply::Authenticated { server_proof } => out.extend_from_slice(server_proof),
-                Reply::Error { message, .. } => out.extend_from_slice(message.as_bytes()),
+    let v2 = version >= 2;
+    match reply {
+        Reply::Hello(h) => put_hello(out, h, version),
+        Reply::Pong(payload) => out.extend_from_slice(payload),
+        Reply::Search(s) => {
+            out.push(s.hit.code());
+            out.push(search_flags(s, v2));
+            put_u16(out, 0);
+            put_answer(out, s, v2)?;
+        }
+        Reply::SearchBatch(items) => put_batch(out, items, v2)?,
+        Reply::Inserted | Reply::Flushed => {}
+        Reply::Deleted { existed } => out.push(*existed as u8),
+        Reply::Filled { admitted } => out.push(*admitted as u8),
+        Reply::Stats(text) => out.extend_from_slice(text.as_bytes()),
+        Reply::Authenticated { server_proof } => out.extend_from_slice(server_proof),
+        Reply::Error { message, .. } => out.extend_from_slice(message.as_bytes()),
+    }
+    Ok(())
+}
+
+/// A HELLO reply's body: each version appends its fields to the one before.
+fn put_hello(out: &mut Vec<u8>, h: &HelloReply, version: u8) {
+    out.push(h.version_min);
+    out.push(h.version_max);
+    out.push(h.metric.code());
+    out.push(0);
+    put_u32(out, h.max_frame_bytes);
+    put_u32(out, h.dim);
+    put_u32(out, h.k_max);
+    put_u32(out, h.max_inflight);
+    put_u32(out, h.executors);
+    put_u32(out, h.shards);
+    if version >= 2 {
+        put_u32(out, h.delta.unwrap_or(0));
+    }
+    if version >= 3 {
+        match &h.auth_challenge {
+            None => out.push(0),
+            Some(c) => {
+                out.push(1);
+                out.extend_from_slice(c);
             }
-            Ok(())
-        },
-    )
+        }
+    }
+    if version >= 4 {
+        put_u32(out, h.max_batch.unwrap_or(0));
+    }
+}
+
+/// A SEARCH_BATCH reply's body: the item count, then per item its status and SEARCH
+/// answer, or zeros for a failed query.
+fn put_batch(out: &mut Vec<u8>, items: &[BatchItem], v2: bool) -> Result<(), EncodeError> {
+    put_u32(out, count("items", items.len())?);
+    for item in items {
+        match item {
+            Ok(s) => {
+                put_u16(out, Status::Ok.code());
+                out.push(s.hit.code());
+                out.push(search_flags(s, v2));
+                put_answer(out, s, v2)?;
+            }
+            Err(status) if !status.fails_one_batch_query() => {
+                return Err(EncodeError::NotAnItemStatus(*status))
+            }
+            Err(status) => {
+                put_u16(out, status.code());
+                put_u16(out, 0);
+                put_u32(out, 0);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A SEARCH answer's flags byte (the token only where version 2 has room for it).

@@ -434,118 +434,15 @@ fn parse_request_body(op: Opcode, flags: u16, body: &[u8]) -> Parse<Request> {
     let req = match op {
         Opcode::Hello => Request::Hello,
         Opcode::Ping => Request::Ping(c.rest().to_vec()),
-        Opcode::Search => {
-            let collection = c.u32("collection")?;
-            let k = c.u32("k")?;
-            let deadline_us = c.u32("deadline_us")?;
-            let n = c.u32("dim")?;
-            let vector = c.f32s(n, "vector")?;
-            Request::Search(SearchRequest {
-                collection,
-                k,
-                deadline_us,
-                bypass_cache: flags & FLAG_BYPASS_CACHE != 0,
-                refresh_entry: flags & FLAG_REFRESH_ENTRY != 0,
-                vector,
-            })
-        }
-        Opcode::SearchBatch => {
-            let collection = c.u32("collection")?;
-            let k = c.u32("k")?;
-            let deadline_us = c.u32("deadline_us")?;
-            let n = c.u32("dim")?;
-            let count = c.u32("count")?;
-            // An empty batch would carry a dimension nothing uses (and could not
-            // re-encode); empty queries would let a 40-byte frame claim 2^32 of them.
-            if count == 0 || n == 0 {
-                return Err(format!(
-                    "a batch carries at least one query of at least one component (count {count}, n {n})"
-                ));
-            }
-            // Check the whole matrix fits before reserving room for it (u128: 2^32 queries
-            // of 2^32 components do not fit in a u64).
-            let need = 4 * n as u128 * count as u128;
-            if need != c.buf.len() as u128 {
-                return Err(format!(
-                    "{count} queries of dimension {n} need {need} bytes, {} left",
-                    c.buf.len()
-                ));
-            }
-            let mut queries = Vec::with_capacity(count as usize);
-            for _ in 0..count {
-                queries.push(c.f32s(n, "query")?);
-            }
-            Request::SearchBatch(SearchBatchRequest {
-                collection,
-                k,
-                deadline_us,
-                bypass_cache: flags & FLAG_BYPASS_CACHE != 0,
-                refresh_entry: flags & FLAG_REFRESH_ENTRY != 0,
-                queries,
-            })
-        }
-        Opcode::Insert => {
-            let id = c.u64("id")?;
-            let collection = c.u32("collection")?;
-            let n = c.u32("dim")?;
-            let p = c.u32("payload_len")?;
-            let vector = c.f32s(n, "vector")?;
-            let payload = c.take(p as usize, "payload")?.to_vec();
-            Request::Insert(InsertRequest {
-                id,
-                collection,
-                vector,
-                payload,
-            })
-        }
+        Opcode::Search => Request::Search(search_request(&mut c, flags)?),
+        Opcode::SearchBatch => Request::SearchBatch(search_batch_request(&mut c, flags)?),
+        Opcode::Insert => Request::Insert(insert_request(&mut c)?),
         Opcode::Delete => {
             let id = c.u64("id")?;
             let collection = c.u32("collection")?;
             Request::Delete(DeleteRequest { id, collection })
         }
-        Opcode::Fill => {
-            let collection = c.u32("collection")?;
-            let k = c.u32("k")?;
-            let n = c.u32("dim")?;
-            let m = c.u32("count")?;
-            let query = c.f32s(n, "query")?;
-            // Version 2: the MISS token ends the body (after the candidates).
-            let token = if flags & FLAG_FILL_TOKEN != 0 {
-                let at = c.buf.len().checked_sub(8).ok_or("short body: token")?;
-                let (rest, tail) = c.buf.split_at(at);
-                c.buf = rest;
-                Some(u64::from_le_bytes(tail.try_into().expect("8 bytes")))
-            } else {
-                None
-            };
-            // Check the whole candidate array fits before reserving room for it.
-            // u128: 2^32 candidates of 2^32 components do not fit in a u64.
-            let need = (12u128 + 4 * n as u128) * m as u128;
-            if need != c.buf.len() as u128 {
-                return Err(format!(
-                    "{m} candidates of dimension {n} need {need} bytes, {} left",
-                    c.buf.len()
-                ));
-            }
-            let mut candidates = Vec::with_capacity(m as usize);
-            for _ in 0..m {
-                let id = c.u64("candidate id")?;
-                let distance = c.f32("candidate distance")?;
-                let vector = c.f32s(n, "candidate vector")?;
-                candidates.push(FillCandidate {
-                    id,
-                    distance,
-                    vector,
-                });
-            }
-            Request::Fill(FillRequest {
-                collection,
-                k,
-                query,
-                candidates,
-                token,
-            })
-        }
+        Opcode::Fill => Request::Fill(fill_request(&mut c, flags)?),
         Opcode::Flush => Request::Flush,
         Opcode::Stats => Request::Stats,
         Opcode::Auth => {
@@ -556,6 +453,121 @@ fn parse_request_body(op: Opcode, flags: u16, body: &[u8]) -> Parse<Request> {
     };
     c.finish()?;
     Ok(req)
+}
+
+/// A SEARCH body; `flags` are the header's (already checked).
+fn search_request(c: &mut Cursor<'_>, flags: u16) -> Parse<SearchRequest> {
+    let collection = c.u32("collection")?;
+    let k = c.u32("k")?;
+    let deadline_us = c.u32("deadline_us")?;
+    let n = c.u32("dim")?;
+    let vector = c.f32s(n, "vector")?;
+    Ok(SearchRequest {
+        collection,
+        k,
+        deadline_us,
+        bypass_cache: flags & FLAG_BYPASS_CACHE != 0,
+        refresh_entry: flags & FLAG_REFRESH_ENTRY != 0,
+        vector,
+    })
+}
+
+/// A SEARCH_BATCH body; `flags` are the header's (already checked).
+fn search_batch_request(c: &mut Cursor<'_>, flags: u16) -> Parse<SearchBatchRequest> {
+    let collection = c.u32("collection")?;
+    let k = c.u32("k")?;
+    let deadline_us = c.u32("deadline_us")?;
+    let n = c.u32("dim")?;
+    let count = c.u32("count")?;
+    // An empty batch would carry a dimension nothing uses (and could not
+    // re-encode); empty queries would let a 40-byte frame claim 2^32 of them.
+    if count == 0 || n == 0 {
+        return Err(format!(
+            "a batch carries at least one query of at least one component (count {count}, n {n})"
+        ));
+    }
+    // Check the whole matrix fits before reserving room for it (u128: 2^32 queries
+    // of 2^32 components do not fit in a u64).
+    let need = 4 * n as u128 * count as u128;
+    if need != c.buf.len() as u128 {
+        return Err(format!(
+            "{count} queries of dimension {n} need {need} bytes, {} left",
+            c.buf.len()
+        ));
+    }
+    let mut queries = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        queries.push(c.f32s(n, "query")?);
+    }
+    Ok(SearchBatchRequest {
+        collection,
+        k,
+        deadline_us,
+        bypass_cache: flags & FLAG_BYPASS_CACHE != 0,
+        refresh_entry: flags & FLAG_REFRESH_ENTRY != 0,
+        queries,
+    })
+}
+
+/// An INSERT body.
+fn insert_request(c: &mut Cursor<'_>) -> Parse<InsertRequest> {
+    let id = c.u64("id")?;
+    let collection = c.u32("collection")?;
+    let n = c.u32("dim")?;
+    let p = c.u32("payload_len")?;
+    let vector = c.f32s(n, "vector")?;
+    let payload = c.take(p as usize, "payload")?.to_vec();
+    Ok(InsertRequest {
+        id,
+        collection,
+        vector,
+        payload,
+    })
+}
+
+/// A FILL body; `flags` are the header's (already checked).
+fn fill_request(c: &mut Cursor<'_>, flags: u16) -> Parse<FillRequest> {
+    let collection = c.u32("collection")?;
+    let k = c.u32("k")?;
+    let n = c.u32("dim")?;
+    let m = c.u32("count")?;
+    let query = c.f32s(n, "query")?;
+    // Version 2: the MISS token ends the body (after the candidates).
+    let token = if flags & FLAG_FILL_TOKEN != 0 {
+        let at = c.buf.len().checked_sub(8).ok_or("short body: token")?;
+        let (rest, tail) = c.buf.split_at(at);
+        c.buf = rest;
+        Some(u64::from_le_bytes(tail.try_into().expect("8 bytes")))
+    } else {
+        None
+    };
+    // Check the whole candidate array fits before reserving room for it.
+    // u128: 2^32 candidates of 2^32 components do not fit in a u64.
+    let need = (12u128 + 4 * n as u128) * m as u128;
+    if need != c.buf.len() as u128 {
+        return Err(format!(
+            "{m} candidates of dimension {n} need {need} bytes, {} left",
+            c.buf.len()
+        ));
+    }
+    let mut candidates = Vec::with_capacity(m as usize);
+    for _ in 0..m {
+        let id = c.u64("candidate id")?;
+        let distance = c.f32("candidate distance")?;
+        let vector = c.f32s(n, "candidate vector")?;
+        candidates.push(FillCandidate {
+            id,
+            distance,
+            vector,
+        });
+    }
+    Ok(FillRequest {
+        collection,
+        k,
+        query,
+        candidates,
+        token,
+    })
 }
 
 fn parse_reply_body(op: Opcode, version: u8, body: &[u8]) -> Parse<Reply> {

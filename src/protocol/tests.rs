@@ -128,8 +128,26 @@ fn all_requests() -> Vec<Request> {
     ]
 }
 
+/// One reply of each shape, and every error status; HELLO first (the tests index
+/// `[0]`, `[1]`) and the full SEARCH_BATCH at `[3]`.
 fn all_replies() -> Vec<Reply> {
-    let mut v = vec![
+    let mut v = hello_replies();
+    v.extend(batch_replies());
+    v.extend(short_replies());
+    v.extend(search_replies());
+    for m in [shards::Metric::L2Sq, shards::Metric::InnerProduct] {
+        if let Reply::Hello(mut h) = v[0] {
+            h.metric = m;
+            v.push(Reply::Hello(h));
+        }
+    }
+    v.extend(error_replies());
+    v
+}
+
+/// HELLO with and without an auth challenge.
+fn hello_replies() -> Vec<Reply> {
+    vec![
         Reply::Hello(HelloReply {
             delta: Some(2),
             version_min: 1,
@@ -158,6 +176,12 @@ fn all_replies() -> Vec<Reply> {
             auth_challenge: Some(std::array::from_fn(|i| 0xF0 | i as u8)),
             max_batch: Some(1),
         }),
+    ]
+}
+
+/// SEARCH_BATCH: empty, and answers mixed with failed queries.
+fn batch_replies() -> Vec<Reply> {
+    vec![
         Reply::SearchBatch(vec![]),
         Reply::SearchBatch(vec![
             Ok(SearchReply {
@@ -189,6 +213,13 @@ fn all_replies() -> Vec<Reply> {
                     .collect(),
             }),
         ]),
+    ]
+}
+
+/// The replies of a few bytes or none: AUTH, PING, empty SEARCH misses, the
+/// acknowledgements, STATS.
+fn short_replies() -> Vec<Reply> {
+    vec![
         Reply::Authenticated {
             server_proof: [0x5A; 32],
         },
@@ -214,33 +245,36 @@ fn all_replies() -> Vec<Reply> {
         Reply::Flushed,
         Reply::Stats(String::new()),
         Reply::Stats("hits_exact 3\nhits_alias 0\n".into()),
-    ];
-    for hit in HitKind::ALL {
-        v.push(Reply::Search(SearchReply {
-            token: None,
-            hit,
-            distances_to_query: hit != HitKind::Approximate,
-            neighbors: (0..5)
-                .map(|i| Neighbor {
-                    id: i * 7,
-                    distance: i as f32,
-                })
-                .collect(),
-        }));
-    }
-    for m in [shards::Metric::L2Sq, shards::Metric::InnerProduct] {
-        if let Reply::Hello(mut h) = v[0] {
-            h.metric = m;
-            v.push(Reply::Hello(h));
-        }
-    }
-    for status in Status::ALL.into_iter().filter(|s| *s != Status::Ok) {
-        v.push(Reply::error(
-            Opcode::Search.code(),
-            status,
-            format!("{status} happened"),
-        ));
-    }
+    ]
+}
+
+/// A SEARCH answer of five neighbours per hit kind.
+fn search_replies() -> Vec<Reply> {
+    HitKind::ALL
+        .into_iter()
+        .map(|hit| {
+            Reply::Search(SearchReply {
+                token: None,
+                hit,
+                distances_to_query: hit != HitKind::Approximate,
+                neighbors: (0..5)
+                    .map(|i| Neighbor {
+                        id: i * 7,
+                        distance: i as f32,
+                    })
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// An error reply per status, one for the connection, one for an unknown opcode.
+fn error_replies() -> Vec<Reply> {
+    let mut v: Vec<Reply> = Status::ALL
+        .into_iter()
+        .filter(|s| *s != Status::Ok)
+        .map(|status| Reply::error(Opcode::Search.code(), status, format!("{status} happened")))
+        .collect();
     v.push(Reply::error(CONNECTION_OP, Status::Busy, ""));
     v.push(Reply::error(0x42, Status::UnknownOp, "unknown opcode 0x42"));
     v
@@ -739,20 +773,20 @@ fn rejected(status: Status, id: u64, close: bool) -> Outcome {
     Outcome::Rejected { status, id, close }
 }
 
-#[test]
-fn every_bad_input_gets_its_exact_status() {
+/// A bad-input case: its name, the bytes, what a server does with them.
+type Case = (&'static str, Vec<u8>, Outcome);
+
+/// Framing lost: reply, then close.
+#[rustfmt::skip]
+fn framing_lost_cases() -> Vec<Case> {
     use Status::*;
     let m = MAGIC;
-    let nan = f32::NAN;
-    let inf = f32::INFINITY;
     let too_long_header = {
         let mut h = raw(m, 1, 0x03, 0, 0, 77, &[]);
         h[16..20].copy_from_slice(&((MAX - HEADER_LEN + 1) as u32).to_le_bytes());
         h
     };
-    #[rustfmt::skip]
-    let cases: Vec<(&str, Vec<u8>, Outcome)> = vec![
-        // -- framing lost: reply, then close
+    vec![
         ("oversized frame, header only", too_long_header.clone(), rejected(TooLarge, 77, true)),
         ("oversized frame, body len u32::MAX", {
             let mut h = too_long_header.clone();
@@ -764,12 +798,27 @@ fn every_bad_input_gets_its_exact_status() {
         ("bad magic, first byte only", b"G".to_vec(), rejected(BadFrame, 0, true)),
         ("bad magic, second byte", vec![0x41, 0x00], rejected(BadFrame, 0, true)),
         ("http request", b"GET / HTTP/1.1\r\n\r\n".to_vec(), rejected(BadFrame, 0, true)),
-        // -- incomplete: wait
+    ]
+}
+
+/// Incomplete: wait.
+#[rustfmt::skip]
+fn incomplete_cases() -> Vec<Case> {
+    let m = MAGIC;
+    vec![
         ("empty buffer", vec![], Outcome::NeedMore),
         ("magic only", vec![0x41, 0x4B], Outcome::NeedMore),
         ("truncated header", raw(m, 1, 0x02, 0, 0, 1, &[])[..HEADER_LEN - 1].to_vec(), Outcome::NeedMore),
         ("truncated body", { let b = search(3, 1, v4()); b[..b.len() - 1].to_vec() }, Outcome::NeedMore),
-        // -- this request only: error reply with its id, connection stays
+    ]
+}
+
+/// This request only: error reply with its id, connection stays.
+#[rustfmt::skip]
+fn bad_frame_cases() -> Vec<Case> {
+    use Status::*;
+    let m = MAGIC;
+    vec![
         ("bad version 0", raw(m, 0, 0x02, 0, 0, 11, &[]), rejected(BadVersion, 11, false)),
         ("bad version 5", raw(m, 5, 0x03, 0, 0, 12, &search_body(1, &v4())), rejected(BadVersion, 12, false)),
         ("version 1 search", raw(m, 1, 0x03, 0, 0, 61, &search_body(1, &v4())), Outcome::Accepted),
@@ -812,7 +861,16 @@ fn every_bad_input_gets_its_exact_status() {
             b[HEADER_LEN + 12..HEADER_LEN + 16].copy_from_slice(&u32::MAX.to_le_bytes());
             b
         }, rejected(BadRequest, 26, false)),
-        // -- decoded, refused by validation against the limits
+    ]
+}
+
+/// Decoded, refused by validation against the limits.
+#[rustfmt::skip]
+fn refused_cases() -> Vec<Case> {
+    use Status::*;
+    let nan = f32::NAN;
+    let inf = f32::INFINITY;
+    vec![
         ("wrong dimension", search(30, 1, vec![1.0; 3]), rejected(DimMismatch, 30, false)),
         ("empty vector", search(31, 1, vec![]), rejected(DimMismatch, 31, false)),
         ("NaN component", search(32, 1, vec![0.0, nan, 0.0, 0.0]), rejected(NonFinite, 32, false)),
@@ -829,7 +887,16 @@ fn every_bad_input_gets_its_exact_status() {
         ("fill unsorted", fill(43, 1, vec![(1, 2.0, v4()), (2, 1.0, v4())]), rejected(BadRequest, 43, false)),
         ("fill duplicate id", fill(44, 1, vec![(1, 1.0, v4()), (1, 2.0, v4())]), rejected(BadRequest, 44, false)),
         ("fill wrong query dimension", enc_req(45, Request::Fill(FillRequest { k: 1, query: vec![0.0; 2], ..Default::default() })), rejected(DimMismatch, 45, false)),
-        // -- SEARCH_BATCH (version 4)
+    ]
+}
+
+/// SEARCH_BATCH (version 4).
+#[rustfmt::skip]
+fn batch_cases() -> Vec<Case> {
+    use Status::*;
+    let m = MAGIC;
+    let nan = f32::NAN;
+    vec![
         ("batch in version 3", raw(m, 3, 0x0A, 0, 0, 70, &batch_body(1, 4, 1)), rejected(UnknownOp, 70, false)),
         ("batch of 0", raw(m, 4, 0x0A, 0, 0, 71, &batch_body(1, 4, 0)), rejected(BadRequest, 71, false)),
         // 2^32 - 1 empty queries in a 40-byte frame: refused before anything is allocated.
@@ -871,13 +938,31 @@ fn every_bad_input_gets_its_exact_status() {
             b[24..28].copy_from_slice(&nan.to_le_bytes());
             raw(m, 4, 0x0A, 0, 0, 82, &b)
         }, Outcome::Accepted),
-        // -- and the good ones pass
+    ]
+}
+
+/// And the good ones pass.
+#[rustfmt::skip]
+fn accepted_cases() -> Vec<Case> {
+    vec![
         ("valid search, k = k_max", search(50, 10, v4()), Outcome::Accepted),
         ("valid fill", fill(51, 2, vec![(1, 0.5, v4()), (2, 0.5, v4()), (3, 1.0, v4())]), Outcome::Accepted),
         ("frame exactly max_frame_bytes", enc_req(52, Request::Ping(vec![7; MAX - HEADER_LEN])), Outcome::Accepted),
+    ]
+}
+
+#[test]
+fn every_bad_input_gets_its_exact_status() {
+    let cases = [
+        framing_lost_cases(),
+        incomplete_cases(),
+        bad_frame_cases(),
+        refused_cases(),
+        batch_cases(),
+        accepted_cases(),
     ];
     let mut failures = Vec::new();
-    for (name, bytes, want) in cases {
+    for (name, bytes, want) in cases.into_iter().flatten() {
         let got = outcome(&bytes);
         if got != want {
             failures.push(format!("{name}: got {got:?}, want {want:?}"));

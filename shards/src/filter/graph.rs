@@ -309,6 +309,25 @@ impl Quantized {
     }
 }
 
+/// The owner's buffers for linking one new node (`GraphIndex::link`): the neighbours
+/// kept for it, those kept by a neighbour it is linked back into, and that neighbour's
+/// candidates when its list is full.
+struct LinkBuffers {
+    kept: Vec<u32>,
+    kept_back: Vec<u32>,
+    prune: Vec<Cand>,
+}
+
+impl LinkBuffers {
+    fn new(m0: usize) -> Self {
+        LinkBuffers {
+            kept: Vec::with_capacity(m0),
+            kept_back: Vec::with_capacity(m0),
+            prune: Vec::with_capacity(m0 + 1),
+        }
+    }
+}
+
 /// One generation of the query filter (see the module docs).
 pub struct GraphIndex {
     metric: Metric,
@@ -741,7 +760,40 @@ impl GraphIndex {
         let node = self.len.load(Ordering::Relaxed);
         assert!(node < MAX_NODES, "graph index full");
         let level = self.draw_level();
+        let first_upper = self.reserve_node(node, level);
+        let quantized = Quantized::new(v);
+        self.write_row(node, rep, level, first_upper, &quantized);
 
+        let entry = self.entry.load(Ordering::Relaxed);
+        if entry == EMPTY {
+            self.len.store(node + 1, Ordering::Release);
+            self.entry
+                .store(((level as u64) << 32) | node as u64, Ordering::Release);
+            return;
+        }
+        let top = (entry >> 32) as u32;
+        let v = &quantized.probe();
+        let mut buffers = LinkBuffers::new(self.m0);
+        let found = self.seed_candidates(seeds, level, node);
+        // (No seed left: searched as without seeds, so the node is linked.)
+        if !found.is_empty() {
+            self.link(node, 0, &found, &mut buffers);
+            self.len.store(node + 1, Ordering::Release);
+            return;
+        }
+        self.link_by_search(v, node, level, entry, &mut buffers);
+        self.len.store(node + 1, Ordering::Release);
+        if level > top {
+            self.entry
+                .store(((level as u64) << 32) | node as u64, Ordering::Release);
+        }
+        debug_assert!(self.level_of(node) == level);
+    }
+
+    /// Makes room for `node`'s row, its layer-0 list and its `level` upper lists;
+    /// returns the first of those upper lists.
+    #[inline]
+    fn reserve_node(&self, node: u32, level: u32) -> u32 {
         self.codes.reserve(node);
         self.layer0.reserve(node);
         let first_upper = self.upper_len.load(Ordering::Relaxed);
@@ -749,14 +801,17 @@ impl GraphIndex {
             self.upper.reserve(first_upper + l);
         }
         self.upper_len.store(first_upper + level, Ordering::Relaxed);
-        let quantized = Quantized::new(v);
+        first_upper
+    }
+
+    /// Writes `node`'s row: its code, the representative it stands for, its level and
+    /// where its upper lists start.
+    #[inline]
+    fn write_row(&self, node: u32, rep: RepId, level: u32, first_upper: u32, q: &Quantized) {
         let row = self.row(node);
-        row[0].store(quantized.scale.to_bits(), Ordering::Relaxed);
-        row[1].store(quantized.norm.to_bits(), Ordering::Relaxed);
-        for (slot, word) in row[CODE_HEADER_WORDS..]
-            .iter()
-            .zip(quantized.code.chunks(4))
-        {
+        row[0].store(q.scale.to_bits(), Ordering::Relaxed);
+        row[1].store(q.norm.to_bits(), Ordering::Relaxed);
+        for (slot, word) in row[CODE_HEADER_WORDS..].iter().zip(q.code.chunks(4)) {
             let mut bytes = [0u8; 4];
             for (b, &c) in bytes.iter_mut().zip(word) {
                 *b = c as u8;
@@ -768,27 +823,18 @@ impl GraphIndex {
         row[ROW_REP_LO + 1].store((rep >> 32) as u32, Ordering::Relaxed);
         row[ROW_LEVEL].store(level, Ordering::Relaxed);
         row[ROW_FIRST_UPPER].store(first_upper, Ordering::Relaxed);
+    }
 
-        let entry = self.entry.load(Ordering::Relaxed);
-        if entry == EMPTY {
-            self.len.store(node + 1, Ordering::Release);
-            self.entry
-                .store(((level as u64) << 32) | node as u64, Ordering::Release);
-            return;
-        }
-        let (top, ep) = ((entry >> 32) as u32, entry as u32);
-        // The owner sees every node it wrote, the new one included.
-        let limit = node + 1;
-        let v = &quantized.probe();
-        let mut kept = Vec::with_capacity(self.m0);
-        let mut kept_back = Vec::with_capacity(self.m0);
-        let mut prune = Vec::with_capacity(self.m0 + 1);
+    /// The seeds' nodes as candidates for `node` on layer 0, nearest first; none when
+    /// there are no seeds or `node` lives above layer 0.
+    #[inline]
+    fn seed_candidates(&self, seeds: Option<&InsertSeeds>, level: u32, node: u32) -> Vec<Cand> {
         // Nodes are never removed from a graph, so each seed is still a node here (one at
         // or past `node` cannot be, and is dropped rather than read); the distances are
         // the ones this node's own code gives (the same vector, quantized the same way).
         // Nodes added since the lookup are not among them: a few, in the time a backend
         // call takes.
-        let found: Vec<Cand> = seeds
+        seeds
             .filter(|_| level == 0)
             .map(|seeds| {
                 let found: Vec<Cand> = seeds
@@ -801,17 +847,23 @@ impl GraphIndex {
                 debug_assert!(found.is_sorted());
                 found
             })
-            .unwrap_or_default();
-        // (No seed left: searched as without seeds, so the node is linked.)
-        if !found.is_empty() {
-            self.select(&found, self.m, &mut kept);
-            Self::write_links(self.links(node, 0), &kept);
-            for &nb in &kept {
-                self.link_back(nb, node, 0, &mut prune, &mut kept_back);
-            }
-            self.len.store(node + 1, Ordering::Release);
-            return;
-        }
+            .unwrap_or_default()
+    }
+
+    /// Links `node` (on `level`, `v` its probe) by HNSW's descent from the entry point:
+    /// greedy above its level, a beam search on each layer from there down.
+    #[inline]
+    fn link_by_search(
+        &self,
+        v: &Probe,
+        node: u32,
+        level: u32,
+        entry: u64,
+        buffers: &mut LinkBuffers,
+    ) {
+        let (top, ep) = ((entry >> 32) as u32, entry as u32);
+        // The owner sees every node it wrote, the new one included.
+        let limit = node + 1;
         let mut cur = Cand {
             dist: self.dist(v, ep),
             node: ep,
@@ -832,22 +884,28 @@ impl GraphIndex {
                 self.search_layer(s, v, &entries, how, None);
                 let mut found: Vec<Cand> = s.best.drain().collect();
                 found.sort_unstable();
+                self.link(node, layer, &found, buffers);
                 let max = if layer == 0 { self.m0 } else { self.m };
-                self.select(&found, self.m, &mut kept);
-                debug_assert!(kept.len() <= max && !kept.contains(&node));
-                Self::write_links(self.links(node, layer), &kept);
-                for &nb in &kept {
-                    self.link_back(nb, node, layer, &mut prune, &mut kept_back);
-                }
+                debug_assert!(buffers.kept.len() <= max && !buffers.kept.contains(&node));
                 entries = found;
             }
         });
-        self.len.store(node + 1, Ordering::Release);
-        if level > top {
-            self.entry
-                .store(((level as u64) << 32) | node as u64, Ordering::Release);
+    }
+
+    /// Links `node` on `layer` to the neighbours the heuristic keeps of `found` (sorted),
+    /// and each of them back to it.
+    #[inline]
+    fn link(&self, node: u32, layer: u32, found: &[Cand], buffers: &mut LinkBuffers) {
+        let LinkBuffers {
+            kept,
+            kept_back,
+            prune,
+        } = buffers;
+        self.select(found, self.m, kept);
+        Self::write_links(self.links(node, layer), kept);
+        for &nb in kept.iter() {
+            self.link_back(nb, node, layer, prune, kept_back);
         }
-        debug_assert!(self.level_of(node) == level);
     }
 
     /// Adds `new` to `node`'s list on `layer`, pruning by the heuristic when full.
