@@ -13,13 +13,29 @@
 //!   [`demo`]: `akerd --demo`.
 //! - [`cli`]: `aker-cli`, the operator's command line (ping, stats, search, flush, watch).
 
+// What is `pub` is the library's API (the modules above); everything else is
+// `pub(crate)`, and this lint keeps it so (CI's clippy denies warnings).
+#![warn(unreachable_pub)]
+
 pub mod auth;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod demo;
-pub mod durable;
-pub mod metrics;
+mod durable;
+mod metrics;
 pub mod protocol;
 pub mod server;
 pub mod service;
+
+/// Not API: what the repository's own integration tests and benches reach inside the
+/// daemon for (no stability promise; hidden from the docs).
+#[doc(hidden)]
+pub mod testing {
+    /// The pgvector backend's start-time discovery and its connection
+    /// (`tests/pgvector.rs`, `bench/benches/pgvector_search.rs`).
+    pub mod pgvector {
+        pub use crate::service::pgvector::conn::{PgAnswer, PgConn};
+        pub use crate::service::pgvector::discover::{search_plan, start};
+    }
+}

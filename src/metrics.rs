@@ -21,7 +21,7 @@ use shards::floor::FloorState;
 
 /// Service operations with their own latency histogram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
+pub(crate) enum Op {
     Search,
     Insert,
     Delete,
@@ -31,7 +31,7 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 6] = [
+    pub(crate) const ALL: [Op; 6] = [
         Op::Search,
         Op::Insert,
         Op::Delete,
@@ -39,7 +39,7 @@ impl Op {
         Op::Flush,
         Op::Stats,
     ];
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Op::Search => "search",
             Op::Insert => "insert",
@@ -52,15 +52,15 @@ impl Op {
 }
 
 /// Hit kinds in wire order (`protocol::HitKind::code`): miss, exact, alias, approximate.
-pub const KIND_NAMES: [&str; 4] = ["miss", "exact", "alias", "approximate"];
+pub(crate) const KIND_NAMES: [&str; 4] = ["miss", "exact", "alias", "approximate"];
 
 /// `recall_floor_state` in cache-aside mode with a floor set: the code after the
 /// engine's own ([`FloorState::code`]).
-pub const RECALL_STATE_UNAVAILABLE: u8 = 5;
+pub(crate) const RECALL_STATE_UNAVAILABLE: u8 = 5;
 
 /// The name of a `recall_floor_state` code: the engine's [`FloorState::name`], or
 /// `unavailable`; `None` past those.
-pub fn recall_state_name(code: usize) -> Option<&'static str> {
+pub(crate) fn recall_state_name(code: usize) -> Option<&'static str> {
     match FloorState::from_code(code) {
         Some(s) => Some(s.name()),
         None if code == RECALL_STATE_UNAVAILABLE as usize => Some("unavailable"),
@@ -77,7 +77,7 @@ fn histogram() -> Histogram<u64> {
 
 /// Plain counts one executor keeps beside its histograms.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ServiceCounters {
+pub(crate) struct ServiceCounters {
     pub requests: [u64; 6],
     pub errors: [u64; 6],
     pub searches_bypass: u64,
@@ -107,7 +107,7 @@ impl ServiceCounters {
 
 /// What one executor records.
 #[derive(Clone)]
-pub struct Recorded {
+pub(crate) struct Recorded {
     pub ops: [Histogram<u64>; 6],
     /// SEARCH by hit kind (wire order).
     pub kinds: [Histogram<u64>; 4],
@@ -147,7 +147,7 @@ fn nanos(d: Duration) -> u64 {
 
 /// One executor's metrics.
 #[derive(Default)]
-pub struct ExecutorMetrics {
+pub(crate) struct ExecutorMetrics {
     inner: Mutex<Recorded>,
 }
 
@@ -159,7 +159,7 @@ impl ExecutorMetrics {
     }
 
     /// One finished request: its latency, and for SEARCH its hit kind (wire code).
-    pub fn record(&self, op: Op, kind: Option<u8>, latency: Duration, ok: bool) {
+    pub(crate) fn record(&self, op: Op, kind: Option<u8>, latency: Duration, ok: bool) {
         let ns = nanos(latency);
         self.with(|r| {
             let i = op as usize;
@@ -175,23 +175,23 @@ impl ExecutorMetrics {
         })
     }
 
-    pub fn record_backend(&self, latency: Duration) {
+    pub(crate) fn record_backend(&self, latency: Duration) {
         let ns = nanos(latency);
         self.with(|r| r.backend.saturating_record(ns));
     }
 
-    pub fn count(&self, f: impl FnOnce(&mut ServiceCounters)) {
+    pub(crate) fn count(&self, f: impl FnOnce(&mut ServiceCounters)) {
         self.with(|r| f(&mut r.counters));
     }
 
     /// A copy, for merging outside the lock.
-    pub fn copy(&self) -> Recorded {
+    pub(crate) fn copy(&self) -> Recorded {
         self.with(|r| r.clone())
     }
 }
 
 /// Merges every executor's metrics.
-pub fn merge_all<'a>(all: impl IntoIterator<Item = &'a ExecutorMetrics>) -> Recorded {
+pub(crate) fn merge_all<'a>(all: impl IntoIterator<Item = &'a ExecutorMetrics>) -> Recorded {
     let mut out = Recorded::default();
     for m in all {
         out.merge(&m.copy());
@@ -316,7 +316,7 @@ impl Snapshot {
 }
 
 /// Appends `name value` lines (STATS), latencies in microseconds.
-pub fn write_stats(out: &mut String, samples: &[Sample]) {
+pub(crate) fn write_stats(out: &mut String, samples: &[Sample]) {
     for s in samples {
         let name = s.stats_name();
         match &s.value {
@@ -343,7 +343,7 @@ pub fn write_stats(out: &mut String, samples: &[Sample]) {
 
 /// Appends the Prometheus text: one HELP and TYPE per family, at its first sample, then
 /// all of that family's samples.
-pub fn write_prometheus(out: &mut String, samples: &[Sample]) {
+pub(crate) fn write_prometheus(out: &mut String, samples: &[Sample]) {
     let mut seen: Vec<&str> = Vec::new();
     for (i, s) in samples.iter().enumerate() {
         if seen.contains(&s.family) {

@@ -18,11 +18,13 @@
 //!  +------+--------+--------+-------+--------+------------+----------+------ - -
 //! ```
 
-pub mod compose;
+mod compose;
+/// The fuzz targets' properties: built for cargo-fuzz (`--cfg fuzzing`) and the unit tests.
+#[cfg(any(fuzzing, test))]
 #[doc(hidden)]
 pub mod fuzz_support;
-pub mod parse;
-pub mod validate;
+mod parse;
+pub(crate) mod validate;
 
 #[cfg(test)]
 mod tests;
