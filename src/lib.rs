@@ -37,5 +37,6 @@ pub mod testing {
     pub mod pgvector {
         pub use crate::service::pgvector::conn::{PgAnswer, PgConn};
         pub use crate::service::pgvector::discover::{search_plan, start};
+        pub use crate::service::pgvector::PgTarget;
     }
 }

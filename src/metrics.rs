@@ -201,7 +201,7 @@ pub(crate) fn merge_all<'a>(all: impl IntoIterator<Item = &'a ExecutorMetrics>) 
 
 /// A sample's kind and value.
 #[derive(Clone, Debug)]
-pub enum Value {
+pub(crate) enum Value {
     Counter(u64),
     Gauge(f64),
     /// Nanoseconds. STATS shows the count and quantiles in µs; Prometheus a summary in
@@ -212,7 +212,7 @@ pub enum Value {
 /// One metric with its family, help and labels. STATS names it
 /// `family[_labelvalue...]`; Prometheus `aker_family[_total|_seconds]{labels}`.
 #[derive(Clone, Debug)]
-pub struct Sample {
+pub(crate) struct Sample {
     pub family: &'static str,
     pub help: &'static str,
     pub labels: Vec<(&'static str, String)>,
@@ -220,7 +220,7 @@ pub struct Sample {
 }
 
 impl Sample {
-    pub fn new(family: &'static str, help: &'static str, value: Value) -> Sample {
+    pub(crate) fn new(family: &'static str, help: &'static str, value: Value) -> Sample {
         Sample {
             family,
             help,
@@ -229,15 +229,15 @@ impl Sample {
         }
     }
 
-    pub fn counter(family: &'static str, help: &'static str, value: u64) -> Sample {
+    pub(crate) fn counter(family: &'static str, help: &'static str, value: u64) -> Sample {
         Sample::new(family, help, Value::Counter(value))
     }
 
-    pub fn gauge(family: &'static str, help: &'static str, value: f64) -> Sample {
+    pub(crate) fn gauge(family: &'static str, help: &'static str, value: f64) -> Sample {
         Sample::new(family, help, Value::Gauge(value))
     }
 
-    pub fn label(mut self, key: &'static str, value: impl Into<String>) -> Sample {
+    pub(crate) fn label(mut self, key: &'static str, value: impl Into<String>) -> Sample {
         self.labels.push((key, value.into()));
         self
     }
@@ -255,27 +255,27 @@ impl Sample {
 
 /// Everything STATS and /metrics show, taken at one moment.
 #[derive(Clone, Debug, Default)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub samples: Vec<Sample>,
 }
 
 const QUANTILES: [(f64, &str); 4] = [(0.5, "p50"), (0.9, "p90"), (0.99, "p99"), (0.999, "p999")];
 
 impl Snapshot {
-    pub fn push(&mut self, sample: Sample) {
+    pub(crate) fn push(&mut self, sample: Sample) {
         self.samples.push(sample);
     }
 
-    pub fn counter(&mut self, family: &'static str, help: &'static str, value: u64) {
+    pub(crate) fn counter(&mut self, family: &'static str, help: &'static str, value: u64) {
         self.push(Sample::counter(family, help, value));
     }
 
-    pub fn gauge(&mut self, family: &'static str, help: &'static str, value: f64) {
+    pub(crate) fn gauge(&mut self, family: &'static str, help: &'static str, value: f64) {
         self.push(Sample::gauge(family, help, value));
     }
 
     /// The sample of `family` whose label values are `labels`.
-    pub fn find(&self, family: &str, labels: &[&str]) -> Option<&Sample> {
+    pub(crate) fn find(&self, family: &str, labels: &[&str]) -> Option<&Sample> {
         self.samples.iter().find(|s| {
             s.family == family
                 && s.labels.len() == labels.len()
@@ -284,7 +284,7 @@ impl Snapshot {
     }
 
     /// The value of an unlabelled counter or gauge (tests, the demo).
-    pub fn value(&self, family: &str) -> Option<f64> {
+    pub(crate) fn value(&self, family: &str) -> Option<f64> {
         match self.find(family, &[])?.value {
             Value::Counter(v) => Some(v as f64),
             Value::Gauge(v) => Some(v),
@@ -293,7 +293,7 @@ impl Snapshot {
     }
 
     /// The `latency` histogram with these label values (`["search", "exact"]`).
-    pub fn latency(&self, labels: &[&str]) -> Option<&Histogram<u64>> {
+    pub(crate) fn latency(&self, labels: &[&str]) -> Option<&Histogram<u64>> {
         match &self.find("latency", labels)?.value {
             Value::Latency(h) => Some(h),
             _ => None,
@@ -301,14 +301,14 @@ impl Snapshot {
     }
 
     /// `name value` lines (STATS).
-    pub fn render_stats(&self) -> String {
+    pub(crate) fn render_stats(&self) -> String {
         let mut out = String::with_capacity(4096);
         write_stats(&mut out, &self.samples);
         out
     }
 
     /// The Prometheus text exposition format (version 0.0.4).
-    pub fn render_prometheus(&self) -> String {
+    pub(crate) fn render_prometheus(&self) -> String {
         let mut out = String::with_capacity(8192);
         write_prometheus(&mut out, &self.samples);
         out

@@ -26,7 +26,7 @@ pub(crate) const HEADER_BYTES: usize = 8 + 4 + 8 + 8;
 
 /// What a checkpoint holds.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, Clone, PartialEq)]
-pub struct Checkpoint {
+pub(crate) struct Checkpoint {
     pub format: u32,
     /// Every log record up to this seq is in it.
     pub seq: u64,

@@ -46,7 +46,7 @@ const MANIFEST: &str = "manifest";
 
 /// What the store keeps beside its graph, and how to know the graph's files.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, Clone, PartialEq)]
-pub struct Manifest {
+pub(crate) struct Manifest {
     pub format: u32,
     /// The checkpoint this graph belongs to.
     pub seq: u64,
@@ -65,7 +65,7 @@ pub struct Manifest {
 
 /// One hnsw_rs file's length and xxh3_64.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, Clone, PartialEq)]
-pub struct FileSum {
+pub(crate) struct FileSum {
     pub name: String,
     pub bytes: u64,
     pub xxh3: u64,

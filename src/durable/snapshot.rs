@@ -41,7 +41,7 @@ const TMP: &str = "cache.snapshot.tmp";
 const COLLECTION_FILE: &str = "collection-id";
 
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, Clone, PartialEq)]
-pub struct CacheSnapshot {
+pub(crate) struct CacheSnapshot {
     pub format: u32,
     /// The data directory's collection id ([`collection_id`]).
     pub collection: u64,

@@ -75,7 +75,7 @@ pub struct PgTarget {
     reconnect_max: Duration,
     with_vectors: bool,
     has_payload: bool,
-    pub stats: PgStats,
+    pub(crate) stats: PgStats,
 }
 
 /// The text of the statements every connection prepares.
@@ -96,7 +96,7 @@ impl Sql {
 
 /// Counters of the connection pool, for STATS and /metrics.
 #[derive(Default)]
-pub struct PgStats {
+pub(crate) struct PgStats {
     /// Backend threads holding a live connection.
     pub connections_up: AtomicU64,
     /// Connections opened after a lost one (not the first of each thread).
