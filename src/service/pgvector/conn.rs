@@ -658,7 +658,11 @@ impl PgConn {
     }
 
     /// Deletes `id`, committed before this returns; whether a row was there.
-    pub(crate) fn delete(&mut self, id: u64, deadline: Option<Instant>) -> Result<bool, WriteError> {
+    pub(crate) fn delete(
+        &mut self,
+        id: u64,
+        deadline: Option<Instant>,
+    ) -> Result<bool, WriteError> {
         let Ok(db_id) = i64::try_from(id) else {
             // Such an id cannot be in a bigint column.
             return Ok(false);
