@@ -33,9 +33,9 @@ use crate::read::{CacheReader, Counters, HitKind, Lookup, MissTicket, Neighbor};
 use crate::takers::Takers;
 
 /// Bytes charged per representative beyond its query vector and list.
-pub const REP_OVERHEAD_BYTES: usize = 160;
+pub(crate) const REP_OVERHEAD_BYTES: usize = 160;
 /// Bytes charged per alias (a table slot and a key in its representative).
-pub const ALIAS_BYTES: usize = 48;
+pub(crate) const ALIAS_BYTES: usize = 48;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admission {
@@ -71,7 +71,7 @@ pub struct DeleteOutcome {
 
 /// Why a representative left the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Removal {
+pub(crate) enum Removal {
     Evicted,
     Invalidated,
     Replaced,

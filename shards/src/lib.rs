@@ -28,30 +28,32 @@
 // unsafe block (CI runs clippy with these as errors).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+// Items inside private modules are `pub(crate)` unless re-exported (CI denies warnings).
+#![warn(unreachable_pub)]
 
 pub mod backend;
 pub mod budget;
-pub mod cache;
+mod cache;
 pub mod config;
 pub mod counter;
 pub mod entry;
-pub mod epoch;
+mod epoch;
 pub mod error;
 pub mod exact_table;
 pub mod filter;
 pub mod floor;
 pub mod gap;
-pub mod hash;
-pub mod insert_log;
+mod hash;
+mod insert_log;
 mod kernels;
-pub mod keys;
-pub mod metric;
+mod keys;
+mod metric;
 pub mod owner;
-pub mod policy;
-pub mod pool;
+mod policy;
+mod pool;
 mod reach;
 pub mod read;
-pub mod refresh;
+mod refresh;
 pub mod router;
 pub mod sharded;
 pub mod snapshot;
