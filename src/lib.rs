@@ -9,12 +9,16 @@
 //! - [`service`]: the daemon (`akerd`): the engine behind the connection layer across
 //!   executors, backend threads, the admin endpoint.
 //! - [`auth`]: the shared secret and the challenge-response of protocol version 3.
-//! - [`config`]: the daemon's TOML file; [`metrics`]: histograms, STATS and Prometheus;
-//!   [`demo`]: `akerd --demo`.
+//! - [`config`]: the daemon's TOML file; [`demo`]: `akerd --demo`.
 //! - [`cli`]: `aker-cli`, the operator's command line (ping, stats, search, flush, watch).
+//!
+//! That is the API. The rest is `pub(crate)`: `durable` (the embedded store's log,
+//! checkpoints and the cache snapshot), `metrics` (histograms, STATS and Prometheus), the
+//! service's parts. `testing` (hidden) is not API: what the repository's own tests and
+//! benches reach inside for.
 
-// What is `pub` is the library's API (the modules above); everything else is
-// `pub(crate)`, and this lint keeps it so (CI's clippy denies warnings).
+// `unreachable_pub` keeps the surface honest: a `pub` no user can reach warns, and CI's
+// clippy denies warnings.
 #![warn(unreachable_pub)]
 
 pub mod auth;

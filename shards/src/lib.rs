@@ -3,27 +3,27 @@
 //!
 //! | mechanism (ALGORITHM.md)                         | where                       |
 //! |--------------------------------------------------|-----------------------------|
-//! | distances (squared L2, 1 - cos, -dot)            | [`metric`], `kernels`       |
+//! | distances (squared L2, 1 - cos, -dot)            | `metric`, `kernels`         |
 //! | the thresholds' unit (angular on ip)             | [`gap`]                     |
-//! | 128-bit query keys, representative ids           | [`keys`]                    |
+//! | 128-bit query keys, representative ids           | `keys`                      |
 //! | exact table slots, representatives and aliases   | [`exact_table`], [`entry`]  |
 //! | lookup (lock-free read side)                     | [`read`]                    |
-//! | admission, FIFO eviction, deletes (owner)        | [`cache`]                   |
-//! | epoch-published values (seize)                   | [`epoch`]                   |
-//! | neighbour objects with reference counts          | [`pool`]                    |
+//! | admission, FIFO eviction, deletes (owner)        | `cache`                     |
+//! | epoch-published values (seize)                   | `epoch`                     |
+//! | neighbour objects with reference counts          | `pool`                      |
 //! | dual query filter, rotation keeps survivors      | [`filter`]                  |
 //! | the filter's lock-free HNSW graph (int8 codes)   | [`filter::GraphIndex`]      |
-//! | insert log, delete log (in-flight misses)        | [`insert_log`]              |
-//! | fast path, slow path, risk                       | [`refresh`]                 |
+//! | insert log, delete log (in-flight misses)        | `insert_log`                |
+//! | fast path, slow path, risk                       | `refresh`                   |
 //! | the fast path's exact index of takers            | `takers`                    |
-//! | hit policies: Aker, Proximity+, Potluck+         | [`policy`]                  |
+//! | hit policies: Aker, Proximity+, Potluck+         | `policy`                    |
 //! | backends: trait, exact and HNSW stores           | [`backend`], [`store`]      |
 //! | routing by centroid, load-based assignment       | [`router`]                  |
 //! | global pool budget, shares follow admissions     | [`budget`]                  |
 //! | owner messages (bounded channel, hints dropped)  | [`owner`]                   |
 //! | lookup across shards, one constructor, rebalance | [`sharded`]                 |
 //! | warm-restart images of shards and the router     | [`snapshot`]                |
-//! | the maps' hasher (foldhash)                      | [`hash`]                    |
+//! | the maps' hasher (foldhash)                      | `hash`                      |
 // Every unsafe block says why it is sound, and an unsafe fn's body is not one implicit
 // unsafe block (CI runs clippy with these as errors).
 #![deny(unsafe_op_in_unsafe_fn)]
