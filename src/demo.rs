@@ -119,7 +119,7 @@ pub struct DemoReport {
     pub executors: usize,
     pub shards: usize,
     pub pool_objects: usize,
-    pub server: Snapshot,
+    pub(crate) server: Snapshot,
 }
 
 impl DemoReport {

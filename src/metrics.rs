@@ -20,7 +20,7 @@ use shards::floor::FloorState;
 
 /// Service operations with their own latency histogram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
+pub(crate) enum Op {
     Search,
     Insert,
     Delete,
@@ -30,7 +30,7 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 6] = [
+    pub(crate) const ALL: [Op; 6] = [
         Op::Search,
         Op::Insert,
         Op::Delete,
@@ -38,7 +38,7 @@ impl Op {
         Op::Flush,
         Op::Stats,
     ];
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Op::Search => "search",
             Op::Insert => "insert",
@@ -51,15 +51,15 @@ impl Op {
 }
 
 /// Hit kinds in wire order (`protocol::HitKind::code`): miss, exact, alias, approximate.
-pub const KIND_NAMES: [&str; 4] = ["miss", "exact", "alias", "approximate"];
+pub(crate) const KIND_NAMES: [&str; 4] = ["miss", "exact", "alias", "approximate"];
 
 /// `recall_floor_state` in cache-aside mode with a floor set: the code after the
 /// engine's own ([`FloorState::code`]).
-pub const RECALL_STATE_UNAVAILABLE: u8 = 5;
+pub(crate) const RECALL_STATE_UNAVAILABLE: u8 = 5;
 
 /// The name of a `recall_floor_state` code: the engine's [`FloorState::name`], or
 /// `unavailable`; `None` past those.
-pub fn recall_state_name(code: usize) -> Option<&'static str> {
+pub(crate) fn recall_state_name(code: usize) -> Option<&'static str> {
     match FloorState::from_code(code) {
         Some(s) => Some(s.name()),
         None if code == RECALL_STATE_UNAVAILABLE as usize => Some("unavailable"),
@@ -76,7 +76,7 @@ fn histogram() -> Histogram<u64> {
 
 /// Plain counts one executor keeps beside its histograms.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ServiceCounters {
+pub(crate) struct ServiceCounters {
     pub requests: [u64; 6],
     pub errors: [u64; 6],
     pub searches_bypass: u64,
@@ -106,7 +106,7 @@ impl ServiceCounters {
 
 /// What one executor records.
 #[derive(Clone)]
-pub struct Recorded {
+pub(crate) struct Recorded {
     pub ops: [Histogram<u64>; 6],
     /// SEARCH by hit kind (wire order).
     pub kinds: [Histogram<u64>; 4],
@@ -146,7 +146,7 @@ fn nanos(d: Duration) -> u64 {
 
 /// One executor's metrics.
 #[derive(Default)]
-pub struct ExecutorMetrics {
+pub(crate) struct ExecutorMetrics {
     inner: Mutex<Recorded>,
 }
 
@@ -158,7 +158,7 @@ impl ExecutorMetrics {
     }
 
     /// One finished request: its latency, and for SEARCH its hit kind (wire code).
-    pub fn record(&self, op: Op, kind: Option<u8>, latency: Duration, ok: bool) {
+    pub(crate) fn record(&self, op: Op, kind: Option<u8>, latency: Duration, ok: bool) {
         let ns = nanos(latency);
         self.with(|r| {
             let i = op as usize;
@@ -174,23 +174,23 @@ impl ExecutorMetrics {
         })
     }
 
-    pub fn record_backend(&self, latency: Duration) {
+    pub(crate) fn record_backend(&self, latency: Duration) {
         let ns = nanos(latency);
         self.with(|r| r.backend.saturating_record(ns));
     }
 
-    pub fn count(&self, f: impl FnOnce(&mut ServiceCounters)) {
+    pub(crate) fn count(&self, f: impl FnOnce(&mut ServiceCounters)) {
         self.with(|r| f(&mut r.counters));
     }
 
     /// A copy, for merging outside the lock.
-    pub fn copy(&self) -> Recorded {
+    pub(crate) fn copy(&self) -> Recorded {
         self.with(|r| r.clone())
     }
 }
 
 /// Merges every executor's metrics.
-pub fn merge_all<'a>(all: impl IntoIterator<Item = &'a ExecutorMetrics>) -> Recorded {
+pub(crate) fn merge_all<'a>(all: impl IntoIterator<Item = &'a ExecutorMetrics>) -> Recorded {
     let mut out = Recorded::default();
     for m in all {
         out.merge(&m.copy());
@@ -200,7 +200,7 @@ pub fn merge_all<'a>(all: impl IntoIterator<Item = &'a ExecutorMetrics>) -> Reco
 
 /// A sample's kind and value.
 #[derive(Clone, Debug)]
-pub enum Value {
+pub(crate) enum Value {
     Counter(u64),
     Gauge(f64),
     /// Nanoseconds. STATS shows the count and quantiles in µs; Prometheus a summary in
@@ -211,7 +211,7 @@ pub enum Value {
 /// One metric with its family, help and labels. STATS names it
 /// `family[_labelvalue...]`; Prometheus `aker_family[_total|_seconds]{labels}`.
 #[derive(Clone, Debug)]
-pub struct Sample {
+pub(crate) struct Sample {
     pub family: &'static str,
     pub help: &'static str,
     pub labels: Vec<(&'static str, String)>,
@@ -219,7 +219,7 @@ pub struct Sample {
 }
 
 impl Sample {
-    pub fn new(family: &'static str, help: &'static str, value: Value) -> Sample {
+    pub(crate) fn new(family: &'static str, help: &'static str, value: Value) -> Sample {
         Sample {
             family,
             help,
@@ -228,15 +228,15 @@ impl Sample {
         }
     }
 
-    pub fn counter(family: &'static str, help: &'static str, value: u64) -> Sample {
+    pub(crate) fn counter(family: &'static str, help: &'static str, value: u64) -> Sample {
         Sample::new(family, help, Value::Counter(value))
     }
 
-    pub fn gauge(family: &'static str, help: &'static str, value: f64) -> Sample {
+    pub(crate) fn gauge(family: &'static str, help: &'static str, value: f64) -> Sample {
         Sample::new(family, help, Value::Gauge(value))
     }
 
-    pub fn label(mut self, key: &'static str, value: impl Into<String>) -> Sample {
+    pub(crate) fn label(mut self, key: &'static str, value: impl Into<String>) -> Sample {
         self.labels.push((key, value.into()));
         self
     }
@@ -254,27 +254,27 @@ impl Sample {
 
 /// Everything STATS and /metrics show, taken at one moment.
 #[derive(Clone, Debug, Default)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub samples: Vec<Sample>,
 }
 
 const QUANTILES: [(f64, &str); 4] = [(0.5, "p50"), (0.9, "p90"), (0.99, "p99"), (0.999, "p999")];
 
 impl Snapshot {
-    pub fn push(&mut self, sample: Sample) {
+    pub(crate) fn push(&mut self, sample: Sample) {
         self.samples.push(sample);
     }
 
-    pub fn counter(&mut self, family: &'static str, help: &'static str, value: u64) {
+    pub(crate) fn counter(&mut self, family: &'static str, help: &'static str, value: u64) {
         self.push(Sample::counter(family, help, value));
     }
 
-    pub fn gauge(&mut self, family: &'static str, help: &'static str, value: f64) {
+    pub(crate) fn gauge(&mut self, family: &'static str, help: &'static str, value: f64) {
         self.push(Sample::gauge(family, help, value));
     }
 
     /// The sample of `family` whose label values are `labels`.
-    pub fn find(&self, family: &str, labels: &[&str]) -> Option<&Sample> {
+    pub(crate) fn find(&self, family: &str, labels: &[&str]) -> Option<&Sample> {
         self.samples.iter().find(|s| {
             s.family == family
                 && s.labels.len() == labels.len()
@@ -283,7 +283,7 @@ impl Snapshot {
     }
 
     /// The value of an unlabelled counter or gauge (tests, the demo).
-    pub fn value(&self, family: &str) -> Option<f64> {
+    pub(crate) fn value(&self, family: &str) -> Option<f64> {
         match self.find(family, &[])?.value {
             Value::Counter(v) => Some(v as f64),
             Value::Gauge(v) => Some(v),
@@ -292,7 +292,7 @@ impl Snapshot {
     }
 
     /// The `latency` histogram with these label values (`["search", "exact"]`).
-    pub fn latency(&self, labels: &[&str]) -> Option<&Histogram<u64>> {
+    pub(crate) fn latency(&self, labels: &[&str]) -> Option<&Histogram<u64>> {
         match &self.find("latency", labels)?.value {
             Value::Latency(h) => Some(h),
             _ => None,
@@ -300,14 +300,14 @@ impl Snapshot {
     }
 
     /// `name value` lines (STATS).
-    pub fn render_stats(&self) -> String {
+    pub(crate) fn render_stats(&self) -> String {
         let mut out = String::with_capacity(4096);
         write_stats(&mut out, &self.samples);
         out
     }
 
     /// The Prometheus text exposition format (version 0.0.4).
-    pub fn render_prometheus(&self) -> String {
+    pub(crate) fn render_prometheus(&self) -> String {
         let mut out = String::with_capacity(8192);
         write_prometheus(&mut out, &self.samples);
         out
@@ -315,7 +315,7 @@ impl Snapshot {
 }
 
 /// Appends `name value` lines (STATS), latencies in microseconds.
-pub fn write_stats(out: &mut String, samples: &[Sample]) {
+pub(crate) fn write_stats(out: &mut String, samples: &[Sample]) {
     for s in samples {
         let name = s.stats_name();
         match &s.value {
@@ -342,7 +342,7 @@ pub fn write_stats(out: &mut String, samples: &[Sample]) {
 
 /// Appends the Prometheus text: one HELP and TYPE per family, at its first sample, then
 /// all of that family's samples.
-pub fn write_prometheus(out: &mut String, samples: &[Sample]) {
+pub(crate) fn write_prometheus(out: &mut String, samples: &[Sample]) {
     let mut seen: Vec<&str> = Vec::new();
     for (i, s) in samples.iter().enumerate() {
         if seen.contains(&s.family) {

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use aker::config::{BackendKind, Config};
 use aker::protocol::{HitKind, InsertRequest, SearchRequest, Status};
-use aker::service::{pgvector, Daemon, Dataset};
+use aker::service::{Daemon, Dataset};
+use aker::testing::pgvector;
 use aker_formats::data;
 use akerd_common::{client, ids, query_near, search_until, stat, K};
 use pg_common::{shared, PgServer};

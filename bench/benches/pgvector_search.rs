@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use ::pgvector::Vector;
 use aker::config::PgvectorSection;
-use aker::service::pgvector;
+use aker::testing::pgvector;
 use aker_formats::data;
 use criterion::{criterion_group, criterion_main, Criterion};
 

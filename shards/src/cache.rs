@@ -37,9 +37,9 @@ type PinnedMap<'a, K, V> =
     papaya::HashMapRef<'a, K, V, crate::hash::RandomState, papaya::LocalGuard<'a>>;
 
 /// Bytes charged per representative beyond its query vector and list.
-pub const REP_OVERHEAD_BYTES: usize = 160;
+pub(crate) const REP_OVERHEAD_BYTES: usize = 160;
 /// Bytes charged per alias (a table slot and a key in its representative).
-pub const ALIAS_BYTES: usize = 48;
+pub(crate) const ALIAS_BYTES: usize = 48;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admission {
@@ -75,7 +75,7 @@ pub struct DeleteOutcome {
 
 /// Why a representative left the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Removal {
+pub(crate) enum Removal {
     Evicted,
     Invalidated,
     Replaced,

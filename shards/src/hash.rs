@@ -7,8 +7,8 @@
 //! (result ids, query vectors) cannot be aimed at one bucket without seeing the seed.
 
 /// Hasher state for every map of the engine.
-pub type RandomState = foldhash::fast::RandomState;
-pub type HashMap<K, V> = std::collections::HashMap<K, V, RandomState>;
-pub type HashSet<K> = std::collections::HashSet<K, RandomState>;
+pub(crate) type RandomState = foldhash::fast::RandomState;
+pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, RandomState>;
+pub(crate) type HashSet<K> = std::collections::HashSet<K, RandomState>;
 /// The lock-free maps readers probe.
-pub type SharedMap<K, V> = papaya::HashMap<K, V, RandomState>;
+pub(crate) type SharedMap<K, V> = papaya::HashMap<K, V, RandomState>;

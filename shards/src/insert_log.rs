@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::hash::{HashMap, HashSet};
 
 #[derive(Clone, Debug)]
-pub struct LogRecord {
+pub(crate) struct LogRecord {
     pub seq: u64,
     pub id: u64,
     /// `None` once the id was deleted: the slow path must not merge it back.
@@ -23,7 +23,7 @@ pub struct LogRecord {
 }
 
 #[derive(Debug, Default)]
-pub struct InsertLog {
+pub(crate) struct InsertLog {
     records: VecDeque<LogRecord>,
     /// Sequence number of the newest record (0: none yet).
     last_seq: u64,
@@ -32,7 +32,7 @@ pub struct InsertLog {
 }
 
 impl InsertLog {
-    pub fn append(&mut self, id: u64, v: Arc<[f32]>) -> u64 {
+    pub(crate) fn append(&mut self, id: u64, v: Arc<[f32]>) -> u64 {
         self.last_seq += 1;
         self.records.push_back(LogRecord {
             seq: self.last_seq,
@@ -43,25 +43,21 @@ impl InsertLog {
         self.last_seq
     }
 
-    pub fn last_seq(&self) -> u64 {
+    pub(crate) fn last_seq(&self) -> u64 {
         self.last_seq
     }
 
     /// Sequence number of the oldest record held (`last_seq + 1` when empty).
-    pub fn head_seq(&self) -> u64 {
+    pub(crate) fn head_seq(&self) -> u64 {
         self.records.front().map_or(self.last_seq + 1, |r| r.seq)
     }
 
     /// `W`: records held.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.records.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
-    }
-
-    pub fn get(&self, seq: u64) -> Option<&LogRecord> {
+    pub(crate) fn get(&self, seq: u64) -> Option<&LogRecord> {
         let head = self.head_seq();
         if seq < head {
             return None;
@@ -69,12 +65,12 @@ impl InsertLog {
         self.records.get((seq - head) as usize)
     }
 
-    pub fn contains_id(&self, id: u64) -> bool {
+    pub(crate) fn contains_id(&self, id: u64) -> bool {
         self.by_id.contains_key(&id)
     }
 
     /// Marks every record of `id` deleted.
-    pub fn tombstone(&mut self, id: u64) {
+    pub(crate) fn tombstone(&mut self, id: u64) {
         let head = self.head_seq();
         if let Some(seqs) = self.by_id.remove(&id) {
             for s in seqs {
@@ -86,7 +82,7 @@ impl InsertLog {
     }
 
     /// Drops every record with `seq <= upto`.
-    pub fn trim_to(&mut self, upto: u64) -> usize {
+    pub(crate) fn trim_to(&mut self, upto: u64) -> usize {
         let mut n = 0;
         while self.records.front().is_some_and(|r| r.seq <= upto) {
             let r = self.records.pop_front().expect("front checked");
@@ -103,19 +99,14 @@ impl InsertLog {
         n
     }
 
-    pub fn clear(&mut self) {
-        self.records.clear();
-        self.by_id.clear();
-    }
-
     /// Every record held, oldest first (a warm-restart image).
-    pub fn records(&self) -> impl Iterator<Item = &LogRecord> {
+    pub(crate) fn records(&self) -> impl Iterator<Item = &LogRecord> {
         self.records.iter()
     }
 
     /// Appends a record that was already tombstoned where it came from: it keeps its
     /// place in the sequence but the slow path skips it.
-    pub fn append_tombstoned(&mut self, id: u64) -> u64 {
+    pub(crate) fn append_tombstoned(&mut self, id: u64) -> u64 {
         self.last_seq += 1;
         self.records.push_back(LogRecord {
             seq: self.last_seq,
@@ -131,14 +122,14 @@ impl InsertLog {
 const MAX_PREALLOCATED_DELETES: usize = 1 << 20;
 
 #[derive(Debug)]
-pub struct DeleteLog {
+pub(crate) struct DeleteLog {
     records: VecDeque<(u64, u64)>,
     last_seq: u64,
     cap: usize,
 }
 
 impl DeleteLog {
-    pub fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         DeleteLog {
             // Allocated whole up front: growing it inside a delete copied the window
             // while the owner waited (1-8 ms at 8k-64k records on a fragmented heap).
@@ -148,7 +139,7 @@ impl DeleteLog {
         }
     }
 
-    pub fn append(&mut self, id: u64) -> u64 {
+    pub(crate) fn append(&mut self, id: u64) -> u64 {
         self.last_seq += 1;
         self.records.push_back((self.last_seq, id));
         while self.records.len() > self.cap {
@@ -157,12 +148,12 @@ impl DeleteLog {
         self.last_seq
     }
 
-    pub fn last_seq(&self) -> u64 {
+    pub(crate) fn last_seq(&self) -> u64 {
         self.last_seq
     }
 
     /// Ids deleted after `seq`; `None` when the log no longer reaches back that far.
-    pub fn deleted_since(&self, seq: u64) -> Option<HashSet<u64>> {
+    pub(crate) fn deleted_since(&self, seq: u64) -> Option<HashSet<u64>> {
         let head = self.records.front().map_or(self.last_seq + 1, |r| r.0);
         if seq + 1 < head {
             return None;

@@ -13,59 +13,43 @@ use crate::entry::RepId;
 use crate::hash::HashMap;
 
 /// Bytes charged per object beyond its vector and payload (map slot, holder list).
-pub const OBJECT_OVERHEAD_BYTES: usize = 64;
+pub(crate) const OBJECT_OVERHEAD_BYTES: usize = 64;
 
 /// The representatives holding an object. Most objects have one or two, kept inline:
 /// a heap list per object cost every acquire and release a second cache miss and an
 /// allocation or free (a fifth of a d = 768 admission in a profile).
-pub type Holders = SmallVec<[RepId; 2]>;
+pub(crate) type Holders = SmallVec<[RepId; 2]>;
 
 #[derive(Debug, Default)]
-pub struct NeighborObject {
+pub(crate) struct NeighborObject {
     pub vector: Option<Arc<[f32]>>,
     pub payload: Option<Arc<[u8]>>,
     /// Representatives whose `NRL` lists this id; `holders.len()` is the reference count.
     pub holders: Holders,
 }
 
-impl NeighborObject {
-    pub fn refs(&self) -> usize {
-        self.holders.len()
-    }
-    pub fn bytes(&self) -> usize {
-        OBJECT_OVERHEAD_BYTES
-            + self.vector.as_ref().map_or(0, |v| v.len() * 4)
-            + self.payload.as_ref().map_or(0, |p| p.len())
-            + if self.holders.spilled() {
-                self.holders.capacity() * 8
-            } else {
-                0
-            }
-    }
-}
-
 #[derive(Debug, Default)]
-pub struct NeighborPool {
+pub(crate) struct NeighborPool {
     objects: HashMap<u64, NeighborObject>,
     /// Bytes of vectors and payloads (holder lists are charged at a flat rate).
     data_bytes: usize,
 }
 
 impl NeighborPool {
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.objects.len()
     }
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.objects.is_empty()
     }
-    pub fn get(&self, id: u64) -> Option<&NeighborObject> {
+    pub(crate) fn get(&self, id: u64) -> Option<&NeighborObject> {
         self.objects.get(&id)
     }
-    pub fn contains(&self, id: u64) -> bool {
+    pub(crate) fn contains(&self, id: u64) -> bool {
         self.objects.contains_key(&id)
     }
     /// Estimated bytes held by the pool.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.objects.len() * OBJECT_OVERHEAD_BYTES + self.data_bytes
     }
 
@@ -73,7 +57,7 @@ impl NeighborPool {
     /// (the lookups are independent) before a loop of `acquire` / `release` on the same
     /// ids, each of which would otherwise wait for its own: the map holds a cache's
     /// worth of objects, and those misses were a sixth of an admission at d = 768.
-    pub fn warm(&self, ids: impl Iterator<Item = u64>) {
+    pub(crate) fn warm(&self, ids: impl Iterator<Item = u64>) {
         for id in ids {
             std::hint::black_box(self.objects.get(&id));
         }
@@ -81,7 +65,7 @@ impl NeighborPool {
 
     /// Takes a reference on `id` for `rep`, creating the object if needed. A vector or
     /// payload given here fills an object that has none.
-    pub fn acquire(
+    pub(crate) fn acquire(
         &mut self,
         id: u64,
         rep: RepId,
@@ -106,7 +90,7 @@ impl NeighborPool {
     }
 
     /// Drops `rep`'s reference on `id`; frees the object at zero. True when freed.
-    pub fn release(&mut self, id: u64, rep: RepId) -> bool {
+    pub(crate) fn release(&mut self, id: u64, rep: RepId) -> bool {
         let Some(obj) = self.objects.get_mut(&id) else {
             debug_assert!(false, "release of absent object {id}");
             return false;
@@ -123,19 +107,14 @@ impl NeighborPool {
     }
 
     /// Removes the object whatever its references; returns its holders.
-    pub fn remove(&mut self, id: u64) -> Option<Holders> {
+    pub(crate) fn remove(&mut self, id: u64) -> Option<Holders> {
         let obj = self.objects.remove(&id)?;
         self.data_bytes -= obj.vector.as_ref().map_or(0, |v| v.len() * 4)
             + obj.payload.as_ref().map_or(0, |p| p.len());
         Some(obj.holders)
     }
 
-    pub fn clear(&mut self) {
-        self.objects.clear();
-        self.data_bytes = 0;
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = (&u64, &NeighborObject)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&u64, &NeighborObject)> {
         self.objects.iter()
     }
 }

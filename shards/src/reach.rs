@@ -30,12 +30,12 @@ fn value(k: u32) -> f32 {
 }
 
 impl MaxDistances {
-    pub fn add(&mut self, d: f32) {
+    pub(crate) fn add(&mut self, d: f32) {
         *self.counts.entry(key(d)).or_insert(0) += 1;
     }
 
     /// Removes one list ending at `d`; it must have been added.
-    pub fn remove(&mut self, d: f32) {
+    pub(crate) fn remove(&mut self, d: f32) {
         let k = key(d);
         let c = self
             .counts
@@ -47,7 +47,7 @@ impl MaxDistances {
         }
     }
 
-    pub fn replace(&mut self, old: f32, new: f32) {
+    pub(crate) fn replace(&mut self, old: f32, new: f32) {
         if key(old) != key(new) {
             self.remove(old);
             self.add(new);
@@ -55,11 +55,11 @@ impl MaxDistances {
     }
 
     /// The largest `maxD`; `None` with no live list.
-    pub fn max(&self) -> Option<f32> {
+    pub(crate) fn max(&self) -> Option<f32> {
         self.counts.last_key_value().map(|(&k, _)| value(k))
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.counts.is_empty()
     }
 }

@@ -11,7 +11,7 @@
 //! ```
 //!
 //! Every structure here is either a papaya map (lock-free, seize-reclaimed) or an
-//! [`EpochCell`]; views are immutable once published, so a reader never sees a list
+//! `EpochCell`; views are immutable once published, so a reader never sees a list
 //! half-updated. Clippy's `disallowed-types` (see `clippy.toml`) keeps `Mutex` and
 //! `RwLock` out of this module.
 

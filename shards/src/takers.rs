@@ -124,11 +124,11 @@ impl Takers {
         }
     }
 
-    pub fn cells(&self) -> usize {
+    pub(crate) fn cells(&self) -> usize {
         self.cells.len()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.place.len()
     }
 
@@ -143,7 +143,14 @@ impl Takers {
 
     /// Adds representative `rep` at query `rq` (norm `rq_norm`), its list ending at
     /// `max_d` (filter unit).
-    pub fn add(&mut self, gauge: Gauge, rep: RepId, rq: &Arc<[f32]>, rq_norm: f32, max_d: f32) {
+    pub(crate) fn add(
+        &mut self,
+        gauge: Gauge,
+        rep: RepId,
+        rq: &Arc<[f32]>,
+        rq_norm: f32,
+        max_d: f32,
+    ) {
         debug_assert!(!self.place.contains_key(&rep));
         let member = |rho| Member {
             rep,
@@ -194,7 +201,7 @@ impl Takers {
     }
 
     /// `rep`'s list now ends at `max_d`: its cell's bounds grow if it did (never shrink).
-    pub fn update(&mut self, gauge: Gauge, rep: RepId, max_d: f32) {
+    pub(crate) fn update(&mut self, gauge: Gauge, rep: RepId, max_d: f32) {
         let Some(&(at, i)) = self.place.get(&rep) else {
             return;
         };
@@ -210,7 +217,7 @@ impl Takers {
 
     /// Removes `rep`; its cell's bounds are recomputed from the members left, and an
     /// empty cell goes.
-    pub fn remove(&mut self, gauge: Gauge, rep: RepId) {
+    pub(crate) fn remove(&mut self, gauge: Gauge, rep: RepId) {
         let Some((at, i)) = self.place.remove(&rep) else {
             return;
         };
@@ -247,7 +254,7 @@ impl Takers {
     /// Every representative that takes `v` (`d(v, RQ) < maxD` in the filter's unit),
     /// with that distance, pushed to `out`: the members of each cell the bounds cannot
     /// rule out, each tested by its own bound, then exactly.
-    pub fn takers(&self, gauge: Gauge, v: &[f32], out: &mut Vec<(RepId, f32)>) {
+    pub(crate) fn takers(&self, gauge: Gauge, v: &[f32], out: &mut Vec<(RepId, f32)>) {
         let test = |m: &Member| m.takes(gauge, v).map(|d| (m.rep, d));
         out.extend(self.always.iter().filter_map(test));
         // A zero vector has no direction either: on cosine, test everything.
@@ -311,7 +318,7 @@ impl Takers {
 
     /// Tests and `Cache::check_invariants`: `rep`'s place and bounds are consistent
     /// with `rq` and `max_d`.
-    pub fn check(&self, gauge: Gauge, rep: RepId, rq: &Arc<[f32]>, max_d: f32) -> bool {
+    pub(crate) fn check(&self, gauge: Gauge, rep: RepId, rq: &Arc<[f32]>, max_d: f32) -> bool {
         let Some(&(at, i)) = self.place.get(&rep) else {
             return false;
         };

@@ -22,7 +22,7 @@ use stats::Stats;
 
 /// The environment variable the secret is read from without `--secret-file` (the same
 /// one the load generator and the soak tools read).
-pub use crate::auth::SECRET_ENV;
+use crate::auth::SECRET_ENV;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -170,7 +170,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<()> {
 
 /// The secret: `file`'s first line, else `$AKER_SECRET` when it is set, else none
 /// (`Secret::for_tool`, the load generator's convention too).
-pub fn load_secret(file: Option<&Path>) -> Result<Option<Secret>> {
+pub(crate) fn load_secret(file: Option<&Path>) -> Result<Option<Secret>> {
     Secret::for_tool(file).map_err(CliError::Message)
 }
 
@@ -321,7 +321,7 @@ pub fn parse_vector(text: &str) -> Result<Vec<f32>> {
 }
 
 /// Row `row` of a `.npy` file (`aker_formats::data::read_npy`).
-pub fn npy_row(path: &Path, row: usize) -> Result<Vec<f32>> {
+pub(crate) fn npy_row(path: &Path, row: usize) -> Result<Vec<f32>> {
     let ds = aker_formats::data::read_npy(path).map_err(|e| msg(format!("--npy {e}")))?;
     if row >= ds.n {
         return fail(format!(

@@ -148,7 +148,7 @@ fn kind_counts(s: &Stats) -> [f64; 4] {
 }
 
 /// `stats`: the STATS reply grouped for a person.
-pub fn table(s: &Stats, hello: &HelloReply, target: &str) -> String {
+pub(crate) fn table(s: &Stats, hello: &HelloReply, target: &str) -> String {
     let mut t = String::new();
     let w = &mut t;
     write_title(w, s, hello, target);
@@ -315,7 +315,7 @@ fn write_connections(w: &mut String, s: &Stats) {
 }
 
 /// `search`: how it was answered, then one line per neighbour.
-pub fn search_reply(r: &SearchReply, k: u32, took: Duration) -> String {
+pub(crate) fn search_reply(r: &SearchReply, k: u32, took: Duration) -> String {
     let mut t = String::new();
     let to = if r.distances_to_query {
         "to the query"
@@ -345,7 +345,7 @@ fn requests(s: &Stats) -> f64 {
 }
 
 /// `watch`'s column titles.
-pub fn watch_header(with_recall: bool) -> String {
+pub(crate) fn watch_header(with_recall: bool) -> String {
     let mut h = format!(
         "{:>8} {:>10} {:>7} {:>7} {:>7} {:>7} | {:>10} {:>10} {:>10} {:>10}",
         "secs",
@@ -367,7 +367,7 @@ pub fn watch_header(with_recall: bool) -> String {
 
 /// One `watch` line: the rate and hit ratios over the interval from `prev` to `cur`,
 /// the daemon's p99 per kind (µs; its histograms are since start), the recall estimate.
-pub fn watch_line(
+pub(crate) fn watch_line(
     prev: &Stats,
     cur: &Stats,
     interval: Duration,

@@ -21,12 +21,12 @@ use super::wal::sync_dir;
 
 const MAGIC: &[u8; 8] = b"AKERCKP\0";
 /// The checkpoint format this build writes and reads.
-pub const FORMAT: u32 = 1;
+pub(crate) const FORMAT: u32 = 1;
 pub(crate) const HEADER_BYTES: usize = 8 + 4 + 8 + 8;
 
 /// What a checkpoint holds.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, Clone, PartialEq)]
-pub struct Checkpoint {
+pub(crate) struct Checkpoint {
     pub format: u32,
     /// Every log record up to this seq is in it.
     pub seq: u64,
@@ -39,7 +39,7 @@ pub struct Checkpoint {
 
 /// Why a checkpoint could not be used.
 #[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
+pub(crate) enum CheckpointError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
     #[error("{path}: not a file of this format ({why})")]
@@ -53,12 +53,12 @@ pub enum CheckpointError {
 }
 
 /// `checkpoint-<seq>.ckpt` in `dir`.
-pub fn path(dir: &Path, seq: u64) -> PathBuf {
+pub(crate) fn path(dir: &Path, seq: u64) -> PathBuf {
     dir.join(format!("checkpoint-{seq:020}.ckpt"))
 }
 
 /// The checkpoints in `dir`, newest first.
-pub fn list(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+pub(crate) fn list(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir)? {
         let p = e?.path();
@@ -76,7 +76,7 @@ pub fn list(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
 }
 
 /// Writes `c` atomically into `dir`; returns its path.
-pub fn write(dir: &Path, c: &Checkpoint) -> io::Result<PathBuf> {
+pub(crate) fn write(dir: &Path, c: &Checkpoint) -> io::Result<PathBuf> {
     let archive = rkyv::to_bytes::<rancor::Error>(c).map_err(io::Error::other)?;
     let tmp = dir.join("checkpoint.tmp");
     write_framed(&tmp, MAGIC, FORMAT, &archive)?;
@@ -105,7 +105,7 @@ pub(crate) fn write_framed(
 }
 
 /// Reads and validates a checkpoint (header, checksum, then rkyv's structural check).
-pub fn read(p: &Path) -> Result<Checkpoint, CheckpointError> {
+pub(crate) fn read(p: &Path) -> Result<Checkpoint, CheckpointError> {
     let archive = read_framed(p, MAGIC, FORMAT)?;
     let c = rkyv::from_bytes::<Checkpoint, rancor::Error>(&archive)
         .map_err(|e| format_err(p, format!("archive: {e}")))?;

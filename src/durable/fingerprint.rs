@@ -21,7 +21,7 @@ use shards::{Capacity, PolicyConfig};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// The encoding's version, the first byte hashed.
-pub const VERSION: u8 = 1;
+pub(crate) const VERSION: u8 = 1;
 
 /// Bytes to hash, written in a fixed order.
 struct Encoding(Vec<u8>);
@@ -56,7 +56,7 @@ impl Encoding {
 
 /// The hit policy with its parameters, and whether entries keep their neighbours'
 /// vectors: a snapshot taken under other settings is refused.
-pub fn settings(policy: &PolicyConfig, store_vectors: bool) -> u64 {
+pub(crate) fn settings(policy: &PolicyConfig, store_vectors: bool) -> u64 {
     let mut e = Encoding::new(b'S');
     match *policy {
         PolicyConfig::Aker {
@@ -99,7 +99,7 @@ pub fn settings(policy: &PolicyConfig, store_vectors: bool) -> u64 {
 }
 
 /// The pool's capacity, unit and size: under another, pool shares start even.
-pub fn capacity(c: Capacity) -> u64 {
+pub(crate) fn capacity(c: Capacity) -> u64 {
     let (unit, size) = match c {
         Capacity::Objects(n) => (1, n),
         Capacity::Bytes(n) => (2, n),

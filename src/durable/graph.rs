@@ -38,7 +38,7 @@ use super::wal::sync_dir;
 
 const MAGIC: &[u8; 8] = b"AKERHNS\0";
 /// The manifest format this build writes and reads.
-pub const FORMAT: u32 = 1;
+pub(crate) const FORMAT: u32 = 1;
 /// hnsw_rs's file names inside a graph directory: `graph.hnsw.graph`, `graph.hnsw.data`.
 const BASENAME: &str = "graph";
 const FILES: [&str; 2] = ["graph.hnsw.graph", "graph.hnsw.data"];
@@ -46,7 +46,7 @@ const MANIFEST: &str = "manifest";
 
 /// What the store keeps beside its graph, and how to know the graph's files.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, Clone, PartialEq)]
-pub struct Manifest {
+pub(crate) struct Manifest {
     pub format: u32,
     /// The checkpoint this graph belongs to.
     pub seq: u64,
@@ -65,7 +65,7 @@ pub struct Manifest {
 
 /// One hnsw_rs file's length and xxh3_64.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, Clone, PartialEq)]
-pub struct FileSum {
+pub(crate) struct FileSum {
     pub name: String,
     pub bytes: u64,
     pub xxh3: u64,
@@ -73,7 +73,7 @@ pub struct FileSum {
 
 /// Why a saved graph is not used (the store is then built from the rows).
 #[derive(Debug, thiserror::Error)]
-pub enum GraphError {
+pub(crate) enum GraphError {
     #[error("no graph saved with checkpoint {0}")]
     Missing(u64),
     #[error("{path}: {source}")]
@@ -89,14 +89,14 @@ pub enum GraphError {
 }
 
 /// A graph dumped into its temporary directory, not yet committed.
-pub struct Dumped {
+pub(crate) struct Dumped {
     pub seq: u64,
     tmp: PathBuf,
     saved: HnswSaved,
 }
 
 /// `hnsw-<seq>` in `dir`.
-pub fn path(dir: &Path, seq: u64) -> PathBuf {
+pub(crate) fn path(dir: &Path, seq: u64) -> PathBuf {
     dir.join(format!("hnsw-{seq:020}"))
 }
 
@@ -115,7 +115,7 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> GraphError + '_ {
 /// excluded (the store's read lock), so the graph and the rows exported with it agree;
 /// what that costs writers is the dump's time: 1.21 s for GloVe's 400k x 50 (m 16,
 /// release, bench/results/durable.md), while searches go on.
-pub fn dump(dir: &Path, seq: u64, store: &HnswStore) -> Result<Dumped, GraphError> {
+pub(crate) fn dump(dir: &Path, seq: u64, store: &HnswStore) -> Result<Dumped, GraphError> {
     let tmp = tmp_path(dir, seq);
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
@@ -131,7 +131,7 @@ pub fn dump(dir: &Path, seq: u64, store: &HnswStore) -> Result<Dumped, GraphErro
 /// Sums and syncs the dumped files, writes the manifest and renames the directory to
 /// `hnsw-<seq>` (replacing one there), then syncs `dir`. Call it before the checkpoint
 /// at the same seq is renamed into place.
-pub fn commit(dir: &Path, d: Dumped) -> io::Result<PathBuf> {
+pub(crate) fn commit(dir: &Path, d: Dumped) -> io::Result<PathBuf> {
     let done = commit_files(dir, &d);
     if done.is_err() {
         let _ = std::fs::remove_dir_all(&d.tmp);
@@ -198,7 +198,7 @@ fn sum(p: &Path) -> io::Result<(u64, u64)> {
 
 /// Loads the graph saved with checkpoint `seq`, if its manifest and files verify and it
 /// was built with `want`'s params.
-pub fn load(
+pub(crate) fn load(
     dir: &Path,
     seq: u64,
     want: HnswParams,
@@ -286,7 +286,7 @@ fn verify_files(at: &Path, m: &Manifest) -> Result<(), GraphError> {
 }
 
 /// Removes graph directories (and leftover temporary ones) of checkpoints not in `kept`.
-pub fn remove_unkept(dir: &Path, kept: &[u64]) -> io::Result<()> {
+pub(crate) fn remove_unkept(dir: &Path, kept: &[u64]) -> io::Result<()> {
     for e in std::fs::read_dir(dir)? {
         let p = e?.path();
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");

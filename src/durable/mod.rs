@@ -28,11 +28,11 @@
 //! A running store's writes go through [`Durable::log`] and [`Durable::made_durable`]
 //! (`write.rs`), which start the checkpoints too.
 
-pub mod checkpoint;
-pub mod fingerprint;
-pub mod graph;
-pub mod snapshot;
-pub mod wal;
+pub(crate) mod checkpoint;
+pub(crate) mod fingerprint;
+pub(crate) mod graph;
+pub(crate) mod snapshot;
+pub(crate) mod wal;
 mod write;
 
 use std::collections::HashMap;
@@ -59,7 +59,7 @@ pub(crate) fn failpoint_hold(var: &str) {
 
 /// Why a durable store could not start.
 #[derive(Debug, thiserror::Error)]
-pub enum RecoveryError {
+pub(crate) enum RecoveryError {
     #[error("data_dir {dir}: {source}")]
     Io { dir: PathBuf, source: io::Error },
     #[error("data_dir {0}: no checkpoint reads back ({1}); refusing to start on partial data")]
@@ -78,7 +78,7 @@ pub enum RecoveryError {
 
 /// What recovery found, for the start log and tests.
 #[derive(Debug, Default, Clone)]
-pub struct RecoveryReport {
+pub(crate) struct RecoveryReport {
     /// The checkpoint used (seq), if any.
     pub checkpoint_seq: Option<u64>,
     /// Checkpoints that did not read, with why (an older one was used).
@@ -93,7 +93,7 @@ pub struct RecoveryReport {
 }
 
 /// The live rows recovered, in a stable order (checkpoint order, then log order).
-pub struct Recovered {
+pub(crate) struct Recovered {
     pub dim: usize,
     pub ids: Vec<u64>,
     /// Row-major, `ids.len() * dim`.
@@ -165,7 +165,7 @@ impl Recovered {
 
 /// Recovers `dir` (created if missing). An empty directory imports `import()`'s rows
 /// (ids are row numbers) as checkpoint 0.
-pub fn recover(
+pub(crate) fn recover(
     dir: &Path,
     dim: Option<usize>,
     metric: Metric,
@@ -369,7 +369,7 @@ fn replay(
 
 /// Takes `dir/LOCK` exclusively (flock) for as long as the file is open: one process
 /// owns a data directory, a second one is refused instead of interleaving its log.
-pub fn lock_dir(dir: &Path) -> io::Result<std::fs::File> {
+pub(crate) fn lock_dir(dir: &Path) -> io::Result<std::fs::File> {
     std::fs::create_dir_all(dir)?;
     let f = std::fs::OpenOptions::new()
         .create(true)
@@ -389,7 +389,7 @@ pub fn lock_dir(dir: &Path) -> io::Result<std::fs::File> {
 }
 
 /// The durable side of a running store: its log, and checkpoints when it grows.
-pub struct Durable {
+pub(crate) struct Durable {
     dir: PathBuf,
     pub wal: Wal,
     metric: Metric,
@@ -408,7 +408,7 @@ pub struct Durable {
 
 impl Durable {
     /// After `recover`: appends from `next_seq` on.
-    pub fn open(
+    pub(crate) fn open(
         dir: &Path,
         lock: std::fs::File,
         next_seq: u64,
@@ -430,7 +430,7 @@ impl Durable {
     }
 
     /// Waits for a checkpoint being written (shutdown).
-    pub fn finish(&self) {
+    pub(crate) fn finish(&self) {
         let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(t) = t {
             let _ = t.join();
@@ -438,7 +438,7 @@ impl Durable {
     }
 
     /// Whether the log's segment has grown past the checkpoint size (and none runs).
-    pub fn checkpoint_due(&self) -> bool {
+    pub(crate) fn checkpoint_due(&self) -> bool {
         self.checkpoint_log_bytes > 0
             && self.wal.segment_bytes() >= self.checkpoint_log_bytes
             && !self.checkpointing.load(Ordering::Acquire)
@@ -447,18 +447,18 @@ impl Durable {
     /// Claims the one checkpoint that may run; false when one runs. The claimer calls
     /// `wal.rotate()`, exports the rows under the store's lock, then `checkpoint` (or
     /// `abandon`).
-    pub fn begin_checkpoint(&self) -> bool {
+    pub(crate) fn begin_checkpoint(&self) -> bool {
         !self.checkpointing.swap(true, Ordering::AcqRel)
     }
 
     /// Gives a claimed checkpoint up (rotation or export failed).
-    pub fn abandon_checkpoint(&self) {
+    pub(crate) fn abandon_checkpoint(&self) {
         self.checkpointing.store(false, Ordering::Release);
     }
 
     /// Writes the claimed checkpoint of `rows` (exported right after `wal.rotate()`
     /// returned `seq`, with the graph dumped then, if any) on its own thread.
-    pub fn checkpoint(
+    pub(crate) fn checkpoint(
         &self,
         seq: u64,
         dim: usize,
@@ -500,7 +500,11 @@ impl Durable {
 
     /// Dumps `store`'s graph for the checkpoint at `seq` when it is an HNSW store; call
     /// it with writers excluded. A failed dump is logged: the checkpoint goes without.
-    pub fn dump_graph(&self, seq: u64, store: &dyn shards::Backend) -> Option<graph::Dumped> {
+    pub(crate) fn dump_graph(
+        &self,
+        seq: u64,
+        store: &dyn shards::Backend,
+    ) -> Option<graph::Dumped> {
         // An empty store has no graph to dump, and builds at once.
         let hnsw = store.as_hnsw().filter(|_| !store.is_empty())?;
         let t = Instant::now();
@@ -521,7 +525,7 @@ impl Durable {
     }
 
     /// Whether a checkpoint is being written.
-    pub fn checkpointing(&self) -> bool {
+    pub(crate) fn checkpointing(&self) -> bool {
         self.checkpointing.load(Ordering::Acquire)
     }
 }
@@ -530,7 +534,7 @@ impl Durable {
 /// removes what it makes redundant: segments all of whose records it holds, and
 /// checkpoints older than the previous one, with their graphs. A graph that fails to
 /// commit is logged and left out: the rows are what recovery needs.
-pub fn write_checkpoint(
+pub(crate) fn write_checkpoint(
     dir: &Path,
     seq: u64,
     dim: usize,

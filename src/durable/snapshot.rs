@@ -31,17 +31,17 @@ const MAGIC: &[u8; 8] = b"AKERSNP\0";
 /// - 3 (issue #39): the configuration it was taken under is recorded as stable
 ///   fingerprints (`durable::fingerprint`), no longer as Rust's `Debug` text of the
 ///   policy and the capacity, which a renamed field would have changed.
-pub const FORMAT: u32 = 3;
+pub(crate) const FORMAT: u32 = 3;
 /// The last format that recorded the configuration as `Debug` text.
 const FORMAT_DEBUG_TEXT: u32 = 2;
 /// The snapshot's file name in the data directory.
-pub const FILE: &str = "cache.snapshot";
+pub(crate) const FILE: &str = "cache.snapshot";
 const TMP: &str = "cache.snapshot.tmp";
 /// The data directory's collection id (a new one at each import).
 const COLLECTION_FILE: &str = "collection-id";
 
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, Clone, PartialEq)]
-pub struct CacheSnapshot {
+pub(crate) struct CacheSnapshot {
     pub format: u32,
     /// The data directory's collection id ([`collection_id`]).
     pub collection: u64,
@@ -62,7 +62,7 @@ pub struct CacheSnapshot {
 
 /// What a start restores: the snapshot and the log records after it.
 #[derive(Debug)]
-pub struct WarmStart {
+pub(crate) struct WarmStart {
     pub snapshot: CacheSnapshot,
     pub tail: Vec<Op>,
     /// The last seq the tail reaches (recovery's last).
@@ -70,24 +70,24 @@ pub struct WarmStart {
 }
 
 /// `dir/cache.snapshot`.
-pub fn path(dir: &Path) -> PathBuf {
+pub(crate) fn path(dir: &Path) -> PathBuf {
     dir.join(FILE)
 }
 
 /// Writes `s` to the temporary file, synced; [`install`] renames it into place.
-pub fn write_tmp(dir: &Path, s: &CacheSnapshot) -> io::Result<u64> {
+pub(crate) fn write_tmp(dir: &Path, s: &CacheSnapshot) -> io::Result<u64> {
     let archive = rkyv::to_bytes::<rancor::Error>(s).map_err(io::Error::other)?;
     write_framed(&dir.join(TMP), MAGIC, FORMAT, &archive)?;
     Ok((HEADER_BYTES + archive.len()) as u64)
 }
 
 /// Removes a temporary file a crash left behind (at start, before anything writes one).
-pub fn remove_tmp(dir: &Path) {
+pub(crate) fn remove_tmp(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(TMP));
 }
 
 /// The written temporary file becomes the snapshot (atomically), or goes (`keep` false).
-pub fn install(dir: &Path, keep: bool) -> io::Result<()> {
+pub(crate) fn install(dir: &Path, keep: bool) -> io::Result<()> {
     if keep {
         std::fs::rename(dir.join(TMP), path(dir))?;
     } else {
@@ -97,7 +97,7 @@ pub fn install(dir: &Path, keep: bool) -> io::Result<()> {
 }
 
 /// Removes the snapshot (a FLUSH: the entries it holds were dropped on purpose).
-pub fn remove(dir: &Path) -> io::Result<()> {
+pub(crate) fn remove(dir: &Path) -> io::Result<()> {
     match std::fs::remove_file(path(dir)) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => sync_dir(dir),
@@ -105,7 +105,7 @@ pub fn remove(dir: &Path) -> io::Result<()> {
 }
 
 /// Reads and validates a snapshot: header, checksum, then rkyv's structural check.
-pub fn read(p: &Path) -> Result<CacheSnapshot, String> {
+pub(crate) fn read(p: &Path) -> Result<CacheSnapshot, String> {
     let archive = read_framed(p, MAGIC, FORMAT).map_err(|e| match stored_format(p) {
         Some(f) if f <= FORMAT_DEBUG_TEXT => format!(
             "{e}: written before format {FORMAT}, which records the configuration as a \
@@ -127,7 +127,7 @@ fn stored_format(p: &Path) -> Option<u32> {
 
 /// The data directory's collection id: read, or made (random) when missing or `fresh`
 /// (an import: a snapshot of another collection must not load here).
-pub fn collection_id(dir: &Path, fresh: bool) -> io::Result<u64> {
+pub(crate) fn collection_id(dir: &Path, fresh: bool) -> io::Result<u64> {
     let p = dir.join(COLLECTION_FILE);
     if !fresh {
         if let Ok(text) = std::fs::read_to_string(&p) {
@@ -149,7 +149,7 @@ pub fn collection_id(dir: &Path, fresh: bool) -> io::Result<u64> {
 }
 
 /// What the start expects of a snapshot.
-pub struct Expect<'a> {
+pub(crate) struct Expect<'a> {
     pub collection: u64,
     pub dim: usize,
     pub metric: &'a str,
@@ -162,7 +162,7 @@ pub struct Expect<'a> {
 
 /// The snapshot in `dir` and the log records after it, if it may be used: `Ok(None)`
 /// when there is none, `Err(why)` when it is refused (the cache then starts cold).
-pub fn load(dir: &Path, want: &Expect) -> Result<Option<WarmStart>, String> {
+pub(crate) fn load(dir: &Path, want: &Expect) -> Result<Option<WarmStart>, String> {
     let p = path(dir);
     if !p.exists() {
         return Ok(None);
@@ -205,7 +205,7 @@ pub fn load(dir: &Path, want: &Expect) -> Result<Option<WarmStart>, String> {
 }
 
 /// The log's records `after + 1 ..= last`, in order; `Err` unless the log holds every one.
-pub fn records_after(dir: &Path, after: u64, last: u64) -> Result<Vec<Op>, String> {
+pub(crate) fn records_after(dir: &Path, after: u64, last: u64) -> Result<Vec<Op>, String> {
     let segments = wal::segments(dir).map_err(|e| e.to_string())?;
     let from = segments
         .iter()

@@ -35,29 +35,21 @@ const HEADER_BYTES: usize = 12;
 /// Payload bytes without the vector.
 const PAYLOAD_FIXED_BYTES: usize = 8 + 1 + 8 + 4;
 /// The largest record accepted at recovery (a 65,536-d vector and its header).
-pub const RECORD_BYTES_MAX: usize = HEADER_BYTES + PAYLOAD_FIXED_BYTES + 4 * 65_536;
+pub(crate) const RECORD_BYTES_MAX: usize = HEADER_BYTES + PAYLOAD_FIXED_BYTES + 4 * 65_536;
 
 const OP_INSERT: u8 = 1;
 const OP_DELETE: u8 = 2;
 
 /// One logged write.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Op {
+pub(crate) enum Op {
     Insert { id: u64, vector: Vec<f32> },
     Delete { id: u64 },
 }
 
-impl Op {
-    pub fn id(&self) -> u64 {
-        match self {
-            Op::Insert { id, .. } | Op::Delete { id } => *id,
-        }
-    }
-}
-
 /// A record as read back.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Record {
+pub(crate) struct Record {
     pub seq: u64,
     pub op: Op,
 }
@@ -115,7 +107,7 @@ fn decode(payload: &[u8]) -> Option<Record> {
 
 /// What reading one segment found.
 #[derive(Debug, Default)]
-pub struct SegmentRead {
+pub(crate) struct SegmentRead {
     pub records: Vec<Record>,
     /// Bytes of whole, valid records from the start.
     pub valid_bytes: u64,
@@ -147,7 +139,7 @@ fn record_at(bytes: &[u8], at: usize) -> Option<(Record, usize)> {
 /// Reads a segment's valid prefix; a bad record ends it. The bytes after it are
 /// scanned for a valid record (a 64-bit checksum matching by chance is negligible), so
 /// that corruption inside the log is told from a torn tail.
-pub fn read_segment(path: &Path) -> io::Result<SegmentRead> {
+pub(crate) fn read_segment(path: &Path) -> io::Result<SegmentRead> {
     let mut bytes = Vec::new();
     File::open(path)?.read_to_end(&mut bytes)?;
     let mut out = SegmentRead::default();
@@ -168,12 +160,12 @@ pub fn read_segment(path: &Path) -> io::Result<SegmentRead> {
 }
 
 /// `wal-<first seq>.log` in `dir`.
-pub fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
+pub(crate) fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
     dir.join(format!("wal-{first_seq:020}.log"))
 }
 
 /// The segments in `dir`, by first seq.
-pub fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+pub(crate) fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir)? {
         let path = e?.path();
@@ -191,7 +183,7 @@ pub fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
 }
 
 /// Makes a directory entry (a new or renamed file) durable.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
@@ -212,7 +204,7 @@ struct Inner {
 /// What metrics read without the log's mutex (they are read on executors, which must
 /// never wait for a sync).
 #[derive(Debug, Default)]
-pub struct WalCounters {
+pub(crate) struct WalCounters {
     pub appends: AtomicU64,
     /// fdatasync calls (a sync covers every append before it: group commit).
     pub syncs: AtomicU64,
@@ -221,7 +213,7 @@ pub struct WalCounters {
 }
 
 /// The log: appends under its mutex, syncs by a leader while others wait.
-pub struct Wal {
+pub(crate) struct Wal {
     dir: PathBuf,
     inner: Mutex<Inner>,
     synced: Condvar,
@@ -231,7 +223,7 @@ pub struct Wal {
 impl Wal {
     /// Appends to a new segment in `dir` starting at `next_seq` (recovery read and
     /// truncated the older ones).
-    pub fn open(dir: &Path, next_seq: u64) -> io::Result<Wal> {
+    pub(crate) fn open(dir: &Path, next_seq: u64) -> io::Result<Wal> {
         let file = new_segment(dir, next_seq)?;
         Ok(Wal {
             dir: dir.to_path_buf(),
@@ -257,7 +249,7 @@ impl Wal {
 
     /// Appends `op` and returns its seq; not durable until `wait_durable(seq)`. Call it
     /// under the store's write lock, so the log's order is the store's.
-    pub fn append(&self, op: &Op) -> io::Result<u64> {
+    pub(crate) fn append(&self, op: &Op) -> io::Result<u64> {
         let mut g = self.lock();
         if let Some(e) = &g.failed {
             return Err(io::Error::other(format!("the log failed earlier: {e}")));
@@ -280,7 +272,7 @@ impl Wal {
 
     /// Returns once `seq` is on stable storage: the first waiter syncs for everyone
     /// who appended before it started (group commit), the others wait for it.
-    pub fn wait_durable(&self, seq: u64) -> io::Result<()> {
+    pub(crate) fn wait_durable(&self, seq: u64) -> io::Result<()> {
         let mut g = self.lock();
         loop {
             // Durable before the log failed: it stays durable.
@@ -318,7 +310,7 @@ impl Wal {
     /// Starts a new segment at the next seq and returns the last seq of the old one (a
     /// checkpoint taken now covers it). Call it under the store's lock (read is
     /// enough: writes take the write lock), so the checkpoint's rows match.
-    pub fn rotate(&self) -> io::Result<u64> {
+    pub(crate) fn rotate(&self) -> io::Result<u64> {
         let mut g = self.lock();
         if let Some(e) = &g.failed {
             return Err(io::Error::other(format!("the log failed earlier: {e}")));
@@ -348,17 +340,17 @@ impl Wal {
     }
 
     /// Bytes in the current segment (a checkpoint is due past a configured size).
-    pub fn segment_bytes(&self) -> u64 {
+    pub(crate) fn segment_bytes(&self) -> u64 {
         self.counters.segment_bytes.load(Ordering::Relaxed)
     }
 
     /// The last seq appended (a no-op write waits for it: its answer rests on it).
-    pub fn written(&self) -> u64 {
+    pub(crate) fn written(&self) -> u64 {
         self.lock().written
     }
 
     /// (appends, syncs, last durable seq).
-    pub fn counts(&self) -> (u64, u64, u64) {
+    pub(crate) fn counts(&self) -> (u64, u64, u64) {
         let c = &self.counters;
         (
             c.appends.load(Ordering::Relaxed),
@@ -376,7 +368,7 @@ fn new_segment(dir: &Path, first_seq: u64) -> io::Result<File> {
 }
 
 /// Cuts a segment back to its valid prefix (recovery, after a torn tail).
-pub fn truncate(path: &Path, valid_bytes: u64) -> io::Result<()> {
+pub(crate) fn truncate(path: &Path, valid_bytes: u64) -> io::Result<()> {
     let f = OpenOptions::new().write(true).open(path)?;
     f.set_len(valid_bytes)?;
     f.sync_all()

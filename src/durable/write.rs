@@ -20,13 +20,13 @@ use super::Durable;
 impl Durable {
     /// Appends a write to the log; call it under the store's write lock, before the
     /// store applies it. Its sequence number, for [`Durable::made_durable`].
-    pub fn log(&self, op: &Op) -> io::Result<u64> {
+    pub(crate) fn log(&self, op: &Op) -> io::Result<u64> {
         self.wal.append(op)
     }
 
     /// Waits (outside the store's lock) until the write logged as `seq` is on stable
     /// storage, then starts a checkpoint of `store` if the log has grown past its size.
-    pub fn made_durable(
+    pub(crate) fn made_durable(
         &self,
         seq: u64,
         store: &RwLock<Box<dyn Backend + Send + Sync>>,
@@ -42,7 +42,7 @@ impl Durable {
     /// store's read lock (writes wait for it, searches do not), then writes the
     /// checkpoint on its own thread. Writers wait for the graph's dump too: it must be of
     /// the state the rows are: 1.21 s for 400k x 50 (bench/results/durable.md).
-    pub fn start_checkpoint(&self, store: &RwLock<Box<dyn Backend + Send + Sync>>) {
+    pub(crate) fn start_checkpoint(&self, store: &RwLock<Box<dyn Backend + Send + Sync>>) {
         if !self.begin_checkpoint() {
             return;
         }

@@ -2,9 +2,9 @@
 //! `PROTOCOL.md` at the repository root). A frame carries its version; the server
 //! answers in the version of the request, so a version 1 client keeps working.
 //!
-//! Pelikan-style split: [`parse`] turns bytes into frames (a pure function over a buffer
+//! Pelikan-style split: `parse` turns bytes into frames (a pure function over a buffer
 //! that never panics and never allocates more than the frame it was allowed to read),
-//! [`compose`] turns frames into bytes, and [`validate`] checks a decoded request against
+//! `compose` turns frames into bytes, and `validate` checks a decoded request against
 //! the server's limits (dimension, finiteness, k). The connection layer
 //! (`crate::server`) and the clients (`crate::client`) are built on these three.
 //!
@@ -18,11 +18,13 @@
 //!  +------+--------+--------+-------+--------+------------+----------+------ - -
 //! ```
 
-pub mod compose;
+mod compose;
+/// The fuzz targets' properties: built for cargo-fuzz (`--cfg fuzzing`) and the unit tests.
+#[cfg(any(fuzzing, test))]
 #[doc(hidden)]
 pub mod fuzz_support;
-pub mod parse;
-pub mod validate;
+mod parse;
+pub(crate) mod validate;
 
 #[cfg(test)]
 mod tests;

@@ -108,7 +108,7 @@ fn batch(b: &SearchBatchRequest, limits: &Limits) -> Result<(), Rejection> {
 }
 
 /// One query of a validated SEARCH_BATCH: its components (the dimension is the batch's).
-pub fn batch_query(q: &[f32], limits: &Limits) -> Result<(), Rejection> {
+pub(crate) fn batch_query(q: &[f32], limits: &Limits) -> Result<(), Rejection> {
     vector(q, limits, "query")
 }
 

@@ -133,7 +133,7 @@ pub trait Service {
         -> LocalBoxFuture<'a, ServiceResult>;
 
     /// Whether this service's STATS text already ends with the connection layer's
-    /// `server_*` lines ([`ServerStats::samples`] of the [`Server::stats`] it was given
+    /// `server_*` lines (`ServerStats::samples` of the [`Server::stats`] it was given
     /// at start). The daemon's does, so that STATS and its `/metrics` render one set of
     /// samples; by default the server appends them.
     fn stats_has_server_lines(&self) -> bool {

@@ -129,7 +129,7 @@ impl ServerStats {
     }
 
     /// The counters as samples, named `server_...`.
-    pub fn samples(&self) -> Vec<Sample> {
+    pub(crate) fn samples(&self) -> Vec<Sample> {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let current = Sample::gauge(
             "server_connections_current",

@@ -16,19 +16,19 @@ const MAX_REQUEST: usize = 8 * 1024;
 const ACCEPT_POLL: Duration = Duration::from_millis(20);
 
 /// Produces the body of `GET /metrics`.
-pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+pub(crate) type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// `POST /snapshot`: writes the cache's snapshot, answers its report (JSON) or why not.
-pub type TakeSnapshot = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
+pub(crate) type TakeSnapshot = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
 
-pub struct AdminServer {
+pub(crate) struct AdminServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl AdminServer {
-    pub fn start(
+    pub(crate) fn start(
         addr: SocketAddr,
         threads: usize,
         render: Render,
@@ -60,11 +60,11 @@ impl AdminServer {
         })
     }
 
-    pub fn local_addr(&self) -> SocketAddr {
+    pub(crate) fn local_addr(&self) -> SocketAddr {
         self.addr
     }
 
-    pub fn stop(self) {
+    pub(crate) fn stop(self) {
         self.stop.store(true, Ordering::Release);
         for t in self.threads {
             let _ = t.join();

@@ -9,7 +9,7 @@ pub use aker_formats::data::Dataset;
 
 /// Reads `.npy` (float32 or float16, C or Fortran order, 2-D) or `.fvecs` by extension,
 /// refusing NaN and infinite components.
-pub fn load(path: &Path) -> Result<Dataset, String> {
+pub(crate) fn load(path: &Path) -> Result<Dataset, String> {
     let ds = aker_formats::data::load(path).map_err(|e| e.to_string())?;
     ds.check_finite()
         .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -19,7 +19,7 @@ pub fn load(path: &Path) -> Result<Dataset, String> {
 /// The routing sample when there are no vectors to train on (cache-aside without data,
 /// an empty pgvector table): random centroids still route a query and its near
 /// duplicates to the same shards.
-pub fn random_routing_sample(dim: usize, centroids: usize, seed: u64) -> Dataset {
+pub(crate) fn random_routing_sample(dim: usize, centroids: usize, seed: u64) -> Dataset {
     gaussian(centroids.max(1) * 16, dim, seed)
 }
 

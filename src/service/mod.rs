@@ -48,7 +48,7 @@
 
 mod admin;
 mod backend;
-pub mod data;
+mod data;
 mod error;
 mod handler;
 mod owner;
@@ -61,12 +61,11 @@ mod snapshot;
 mod start;
 mod warm;
 
-pub use admin::AdminServer;
+pub(crate) use admin::AdminServer;
 pub use backend::Store;
 pub use data::Dataset;
 pub use error::StartError;
-pub use owner::ShardGauges;
-pub use plan::{load_data, StartPlan};
+pub use plan::StartPlan;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -104,7 +103,7 @@ impl Daemon {
     }
 
     /// What STATS and `/metrics` show, the connection layer's counters included.
-    pub fn snapshot(&self) -> Snapshot {
+    pub(crate) fn snapshot(&self) -> Snapshot {
         self.shared.snapshot()
     }
 

@@ -19,7 +19,7 @@ const IDLE_MIGRATIONS: usize = 8;
 
 /// Sizes the owner publishes (relaxed: they are gauges, nothing is ordered by them).
 #[derive(Debug, Default)]
-pub struct ShardGauges {
+pub(crate) struct ShardGauges {
     pub objects: AtomicU64,
     pub bytes: AtomicU64,
     pub representatives: AtomicU64,
@@ -55,11 +55,11 @@ impl ShardGauges {
         }
     }
 
-    pub fn get(a: &AtomicU64) -> u64 {
+    pub(crate) fn get(a: &AtomicU64) -> u64 {
         a.load(Ordering::Relaxed)
     }
 
-    pub fn risk(&self) -> f64 {
+    pub(crate) fn risk(&self) -> f64 {
         f64::from_bits(self.risk_bits.load(Ordering::Relaxed))
     }
 }

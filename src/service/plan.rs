@@ -134,7 +134,7 @@ impl StartPlan {
 }
 
 /// Loads the collection (or the routing sample) a config names.
-pub fn load_data(source: &DataSource) -> Result<Option<Dataset>, StartError> {
+pub(crate) fn load_data(source: &DataSource) -> Result<Option<Dataset>, StartError> {
     Ok(match source {
         DataSource::Synthetic {
             n,

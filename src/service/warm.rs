@@ -67,7 +67,7 @@ pub(crate) struct SnapshotState {
 
 /// What one snapshot wrote.
 #[derive(Debug, Clone, Copy)]
-pub struct SnapshotReport {
+pub(crate) struct SnapshotReport {
     pub seq: u64,
     pub entries: usize,
     pub aliases: usize,
@@ -76,7 +76,7 @@ pub struct SnapshotReport {
 }
 
 impl SnapshotReport {
-    pub fn json(&self) -> String {
+    pub(crate) fn json(&self) -> String {
         format!(
             "{{\"seq\":{},\"entries\":{},\"aliases\":{},\"bytes\":{},\"seconds\":{:.3}}}\n",
             self.seq, self.entries, self.aliases, self.bytes, self.seconds

@@ -47,7 +47,7 @@
 //! previous draining unfinished completes it first.
 //!
 //! [`DualFilter`] is the owner's bookkeeping; readers see only the [`FilterSet`] it
-//! publishes through an [`EpochCell`].
+//! publishes through an `EpochCell`.
 
 mod brute;
 mod graph;

@@ -10,7 +10,7 @@ use super::HitPolicy;
 use crate::entry::RepView;
 
 #[derive(Clone, Copy, Debug)]
-pub struct AkerPolicy {
+pub(crate) struct AkerPolicy {
     pub alpha_l: f32,
     pub alpha_t: f32,
     pub tau_init_divisor: f32,

@@ -13,9 +13,9 @@ mod aker;
 mod potluck;
 mod proximity;
 
-pub use aker::AkerPolicy;
-pub use potluck::PotluckPolicy;
-pub use proximity::ProximityPolicy;
+pub(crate) use aker::AkerPolicy;
+pub(crate) use potluck::PotluckPolicy;
+pub(crate) use proximity::ProximityPolicy;
 
 use serde::{Deserialize, Serialize};
 

@@ -9,7 +9,7 @@ use super::HitPolicy;
 use crate::entry::{AtomicF32, RepView};
 
 #[derive(Debug)]
-pub struct PotluckPolicy {
+pub(crate) struct PotluckPolicy {
     threshold: AtomicF32,
     p: f64,
     grow: f32,
@@ -18,7 +18,7 @@ pub struct PotluckPolicy {
 }
 
 impl PotluckPolicy {
-    pub fn new(threshold: f32, p: f64, grow: f32, shrink: f32, seed: u64) -> Self {
+    pub(crate) fn new(threshold: f32, p: f64, grow: f32, shrink: f32, seed: u64) -> Self {
         PotluckPolicy {
             threshold: AtomicF32::new(threshold),
             p: p.clamp(0.0, 1.0),
@@ -28,7 +28,8 @@ impl PotluckPolicy {
         }
     }
 
-    pub fn current_threshold(&self) -> f32 {
+    #[cfg(test)]
+    pub(crate) fn current_threshold(&self) -> f32 {
         self.threshold.load()
     }
 

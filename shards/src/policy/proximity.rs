@@ -5,12 +5,12 @@ use super::HitPolicy;
 use crate::entry::RepView;
 
 #[derive(Clone, Copy, Debug)]
-pub struct ProximityPolicy {
+pub(crate) struct ProximityPolicy {
     threshold: f32,
 }
 
 impl ProximityPolicy {
-    pub fn new(threshold: f32) -> Self {
+    pub(crate) fn new(threshold: f32) -> Self {
         ProximityPolicy { threshold }
     }
 }

@@ -56,8 +56,8 @@ use embedded::Embedded;
 pub type Store = Box<dyn Backend + Send + Sync>;
 
 /// Acknowledgements of one write, one per shard owner.
-pub type InsertAcks = Vec<flume::Receiver<shards::Result<InsertOutcome>>>;
-pub type DeleteAcks = Vec<flume::Receiver<DeleteOutcome>>;
+pub(crate) type InsertAcks = Vec<flume::Receiver<shards::Result<InsertOutcome>>>;
+pub(crate) type DeleteAcks = Vec<flume::Receiver<DeleteOutcome>>;
 
 /// Per-id write locks of the pgvector and cache-aside backends.
 pub(crate) const ID_STRIPES: usize = 256;

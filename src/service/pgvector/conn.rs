@@ -319,7 +319,7 @@ impl PgConn {
     /// backoff allows (or, for a request, other threads are connected), bounded by the
     /// connect and statement timeouts, never by a request's deadline: an attempt cut
     /// short would leave the pool unable to recover under short-deadline traffic.
-    pub fn reconnect_if_due(&mut self, for_request: bool) {
+    pub(crate) fn reconnect_if_due(&mut self, for_request: bool) {
         self.prepare_connection(for_request, false)
     }
 
@@ -617,7 +617,7 @@ impl PgConn {
     }
 
     /// Upserts `id`, committed before this returns `Ok`.
-    pub fn insert(
+    pub(crate) fn insert(
         &mut self,
         id: u64,
         v: &[f32],
@@ -658,7 +658,11 @@ impl PgConn {
     }
 
     /// Deletes `id`, committed before this returns; whether a row was there.
-    pub fn delete(&mut self, id: u64, deadline: Option<Instant>) -> Result<bool, WriteError> {
+    pub(crate) fn delete(
+        &mut self,
+        id: u64,
+        deadline: Option<Instant>,
+    ) -> Result<bool, WriteError> {
         let Ok(db_id) = i64::try_from(id) else {
             // Such an id cannot be in a bigint column.
             return Ok(false);

@@ -33,7 +33,7 @@ const STRIP_WAIT: Duration = Duration::from_secs(5);
 /// A server session: its process id and start time (a pid alone may be reused once
 /// the process has exited).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Session {
+pub(crate) struct Session {
     pub pid: i32,
     pub started: String,
 }
@@ -41,7 +41,7 @@ pub struct Session {
 /// A write that failed; `in_doubt`: it may have committed (the caller must not trust
 /// either outcome); `unsettled`: and its server session could not be confirmed gone,
 /// so it might still commit: writes to the same id must wait until it is.
-pub struct WriteError {
+pub(crate) struct WriteError {
     pub rejection: Rejection,
     pub in_doubt: bool,
     pub unsettled: Option<Session>,
@@ -90,7 +90,7 @@ impl PgConn {
     /// the write cannot commit after a later write to the same id (the caller holds the
     /// id's stripe). Bounded by [`SETTLE_WAIT`]; false when it could not be confirmed
     /// (the database unreachable: counted and logged).
-    pub fn settle(&mut self, session: &Session) -> bool {
+    pub(crate) fn settle(&mut self, session: &Session) -> bool {
         let t = &*self.target;
         let (pid, started) = (session.pid, session.started.as_str());
         let work = async {

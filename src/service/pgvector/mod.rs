@@ -37,8 +37,8 @@
 //! Whatever else talks to the database grows as a file beside these (a change stream
 //! would read the table's changes on a connection of its own, like `conn.rs`'s).
 
-mod conn;
-mod discover;
+pub(crate) mod conn;
+pub(crate) mod discover;
 mod in_doubt;
 mod side;
 pub mod sql;
@@ -49,9 +49,8 @@ use std::time::Duration;
 use shards::Metric;
 use tokio_postgres::{Client, NoTls};
 
-pub use conn::{PgAnswer, PgConn};
-pub use discover::{search_plan, start};
-pub use in_doubt::{Session, WriteError};
+pub(crate) use conn::PgConn;
+pub(crate) use discover::start;
 pub(crate) use side::PgSide;
 
 /// First pause between connection attempts; doubles up to the configured maximum.
@@ -76,7 +75,7 @@ pub struct PgTarget {
     reconnect_max: Duration,
     with_vectors: bool,
     has_payload: bool,
-    pub stats: PgStats,
+    pub(crate) stats: PgStats,
 }
 
 /// The text of the statements every connection prepares.
@@ -97,7 +96,7 @@ impl Sql {
 
 /// Counters of the connection pool, for STATS and /metrics.
 #[derive(Default)]
-pub struct PgStats {
+pub(crate) struct PgStats {
     /// Backend threads holding a live connection.
     pub connections_up: AtomicU64,
     /// Connections opened after a lost one (not the first of each thread).
