@@ -384,7 +384,7 @@ fn connections_past_the_per_source_limit_get_busy() {
             status, message, ..
         } => {
             assert_eq!(*status, Status::Busy);
-            assert!(message.contains("max_connections_per_source"), "{message}");
+            assert!(message.contains("connections_per_source_max"), "{message}");
         }
         other => panic!("{other:?}"),
     }
