@@ -41,6 +41,32 @@ impl IterativeScan {
     }
 }
 
+/// `changes`: whether akerd follows the table's committed changes (logical decoding,
+/// `pgoutput`), so that writes made straight into PostgreSQL reach the cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangesMode {
+    /// Follow when the server allows it (`wal_level = logical`, the privileges, a usable
+    /// replica identity); otherwise start with a warning that writes must go through
+    /// akerd.
+    #[default]
+    Auto,
+    /// Follow, or refuse to start.
+    Follow,
+    /// Only writes through akerd reach the cache.
+    Off,
+}
+
+impl ChangesMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangesMode::Auto => "auto",
+            ChangesMode::Follow => "follow",
+            ChangesMode::Off => "off",
+        }
+    }
+}
+
 /// `[backend.pgvector]`: the table akerd fronts. The connection pool is
 /// `backend.threads` connections, one per backend thread.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -83,6 +109,15 @@ pub struct PgvectorSection {
     /// doubling). (`reconnect_max_ms` before.)
     #[serde(rename = "reconnect_ms_max", alias = "reconnect_max_ms")]
     pub reconnect_max_ms: u64,
+    /// Whether akerd follows the table's committed changes (docs/PGVECTOR.md).
+    pub changes: ChangesMode,
+    /// How often the change stream is read when nothing wakes it (a write through
+    /// akerd wakes it at once).
+    pub changes_poll_ms: u64,
+    /// This akerd's name on the database: its slot and publication are `aker_<instance>`.
+    /// Unset: the name kept in `backend.data_dir` (made there on the first start), or,
+    /// without a data_dir, one made of the host name and the listen port.
+    pub instance: Option<String>,
 }
 
 impl Default for PgvectorSection {
@@ -102,6 +137,9 @@ impl Default for PgvectorSection {
             connect_timeout_ms: 2_000,
             start_wait_ms: 30_000,
             reconnect_max_ms: 2_000,
+            changes: ChangesMode::Auto,
+            changes_poll_ms: 10,
+            instance: None,
         }
     }
 }
@@ -212,8 +250,35 @@ impl PgvectorSection {
         if self.reconnect_max_ms < 50 {
             return bad("reconnect_ms_max", "must be at least 50".into());
         }
+        if !(1..=10_000).contains(&self.changes_poll_ms) {
+            return bad("changes_poll_ms", "must be in 1..=10000".into());
+        }
+        if let Some(name) = &self.instance {
+            if let Err(why) = check_instance_name(name) {
+                return bad("instance", why);
+            }
+        }
         Ok(())
     }
+}
+
+/// Longest instance name: `aker_` + it is a slot name, at most 63 bytes.
+pub const INSTANCE_LEN_MAX: usize = 58;
+
+/// An instance name becomes a slot name: lower-case letters, digits and `_` only.
+pub fn check_instance_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > INSTANCE_LEN_MAX {
+        return Err(format!("must be 1..={INSTANCE_LEN_MAX} characters"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(format!(
+            "{name:?}: only lower-case letters, digits and '_' (it names a replication slot)"
+        ));
+    }
+    Ok(())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -334,10 +399,10 @@ impl BackendSection {
             (_, Some(_)) => return bad("backend", "[backend.pgvector] is for kind = \"pgvector\""),
             (_, None) => {}
         }
-        if self.data_dir.is_some() && self.kind != BackendKind::Embedded {
+        if self.data_dir.is_some() && self.kind == BackendKind::CacheAside {
             return bad(
                 "backend.data_dir",
-                "is for the embedded store (kind = \"embedded\")",
+                "is for the embedded store and pgvector (its instance name)",
             );
         }
         if self.kind == BackendKind::Pgvector && self.threads > 64 {

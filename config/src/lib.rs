@@ -30,8 +30,8 @@ pub mod keys;
 mod server;
 
 pub use backend::{
-    redact_password, url_has_password, BackendKind, BackendSection, DataSource, IndexKind,
-    IterativeScan, PgvectorSection,
+    check_instance_name, redact_password, url_has_password, BackendKind, BackendSection,
+    ChangesMode, DataSource, IndexKind, IterativeScan, PgvectorSection, INSTANCE_LEN_MAX,
 };
 pub use cache::{daemon_defaults, CacheSection, DEFAULT_CAPACITY_BYTES};
 pub use error::{ConfigError, Deprecation};

@@ -57,6 +57,10 @@ struct Cli {
     /// Print the effective configuration (defaults filled in) and exit.
     #[arg(long)]
     print_config: bool,
+    /// pgvector: drop this akerd's change-stream slot and publication, and exit (an
+    /// akerd retired for good; a slot left behind holds WAL).
+    #[arg(long)]
+    drop_slot: bool,
 }
 
 fn parse_cpus(s: &str) -> Result<Vec<usize>, String> {
@@ -134,6 +138,15 @@ fn run(cli: &Cli) -> Result<ExitCode, ExitCode> {
     }
     if cli.demo {
         return Ok(run_demo(cli, &cfg));
+    }
+    if cli.drop_slot {
+        return match aker::service::drop_change_slot(&cfg) {
+            Ok(done) => {
+                println!("{done}");
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(e) => Err(fail(e, ExitCode::FAILURE)),
+        };
     }
     preflight(&cfg)?;
     // Signals first, so a SIGTERM during the (possibly long) index build is not lost.

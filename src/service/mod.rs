@@ -67,6 +67,23 @@ pub use data::Dataset;
 pub use error::StartError;
 pub use plan::StartPlan;
 
+/// `akerd --drop-slot`: removes this akerd's change-stream slot and publication from the
+/// database (an operator retiring it: a slot left behind holds WAL). What was dropped.
+pub fn drop_change_slot(cfg: &crate::config::Config) -> Result<String, StartError> {
+    let section = cfg.backend.pgvector.as_ref().ok_or_else(|| {
+        StartError::Config(crate::config::ConfigError::invalid(
+            "backend.pgvector",
+            "--drop-slot is for kind = \"pgvector\"",
+        ))
+    })?;
+    let instance = pgvector::changes::instance_name(
+        section,
+        cfg.backend.data_dir.as_deref(),
+        cfg.server.listen.port(),
+    )?;
+    pgvector::changes::drop_slot(section, &instance)
+}
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

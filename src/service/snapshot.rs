@@ -13,6 +13,7 @@ use shards::floor::FloorState;
 use shards::read::Counters;
 
 use super::owner::ShardGauges;
+use super::pgvector::changes::{ChangeStats, FeedState};
 use super::pgvector::PgStats;
 use super::recall::RecallChecks;
 use super::Shared;
@@ -232,6 +233,61 @@ const PG: [Row<PgStats>; 7] = [
     ),
 ];
 
+/// The pgvector table's change stream (`pgvector/changes/`).
+const CHANGES: [Row<ChangeStats>; 15] = [
+    (
+        "pg_changes_up",
+        "pgvector: 1 while akerd follows the table's committed changes and is connected.",
+        |c| Value::Gauge(f64::from(c.state.load(Ordering::Relaxed) == FeedState::Following as u64)),
+    ),
+    (
+        "pg_changes_state",
+        "pgvector: the change stream: 0 off, 1 following, 2 reconnecting, 3 stopped (the table changed).",
+        |c| gauge(&c.state),
+    ),
+    ("pg_changes_inserts", "pgvector: inserted rows applied from the change stream.", |c| count(&c.inserts)),
+    ("pg_changes_updates", "pgvector: updated rows applied from the change stream.", |c| count(&c.updates)),
+    ("pg_changes_deletes", "pgvector: deleted rows applied from the change stream.", |c| count(&c.deletes)),
+    ("pg_changes_truncates", "pgvector: TRUNCATEs applied (each flushes the cache).", |c| count(&c.truncates)),
+    ("pg_changes_commits", "pgvector: transactions applied from the change stream.", |c| count(&c.commits)),
+    (
+        "pg_changes_lag_bytes",
+        "pgvector: WAL between the server's flush position and the applied one, at the last read.",
+        |c| gauge(&c.lag_bytes),
+    ),
+    (
+        "pg_changes_lag_ms",
+        "pgvector: commit to applied, of the last transaction applied (0 once a read finds nothing).",
+        |c| gauge(&c.lag_ms),
+    ),
+    (
+        "pg_changes_retained_bytes",
+        "pgvector: WAL the slot holds back on the database server.",
+        |c| gauge(&c.retained_bytes),
+    ),
+    (
+        "pg_changes_slot_lost",
+        "pgvector: slots found gone or invalidated (the cache flushed, the slot made anew).",
+        |c| count(&c.slot_lost),
+    ),
+    (
+        "pg_changes_updates_partial",
+        "pgvector: updates of an id whose vector came unchanged (TOAST): the old id stripped only.",
+        |c| count(&c.updates_partial),
+    ),
+    ("pg_changes_polls", "pgvector: reads of the change stream.", |c| count(&c.polls)),
+    (
+        "pg_changes_applied_lsn",
+        "pgvector: the WAL position (pg_lsn as a number) every shard has applied the stream to.",
+        |c| gauge(&c.applied_lsn),
+    ),
+    (
+        "pg_changes_reconnects",
+        "pgvector: change stream connections reopened after the database went away.",
+        |c| count(&c.reconnects),
+    ),
+];
+
 const PER_SHARD: [ShardRow; 15] = [
     (
         "shard_pool_objects",
@@ -339,6 +395,7 @@ impl Shared {
         service_counters(&mut s, &recorded.counters);
         if let Some(pg) = self.backend.pgvector() {
             read(&mut s, &pg.stats, &PG);
+            read(&mut s, &pg.changes.stats, &CHANGES);
         }
         self.per_shard(&mut s);
         latencies(&mut s, recorded);

@@ -23,13 +23,14 @@ use shards::router::Retirements;
 use shards::sharded::ShardSet;
 use shards::{Cache, CacheConfig};
 
-use super::backend::{BackendPool, StoreSide};
+use super::backend::{BackendPool, Owners as BackendOwners, StoreSide};
 use super::handler::AkerService;
 use super::owner::{self, ShardGauges};
+use super::pgvector::changes;
 use super::plan::{self, Backing, DurableStart, StartPlan, Warm};
 use super::recall::{Check, RecallChecks};
 use super::{admin, warm, AdminServer, Daemon, Dataset, Shared, StartError, Store};
-use crate::config::{Config, ConfigError};
+use crate::config::{ChangesMode, Config, ConfigError};
 use crate::metrics::ExecutorMetrics;
 use crate::server::{Running, Server, Service, ServiceInfo};
 
@@ -83,18 +84,24 @@ impl Daemon {
         let floor = recall_floor(cfg, has_store)?;
         let server = server(cfg)?;
         let backend_stop = Arc::new(AtomicBool::new(false));
-        let (backend, backend_threads) = backend_pool(
+        let router = Arc::new(set.router);
+        let follower = follow_changes(cfg, &side, &owners.handles, &router, &backend_stop)?;
+        let pool = backend_pool(
             cfg,
             side,
             owners.handles.clone(),
             backend_stop.clone(),
             floor.checks,
             durable.clone(),
-        )?;
+        );
+        let (backend, mut backend_threads) = pool.inspect_err(|_| {
+            backend_stop.store(true, Ordering::Release);
+        })?;
+        backend_threads.extend(follower);
         let shared = Arc::new(Shared {
             info,
             cache_cfg,
-            router: Arc::new(set.router),
+            router,
             budget: set.budget,
             shards: owners.handles,
             gauges: owners.gauges,
@@ -155,6 +162,42 @@ fn store_side(
         Backing::Pgvector(target) => (StoreSide::Pgvector(Arc::from(target)), None),
         Backing::CacheAside => (StoreSide::CacheAside, None),
     })
+}
+
+/// The change stream of a pgvector table (`pgvector/changes/`), as
+/// `backend.pgvector.changes` asks: its thread, or none. It starts before the backend
+/// threads so that no write through akerd is applied outside the stream's order.
+fn follow_changes(
+    cfg: &Config,
+    side: &StoreSide,
+    shards: &[ShardHandle],
+    router: &Arc<shards::router::Router>,
+    stop: &Arc<AtomicBool>,
+) -> Result<Option<JoinHandle<()>>, StartError> {
+    let (StoreSide::Pgvector(target), Some(section)) = (side, &cfg.backend.pgvector) else {
+        return Ok(None);
+    };
+    let instance = changes::instance_name(
+        section,
+        cfg.backend.data_dir.as_deref(),
+        cfg.server.listen.port(),
+    );
+    let instance = match (instance, section.changes) {
+        (Ok(name), _) => name,
+        (Err(_), ChangesMode::Off) => String::new(),
+        (Err(e), ChangesMode::Auto) => {
+            tracing::warn!(error = %e, "pgvector: NOT following the table's changes; pg_changes_up reads 0");
+            return Ok(None);
+        }
+        (Err(e), ChangesMode::Follow) => return Err(e),
+    };
+    let parts = changes::FollowParts {
+        owners: BackendOwners::new(shards.to_vec()),
+        router: router.clone(),
+        stop: stop.clone(),
+        instance,
+    };
+    changes::start(target.clone(), section, parts)
 }
 
 /// The shards, the router trained on `sample` and the pool budget.

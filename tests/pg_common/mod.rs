@@ -39,6 +39,8 @@ fn free_port() -> u16 {
 pub struct PgServer {
     pub data: PathBuf,
     pub port: u16,
+    /// Server settings beyond the tests' defaults (`-c name=value ...`).
+    settings: String,
     /// Keeps the folder alive as long as the server.
     _dir: tempdir::Dir,
 }
@@ -71,10 +73,16 @@ mod tempdir {
 impl PgServer {
     /// A new server, or `None` (printed) when it cannot start outside CI.
     pub fn start(tag: &str) -> Option<PgServer> {
+        PgServer::start_with(tag, "")
+    }
+
+    /// A new server with extra settings (`-c wal_level=logical`), or `None` as `start`.
+    pub fn start_with(tag: &str, settings: &str) -> Option<PgServer> {
         let dir = tempdir::Dir::new(tag);
         let s = PgServer {
             data: dir.0.join("data"),
             port: free_port(),
+            settings: settings.to_string(),
             _dir: dir,
         };
         match s.run_start() {
@@ -94,7 +102,10 @@ impl PgServer {
             .arg(&self.data)
             .arg(self.port.to_string())
             .arg(std::process::id().to_string())
-            .env("PG_SETTINGS", "-c fsync=off -c max_connections=50")
+            .env(
+                "PG_SETTINGS",
+                format!("-c fsync=off -c max_connections=50 {}", self.settings),
+            )
             .env("PG_CPUS", std::env::var("AKER_PG_CPUS").unwrap_or_default())
             .output()
             .map_err(|e| format!("ops/pg.sh: {e}"))?;

@@ -198,6 +198,27 @@ pub(crate) struct Owners {
 }
 
 impl Owners {
+    pub(crate) fn new(shards: Vec<ShardHandle>) -> Owners {
+        Owners { shards }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Every owner drops its entries (TRUNCATE, a table that changed, a lost slot).
+    pub(crate) fn flush(&self) -> Result<Vec<flume::Receiver<()>>, Rejection> {
+        let mut acks = Vec::with_capacity(self.shards.len());
+        for (s, h) in self.shards.iter().enumerate() {
+            let (tx, rx) = flume::bounded(1);
+            h.sender()
+                .send(OwnerMsg::Flush { ack: tx })
+                .map_err(|_| owner_gone(s))?;
+            acks.push(rx);
+        }
+        Ok(acks)
+    }
+
     /// Every owner gets the insert; the two nearest run the fast path.
     pub(crate) fn queue_insert(
         &self,

@@ -23,9 +23,11 @@ use pgvector::Vector;
 use shards::backend::sort_candidates;
 use shards::Candidate;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::PgLsn;
 use tokio_postgres::{Client, Row, Statement};
 
 use super::in_doubt::{not_sent, Session, WriteError};
+use super::pgoutput::Lsn;
 use super::sql::{cache_distance, describe};
 use super::{open, runtime, PgStats, PgTarget, Sql, BACKOFF_FIRST, CLIENT_GRACE};
 use crate::protocol::{Rejection, Status};
@@ -144,6 +146,9 @@ trait Piped {
     /// Keeps the statement prepared from the text `statement` returned.
     fn keep(&self, _live: &mut Live, _prepared: Statement) {}
     async fn run(&self, c: &Client, st: &Statement) -> Result<Self::Out, tokio_postgres::Error>;
+    /// Whether the pipeline reads the WAL position after its COMMIT (writes: the
+    /// change stream has applied the write once it has passed that position).
+    const POSITION: bool = false;
 }
 
 /// The `n` nearest rows to `query`.
@@ -180,6 +185,7 @@ struct Insert<'a> {
 
 impl Piped for Insert<'_> {
     type Out = u64;
+    const POSITION: bool = true;
 
     fn statement(&self, live: &Live, _: &Sql) -> Result<Statement, String> {
         Ok(live.insert.clone())
@@ -198,6 +204,7 @@ struct Delete(i64);
 
 impl Piped for Delete {
     type Out = u64;
+    const POSITION: bool = true;
 
     fn statement(&self, live: &Live, _: &Sql) -> Result<Statement, String> {
         Ok(live.delete.clone())
@@ -217,7 +224,14 @@ struct Prepared {
     rollback_failed: bool,
 }
 
-/// The pipeline of one statement on `c` (see [`PgConn::pipelined`]).
+/// The WAL's insert position after a write's COMMIT: at or past the commit's end.
+async fn position(c: &Client) -> Result<Option<Lsn>, tokio_postgres::Error> {
+    let row = c.query_one("SELECT pg_current_wal_lsn()", &[]).await?;
+    Ok(Some(u64::from(row.get::<_, PgLsn>(0))))
+}
+
+/// The pipeline of one statement on `c` (see [`PgConn::pipelined`]), with the WAL
+/// position after its COMMIT where `S::POSITION` asks for it.
 async fn send<S: Piped>(
     c: &Client,
     prelude: &str,
@@ -225,7 +239,7 @@ async fn send<S: Piped>(
     statement: Result<Statement, String>,
     stmt: &S,
     prep: &mut Prepared,
-) -> Result<S::Out, tokio_postgres::Error> {
+) -> Result<(S::Out, Option<Lsn>), tokio_postgres::Error> {
     let started = Instant::now();
     let (st, prelude_sent) = match statement {
         Ok(st) => (st, false),
@@ -244,7 +258,7 @@ async fn send<S: Piped>(
         }
     };
     // In this order on the wire: each future sends at its first poll.
-    let (a, out, b) = tokio::join!(
+    let (a, out, b, pos) = tokio::join!(
         biased;
         async {
             if prelude_sent {
@@ -258,12 +272,20 @@ async fn send<S: Piped>(
             }
         },
         stmt.run(c, &st),
-        c.batch_execute("COMMIT")
+        c.batch_execute("COMMIT"),
+        async {
+            match S::POSITION {
+                true => position(c).await,
+                false => Ok(None),
+            }
+        }
     );
     a?;
     let out = out?;
     b?;
-    Ok(out)
+    // A write committed whatever its position read says; a lost position is a lost
+    // connection, found by the next statement.
+    Ok((out, pos.unwrap_or(None)))
 }
 
 /// One backend thread's connection: opened at start, reopened with backoff when lost.
@@ -482,7 +504,7 @@ impl PgConn {
         prelude: String,
         timeout: Duration,
         stmt: &S,
-    ) -> Result<S::Out, Failure> {
+    ) -> Result<(S::Out, Option<Lsn>), Failure> {
         let Some(live) = self.live.as_ref() else {
             return Err(Failure {
                 rejection: unavailable("database unreachable; reconnecting"),
@@ -551,7 +573,7 @@ impl PgConn {
             );
             let query = Vector::from(q.to_vec());
             match self.pipelined(prelude, timeout, &Search { query: &query, n }) {
-                Ok(rows) => return Ok(self.answer(rows, n)),
+                Ok((rows, _)) => return Ok(self.answer(rows, n)),
                 // A connection found gone (not a slow one), or its statements stale:
                 // once more on a new one.
                 Err(f) if matches!(f.kind, FailKind::Gone | FailKind::Stale) && !retried => {
@@ -616,14 +638,15 @@ impl PgConn {
         })
     }
 
-    /// Upserts `id`, committed before this returns `Ok`.
+    /// Upserts `id`, committed before this returns `Ok` (with the WAL position after
+    /// the commit, when it could be read).
     pub(crate) fn insert(
         &mut self,
         id: u64,
         v: &[f32],
         payload: &[u8],
         deadline: Option<Instant>,
-    ) -> Result<(), WriteError> {
+    ) -> Result<Option<Lsn>, WriteError> {
         let db_id = Self::db_id(id).map_err(not_sent)?;
         if !payload.is_empty() && !self.target.has_payload {
             return Err(not_sent(Rejection::new(
@@ -641,7 +664,7 @@ impl PgConn {
             vector: &vector,
             payload: self.target.has_payload.then_some(payload),
         };
-        self.write(timeout, &stmt).map(drop)
+        self.write(timeout, &stmt).map(|(_, at)| at)
     }
 
     /// A write's pipeline; a write in doubt has its server session settled before
@@ -650,28 +673,30 @@ impl PgConn {
         &mut self,
         timeout: Duration,
         stmt: &S,
-    ) -> Result<u64, WriteError> {
+    ) -> Result<(u64, Option<Lsn>), WriteError> {
         match self.pipelined(Self::write_prelude(timeout), timeout, stmt) {
-            Ok(n) => Ok(n),
+            Ok(done) => Ok(done),
             Err(f) => Err(self.write_failed(f)),
         }
     }
 
-    /// Deletes `id`, committed before this returns; whether a row was there.
+    /// Deletes `id`, committed before this returns; whether a row was there, and the
+    /// WAL position after the commit.
     pub(crate) fn delete(
         &mut self,
         id: u64,
         deadline: Option<Instant>,
-    ) -> Result<bool, WriteError> {
+    ) -> Result<(bool, Option<Lsn>), WriteError> {
         let Ok(db_id) = i64::try_from(id) else {
             // Such an id cannot be in a bigint column.
-            return Ok(false);
+            return Ok((false, None));
         };
         self.prepare_connection(true, true);
         let timeout = self
             .timeout_for(deadline)
             .ok_or_else(|| not_sent(deadline_exceeded()))?;
-        self.write(timeout, &Delete(db_id)).map(|n| n > 0)
+        self.write(timeout, &Delete(db_id))
+            .map(|(n, at)| (n > 0, at))
     }
 }
 

@@ -33,7 +33,9 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
 }
 
 /// The connection settings of `section`, with the password from its file or variable.
-fn connection_config(section: &PgvectorSection) -> Result<tokio_postgres::Config, StartError> {
+pub(crate) fn connection_config(
+    section: &PgvectorSection,
+) -> Result<tokio_postgres::Config, StartError> {
     let cfg_err = |m: String| StartError::Config(ConfigError::invalid("backend.pgvector", m));
     let mut c: tokio_postgres::Config = section
         .url
@@ -135,6 +137,7 @@ pub fn start(
             with_vectors,
             has_payload: section.payload_column.is_some(),
             stats: PgStats::default(),
+            changes: Default::default(),
         };
         let sample = sample(&client, &target, section, sample_rows).await?;
         if let Some(s) = &sample {

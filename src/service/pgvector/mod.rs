@@ -37,9 +37,11 @@
 //! Whatever else talks to the database grows as a file beside these (a change stream
 //! would read the table's changes on a connection of its own, like `conn.rs`'s).
 
+pub(crate) mod changes;
 pub(crate) mod conn;
 pub(crate) mod discover;
 mod in_doubt;
+pub(crate) mod pgoutput;
 mod side;
 pub mod sql;
 
@@ -76,6 +78,8 @@ pub struct PgTarget {
     with_vectors: bool,
     has_payload: bool,
     pub(crate) stats: PgStats,
+    /// The change stream's applied position and counters (`changes/`).
+    pub(crate) changes: changes::ChangeFeed,
 }
 
 /// The text of the statements every connection prepares.

@@ -9,11 +9,13 @@
 //! ```
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use super::changes::Waited;
 use super::in_doubt::WriteOrder;
+use super::pgoutput::{lsn_text, Lsn};
 use super::{PgConn, PgTarget};
-use crate::protocol::Rejection;
+use crate::protocol::{Rejection, Status};
 use crate::service::backend::{
     BackendAnswer, DeleteAcks, InsertAcks, NewRow, Owners, Side, SideInfo,
 };
@@ -28,6 +30,66 @@ impl PgSide {
         PgSide {
             target,
             order: WriteOrder::new(),
+        }
+    }
+}
+
+/// Longest wait of a write without a deadline for the change stream to apply it.
+const APPLY_WAIT: Duration = Duration::from_secs(5);
+/// How long a write waits for the owners to strip its id.
+const STRIP_WAIT: Duration = Duration::from_secs(5);
+
+impl PgSide {
+    /// A committed write reaches the cache. While akerd follows the table's changes, it
+    /// comes from the stream, in commit order with everyone else's: the write waits
+    /// until the stream has applied past `at` (the WAL position after its commit).
+    /// Otherwise `direct` queues it to the owners (under the id's stripe).
+    fn reach_cache<A: Default>(
+        &self,
+        owners: &Owners,
+        id: u64,
+        at: Option<Lsn>,
+        deadline: Option<Instant>,
+        direct: impl FnOnce() -> Result<A, Rejection>,
+    ) -> Result<A, Rejection> {
+        let feed = &self.target.changes;
+        if !feed.following() {
+            return direct();
+        }
+        let Some(at) = at else {
+            // Committed, its position unread (the connection went right after): the id
+            // leaves the cache; the stream brings the row back in order.
+            strip(owners, id);
+            return Ok(A::default());
+        };
+        let cap = Instant::now() + APPLY_WAIT;
+        match feed.wait_applied(at, deadline.map_or(cap, |d| d.min(cap))) {
+            Waited::Applied => Ok(A::default()),
+            Waited::NotFollowing => direct(),
+            Waited::TimedOut => {
+                strip(owners, id);
+                Err(Rejection::new(
+                    Status::Unavailable,
+                    format!(
+                        "committed (WAL {}), but the change stream has not applied it yet; \
+                         id {id} is out of the cache until it has",
+                        lsn_text(at)
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+/// `id` out of every shard (bounded wait for the owners).
+fn strip(owners: &Owners, id: u64) {
+    let Ok(acks) = owners.queue_delete(id) else {
+        return;
+    };
+    let until = Instant::now() + STRIP_WAIT;
+    for a in acks {
+        if a.recv_deadline(until).is_err() {
+            tracing::warn!(id, "a shard did not confirm stripping a write's id");
         }
     }
 }
@@ -80,7 +142,11 @@ impl Side for PgSide {
             owners,
             row.id,
             |pg| pg.insert(row.id, &row.vector, &row.payload, row.deadline),
-            |()| owners.queue_insert(row.id, &row.vector, row.near),
+            |at| {
+                self.reach_cache(owners, row.id, at, row.deadline, || {
+                    owners.queue_insert(row.id, &row.vector, row.near)
+                })
+            },
         )
     }
 
@@ -96,7 +162,11 @@ impl Side for PgSide {
             owners,
             id,
             |pg| pg.delete(id, deadline),
-            |existed| Ok((Some(existed), owners.queue_delete(id)?)),
+            |(existed, at)| {
+                let acks =
+                    self.reach_cache(owners, id, at, deadline, || owners.queue_delete(id))?;
+                Ok((Some(existed), acks))
+            },
         )
     }
 }

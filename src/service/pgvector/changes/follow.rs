@@ -1,0 +1,637 @@
+//! The follower's loop: read the flush position, peek the slot's changes up to it, apply
+//! them to the shard owners, publish the applied position, advance the slot.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_lite::StreamExt;
+use tokio_postgres::types::PgLsn;
+use tokio_postgres::Client;
+
+use super::super::pgoutput::{self, lsn_text, Lsn, Message, Relation, Tuple, Value};
+use super::super::{open, runtime, PgTarget, BACKOFF_FIRST};
+use super::setup::{self, SetupError, SlotFound};
+use super::{ChangeFeed, FeedState, FollowParts, Snap};
+use crate::config::PgvectorSection;
+
+/// Changes read per poll (a transaction is never split: one larger arrives whole, and
+/// is applied row by row as it streams in).
+const CHANGES_PER_POLL: i32 = 8192;
+/// Owner acknowledgements awaited every this many changes (bounds akerd's memory
+/// while applying a large transaction).
+const ACKS_MAX: usize = 1024;
+/// The slot's confirmed position is advanced at most this often (advancing decodes).
+const ADVANCE_EVERY: Duration = Duration::from_millis(200);
+/// The table, the slot's state and its retained WAL are checked this often.
+const CHECK_EVERY: Duration = Duration::from_secs(2);
+/// How long one transaction may stay invisible to new snapshots before it is logged.
+const VISIBLE_WARN: Duration = Duration::from_secs(5);
+/// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
+const PG_EPOCH_US: i64 = 946_684_800_000_000;
+
+/// The follower's settings, from the config.
+pub(super) struct FollowConfig {
+    slot: String,
+    poll: Duration,
+    id_column: String,
+    vector_column: String,
+}
+
+impl FollowConfig {
+    pub(super) fn new(section: &PgvectorSection, instance: &str) -> FollowConfig {
+        FollowConfig {
+            slot: super::slot_name(instance),
+            poll: Duration::from_millis(section.changes_poll_ms),
+            id_column: section.id_column.clone(),
+            vector_column: section.vector_column.clone(),
+        }
+    }
+}
+
+/// Why a poll stopped.
+enum PollError {
+    /// The connection is gone: reconnect and resume from the slot.
+    Lost(String),
+    /// The slot is gone or can no longer be read: a cold start.
+    SlotLost(String),
+    /// The table is not the one akerd started on: stop following.
+    TableChanged(String),
+    /// The shard owners have stopped (akerd is stopping).
+    OwnersGone,
+}
+
+impl From<tokio_postgres::Error> for PollError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        let msg = match e.as_db_error() {
+            Some(d) => d.message().to_string(),
+            None => e.to_string(),
+        };
+        let slot_gone = e.code().is_some_and(|c| {
+            matches!(c.code(), "42704" | "55000") // undefined_object, object_not_in_prerequisite_state
+        });
+        if slot_gone && msg.contains("slot") {
+            PollError::SlotLost(msg)
+        } else {
+            PollError::Lost(msg)
+        }
+    }
+}
+
+/// The id and vector columns' places in the table's tuples.
+#[derive(Clone, Copy)]
+struct Columns {
+    id: usize,
+    vector: usize,
+}
+
+struct Follower {
+    target: Arc<PgTarget>,
+    cfg: FollowConfig,
+    parts: FollowParts,
+    ctl: Client,
+    stream: Client,
+    relid: u32,
+    columns: Option<Columns>,
+    snap: Snap,
+    /// Acks of changes queued since the last wait.
+    insert_acks: super::super::super::backend::InsertAcks,
+    delete_acks: super::super::super::backend::DeleteAcks,
+    /// The slot's confirmed position, as last advanced.
+    confirmed: Lsn,
+    advanced_at: Instant,
+    checked_at: Instant,
+}
+
+/// The follower thread: setup (answered on `setup_tx`), then the loop until `stop`.
+pub(super) fn run(
+    target: Arc<PgTarget>,
+    cfg: FollowConfig,
+    parts: FollowParts,
+    setup_tx: flume::Sender<Result<(), SetupError>>,
+) {
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = setup_tx.send(Err(SetupError::Other(format!("no runtime: {e}"))));
+            return;
+        }
+    };
+    rt.block_on(async move {
+        let mut f = match Follower::start(target, cfg, parts).await {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = setup_tx.send(Err(e));
+                return;
+            }
+        };
+        let _ = setup_tx.send(Ok(()));
+        f.follow().await;
+    });
+}
+
+impl Follower {
+    /// Connects, checks, locks, makes the publication and the slot, and starts cold.
+    async fn start(
+        target: Arc<PgTarget>,
+        cfg: FollowConfig,
+        parts: FollowParts,
+    ) -> Result<Follower, SetupError> {
+        let (ctl, stream, relid) = Follower::connect(&target, &cfg).await?;
+        let mut f = Follower {
+            target,
+            cfg,
+            parts,
+            ctl,
+            stream,
+            relid,
+            columns: None,
+            snap: Snap::default(),
+            insert_acks: Vec::new(),
+            delete_acks: Vec::new(),
+            confirmed: 0,
+            advanced_at: Instant::now(),
+            checked_at: Instant::now(),
+        };
+        f.slot_ready(true).await?;
+        Ok(f)
+    }
+
+    fn feed(&self) -> &ChangeFeed {
+        &self.target.changes
+    }
+
+    async fn connect(
+        target: &PgTarget,
+        cfg: &FollowConfig,
+    ) -> Result<(Client, Client, u32), SetupError> {
+        let ctl = open(&target.conn).await?;
+        setup::check_server(&ctl).await?;
+        let relid = setup::check_table(&ctl, &target.table, &cfg.id_column).await?;
+        setup::lock(&ctl, &cfg.slot).await?;
+        setup::publication(&ctl, &cfg.slot, &target.table, relid).await?;
+        let stream = open(&target.conn).await?;
+        Ok((ctl, stream, relid))
+    }
+
+    /// The slot made or checked. `cold`: the cache is empty (start), so the stream
+    /// starts at the flush position; otherwise a usable slot resumes where it was, and
+    /// a remade one empties the cache first.
+    async fn slot_ready(&mut self, cold: bool) -> Result<(), SetupError> {
+        let found = setup::slot(&self.ctl, &self.cfg.slot).await?;
+        if let SlotFound::Remade(why) = &found {
+            tracing::error!(slot = %self.cfg.slot, reason = %why,
+                "pgvector: the slot was invalidated: its changes since are lost; the cache \
+                 is flushed and the slot made anew");
+            self.feed().stats.slot_lost.fetch_add(1, Ordering::Relaxed);
+        }
+        if cold || found != SlotFound::Usable {
+            if !cold {
+                if found == SlotFound::Made {
+                    tracing::error!(slot = %self.cfg.slot,
+                        "pgvector: the slot is gone: the cache is flushed and the slot made anew");
+                    self.feed().stats.slot_lost.fetch_add(1, Ordering::Relaxed);
+                }
+                self.flush()
+                    .await
+                    .map_err(|_| SetupError::Other("owners stopped".into()))?;
+            }
+            let at = setup::cold_start(&self.ctl, &self.cfg.slot).await?;
+            self.confirmed = at;
+            self.feed().advance(at);
+        }
+        self.feed().set_following(true, FeedState::Following);
+        Ok(())
+    }
+
+    /// Polls until stopped; reconnects when the database goes away.
+    async fn follow(&mut self) {
+        let wake = self.target.changes.wake_rx.clone();
+        loop {
+            if self.parts.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let _ = tokio::time::timeout(self.cfg.poll, wake.recv_async()).await;
+            let r = match self.poll().await {
+                Ok(()) => self.housekeeping().await,
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok(()) => {}
+                Err(PollError::Lost(why)) => {
+                    if !self.reconnect(&why).await {
+                        return;
+                    }
+                }
+                Err(PollError::SlotLost(why)) => {
+                    // Counted once remade (`slot_ready`).
+                    tracing::error!(slot = %self.cfg.slot, reason = %why, "pgvector: the slot can no longer be read");
+                    let remade = async {
+                        let _ = self.ctl.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", &[&self.cfg.slot]).await;
+                        self.slot_ready(false).await
+                    };
+                    if let Err(e) = remade.await {
+                        if !self.reconnect(&e.to_string()).await {
+                            return;
+                        }
+                    }
+                }
+                Err(PollError::TableChanged(why)) => {
+                    tracing::error!(table = %self.target.table, reason = %why,
+                        "pgvector: the table changed under akerd: the cache is flushed and akerd \
+                         STOPS following its changes (restart akerd to follow the new table)");
+                    let _ = self.flush().await;
+                    self.feed().set_following(false, FeedState::Stopped);
+                    return;
+                }
+                Err(PollError::OwnersGone) => return,
+            }
+        }
+    }
+
+    /// One read of the stream up to the flush position.
+    async fn poll(&mut self) -> Result<(), PollError> {
+        let target = self.target.clone();
+        let stats = &target.changes.stats;
+        stats.polls.fetch_add(1, Ordering::Relaxed);
+        let (upto, snap) = setup::position(&self.ctl).await?;
+        self.snap = snap;
+        let applied = self.feed().applied();
+        stats
+            .lag_bytes
+            .store(upto.saturating_sub(applied), Ordering::Relaxed);
+        if upto <= applied {
+            stats.lag_ms.store(0, Ordering::Relaxed);
+            return Ok(());
+        }
+        let (rows, last_end) = self.read(upto, applied).await?;
+        self.await_acks().await?;
+        let to = if rows >= CHANGES_PER_POLL as usize {
+            last_end.unwrap_or(applied)
+        } else {
+            upto.max(last_end.unwrap_or(0))
+        };
+        if last_end.is_none() {
+            stats.lag_ms.store(0, Ordering::Relaxed);
+        }
+        self.feed().advance(to);
+        stats.lag_bytes.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Streams the slot's changes up to `upto`, applying each; the rows read and the
+    /// end of the last commit.
+    async fn read(&mut self, upto: Lsn, applied: Lsn) -> Result<(usize, Option<Lsn>), PollError> {
+        let slot = self.cfg.slot.clone();
+        let st = self
+            .stream
+            .prepare(
+                "SELECT data FROM pg_logical_slot_peek_binary_changes($1::text::name, $2, $3, \
+                 'proto_version', '1', 'publication_names', $4::text)",
+            )
+            .await?;
+        let upto_lsn = PgLsn::from(upto);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+            [&slot, &upto_lsn, &CHANGES_PER_POLL, &slot];
+        let rows = self.stream.query_raw(&st, params).await?;
+        let mut rows = std::pin::pin!(rows);
+        let (mut n, mut last_end, mut skip) = (0usize, None, false);
+        while let Some(row) = rows.next().await {
+            let row = row?;
+            n += 1;
+            let data: &[u8] = row.get(0);
+            let msg = pgoutput::decode(data)
+                .map_err(|e| PollError::TableChanged(format!("a change akerd cannot read: {e}")))?;
+            match msg {
+                Message::Begin { final_lsn, xid, .. } => {
+                    // Already applied before a reconnection: the slot resumes from its
+                    // confirmed position, which may be behind.
+                    skip = final_lsn < applied;
+                    if !skip {
+                        self.until_visible(xid).await?;
+                    }
+                }
+                Message::Commit {
+                    end_lsn,
+                    commit_ts_us,
+                    ..
+                } => {
+                    last_end = Some(end_lsn);
+                    if !skip {
+                        self.committed(commit_ts_us);
+                    }
+                    skip = false;
+                }
+                Message::Relation(r) => self.relation(&r)?,
+                _ if skip => {}
+                m => self.apply(m).await?,
+            }
+            if self.insert_acks.len() + self.delete_acks.len()
+                >= ACKS_MAX * self.parts.owners.len().max(1)
+            {
+                self.await_acks().await?;
+            }
+        }
+        Ok((n, last_end))
+    }
+
+    /// Waits until a snapshot taken now sees transaction `xid` (decoded, so committed).
+    async fn until_visible(&mut self, xid: u32) -> Result<(), PollError> {
+        let since = Instant::now();
+        let mut warned = false;
+        loop {
+            let x = self.snap.widen(xid);
+            if self.snap.sees(x) {
+                return Ok(());
+            }
+            if !warned && since.elapsed() > VISIBLE_WARN {
+                warned = true;
+                tracing::warn!(xid, "pgvector: a decoded transaction is still not visible");
+            }
+            if self.parts.stop.load(Ordering::Acquire) {
+                return Err(PollError::OwnersGone);
+            }
+            tokio::time::sleep(Duration::from_micros(200)).await;
+            self.snap = setup::position(&self.ctl).await?.1;
+        }
+    }
+
+    fn committed(&self, commit_ts_us: i64) {
+        let stats = &self.target.changes.stats;
+        stats.commits.fetch_add(1, Ordering::Relaxed);
+        let now_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64)
+            - PG_EPOCH_US;
+        let lag_ms = (now_us - commit_ts_us).max(0) / 1000;
+        stats.lag_ms.store(lag_ms as u64, Ordering::Relaxed);
+    }
+
+    /// A table's description: it must still be akerd's table, as it started.
+    fn relation(&mut self, r: &Relation) -> Result<(), PollError> {
+        if r.relid != self.relid {
+            return Ok(());
+        }
+        let find = |name: &str| r.columns.iter().position(|c| c.name == name);
+        let (Some(id), Some(vector)) = (find(&self.cfg.id_column), find(&self.cfg.vector_column))
+        else {
+            return Err(PollError::TableChanged(format!(
+                "{} no longer has columns {} and {}",
+                self.target.table, self.cfg.id_column, self.cfg.vector_column
+            )));
+        };
+        let dim = r.columns[vector].type_modifier;
+        if dim != self.target.dim as i32 {
+            return Err(PollError::TableChanged(format!(
+                "column {} is now vector({dim}), not vector({})",
+                self.cfg.vector_column, self.target.dim
+            )));
+        }
+        self.columns = Some(Columns { id, vector });
+        Ok(())
+    }
+
+    /// One change, as akerd's own writes are applied.
+    async fn apply(&mut self, m: Message<'_>) -> Result<(), PollError> {
+        let target = self.target.clone();
+        let stats = &target.changes.stats;
+        match m {
+            Message::Insert { relid, new } if relid == self.relid => {
+                stats.inserts.fetch_add(1, Ordering::Relaxed);
+                let c = self.columns()?;
+                if let Some(id) = id_of(&new, c.id)? {
+                    self.upsert(id, &new, c)?;
+                }
+            }
+            Message::Update {
+                relid, old, new, ..
+            } if relid == self.relid => {
+                stats.updates.fetch_add(1, Ordering::Relaxed);
+                let c = self.columns()?;
+                let new_id = id_of(&new, c.id)?;
+                let old_id = match &old {
+                    Some(t) => id_of(t, c.id)?,
+                    None => new_id,
+                };
+                if old_id != new_id {
+                    if let Some(id) = old_id {
+                        self.delete(id)?;
+                    }
+                }
+                if let Some(id) = new_id {
+                    match new.values.get(c.vector) {
+                        // The vector did not change (a TOASTed value left alone).
+                        Some(Value::UnchangedToast) if old_id == new_id => {}
+                        Some(Value::UnchangedToast) => {
+                            stats.updates_partial.fetch_add(1, Ordering::Relaxed);
+                        }
+                        _ => {
+                            // The old vector is not in the stream: out first, then in.
+                            self.delete(id)?;
+                            self.upsert(id, &new, c)?;
+                        }
+                    }
+                }
+            }
+            Message::Delete { relid, old, .. } if relid == self.relid => {
+                stats.deletes.fetch_add(1, Ordering::Relaxed);
+                let c = self.columns()?;
+                if let Some(id) = id_of(&old, c.id)? {
+                    self.delete(id)?;
+                }
+            }
+            Message::Truncate { relids, .. } if relids.contains(&self.relid) => {
+                stats.truncates.fetch_add(1, Ordering::Relaxed);
+                self.await_acks().await?;
+                self.flush().await?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn columns(&self) -> Result<Columns, PollError> {
+        self.columns.ok_or_else(|| {
+            PollError::TableChanged("a change before its table's description".into())
+        })
+    }
+
+    /// An inserted or updated row into the cache (a NULL vector: only out of it).
+    fn upsert(&mut self, id: u64, t: &Tuple<'_>, c: Columns) -> Result<(), PollError> {
+        let vector = match t.values.get(c.vector) {
+            Some(Value::Text(v)) => pgoutput::parse_vector(v)
+                .map_err(|e| PollError::TableChanged(format!("id {id}'s vector: {e}")))?,
+            _ => return self.delete(id),
+        };
+        if vector.len() != self.target.dim {
+            return Err(PollError::TableChanged(format!(
+                "id {id} has a {}-d vector, akerd serves {}-d",
+                vector.len(),
+                self.target.dim
+            )));
+        }
+        let vector: Arc<[f32]> = vector.into();
+        let near = self.parts.router.route_write(&vector);
+        let acks = self
+            .parts
+            .owners
+            .queue_insert(id, &vector, near)
+            .map_err(|_| PollError::OwnersGone)?;
+        self.insert_acks.extend(acks);
+        Ok(())
+    }
+
+    fn delete(&mut self, id: u64) -> Result<(), PollError> {
+        let acks = self
+            .parts
+            .owners
+            .queue_delete(id)
+            .map_err(|_| PollError::OwnersGone)?;
+        self.delete_acks.extend(acks);
+        Ok(())
+    }
+
+    async fn await_acks(&mut self) -> Result<(), PollError> {
+        for a in self.insert_acks.drain(..) {
+            a.recv_async()
+                .await
+                .map_err(|_| PollError::OwnersGone)?
+                .ok();
+        }
+        for a in self.delete_acks.drain(..) {
+            a.recv_async().await.map_err(|_| PollError::OwnersGone)?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), PollError> {
+        for a in self
+            .parts
+            .owners
+            .flush()
+            .map_err(|_| PollError::OwnersGone)?
+        {
+            a.recv_async().await.map_err(|_| PollError::OwnersGone)?;
+        }
+        Ok(())
+    }
+
+    /// Between polls: the slot advanced to the applied position, and now and then the
+    /// table, the slot's state and its retained WAL checked.
+    async fn housekeeping(&mut self) -> Result<(), PollError> {
+        let applied = self.feed().applied();
+        if applied > self.confirmed && self.advanced_at.elapsed() >= ADVANCE_EVERY {
+            self.ctl
+                .execute(
+                    "SELECT pg_replication_slot_advance($1::text::name, $2)",
+                    &[&self.cfg.slot, &PgLsn::from(applied)],
+                )
+                .await?;
+            self.confirmed = applied;
+            self.advanced_at = Instant::now();
+        }
+        if self.checked_at.elapsed() < CHECK_EVERY {
+            return Ok(());
+        }
+        self.checked_at = Instant::now();
+        let r = self
+            .ctl
+            .query_opt(
+                "SELECT (pg_current_wal_lsn() - s.restart_lsn)::bigint, coalesce(s.wal_status, ''), \
+                   s.invalidation_reason, to_regclass($2)::oid, \
+                   (SELECT atttypmod FROM pg_attribute WHERE attrelid = to_regclass($2) \
+                      AND attname = $3 AND NOT attisdropped) \
+                 FROM pg_replication_slots s WHERE s.slot_name = $1",
+                &[&self.cfg.slot, &self.target.table, &self.cfg.vector_column],
+            )
+            .await?;
+        let Some(r) = r else {
+            return Err(PollError::SlotLost("the slot is gone".into()));
+        };
+        let retained: Option<i64> = r.get(0);
+        let status: String = r.get(1);
+        let reason: Option<String> = r.get(2);
+        let relid: Option<u32> = r.get(3);
+        let typmod: Option<i32> = r.get(4);
+        self.feed()
+            .stats
+            .retained_bytes
+            .store(retained.unwrap_or(0).max(0) as u64, Ordering::Relaxed);
+        if status == "lost" || reason.is_some() {
+            return Err(PollError::SlotLost(reason.unwrap_or(status)));
+        }
+        if relid != Some(self.relid) {
+            return Err(PollError::TableChanged(format!(
+                "{} is not the table akerd started on (dropped, renamed or made anew)",
+                self.target.table
+            )));
+        }
+        if typmod != Some(self.target.dim as i32) {
+            return Err(PollError::TableChanged(format!(
+                "column {} is no longer vector({})",
+                self.cfg.vector_column, self.target.dim
+            )));
+        }
+        Ok(())
+    }
+
+    /// The database went away: reconnect with backoff, take the lock again and resume
+    /// from the slot. False: stopping, or another akerd took the slot meanwhile.
+    async fn reconnect(&mut self, why: &str) -> bool {
+        tracing::warn!(
+            reason = why,
+            "pgvector: the change stream lost its connection; reconnecting"
+        );
+        self.feed().set_state(FeedState::Reconnecting);
+        let mut pause = BACKOFF_FIRST;
+        loop {
+            if self.parts.stop.load(Ordering::Acquire) {
+                return false;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(self.target.reconnect_max);
+            let (ctl, stream, relid) = match Follower::connect(&self.target, &self.cfg).await {
+                Ok(c) => c,
+                Err(e @ SetupError::Held { .. }) => {
+                    tracing::error!(error = %e, "pgvector: another akerd took the slot: akerd STOPS following");
+                    let _ = self.flush().await;
+                    self.feed().set_following(false, FeedState::Stopped);
+                    return false;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "pgvector: change stream reconnection failed");
+                    continue;
+                }
+            };
+            (self.ctl, self.stream) = (ctl, stream);
+            if relid != self.relid {
+                tracing::error!(table = %self.target.table,
+                    "pgvector: the table was made anew while the database was away: the cache \
+                     is flushed and akerd STOPS following its changes");
+                let _ = self.flush().await;
+                self.feed().set_following(false, FeedState::Stopped);
+                return false;
+            }
+            self.feed().stats.reconnects.fetch_add(1, Ordering::Relaxed);
+            match self.slot_ready(false).await {
+                Ok(()) => {
+                    tracing::info!(applied = %lsn_text(self.feed().applied()), "pgvector: the change stream resumes");
+                    return true;
+                }
+                Err(e) => tracing::debug!(error = %e, "pgvector: change stream resumption failed"),
+            }
+        }
+    }
+}
+
+/// A tuple's id (`None`: a NULL or negative id, which the cache never holds).
+fn id_of(t: &Tuple<'_>, at: usize) -> Result<Option<u64>, PollError> {
+    match t.values.get(at) {
+        Some(Value::Text(s)) => {
+            let id = pgoutput::parse_i64(s)
+                .map_err(|e| PollError::TableChanged(format!("an id akerd cannot read: {e}")))?;
+            Ok(u64::try_from(id).ok())
+        }
+        _ => Ok(None),
+    }
+}

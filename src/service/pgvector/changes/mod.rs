@@ -1,0 +1,422 @@
+//! The change stream: akerd follows the table's committed changes through PostgreSQL's
+//! logical decoding (`pgoutput`), so that writes made straight into the database (an
+//! ORM, an ingestion job, `psql`) reach the cache as akerd's own writes do.
+//!
+//! ```text
+//!  start:   wal_level = logical? replica identity holds the id? privileges?
+//!           ─► advisory lock on aker_<instance> (one akerd per slot)
+//!           ─► publication aker_<instance> FOR TABLE t, slot aker_<instance> (pgoutput)
+//!           ─► cold cache: the slot advanced to the WAL's flush position
+//!  follow:  (thread aker-changes, two connections: `ctl` holds the lock, reads positions
+//!           and snapshots; `stream` reads the changes)
+//!           every changes_poll_ms, or at once when a write through akerd asks:
+//!             upto = flush position (and a snapshot)  ── ctl
+//!             peek_binary_changes(slot, upto)         ── stream, row by row
+//!               Begin ─► wait until its transaction is visible to new snapshots
+//!               Insert / Update / Delete / Truncate ─► the shard owners, as akerd's
+//!               own writes are applied (acks awaited every 1,024 changes)
+//!             applied = upto ─► writes through akerd waiting on it answered
+//!             slot advanced to `applied` (at most every ADVANCE_EVERY)
+//! ```
+//!
+//! **One order.** While akerd follows, every write reaches the cache from the stream,
+//! akerd's own too: a write through akerd commits, reads the WAL position after its
+//! commit and waits until the stream has applied that far (`PgSide`). So the cache
+//! sees the writes to an id in commit order, whoever made them.
+//!
+//! **A miss cannot admit what is gone.** A commit can be decoded a moment before new
+//! snapshots see it. A transaction's changes are applied only once a snapshot taken
+//! after its decoding sees it: a miss whose ticket comes after the delete runs on a
+//! later snapshot (it sees the delete); one whose ticket came before has the id
+//! stripped at admission (the delete log).
+//!
+//! ```text
+//!  changes/
+//!    mod.rs     the shared state (ChangeFeed: applied position, waiters, counters),
+//!               the instance name, starting the follower
+//!    setup.rs   the checks, the lock, the publication and the slot; --drop-slot
+//!    follow.rs  the follower's loop: positions, decoding, applying
+//! ```
+
+mod follow;
+mod setup;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use shards::router::Router;
+
+use super::pgoutput::Lsn;
+use super::PgTarget;
+use crate::config::{check_instance_name, ChangesMode, PgvectorSection, INSTANCE_LEN_MAX};
+use crate::service::backend::Owners;
+use crate::service::StartError;
+
+pub(crate) use setup::drop_slot;
+
+/// How long start-up waits for the follower's checks, lock, publication and slot.
+const SETUP_WAIT: Duration = Duration::from_secs(60);
+
+/// The follower's state, as `pg_changes_state` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub(crate) enum FeedState {
+    /// Not following: only writes through akerd reach the cache.
+    Off = 0,
+    /// Following, connected.
+    Following = 1,
+    /// Following, the database away: reconnecting (writes through akerd wait).
+    Reconnecting = 2,
+    /// Stopped following (the table was dropped, renamed or changed): said in the log.
+    Stopped = 3,
+}
+
+/// Counters of the change stream, for STATS and /metrics.
+#[derive(Default)]
+pub(crate) struct ChangeStats {
+    pub state: AtomicU64,
+    pub inserts: AtomicU64,
+    pub updates: AtomicU64,
+    pub deletes: AtomicU64,
+    pub truncates: AtomicU64,
+    /// Transactions applied.
+    pub commits: AtomicU64,
+    /// WAL between the server's flush position and the applied one, at the last poll.
+    pub lag_bytes: AtomicU64,
+    /// Commit to applied, of the last transaction applied; 0 once a poll finds nothing.
+    pub lag_ms: AtomicU64,
+    /// WAL the slot holds back (`pg_current_wal_lsn() - restart_lsn`).
+    pub retained_bytes: AtomicU64,
+    /// Slots found gone or invalidated: the cache flushed, the slot made anew.
+    pub slot_lost: AtomicU64,
+    /// Updates whose new id came without its vector (unchanged TOAST): the old id
+    /// stripped, the new row left to the next miss.
+    pub updates_partial: AtomicU64,
+    pub polls: AtomicU64,
+    pub reconnects: AtomicU64,
+    /// The position every shard has applied the stream to (a copy for the metrics).
+    pub applied_lsn: AtomicU64,
+}
+
+/// What a write through akerd learned waiting for the stream.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Waited {
+    /// The stream has applied past the write: the cache holds it.
+    Applied,
+    /// akerd does not follow (any more): the write is applied directly.
+    NotFollowing,
+    /// Not applied by the deadline.
+    TimedOut,
+}
+
+/// The shared state of the change stream: its applied position and whether it follows.
+pub(crate) struct ChangeFeed {
+    /// The position every shard has applied the stream to (0: not following).
+    applied: Mutex<Lsn>,
+    moved: Condvar,
+    following: AtomicBool,
+    /// A write through akerd asks the follower to read the stream now.
+    wake_tx: flume::Sender<()>,
+    wake_rx: flume::Receiver<()>,
+    pub stats: ChangeStats,
+}
+
+impl Default for ChangeFeed {
+    fn default() -> Self {
+        let (wake_tx, wake_rx) = flume::bounded(1);
+        ChangeFeed {
+            applied: Mutex::new(0),
+            moved: Condvar::new(),
+            following: AtomicBool::new(false),
+            wake_tx,
+            wake_rx,
+            stats: ChangeStats::default(),
+        }
+    }
+}
+
+impl ChangeFeed {
+    pub(crate) fn following(&self) -> bool {
+        self.following.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn applied(&self) -> Lsn {
+        *self.applied.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_state(&self, s: FeedState) {
+        self.stats.state.store(s as u64, Ordering::Relaxed);
+    }
+
+    /// Starts or stops following; waiters are woken either way.
+    fn set_following(&self, on: bool, s: FeedState) {
+        self.set_state(s);
+        let g = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        self.following.store(on, Ordering::Release);
+        drop(g);
+        self.moved.notify_all();
+    }
+
+    /// The stream is applied up to `at` in every shard.
+    fn advance(&self, at: Lsn) {
+        let mut g = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        if at > *g {
+            *g = at;
+            self.stats.applied_lsn.store(at, Ordering::Relaxed);
+            drop(g);
+            self.moved.notify_all();
+        }
+    }
+
+    /// Wakes the follower (a write through akerd waits on it).
+    pub(crate) fn wake(&self) {
+        let _ = self.wake_tx.try_send(());
+    }
+
+    /// Waits until the stream is applied at or past `at`, or `until`.
+    pub(crate) fn wait_applied(&self, at: Lsn, until: Instant) -> Waited {
+        self.wake();
+        let mut g = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if !self.following() {
+                return Waited::NotFollowing;
+            }
+            if *g >= at {
+                return Waited::Applied;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Waited::TimedOut;
+            }
+            g = self
+                .moved
+                .wait_timeout(g, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// A snapshot's view of which transactions have ended (`pg_current_snapshot()`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Snap {
+    pub xmin: u64,
+    pub xmax: u64,
+    pub xip: Vec<u64>,
+}
+
+impl Snap {
+    /// A decoded 32-bit xid as the 64-bit one of this snapshot's epoch (a committed
+    /// transaction's xid is below `xmax`).
+    pub(crate) fn widen(&self, xid: u32) -> u64 {
+        let c = (self.xmax & !0xFFFF_FFFF) | u64::from(xid);
+        if c >= self.xmax && c >= 1 << 32 {
+            c - (1 << 32)
+        } else {
+            c
+        }
+    }
+
+    /// Whether a transaction known to have committed is visible to this snapshot.
+    pub(crate) fn sees(&self, xid: u64) -> bool {
+        xid < self.xmin || (xid < self.xmax && !self.xip.contains(&xid))
+    }
+}
+
+/// The instance name: configured, kept in `data_dir/instance` (made there once), or
+/// the host name and the listen port.
+pub(crate) fn instance_name(
+    section: &PgvectorSection,
+    data_dir: Option<&Path>,
+    port: u16,
+) -> Result<String, StartError> {
+    if let Some(n) = &section.instance {
+        return Ok(n.clone());
+    }
+    let Some(dir) = data_dir else {
+        if port == 0 {
+            return Err(StartError::Config(crate::config::ConfigError::invalid(
+                "backend.pgvector.instance",
+                "is needed (or backend.data_dir) with an ephemeral listen port: the slot's \
+                 name must stay the same across restarts",
+            )));
+        }
+        return Ok(host_instance(&host_name(), port));
+    };
+    let file = dir.join("instance");
+    match std::fs::read_to_string(&file) {
+        Ok(s) => {
+            let name = s.trim().to_string();
+            check_instance_name(&name)
+                .map_err(|why| StartError::Data(format!("{}: {why}", file.display())))?;
+            Ok(name)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir)?;
+            let name = format!("{:016x}", rand::random::<u64>());
+            let tmp = dir.join("instance.tmp");
+            std::fs::write(&tmp, format!("{name}\n"))?;
+            std::fs::File::open(&tmp)?.sync_all()?;
+            std::fs::rename(&tmp, &file)?;
+            tracing::info!(instance = %name, file = %file.display(), "pgvector: a new instance name");
+            Ok(name)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "host".into())
+}
+
+/// `host_port`, lower-cased, other characters as `_`, cut to the longest name.
+fn host_instance(host: &str, port: u16) -> String {
+    let suffix = format!("_{port}");
+    let mut h: String = host
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9') => c,
+            _ => '_',
+        })
+        .collect();
+    h.truncate(INSTANCE_LEN_MAX - suffix.len());
+    h + &suffix
+}
+
+/// The slot's and the publication's name.
+pub(crate) fn slot_name(instance: &str) -> String {
+    format!("aker_{instance}")
+}
+
+/// What the follower needs besides the target.
+pub(crate) struct FollowParts {
+    pub owners: Owners,
+    pub router: Arc<Router>,
+    pub stop: Arc<AtomicBool>,
+    pub instance: String,
+}
+
+/// Starts following the table's changes as `section.changes` asks: `Ok(None)` when
+/// akerd does not follow (off, or auto and the server does not allow it: said loudly).
+pub(crate) fn start(
+    target: Arc<PgTarget>,
+    section: &PgvectorSection,
+    parts: FollowParts,
+) -> Result<Option<JoinHandle<()>>, StartError> {
+    let mode = section.changes;
+    target.changes.set_state(FeedState::Off);
+    if mode == ChangesMode::Off {
+        tracing::warn!(
+            "pgvector: changes = \"off\": only writes through akerd reach the cache; rows \
+             changed in the database by anyone else are served stale until their entries go"
+        );
+        return Ok(None);
+    }
+    let cfg = follow::FollowConfig::new(section, &parts.instance);
+    let (tx, rx) = flume::bounded(1);
+    let t = target.clone();
+    let handle = std::thread::Builder::new()
+        .name("aker-changes".into())
+        .spawn(move || follow::run(t, cfg, parts, tx))?;
+    let outcome = rx.recv_timeout(SETUP_WAIT).unwrap_or_else(|_| {
+        Err(setup::SetupError::Other(format!(
+            "no answer from the change stream's setup within {SETUP_WAIT:?}"
+        )))
+    });
+    match outcome {
+        Ok(()) => Ok(Some(handle)),
+        Err(e) if mode == ChangesMode::Auto && e.allows_auto() => {
+            tracing::warn!(
+                "pgvector: NOT following the table's changes ({e}). Only writes through \
+                 akerd reach the cache: rows changed in the database by anyone else are \
+                 served stale until their entries go. pg_changes_up reads 0."
+            );
+            let _ = handle.join();
+            Ok(None)
+        }
+        Err(e) => {
+            let _ = handle.join();
+            Err(StartError::Backend(format!(
+                "changes = \"{}\": {e}",
+                mode.as_str()
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xids_widen_into_the_snapshots_epoch() {
+        let s = Snap {
+            xmin: (3 << 32) + 10,
+            xmax: (3 << 32) + 20,
+            xip: vec![(3 << 32) + 12],
+        };
+        assert_eq!(s.widen(15), (3 << 32) + 15);
+        // Above xmax's low bits: the epoch before (the xid wrapped since).
+        assert_eq!(s.widen(u32::MAX - 1), (2 << 32) + u64::from(u32::MAX - 1));
+        let first = Snap {
+            xmin: 5,
+            xmax: 9,
+            xip: vec![],
+        };
+        assert_eq!(first.widen(7), 7);
+    }
+
+    #[test]
+    fn a_snapshot_sees_ended_transactions_only() {
+        let s = Snap {
+            xmin: 10,
+            xmax: 20,
+            xip: vec![12, 15],
+        };
+        assert!(s.sees(9));
+        assert!(s.sees(11));
+        assert!(!s.sees(12));
+        assert!(!s.sees(15));
+        assert!(s.sees(19));
+        assert!(!s.sees(20));
+    }
+
+    #[test]
+    fn host_instance_names_are_slot_names() {
+        let n = host_instance("Web-01.example.COM", 7700);
+        assert_eq!(n, "web_01_example_com_7700");
+        assert!(check_instance_name(&n).is_ok());
+        let long = host_instance(&"x".repeat(100), 65535);
+        assert_eq!(long.len(), INSTANCE_LEN_MAX);
+        assert!(long.ends_with("_65535"));
+    }
+
+    #[test]
+    fn a_writer_waits_for_the_applied_position() {
+        let feed = Arc::new(ChangeFeed::default());
+        let soon = Instant::now() + Duration::from_millis(20);
+        assert_eq!(feed.wait_applied(5, soon), Waited::NotFollowing);
+        feed.set_following(true, FeedState::Following);
+        assert_eq!(feed.wait_applied(5, soon), Waited::TimedOut);
+        let f = feed.clone();
+        let t = std::thread::spawn(move || {
+            f.wait_applied(100, Instant::now() + Duration::from_secs(10))
+        });
+        feed.advance(50);
+        feed.advance(100);
+        assert_eq!(t.join().unwrap(), Waited::Applied);
+        // Stopping wakes a waiter, who then applies directly.
+        let f = feed.clone();
+        let t = std::thread::spawn(move || {
+            f.wait_applied(200, Instant::now() + Duration::from_secs(10))
+        });
+        std::thread::sleep(Duration::from_millis(10));
+        feed.set_following(false, FeedState::Stopped);
+        assert_eq!(t.join().unwrap(), Waited::NotFollowing);
+    }
+}

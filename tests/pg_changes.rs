@@ -1,0 +1,465 @@
+//! akerd follows PostgreSQL's committed changes (`backend.pgvector.changes`): rows
+//! deleted, inserted, updated and truncated by plain SQL from another session reach the
+//! cache; the visibility race forced; akerd's own writes racing SQL writes; the
+//! database restarted and the slot dropped under a running akerd; one akerd per slot;
+//! the refusals (wal_level, replica identity). A real PostgreSQL 18 + pgvector with
+//! `wal_level = logical`, started by `ops/pg.sh` on 127.0.0.1. Every loop is bounded.
+
+#[path = "akerd_common/mod.rs"]
+mod akerd_common;
+#[path = "pg_common/mod.rs"]
+mod pg_common;
+
+use std::collections::HashSet;
+use std::sync::OnceLock;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use aker::config::{BackendKind, ChangesMode, Config};
+use aker::protocol::HitKind;
+use aker::service::{Daemon, Dataset};
+use aker_formats::data;
+use akerd_common::{client, ids, query_near, stat, K};
+use pg_common::{PgServer, Sql};
+use tokio_postgres::types::PgLsn;
+
+const DIM: usize = 8;
+/// Longest wait for the stream to apply a position.
+const APPLY_WAIT: Duration = Duration::from_secs(10);
+
+/// One server with logical decoding for the tests of this binary.
+fn logical() -> Option<&'static PgServer> {
+    static SERVER: OnceLock<Option<PgServer>> = OnceLock::new();
+    SERVER
+        .get_or_init(|| {
+            PgServer::start_with(
+                "changes",
+                "-c wal_level=logical -c max_replication_slots=30 -c max_wal_senders=10",
+            )
+        })
+        .as_ref()
+}
+
+fn dataset() -> Dataset {
+    data::synthetic(3000, DIM, 16, 11)
+}
+
+/// A table of `pg` loaded with `dataset()`, L2.
+fn table(pg: &PgServer, name: &str) {
+    pg.sql().load(name, &dataset(), "vector_l2_ops");
+}
+
+fn config(pg: &PgServer, table: &str, instance: &str) -> Config {
+    let mut c = akerd_common::config();
+    c.backend.kind = BackendKind::Pgvector;
+    c.backend.threads = 4;
+    let mut s = pg.section(table);
+    s.changes = ChangesMode::Follow;
+    s.instance = Some(instance.into());
+    s.changes_poll_ms = 10;
+    c.backend.pgvector = Some(s);
+    c
+}
+
+fn wal_now(sql: &Sql) -> u64 {
+    let r = sql.query("SELECT pg_current_wal_lsn()", &[]);
+    u64::from(r[0].get::<_, PgLsn>(0))
+}
+
+fn stats(d: &Daemon) -> String {
+    client(d.local_addr()).stats().unwrap()
+}
+
+/// Waits until akerd has applied the stream up to `lsn`.
+fn wait_applied(d: &Daemon, lsn: u64) {
+    let end = Instant::now() + APPLY_WAIT;
+    loop {
+        let s = stats(d);
+        let at = stat(&s, "pg_changes_applied_lsn").unwrap_or(0.0) as u64;
+        if at >= lsn {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "stream not applied to {lsn} within {APPLY_WAIT:?}:\n{s}"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Repeats `q` until it is a hit (admission is asynchronous); bounded.
+fn until_hit(c: &mut aker::client::Client, q: &[f32]) -> Vec<u64> {
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = c.search(K, q).unwrap();
+        if r.hit != HitKind::Miss {
+            return ids(&r);
+        }
+        assert!(Instant::now() < end, "no hit within 5 s");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn queries(ds: &Dataset, n: usize) -> Vec<Vec<f32>> {
+    (0..n).map(|i| query_near(ds, i * 71, 0.01)).collect()
+}
+
+#[test]
+fn rows_deleted_by_sql_are_never_served_once_applied() {
+    let Some(pg) = logical() else { return };
+    table(pg, "c_delete");
+    let d = Daemon::start(&config(pg, "c_delete", "c_delete")).unwrap();
+    let mut c = client(d.local_addr());
+    let qs = queries(&dataset(), 40);
+    let cached: Vec<Vec<u64>> = qs.iter().map(|q| until_hit(&mut c, q)).collect();
+    // Each query's nearest row, deleted by another session (one transaction each).
+    let sql = pg.sql();
+    let mut gone = HashSet::new();
+    for ans in &cached {
+        if gone.insert(ans[0]) {
+            sql.exec(&format!("DELETE FROM c_delete WHERE id = {}", ans[0]));
+        }
+    }
+    wait_applied(&d, wal_now(&sql));
+    let mut hits = 0;
+    for _ in 0..3 {
+        for q in &qs {
+            let r = c.search(K, q).unwrap();
+            hits += (r.hit != HitKind::Miss) as usize;
+            for id in ids(&r) {
+                assert!(
+                    !gone.contains(&id),
+                    "id {id} deleted by SQL, served ({:?})",
+                    r.hit
+                );
+            }
+        }
+    }
+    let s = stats(&d);
+    assert_eq!(stat(&s, "pg_changes_up"), Some(1.0), "{s}");
+    assert_eq!(
+        stat(&s, "pg_changes_deletes"),
+        Some(gone.len() as f64),
+        "{s}"
+    );
+    assert!(
+        hits > 60,
+        "hits still served after the deletes: {hits} of 120"
+    );
+    d.stop().unwrap();
+}
+
+#[test]
+fn rows_inserted_and_updated_by_sql_reach_the_next_exact_hit() {
+    let Some(pg) = logical() else { return };
+    table(pg, "c_upd");
+    let d = Daemon::start(&config(pg, "c_upd", "c_upd")).unwrap();
+    let mut c = client(d.local_addr());
+    let ds = dataset();
+    let q = query_near(&ds, 100, 0.01);
+    let before = until_hit(&mut c, &q);
+    let sql = pg.sql();
+    let v = |x: &[f32]| {
+        format!(
+            "'[{}]'",
+            x.iter()
+                .map(|f| f.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        )
+    };
+    // A new row right on the query; a row of the answer moved far away; another given a
+    // new id; a third changed in another column only.
+    let far = vec![1000.0f32; DIM];
+    sql.exec(&format!(
+        "INSERT INTO c_upd (id, embedding) VALUES (900001, {})",
+        v(&q)
+    ));
+    sql.exec(&format!(
+        "UPDATE c_upd SET embedding = {} WHERE id = {}",
+        v(&far),
+        before[1]
+    ));
+    sql.exec(&format!(
+        "UPDATE c_upd SET id = 900002 WHERE id = {}",
+        before[2]
+    ));
+    sql.exec(&format!(
+        "UPDATE c_upd SET payload = '\\x01' WHERE id = {}",
+        before[3]
+    ));
+    wait_applied(&d, wal_now(&sql));
+    let after = until_hit(&mut c, &q);
+    assert_eq!(after[0], 900001, "the inserted row first: {after:?}");
+    assert!(
+        !after.contains(&before[1]),
+        "the moved row is not near: {after:?}"
+    );
+    assert!(!after.contains(&before[2]), "the old id is gone: {after:?}");
+    assert!(after.contains(&900002), "the new id is there: {after:?}");
+    assert!(
+        after.contains(&before[3]),
+        "a payload update keeps the row: {after:?}"
+    );
+    let s = stats(&d);
+    assert_eq!(stat(&s, "pg_changes_inserts"), Some(1.0), "{s}");
+    assert_eq!(stat(&s, "pg_changes_updates"), Some(3.0), "{s}");
+    // TRUNCATE: the cache is flushed; the empty table answers nothing.
+    sql.exec("TRUNCATE c_upd");
+    wait_applied(&d, wal_now(&sql));
+    let r = c.search(K, &q).unwrap();
+    assert_eq!(r.hit, HitKind::Miss);
+    assert!(r.neighbors.is_empty(), "{:?}", ids(&r));
+    assert_eq!(stat(&stats(&d), "pg_changes_truncates"), Some(1.0));
+    d.stop().unwrap();
+}
+
+/// A commit decoded before it is visible, forced: with `synchronous_standby_names` set
+/// and no standby, a COMMIT with `synchronous_commit = on` is in the WAL (decodable)
+/// but waits, invisible to other sessions, until it is cancelled. A miss runs meanwhile
+/// and sees the row; once the commit is visible the row must go from the cache.
+#[test]
+fn a_delete_decoded_before_it_is_visible_is_not_lost_by_a_miss() {
+    let Some(pg) = logical() else { return };
+    table(pg, "c_race");
+    let d = Daemon::start(&config(pg, "c_race", "c_race")).unwrap();
+    let mut c = client(d.local_addr());
+    let ds = dataset();
+    let q = query_near(&ds, 700, 0.01);
+    let sql = pg.sql();
+    let first = sql.knn("c_race", "<->", &q, 1, 100)[0].0;
+    // ALTER SYSTEM runs outside a transaction block: one statement each.
+    sql.exec("ALTER SYSTEM SET synchronous_standby_names = 'nobody'");
+    sql.exec("ALTER SYSTEM SET synchronous_commit = 'local'");
+    sql.exec("SELECT pg_reload_conf()");
+    thread::sleep(Duration::from_millis(300));
+    let url = pg.url();
+    let pw = pg.password();
+    let deleter = thread::spawn(move || {
+        let s = Sql::connect(&url, &pw);
+        s.exec("SET synchronous_commit = on");
+        let pid: i32 = s.query("SELECT pg_backend_pid()", &[])[0].get(0);
+        let h = thread::spawn(move || {
+            // Returns once cancelled (committed locally, with a warning).
+            let _ = s.run(
+                s.client
+                    .batch_execute(&format!("DELETE FROM c_race WHERE id = {first}")),
+            );
+        });
+        (pid, h)
+    });
+    let (pid, waiting) = deleter.join().unwrap();
+    // The stream has decoded the commit by now (it polls every 10 ms).
+    thread::sleep(Duration::from_millis(300));
+    let r = c.search(K, &q).unwrap();
+    assert_eq!(r.hit, HitKind::Miss);
+    assert!(
+        ids(&r).contains(&first),
+        "the delete is not visible yet: {:?}",
+        ids(&r)
+    );
+    thread::sleep(Duration::from_millis(100));
+    sql.exec(&format!("SELECT pg_cancel_backend({pid})"));
+    waiting.join().unwrap();
+    sql.exec("ALTER SYSTEM RESET synchronous_standby_names");
+    sql.exec("ALTER SYSTEM RESET synchronous_commit");
+    sql.exec("SELECT pg_reload_conf()");
+    assert!(sql
+        .query(&format!("SELECT 1 FROM c_race WHERE id = {first}"), &[])
+        .is_empty());
+    wait_applied(&d, wal_now(&sql));
+    let end = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < end {
+        let r = c.search(K, &q).unwrap();
+        assert!(
+            !ids(&r).contains(&first),
+            "deleted id {first} served ({:?})",
+            r.hit
+        );
+    }
+    d.stop().unwrap();
+}
+
+#[test]
+fn akerds_writes_and_sql_writes_to_the_same_ids_end_in_the_tables_state() {
+    let Some(pg) = logical() else { return };
+    table(pg, "c_mix");
+    let d = Daemon::start(&config(pg, "c_mix", "c_mix")).unwrap();
+    let addr = d.local_addr();
+    let ds = dataset();
+    let qs = queries(&ds, 30);
+    let mut c = client(addr);
+    for q in &qs {
+        until_hit(&mut c, q);
+    }
+    // ids 0..200 toggled by akerd and by SQL at once, each side its own order.
+    let akerd = {
+        let ds = ds.clone();
+        thread::spawn(move || {
+            let mut c = client(addr);
+            for round in 0..3u64 {
+                for id in 0..200u64 {
+                    if (id + round) % 2 == 0 {
+                        c.delete(id).unwrap();
+                    } else {
+                        c.insert(id, ds.row(id as usize)).unwrap();
+                    }
+                }
+            }
+        })
+    };
+    let sql = pg.sql();
+    for round in 0..3u64 {
+        for id in (0..200u64).rev() {
+            if (id + round) % 3 == 0 {
+                sql.exec(&format!("DELETE FROM c_mix WHERE id = {id}"));
+            }
+        }
+    }
+    akerd.join().unwrap();
+    wait_applied(&d, wal_now(&sql));
+    let live: HashSet<u64> = sql
+        .query("SELECT id FROM c_mix WHERE id < 200", &[])
+        .iter()
+        .map(|r| r.get::<_, i64>(0) as u64)
+        .collect();
+    for q in &qs {
+        for _ in 0..3 {
+            for id in ids(&c.search(K, q).unwrap()) {
+                assert!(
+                    id >= 200 || live.contains(&id),
+                    "id {id} served, not in the table"
+                );
+            }
+        }
+    }
+    d.stop().unwrap();
+}
+
+#[test]
+fn the_database_restarted_and_the_slot_dropped_under_a_running_akerd() {
+    let Some(pg) = PgServer::start_with("changes-restart", "-c wal_level=logical") else {
+        return;
+    };
+    table(&pg, "c_restart");
+    let mut cfg = config(&pg, "c_restart", "c_restart");
+    cfg.backend.pgvector.as_mut().unwrap().reconnect_max_ms = 100;
+    let d = Daemon::start(&cfg).unwrap();
+    let mut c = client(d.local_addr());
+    let qs = queries(&dataset(), 10);
+    let first: Vec<u64> = qs.iter().map(|q| until_hit(&mut c, q)[0]).collect();
+    pg.stop();
+    pg.restart();
+    let sql = pg.sql();
+    sql.exec(&format!("DELETE FROM c_restart WHERE id = {}", first[0]));
+    wait_applied(&d, wal_now(&sql));
+    for q in &qs {
+        assert!(!ids(&c.search(K, q).unwrap()).contains(&first[0]));
+    }
+    assert!(stat(&stats(&d), "pg_changes_reconnects").unwrap() >= 1.0);
+    // The slot dropped between two reads: a cold start, counted; the stream goes on.
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = sql.run(
+            sql.client
+                .execute("SELECT pg_drop_replication_slot('aker_c_restart')", &[]),
+        );
+        if r.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < end, "slot never free to drop: {r:?}");
+        thread::sleep(Duration::from_millis(2));
+    }
+    let end = Instant::now() + APPLY_WAIT;
+    while stat(&stats(&d), "pg_changes_slot_lost") != Some(1.0) {
+        assert!(
+            Instant::now() < end,
+            "the lost slot not seen:\n{}",
+            stats(&d)
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    for q in &qs[1..] {
+        until_hit(&mut c, q);
+    }
+    sql.exec(&format!("DELETE FROM c_restart WHERE id = {}", first[1]));
+    wait_applied(&d, wal_now(&sql));
+    for q in &qs {
+        assert!(!ids(&c.search(K, q).unwrap()).contains(&first[1]));
+    }
+    assert_eq!(stat(&stats(&d), "pg_changes_up"), Some(1.0));
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_second_akerd_on_the_same_slot_is_refused() {
+    let Some(pg) = logical() else { return };
+    table(pg, "c_two");
+    let cfg = config(pg, "c_two", "c_two");
+    let d = Daemon::start(&cfg).unwrap();
+    for mode in [ChangesMode::Follow, ChangesMode::Auto] {
+        let mut other = cfg.clone();
+        other.backend.pgvector.as_mut().unwrap().changes = mode;
+        let e = Daemon::start(&other)
+            .err()
+            .expect("a second akerd on one slot is refused");
+        assert!(e.to_string().contains("held by another akerd"), "{e}");
+    }
+    // Another instance name is another slot.
+    let mut other = cfg.clone();
+    other.backend.pgvector.as_mut().unwrap().instance = Some("c_two_b".into());
+    Daemon::start(&other).unwrap().stop().unwrap();
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_table_without_a_usable_replica_identity_is_refused_and_left_alone() {
+    let Some(pg) = logical() else { return };
+    let sql = pg.sql();
+    table(pg, "c_ident");
+    // The primary key on another column: its deletes would carry that key, not the id.
+    sql.exec(
+        "ALTER TABLE c_ident DROP CONSTRAINT c_ident_pkey; \
+         ALTER TABLE c_ident ADD COLUMN k serial PRIMARY KEY; \
+         ALTER TABLE c_ident ALTER COLUMN id SET NOT NULL; \
+         CREATE UNIQUE INDEX c_ident_id ON c_ident (id)",
+    );
+    let e = Daemon::start(&config(pg, "c_ident", "c_ident"))
+        .err()
+        .expect("refused");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("REPLICA IDENTITY USING INDEX c_ident_id"),
+        "{msg}"
+    );
+    // Nothing was made: the application's UPDATE and DELETE still work.
+    sql.exec("UPDATE c_ident SET payload = '\\x02' WHERE id = 5; DELETE FROM c_ident WHERE id = 6");
+    let pubs = sql.query(
+        "SELECT count(*) FROM pg_publication WHERE pubname = 'aker_c_ident'",
+        &[],
+    );
+    assert_eq!(pubs[0].get::<_, i64>(0), 0);
+    // auto: starts, does not follow, says so.
+    let mut cfg = config(pg, "c_ident", "c_ident");
+    cfg.backend.pgvector.as_mut().unwrap().changes = ChangesMode::Auto;
+    let d = Daemon::start(&cfg).unwrap();
+    assert_eq!(stat(&stats(&d), "pg_changes_up"), Some(0.0));
+    d.stop().unwrap();
+}
+
+#[test]
+fn without_logical_decoding_auto_starts_unfollowing_and_follow_refuses() {
+    let Some(pg) = pg_common::shared() else {
+        return;
+    };
+    pg.sql().load("c_replica", &dataset(), "vector_l2_ops");
+    let mut cfg = config(pg, "c_replica", "c_replica");
+    let e = Daemon::start(&cfg).err().expect("follow refuses");
+    assert!(e.to_string().contains("wal_level"), "{e}");
+    cfg.backend.pgvector.as_mut().unwrap().changes = ChangesMode::Auto;
+    let d = Daemon::start(&cfg).unwrap();
+    let s = stats(&d);
+    assert_eq!(stat(&s, "pg_changes_up"), Some(0.0), "{s}");
+    assert_eq!(stat(&s, "pg_changes_state"), Some(0.0), "{s}");
+    d.stop().unwrap();
+}
