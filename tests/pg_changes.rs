@@ -463,3 +463,173 @@ fn without_logical_decoding_auto_starts_unfollowing_and_follow_refuses() {
     assert_eq!(stat(&s, "pg_changes_state"), Some(0.0), "{s}");
     d.stop().unwrap();
 }
+
+/// A child akerd process (SIGKILL) over `table`, its instance name kept in `dir/data`.
+struct Child {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn child_config(
+    pg: &PgServer,
+    dir: &std::path::Path,
+    table: &str,
+    port: u16,
+) -> std::path::PathBuf {
+    let p = dir.join("akerd.toml");
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:{port}"
+executors = 1
+shutdown_grace_ms = 200
+[cache]
+capacity_objects = 2000
+[sharding]
+rebalance_ms = 0
+centroids = 8
+[backend]
+kind = "pgvector"
+threads = 2
+data_dir = "data"
+[backend.pgvector]
+url = "{url}"
+password_file = "{pw}"
+table = "{table}"
+changes = "follow"
+changes_poll_ms = 10
+start_wait_ms = 0
+[admin]
+enabled = false
+"#,
+        url = pg.url(),
+        pw = pg.password_file().display(),
+    );
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+impl Child {
+    fn start(config: &std::path::Path, port: u16) -> Child {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_akerd"))
+            .arg("--config")
+            .arg(config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut c = Child {
+            child,
+            addr: ([127, 0, 0, 1], port).into(),
+        };
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            assert!(
+                c.child.try_wait().unwrap().is_none(),
+                "akerd exited at start"
+            );
+            if let Ok(mut cl) = aker::client::Client::connect(c.addr) {
+                if cl.hello().is_ok() && cl.ping().is_ok() {
+                    return c;
+                }
+            }
+            assert!(Instant::now() < end, "akerd did not answer within 30 s");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn applied(&self) -> u64 {
+        let s = client(self.addr).stats().unwrap();
+        stat(&s, "pg_changes_applied_lsn").unwrap_or(0.0) as u64
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn akerd_killed_mid_stream_resumes_on_its_slot_and_drop_slot_retires_it() {
+    let Some(pg) = logical() else { return };
+    table(pg, "c_kill");
+    let dir = std::env::temp_dir().join(format!("aker-c-kill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = free_port();
+    let config = child_config(pg, &dir, "c_kill", port);
+    let a = Child::start(&config, port);
+    let qs = queries(&dataset(), 10);
+    let mut c = client(a.addr);
+    let first: Vec<u64> = qs.iter().map(|q| until_hit(&mut c, q)[0]).collect();
+    // SQL deletes of the answers' first rows and of others, while akerd is killed and
+    // started again.
+    let (url, pw) = (pg.url(), pg.password());
+    let doomed: Vec<u64> = first.iter().copied().chain(2000..2100).collect();
+    let deleter = {
+        let doomed = doomed.clone();
+        thread::spawn(move || {
+            let s = Sql::connect(&url, &pw);
+            for id in doomed {
+                s.exec(&format!("DELETE FROM c_kill WHERE id = {id}"));
+                thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    thread::sleep(Duration::from_millis(150));
+    a.kill();
+    let a = Child::start(&config, port);
+    deleter.join().unwrap();
+    let sql = pg.sql();
+    let at = wal_now(&sql);
+    let end = Instant::now() + APPLY_WAIT;
+    while a.applied() < at {
+        assert!(Instant::now() < end, "not applied after the restart");
+        thread::sleep(Duration::from_millis(5));
+    }
+    let mut c = client(a.addr);
+    for q in &qs {
+        for _ in 0..3 {
+            for id in ids(&c.search(K, q).unwrap()) {
+                assert!(!doomed.contains(&id), "id {id} deleted by SQL, served");
+            }
+        }
+    }
+    // The same instance, the same slot: one, not one per start.
+    let instance = std::fs::read_to_string(dir.join("data/instance")).unwrap();
+    let slot = format!("aker_{}", instance.trim());
+    let n = |q: &str| sql.query(q, &[&slot])[0].get::<_, i64>(0);
+    assert_eq!(
+        n("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1"),
+        1
+    );
+    a.kill();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_akerd"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--drop-slot")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("dropped"));
+    assert_eq!(
+        n("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1"),
+        0
+    );
+    assert_eq!(
+        n("SELECT count(*) FROM pg_publication WHERE pubname = $1::text"),
+        0
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

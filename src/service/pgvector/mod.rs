@@ -32,10 +32,12 @@
 //!    in_doubt.rs  writes whose commit is unknown: sessions, settling, stripping
 //!    side.rs      the backend pool's pgvector side (searches and writes of a thread)
 //!    sql.rs       the SQL vocabulary shared with aker-loadgen
+//!    changes/     the change stream: the table's committed changes, applied in commit
+//!                 order (its own thread and connections)
+//!    pgoutput.rs  the decoder of the stream's messages
 //! ```
 //!
-//! Whatever else talks to the database grows as a file beside these (a change stream
-//! would read the table's changes on a connection of its own, like `conn.rs`'s).
+//! Whatever else talks to the database grows as a file beside these.
 
 pub(crate) mod changes;
 pub(crate) mod conn;

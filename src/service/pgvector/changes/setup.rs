@@ -17,6 +17,8 @@ use crate::service::StartError;
 
 /// The first key of akerd's advisory locks ("aker"); the second is the slot's hash.
 const LOCK_CLASS: i32 = 0x616b_6572;
+/// How long start-up waits for another session to release the slot's lock.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
 /// Creating a slot waits for the transactions running now to end.
 const CREATE_SLOT_TIMEOUT: &str = "10s";
 /// Advancing a slot decodes the WAL it skips.
@@ -155,17 +157,26 @@ pub(super) async fn check_table(
     )))
 }
 
-/// Takes the slot's advisory lock for the life of `c`'s session.
+/// Takes the slot's advisory lock for the life of `c`'s session. A holder is waited
+/// for up to [`LOCK_WAIT`]: an akerd killed and started again at once finds its old
+/// server session still ending.
 pub(super) async fn lock(c: &Client, slot: &str) -> Result<(), SetupError> {
-    let got: bool = c
-        .query_one(
-            "SELECT pg_try_advisory_lock($1, hashtext($2))",
-            &[&LOCK_CLASS, &slot],
-        )
-        .await?
-        .get(0);
-    if got {
-        return Ok(());
+    let until = Instant::now() + LOCK_WAIT;
+    loop {
+        let got: bool = c
+            .query_one(
+                "SELECT pg_try_advisory_lock($1, hashtext($2))",
+                &[&LOCK_CLASS, &slot],
+            )
+            .await?
+            .get(0);
+        if got {
+            return Ok(());
+        }
+        if Instant::now() >= until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let pid: Option<i32> = c
         .query_opt(
