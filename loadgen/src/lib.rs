@@ -13,7 +13,10 @@
 //! - [`soak`] (`aker-soak`): a long mixed run with a del-consistency checker and RSS and
 //!   latency samples; [`overload`] (`aker-overload`): hits under ten times the
 //!   sustainable rate of misses; [`daemon`]: the akerd they start or attach to.
+//! - [`changes`] (`aker-changes`): the lag of akerd's change stream and its search
+//!   throughput while PostgreSQL takes SQL writes.
 
+pub mod changes;
 pub mod daemon;
 pub mod overload;
 pub mod pg;

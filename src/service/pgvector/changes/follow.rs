@@ -9,8 +9,9 @@ use futures_lite::StreamExt;
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
 
-use super::super::pgoutput::{self, lsn_text, Lsn, Message, Relation, Tuple, Value};
+use super::super::pgoutput::{self, lsn_text, Lsn, Message};
 use super::super::{open, runtime, PgTarget, BACKOFF_FIRST};
+use super::decode::{Change, Decoder, Kind};
 use super::setup::{self, SetupError, SlotFound};
 use super::{ChangeFeed, FeedState, FollowParts, Snap};
 use crate::config::PgvectorSection;
@@ -78,21 +79,15 @@ impl From<tokio_postgres::Error> for PollError {
     }
 }
 
-/// The id and vector columns' places in the table's tuples.
-#[derive(Clone, Copy)]
-struct Columns {
-    id: usize,
-    vector: usize,
-}
-
 struct Follower {
     target: Arc<PgTarget>,
     cfg: FollowConfig,
     parts: FollowParts,
     ctl: Client,
     stream: Client,
-    relid: u32,
-    columns: Option<Columns>,
+    decoder: Decoder,
+    /// The changes of the message being applied (reused).
+    changes: Vec<Change>,
     snap: Snap,
     /// Acks of changes queued since the last wait.
     insert_acks: super::super::super::backend::InsertAcks,
@@ -139,13 +134,13 @@ impl Follower {
     ) -> Result<Follower, SetupError> {
         let (ctl, stream, relid) = Follower::connect(&target, &cfg).await?;
         let mut f = Follower {
+            decoder: Decoder::new(relid, target.dim, &cfg.id_column, &cfg.vector_column),
             target,
             cfg,
             parts,
             ctl,
             stream,
-            relid,
-            columns: None,
+            changes: Vec::new(),
             snap: Snap::default(),
             insert_acks: Vec::new(),
             delete_acks: Vec::new(),
@@ -322,7 +317,9 @@ impl Follower {
                     }
                     skip = false;
                 }
-                Message::Relation(r) => self.relation(&r)?,
+                Message::Relation(r) => {
+                    self.decoder.relation(&r).map_err(PollError::TableChanged)?
+                }
                 _ if skip => {}
                 m => self.apply(m).await?,
             }
@@ -367,109 +364,51 @@ impl Follower {
         stats.lag_ms.store(lag_ms as u64, Ordering::Relaxed);
     }
 
-    /// A table's description: it must still be akerd's table, as it started.
-    fn relation(&mut self, r: &Relation) -> Result<(), PollError> {
-        if r.relid != self.relid {
-            return Ok(());
-        }
-        let find = |name: &str| r.columns.iter().position(|c| c.name == name);
-        let (Some(id), Some(vector)) = (find(&self.cfg.id_column), find(&self.cfg.vector_column))
-        else {
-            return Err(PollError::TableChanged(format!(
-                "{} no longer has columns {} and {}",
-                self.target.table, self.cfg.id_column, self.cfg.vector_column
-            )));
-        };
-        let dim = r.columns[vector].type_modifier;
-        if dim != self.target.dim as i32 {
-            return Err(PollError::TableChanged(format!(
-                "column {} is now vector({dim}), not vector({})",
-                self.cfg.vector_column, self.target.dim
-            )));
-        }
-        self.columns = Some(Columns { id, vector });
-        Ok(())
-    }
-
     /// One change, as akerd's own writes are applied.
     async fn apply(&mut self, m: Message<'_>) -> Result<(), PollError> {
-        let target = self.target.clone();
-        let stats = &target.changes.stats;
-        match m {
-            Message::Insert { relid, new } if relid == self.relid => {
-                stats.inserts.fetch_add(1, Ordering::Relaxed);
-                let c = self.columns()?;
-                if let Some(id) = id_of(&new, c.id)? {
-                    self.upsert(id, &new, c)?;
-                }
-            }
-            Message::Update {
-                relid, old, new, ..
-            } if relid == self.relid => {
+        let mut changes = std::mem::take(&mut self.changes);
+        changes.clear();
+        let kind = self
+            .decoder
+            .changes(&m, &mut changes)
+            .map_err(PollError::TableChanged)?;
+        let stats = &self.target.changes.stats;
+        let counter = match kind {
+            None => None,
+            Some(Kind::Insert) => Some(&stats.inserts),
+            Some(Kind::Update) => Some(&stats.updates),
+            Some(Kind::PartialUpdate) => {
                 stats.updates.fetch_add(1, Ordering::Relaxed);
-                let c = self.columns()?;
-                let new_id = id_of(&new, c.id)?;
-                let old_id = match &old {
-                    Some(t) => id_of(t, c.id)?,
-                    None => new_id,
-                };
-                if old_id != new_id {
-                    if let Some(id) = old_id {
+                Some(&stats.updates_partial)
+            }
+            Some(Kind::Delete) => Some(&stats.deletes),
+            Some(Kind::Truncate) => Some(&stats.truncates),
+        };
+        if let Some(c) = counter {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        for c in changes.drain(..) {
+            match c {
+                Change::Upsert { id, vector } => {
+                    // An update's old vector is not in the stream: out first, then in.
+                    if kind != Some(Kind::Insert) {
                         self.delete(id)?;
                     }
+                    self.upsert(id, vector)?;
                 }
-                if let Some(id) = new_id {
-                    match new.values.get(c.vector) {
-                        // The vector did not change (a TOASTed value left alone).
-                        Some(Value::UnchangedToast) if old_id == new_id => {}
-                        Some(Value::UnchangedToast) => {
-                            stats.updates_partial.fetch_add(1, Ordering::Relaxed);
-                        }
-                        _ => {
-                            // The old vector is not in the stream: out first, then in.
-                            self.delete(id)?;
-                            self.upsert(id, &new, c)?;
-                        }
-                    }
+                Change::Delete { id } => self.delete(id)?,
+                Change::Flush => {
+                    self.await_acks().await?;
+                    self.flush().await?;
                 }
             }
-            Message::Delete { relid, old, .. } if relid == self.relid => {
-                stats.deletes.fetch_add(1, Ordering::Relaxed);
-                let c = self.columns()?;
-                if let Some(id) = id_of(&old, c.id)? {
-                    self.delete(id)?;
-                }
-            }
-            Message::Truncate { relids, .. } if relids.contains(&self.relid) => {
-                stats.truncates.fetch_add(1, Ordering::Relaxed);
-                self.await_acks().await?;
-                self.flush().await?;
-            }
-            _ => {}
         }
+        self.changes = changes;
         Ok(())
     }
 
-    fn columns(&self) -> Result<Columns, PollError> {
-        self.columns.ok_or_else(|| {
-            PollError::TableChanged("a change before its table's description".into())
-        })
-    }
-
-    /// An inserted or updated row into the cache (a NULL vector: only out of it).
-    fn upsert(&mut self, id: u64, t: &Tuple<'_>, c: Columns) -> Result<(), PollError> {
-        let vector = match t.values.get(c.vector) {
-            Some(Value::Text(v)) => pgoutput::parse_vector(v)
-                .map_err(|e| PollError::TableChanged(format!("id {id}'s vector: {e}")))?,
-            _ => return self.delete(id),
-        };
-        if vector.len() != self.target.dim {
-            return Err(PollError::TableChanged(format!(
-                "id {id} has a {}-d vector, akerd serves {}-d",
-                vector.len(),
-                self.target.dim
-            )));
-        }
+    /// A row into the cache through the refresh path.
+    fn upsert(&mut self, id: u64, vector: Vec<f32>) -> Result<(), PollError> {
         let vector: Arc<[f32]> = vector.into();
         let near = self.parts.router.route_write(&vector);
         let acks = self
@@ -560,7 +499,7 @@ impl Follower {
         if status == "lost" || reason.is_some() {
             return Err(PollError::SlotLost(reason.unwrap_or(status)));
         }
-        if relid != Some(self.relid) {
+        if relid != Some(self.decoder.relid) {
             return Err(PollError::TableChanged(format!(
                 "{} is not the table akerd started on (dropped, renamed or made anew)",
                 self.target.table
@@ -604,7 +543,7 @@ impl Follower {
                 }
             };
             (self.ctl, self.stream) = (ctl, stream);
-            if relid != self.relid {
+            if relid != self.decoder.relid {
                 tracing::error!(table = %self.target.table,
                     "pgvector: the table was made anew while the database was away: the cache \
                      is flushed and akerd STOPS following its changes");
@@ -621,17 +560,5 @@ impl Follower {
                 Err(e) => tracing::debug!(error = %e, "pgvector: change stream resumption failed"),
             }
         }
-    }
-}
-
-/// A tuple's id (`None`: a NULL or negative id, which the cache never holds).
-fn id_of(t: &Tuple<'_>, at: usize) -> Result<Option<u64>, PollError> {
-    match t.values.get(at) {
-        Some(Value::Text(s)) => {
-            let id = pgoutput::parse_i64(s)
-                .map_err(|e| PollError::TableChanged(format!("an id akerd cannot read: {e}")))?;
-            Ok(u64::try_from(id).ok())
-        }
-        _ => Ok(None),
     }
 }

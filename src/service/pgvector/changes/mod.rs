@@ -38,6 +38,7 @@
 //!    follow.rs  the follower's loop: positions, decoding, applying
 //! ```
 
+mod decode;
 mod follow;
 mod setup;
 
