@@ -493,6 +493,7 @@ executors = 1
 shutdown_grace_ms = 200
 [cache]
 capacity_objects = 2000
+snapshot_interval_s = 1
 [sharding]
 rebalance_ms = 0
 centroids = 8
@@ -569,8 +570,14 @@ fn akerd_killed_mid_stream_resumes_on_its_slot_and_drop_slot_retires_it() {
     let qs = queries(&dataset(), 10);
     let mut c = client(a.addr);
     let first: Vec<u64> = qs.iter().map(|q| until_hit(&mut c, q)[0]).collect();
+    // A snapshot on the timer (every second) holds the cached entries.
+    let end = Instant::now() + Duration::from_secs(10);
+    while stat(&client(a.addr).stats().unwrap(), "cache_snapshots").unwrap_or(0.0) < 1.0 {
+        assert!(Instant::now() < end, "no snapshot within 10 s");
+        thread::sleep(Duration::from_millis(20));
+    }
     // SQL deletes of the answers' first rows and of others, while akerd is killed and
-    // started again.
+    // started again: warm, from the snapshot, with the changes since replayed.
     let (url, pw) = (pg.url(), pg.password());
     let doomed: Vec<u64> = first.iter().copied().chain(2000..2100).collect();
     let deleter = {
@@ -595,6 +602,11 @@ fn akerd_killed_mid_stream_resumes_on_its_slot_and_drop_slot_retires_it() {
         thread::sleep(Duration::from_millis(5));
     }
     let mut c = client(a.addr);
+    let restored = stat(&c.stats().unwrap(), "cache_snapshot_restored_entries").unwrap();
+    assert!(
+        restored >= 1.0,
+        "a warm start after SIGKILL restores entries"
+    );
     for q in &qs {
         for _ in 0..3 {
             for id in ids(&c.search(K, q).unwrap()) {
@@ -632,4 +644,98 @@ fn akerd_killed_mid_stream_resumes_on_its_slot_and_drop_slot_retires_it() {
         0
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A scratch folder removed on drop.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let p = std::env::temp_dir().join(format!("aker-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn a_restart_in_front_of_postgres_is_warm_and_sees_what_changed_while_down() {
+    let Some(pg) = logical() else { return };
+    table(pg, "c_warm");
+    let dir = Scratch::new("c-warm");
+    let mut cfg = config(pg, "c_warm", "unused");
+    cfg.backend.data_dir = Some(dir.0.join("data"));
+    cfg.backend.pgvector.as_mut().unwrap().instance = None;
+    let qs = queries(&dataset(), 20);
+    let d = Daemon::start(&cfg).unwrap();
+    let mut c = client(d.local_addr());
+    let cached: Vec<Vec<u64>> = qs.iter().map(|q| until_hit(&mut c, q)).collect();
+    d.stop().unwrap(); // the snapshot at shutdown
+                       // While akerd is down: the first rows of five answers deleted, a row put right on
+                       // a sixth query.
+    let sql = pg.sql();
+    let gone: HashSet<u64> = cached[..5].iter().map(|a| a[0]).collect();
+    for id in &gone {
+        sql.exec(&format!("DELETE FROM c_warm WHERE id = {id}"));
+    }
+    let v: Vec<String> = qs[5].iter().map(|f| f.to_string()).collect();
+    sql.exec(&format!(
+        "INSERT INTO c_warm (id, embedding) VALUES (800001, '[{}]')",
+        v.join(",")
+    ));
+    let d = Daemon::start(&cfg).unwrap();
+    let mut c = client(d.local_addr());
+    let s = stats(&d);
+    assert!(
+        stat(&s, "cache_snapshot_restored_entries").unwrap() >= 15.0,
+        "{s}"
+    );
+    let mut hits = 0;
+    for (i, q) in qs.iter().enumerate() {
+        let r = c.search(K, q).unwrap();
+        hits += (r.hit != HitKind::Miss) as usize;
+        for id in ids(&r) {
+            assert!(
+                !gone.contains(&id),
+                "id {id} deleted while akerd was down, served"
+            );
+        }
+        if i == 5 {
+            assert_eq!(
+                ids(&r)[0],
+                800001,
+                "the row inserted while down ({:?})",
+                r.hit
+            );
+        }
+    }
+    assert!(
+        hits >= 15,
+        "{hits} of 20 first requests after a warm restart hit"
+    );
+    d.stop().unwrap();
+    // A snapshot the slot can no longer replay from (confirmed past it): discarded,
+    // the cache starts cold, answers stay right.
+    sql.exec("DELETE FROM c_warm WHERE id = 800001");
+    let instance = std::fs::read_to_string(dir.0.join("data/instance")).unwrap();
+    sql.exec(&format!(
+        "SELECT pg_replication_slot_advance('aker_{}', pg_current_wal_lsn())",
+        instance.trim()
+    ));
+    let d = Daemon::start(&cfg).unwrap();
+    let s = stats(&d);
+    assert_eq!(
+        stat(&s, "cache_snapshot_restored_entries"),
+        Some(0.0),
+        "{s}"
+    );
+    let mut c = client(d.local_addr());
+    assert!(!ids(&c.search(K, &qs[5]).unwrap()).contains(&800001));
+    d.stop().unwrap();
 }

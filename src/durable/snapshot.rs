@@ -163,13 +163,37 @@ pub(crate) struct Expect<'a> {
 /// The snapshot in `dir` and the log records after it, if it may be used: `Ok(None)`
 /// when there is none, `Err(why)` when it is refused (the cache then starts cold).
 pub(crate) fn load(dir: &Path, want: &Expect) -> Result<Option<WarmStart>, String> {
+    let Some(s) = load_unlogged(dir, want)? else {
+        return Ok(None);
+    };
+    if s.seq > want.last_seq {
+        return Err(format!(
+            "taken at log seq {}, but the log recovered ends at {}: writes it reflects are lost",
+            s.seq, want.last_seq
+        ));
+    }
+    let tail = records_after(dir, s.seq, want.last_seq)?;
+    Ok(Some(WarmStart {
+        snapshot: s,
+        tail,
+        last_seq: want.last_seq,
+    }))
+}
+
+/// The snapshot in `dir` if it was taken of this collection under this configuration,
+/// without its log's tail (pgvector: the slot holds what comes after its position).
+pub(crate) fn load_unlogged(dir: &Path, want: &Expect) -> Result<Option<CacheSnapshot>, String> {
     let p = path(dir);
     if !p.exists() {
         return Ok(None);
     }
     let s = read(&p)?;
     if s.collection != want.collection {
-        return Err("taken of another collection (the data directory was imported again)".into());
+        return Err(
+            "taken of another collection (the data directory was imported again, or \
+             another database or table)"
+                .into(),
+        );
     }
     if (s.dim as usize, s.metric.as_str()) != (want.dim, want.metric) {
         return Err(format!(
@@ -190,18 +214,7 @@ pub(crate) fn load(dir: &Path, want: &Expect) -> Result<Option<WarmStart>, Strin
             s.settings, want.settings
         ));
     }
-    if s.seq > want.last_seq {
-        return Err(format!(
-            "taken at log seq {}, but the log recovered ends at {}: writes it reflects are lost",
-            s.seq, want.last_seq
-        ));
-    }
-    let tail = records_after(dir, s.seq, want.last_seq)?;
-    Ok(Some(WarmStart {
-        snapshot: s,
-        tail,
-        last_seq: want.last_seq,
-    }))
+    Ok(Some(s))
 }
 
 /// The log's records `after + 1 ..= last`, in order; `Err` unless the log holds every one.

@@ -137,7 +137,7 @@ fn serve(mut stream: TcpStream, ops: &Ops) -> io::Result<()> {
                 &mut stream,
                 "404 Not Found",
                 "text/plain",
-                "no cache snapshot without the durable store (backend.data_dir)\n",
+                "no cache snapshot without backend.data_dir\n",
             ),
         },
         ("GET", "/healthz") => respond(&mut stream, "200 OK", "text/plain", "ok\n"),

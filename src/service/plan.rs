@@ -14,9 +14,11 @@ use std::time::Instant;
 use shards::store::{ExactStore, HnswStore};
 use shards::Metric;
 
-use super::pgvector::{self, PgTarget};
+use super::pgvector::{self, changes, PgTarget};
 use super::{data, recovered, warm, Dataset, StartError, Store};
-use crate::config::{BackendKind, Config, ConfigError, DataSource, IndexKind};
+use crate::config::{
+    BackendKind, ChangesMode, Config, ConfigError, DataSource, IndexKind, PgvectorSection,
+};
 use crate::durable::snapshot::WarmStart;
 use crate::durable::Durable;
 
@@ -39,8 +41,12 @@ pub(crate) enum Backing {
         store: Store,
         durable: Option<Box<DurableStart>>,
     },
-    /// A PostgreSQL table, checked at plan time (boxed: it is large).
-    Pgvector(Box<PgTarget>),
+    /// A PostgreSQL table, checked at plan time (boxed: it is large); with its cache's
+    /// warm restart when it has a `backend.data_dir` and follows the table's changes.
+    Pgvector {
+        target: Box<PgTarget>,
+        warm: Option<Box<Warm>>,
+    },
     /// No store: the client FILLs misses.
     CacheAside,
 }
@@ -216,10 +222,89 @@ fn pgvector_plan(cfg: &Config) -> Result<StartPlan, StartError> {
         tracing::warn!(table = %target.table, "pgvector: the table is empty; routing centroids are random");
         data::random_routing_sample(target.dim, cfg.sharding.centroids, cfg.sharding.seed)
     });
+    let warm = match &cfg.backend.data_dir {
+        Some(dir) if section.changes != ChangesMode::Off => {
+            Some(Box::new(pgvector_warm(cfg, section, &target, dir)?))
+        }
+        _ => None,
+    };
     Ok(StartPlan {
         sample,
         metric: Some(target.metric),
-        backing: Backing::Pgvector(Box::new(target)),
+        backing: Backing::Pgvector {
+            target: Box::new(target),
+            warm,
+        },
+    })
+}
+
+/// The cache snapshot of a pgvector backend in `backend.data_dir`: accepted when it was
+/// taken of this database's table under this configuration and the slot can replay
+/// the changes after it, which are read now (`changes::catch_up`) and replayed before
+/// the first reply; refused with a log line otherwise (a cold start).
+fn pgvector_warm(
+    cfg: &Config,
+    section: &PgvectorSection,
+    target: &PgTarget,
+    dir: &Path,
+) -> Result<Warm, StartError> {
+    use crate::durable::snapshot;
+    let lock = crate::durable::lock_dir(dir)?;
+    snapshot::remove_tmp(dir);
+    let instance = changes::instance_name(section, Some(dir), cfg.server.listen.port())?;
+    let collection = changes::collection_id(target)?;
+    let metric = target.metric.to_string();
+    let engine = cfg
+        .cache
+        .engine_config(target.dim)
+        .map_err(StartError::Config)?;
+    let want = snapshot::Expect {
+        collection,
+        dim: target.dim,
+        metric: &metric,
+        shards: cfg.sharding.shard_count(cfg.server.executors),
+        settings: crate::durable::fingerprint::settings(&cfg.cache.policy, engine.store_vectors),
+        last_seq: u64::MAX,
+    };
+    let mut state = warm::SnapshotState::new(
+        dir.to_path_buf(),
+        collection,
+        cfg.cache.snapshot_on_shutdown,
+        &cfg.cache,
+        &engine,
+    );
+    state.dir_lock = Some(lock);
+    let loaded = match cfg.cache.snapshot_load {
+        false => Ok(None),
+        true => snapshot::load_unlogged(dir, &want),
+    };
+    let caught_up = loaded.and_then(|s| match s {
+        None => Ok(None),
+        Some(s) => changes::catch_up(target, section, &instance, s.seq).map(|(tail, to)| {
+            Some(WarmStart {
+                snapshot: s,
+                tail,
+                last_seq: to,
+            })
+        }),
+    });
+    let start = match caught_up {
+        Ok(w) => w,
+        Err(why) => {
+            state.discard(&why);
+            None
+        }
+    };
+    // The slot is confirmed no further than the snapshot on disk (0: none yet).
+    target
+        .changes
+        .snapshot_written(start.as_ref().map_or(0, |w| w.snapshot.seq));
+    if let Some(w) = &start {
+        target.changes.resume_warm(w.last_seq);
+    }
+    Ok(Warm {
+        state: Arc::new(state),
+        start,
     })
 }
 

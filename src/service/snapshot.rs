@@ -423,39 +423,40 @@ impl Shared {
                 rows as f64,
             );
         }
-        let Some(d) = &self.durable else { return };
-        let (appends, syncs, durable) = d.wal.counts();
-        s.counter(
-            "store_log_appends",
-            "Writes appended to the store's log.",
-            appends,
-        );
-        s.counter(
-            "store_log_syncs",
-            "fdatasync calls on the log (a sync covers every append before it: group commit).",
-            syncs,
-        );
-        s.gauge(
-            "store_log_durable_seq",
-            "The last log record known on stable storage.",
-            durable as f64,
-        );
-        s.gauge(
-            "store_log_segment_bytes",
-            "Bytes in the log's current segment (a checkpoint at backend.checkpoint_log_bytes).",
-            d.wal.segment_bytes() as f64,
-        );
-        s.counter(
-            "store_checkpoints",
-            "Checkpoints written since start.",
-            d.checkpoints_written.load(Ordering::Relaxed),
-        );
-        s.gauge(
-            "store_graph_loaded",
-            "1: the HNSW graph was loaded from the checkpoint at start; 0: built from the rows \
-             (or an exact store).",
-            f64::from(u8::from(d.graph_loaded.load(Ordering::Relaxed))),
-        );
+        if let Some(d) = &self.durable {
+            let (appends, syncs, durable) = d.wal.counts();
+            s.counter(
+                "store_log_appends",
+                "Writes appended to the store's log.",
+                appends,
+            );
+            s.counter(
+                "store_log_syncs",
+                "fdatasync calls on the log (a sync covers every append before it: group commit).",
+                syncs,
+            );
+            s.gauge(
+                "store_log_durable_seq",
+                "The last log record known on stable storage.",
+                durable as f64,
+            );
+            s.gauge(
+                "store_log_segment_bytes",
+                "Bytes in the log's current segment (a checkpoint at backend.checkpoint_log_bytes).",
+                d.wal.segment_bytes() as f64,
+            );
+            s.counter(
+                "store_checkpoints",
+                "Checkpoints written since start.",
+                d.checkpoints_written.load(Ordering::Relaxed),
+            );
+            s.gauge(
+                "store_graph_loaded",
+                "1: the HNSW graph was loaded from the checkpoint at start; 0: built from the rows \
+                 (or an exact store).",
+                f64::from(u8::from(d.graph_loaded.load(Ordering::Relaxed))),
+            );
+        }
         let Some(w) = &self.snapshots else { return };
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         s.counter(

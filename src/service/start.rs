@@ -27,10 +27,11 @@ use super::backend::{BackendPool, Owners as BackendOwners, StoreSide};
 use super::handler::AkerService;
 use super::owner::{self, ShardGauges};
 use super::pgvector::changes;
-use super::plan::{self, Backing, DurableStart, StartPlan, Warm};
+use super::plan::{self, Backing, StartPlan, Warm};
 use super::recall::{Check, RecallChecks};
 use super::{admin, warm, AdminServer, Daemon, Dataset, Shared, StartError, Store};
 use crate::config::{ChangesMode, Config, ConfigError};
+use crate::durable::Durable;
 use crate::metrics::ExecutorMetrics;
 use crate::server::{Running, Server, Service, ServiceInfo};
 
@@ -75,11 +76,14 @@ impl Daemon {
             .engine_config(sample.dim)
             .map_err(StartError::Config)?;
         let has_store = !matches!(backing, Backing::CacheAside);
-        let (side, durable) = store_side(cfg, &sample, backing)?;
-        let (durable, warm) = durable.map(|d| (d.durable, d.warm)).unzip();
+        let StoreParts {
+            side,
+            durable,
+            warm,
+        } = store_side(cfg, &sample, backing)?;
         let mut set = build_shards(cfg, &cache_cfg, sample)?;
         let info = service_info(cfg, &cache_cfg);
-        let snapshots = warm.map(|w| restore(&mut set, w, &info));
+        let snapshots = warm.map(|w| restore(&mut set, w, &info, &side));
         let owners = owners(set.caches, cfg);
         let floor = recall_floor(cfg, has_store)?;
         let server = server(cfg)?;
@@ -134,13 +138,10 @@ impl Daemon {
     }
 }
 
-/// The planned store as the backend threads' side: the one place a `StoreSide` is built.
+/// The planned store as the backend threads' side: the one place a `StoreSide` is built;
+/// with the durable store's log and the warm restart's state where there are.
 /// An embedded store must match the cache's dimension and metric.
-fn store_side(
-    cfg: &Config,
-    sample: &Dataset,
-    backing: Backing,
-) -> Result<(StoreSide, Option<Box<DurableStart>>), StartError> {
+fn store_side(cfg: &Config, sample: &Dataset, backing: Backing) -> Result<StoreParts, StartError> {
     let embedded = |s: Store| -> Result<StoreSide, StartError> {
         let metric = cfg.cache.metric_or_default();
         if s.dim() != sample.dim || s.metric() != metric {
@@ -156,12 +157,32 @@ fn store_side(
         }
         Ok(StoreSide::Embedded(std::sync::RwLock::new(s)))
     };
-    Ok(match backing {
-        Backing::BuildFromSample => (embedded(plan::build_from_sample(cfg, sample)?)?, None),
-        Backing::Embedded { store, durable } => (embedded(store)?, durable),
-        Backing::Pgvector(target) => (StoreSide::Pgvector(Arc::from(target)), None),
-        Backing::CacheAside => (StoreSide::CacheAside, None),
+    let (side, durable, warm) = match backing {
+        Backing::BuildFromSample => (embedded(plan::build_from_sample(cfg, sample)?)?, None, None),
+        Backing::Embedded { store, durable } => {
+            let (durable, warm) = durable.map(|d| (d.durable, d.warm)).unzip();
+            (embedded(store)?, durable, warm)
+        }
+        Backing::Pgvector { target, warm } => (
+            StoreSide::Pgvector(Arc::from(target)),
+            None,
+            warm.map(|w| *w),
+        ),
+        Backing::CacheAside => (StoreSide::CacheAside, None, None),
+    };
+    Ok(StoreParts {
+        side,
+        durable,
+        warm,
     })
+}
+
+/// The store side, with the durable store's log and the warm restart's state where
+/// there are.
+struct StoreParts {
+    side: StoreSide,
+    durable: Option<Arc<Durable>>,
+    warm: Option<Warm>,
 }
 
 /// The change stream of a pgvector table (`pgvector/changes/`), as
@@ -230,8 +251,19 @@ fn service_info(cfg: &Config, cache_cfg: &CacheConfig) -> ServiceInfo {
 }
 
 /// Restores an accepted snapshot into the shards (a cold start if it fails); the state
-/// stays for the snapshots this run writes.
-fn restore(set: &mut ShardSet, w: Warm, info: &ServiceInfo) -> Arc<warm::SnapshotState> {
+/// stays for the snapshots this run writes. A pgvector change stream learns whether it
+/// resumes after the snapshot or starts cold, and the position the slot may be
+/// confirmed to.
+fn restore(
+    set: &mut ShardSet,
+    w: Warm,
+    info: &ServiceInfo,
+    side: &StoreSide,
+) -> Arc<warm::SnapshotState> {
+    let feed = match side {
+        StoreSide::Pgvector(t) => Some(&t.changes),
+        _ => None,
+    };
     let Some(start) = w.start else {
         return w.state;
     };
@@ -250,8 +282,19 @@ fn restore(set: &mut ShardSet, w: Warm, info: &ServiceInfo) -> Arc<warm::Snapsho
                 secs = t.elapsed().as_secs_f64(),
                 "cache snapshot restored"
             );
+            if let Some(feed) = feed {
+                // Replayed changes were written into a new snapshot at their end.
+                let on_disk = w.state.last_seq.load(Ordering::Relaxed).max(seq);
+                feed.snapshot_written(on_disk);
+            }
         }
-        Err(why) => w.state.discard(&why),
+        Err(why) => {
+            w.state.discard(&why);
+            if let Some(feed) = feed {
+                feed.start_cold();
+                feed.snapshot_written(0);
+            }
+        }
     }
     w.state
 }

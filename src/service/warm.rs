@@ -32,6 +32,7 @@ use shards::router::Router;
 use shards::sharded::ShardSet;
 use shards::snapshot::RestoreReport;
 
+use super::pgvector::changes::ChangeFeed;
 use super::Shared;
 use crate::durable::fingerprint;
 use crate::durable::snapshot::{self as file, CacheSnapshot, WarmStart};
@@ -63,6 +64,9 @@ pub(crate) struct SnapshotState {
     pub(crate) last_secs_bits: AtomicU64,
     /// What the start restored (entries), for /metrics.
     pub(crate) restored: AtomicU64,
+    /// pgvector: the data directory's lock, held while akerd runs (the durable store
+    /// holds its own).
+    pub(crate) dir_lock: Option<std::fs::File>,
 }
 
 /// What one snapshot wrote.
@@ -106,6 +110,7 @@ impl SnapshotState {
             last_seq: AtomicU64::new(0),
             last_secs_bits: AtomicU64::new(0),
             restored: AtomicU64::new(0),
+            dir_lock: None,
         }
     }
 
@@ -230,45 +235,86 @@ pub(crate) fn take_at_shutdown(shared: &Shared) {
 
 /// Takes a snapshot now (blocking: never call it on an executor, whose owners it waits for).
 pub(crate) fn take(shared: &Shared) -> Result<SnapshotReport, String> {
-    let (Some(st), Some(d)) = (&shared.snapshots, &shared.durable) else {
-        return Err("the cache snapshot needs the durable store (backend.data_dir)".into());
+    let Some(st) = &shared.snapshots else {
+        return Err("no cache snapshot without backend.data_dir".into());
+    };
+    let position = match (&shared.durable, shared.backend.pgvector()) {
+        (Some(d), _) => Position::Log(d),
+        (None, Some(pg)) => Position::Stream(&pg.changes),
+        (None, None) => return Err("no cache snapshot without backend.data_dir".into()),
     };
     if st.running.swap(true, Ordering::AcqRel) {
         return Err("a snapshot is being taken".into());
     }
-    let r = take_claimed(shared, st, d);
+    let r = take_claimed(shared, st, position);
     st.running.store(false, Ordering::Release);
     st.record(&r);
     r
 }
 
+/// What a snapshot's position is: the durable store's log seq, or the pgvector change
+/// stream's applied WAL position.
+enum Position<'a> {
+    Log(&'a crate::durable::Durable),
+    Stream(&'a ChangeFeed),
+}
+
+/// The position and every shard's image exactly as of it (queued under the log's gate,
+/// or by the change stream's follower between two reads).
+type Images = (u64, Vec<flume::Receiver<shards::snapshot::ShardImage>>);
+
+impl Position<'_> {
+    fn images(&self, shared: &Shared) -> Result<Images, String> {
+        match self {
+            Position::Log(d) => {
+                let _gate = d.gate.lock();
+                let seq = d.wal.written();
+                let mut acks = Vec::with_capacity(shared.shards.len());
+                for (s, h) in shared.shards.iter().enumerate() {
+                    let (tx, rx) = flume::bounded(1);
+                    h.sender()
+                        .send(OwnerMsg::Export { ack: tx })
+                        .map_err(|_| format!("shard {s}'s owner has stopped"))?;
+                    acks.push(rx);
+                }
+                Ok((seq, acks))
+            }
+            Position::Stream(feed) => feed.export(Instant::now() + EXPORT_WAIT),
+        }
+    }
+
+    /// Once the images are in: the log is durable up to `seq` (a snapshot must not
+    /// reflect writes the log could lose).
+    fn settle(&self, seq: u64) -> Result<(), String> {
+        match self {
+            Position::Log(d) => d.wal.wait_durable(seq).map_err(|e| format!("the log: {e}")),
+            Position::Stream(_) => Ok(()),
+        }
+    }
+
+    /// Once the file is installed: the slot may be confirmed up to it.
+    fn written(&self, seq: u64) {
+        if let Position::Stream(feed) = self {
+            feed.snapshot_written(seq);
+        }
+    }
+}
+
 fn take_claimed(
     shared: &Shared,
     st: &SnapshotState,
-    d: &crate::durable::Durable,
+    position: Position<'_>,
 ) -> Result<SnapshotReport, String> {
     let t = Instant::now();
     let flushes = st.flushes.load(Ordering::Acquire);
     if flushes % 2 == 1 {
         return Err("a FLUSH is running".into());
     }
-    let (seq, router, acks) = {
-        let _gate = d.gate.lock();
-        let seq = d.wal.written();
-        let router = shared.router.image(shared.budget.shares());
-        let mut acks = Vec::with_capacity(shared.shards.len());
-        for (s, h) in shared.shards.iter().enumerate() {
-            let (tx, rx) = flume::bounded(1);
-            h.sender()
-                .send(OwnerMsg::Export { ack: tx })
-                .map_err(|_| format!("shard {s}'s owner has stopped"))?;
-            acks.push(rx);
-        }
-        (seq, router, acks)
-    };
-    d.wal
-        .wait_durable(seq)
-        .map_err(|e| format!("the log: {e}"))?;
+    // The router's image before the shards': a rebalance in between only leaves a
+    // centroid's previous shard unremembered (lookups miss once, then re-admit).
+    let router = shared.router.image(shared.budget.shares());
+    let (seq, acks) = position.images(shared)?;
+    position.settle(seq)?;
     let images = acks
         .iter()
         .enumerate()
@@ -285,6 +331,7 @@ fn take_claimed(
         .sum();
     let snap = st.snapshot_of(&shared.info, seq, router, images);
     let bytes = st.write(&snap, flushes)?;
+    position.written(seq);
     Ok(SnapshotReport {
         seq,
         entries,

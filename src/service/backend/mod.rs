@@ -193,6 +193,7 @@ impl<T: Default> IdStripes<T> {
 }
 
 /// The shard owners, as the backend threads queue to them.
+#[derive(Clone)]
 pub(crate) struct Owners {
     shards: Vec<ShardHandle>,
 }
@@ -213,6 +214,21 @@ impl Owners {
             let (tx, rx) = flume::bounded(1);
             h.sender()
                 .send(OwnerMsg::Flush { ack: tx })
+                .map_err(|_| owner_gone(s))?;
+            acks.push(rx);
+        }
+        Ok(acks)
+    }
+
+    /// Every owner's warm-restart image, as of every message queued before.
+    pub(crate) fn export(
+        &self,
+    ) -> Result<Vec<flume::Receiver<shards::snapshot::ShardImage>>, Rejection> {
+        let mut acks = Vec::with_capacity(self.shards.len());
+        for (s, h) in self.shards.iter().enumerate() {
+            let (tx, rx) = flume::bounded(1);
+            h.sender()
+                .send(OwnerMsg::Export { ack: tx })
                 .map_err(|_| owner_gone(s))?;
             acks.push(rx);
         }

@@ -148,7 +148,12 @@ impl Follower {
             advanced_at: Instant::now(),
             checked_at: Instant::now(),
         };
-        f.slot_ready(true).await?;
+        let cold = !f.feed().is_warm();
+        f.slot_ready(cold).await?;
+        if !cold {
+            tracing::info!(applied = %lsn_text(f.feed().applied()),
+                "pgvector: the change stream resumes after the restored snapshot");
+        }
         Ok(f)
     }
 
@@ -208,7 +213,10 @@ impl Follower {
             }
             let _ = tokio::time::timeout(self.cfg.poll, wake.recv_async()).await;
             let r = match self.poll().await {
-                Ok(()) => self.housekeeping().await,
+                Ok(()) => {
+                    self.exports();
+                    self.housekeeping().await
+                }
                 Err(e) => Err(e),
             };
             match r {
@@ -455,10 +463,25 @@ impl Follower {
         Ok(())
     }
 
-    /// Between polls: the slot advanced to the applied position, and now and then the
-    /// table, the slot's state and its retained WAL checked.
+    /// Between polls (every change so far acknowledged by the owners): the shards'
+    /// images for a snapshot, each queued behind exactly the changes up to `applied`.
+    fn exports(&self) {
+        let feed = self.feed();
+        while let Ok(reply) = feed.export_rx.try_recv() {
+            match self.parts.owners.export() {
+                Ok(images) => {
+                    let _ = reply.send((feed.applied(), images));
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Between polls: the slot advanced to the applied position (no further than the
+    /// last snapshot's), and now and then the table, the slot's state and its retained
+    /// WAL checked.
     async fn housekeeping(&mut self) -> Result<(), PollError> {
-        let applied = self.feed().applied();
+        let applied = self.feed().applied().min(self.feed().confirm_cap());
         if applied > self.confirmed && self.advanced_at.elapsed() >= ADVANCE_EVERY {
             self.ctl
                 .execute(

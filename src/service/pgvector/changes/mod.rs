@@ -38,6 +38,7 @@
 //!    follow.rs  the follower's loop: positions, decoding, applying
 //! ```
 
+mod catch_up;
 mod decode;
 mod follow;
 mod setup;
@@ -56,6 +57,7 @@ use crate::config::{check_instance_name, ChangesMode, PgvectorSection, INSTANCE_
 use crate::service::backend::Owners;
 use crate::service::StartError;
 
+pub(crate) use catch_up::{catch_up, collection_id};
 pub(crate) use setup::drop_slot;
 
 /// How long start-up waits for the follower's checks, lock, publication and slot.
@@ -122,18 +124,37 @@ pub(crate) struct ChangeFeed {
     /// A write through akerd asks the follower to read the stream now.
     wake_tx: flume::Sender<()>,
     wake_rx: flume::Receiver<()>,
+    /// A snapshot restored at start was caught up to the applied position: the
+    /// follower resumes from its slot instead of starting cold.
+    warm: AtomicBool,
+    /// The slot's confirmed position stays at or below the last snapshot's position,
+    /// so that a start after SIGKILL can replay from it (`u64::MAX`: no snapshots).
+    confirm_cap: AtomicU64,
+    /// A snapshot asks the follower for the shards' images at a position.
+    export_tx: flume::Sender<ExportRequest>,
+    export_rx: flume::Receiver<ExportRequest>,
     pub stats: ChangeStats,
 }
+
+/// The shards' images, each as of every change up to the position, and the position.
+pub(crate) type Export = (Lsn, Vec<flume::Receiver<shards::snapshot::ShardImage>>);
+/// A snapshot's request to the follower (answered between two reads of the stream).
+type ExportRequest = flume::Sender<Export>;
 
 impl Default for ChangeFeed {
     fn default() -> Self {
         let (wake_tx, wake_rx) = flume::bounded(1);
+        let (export_tx, export_rx) = flume::bounded(1);
         ChangeFeed {
             applied: Mutex::new(0),
             moved: Condvar::new(),
             following: AtomicBool::new(false),
             wake_tx,
             wake_rx,
+            warm: AtomicBool::new(false),
+            confirm_cap: AtomicU64::new(u64::MAX),
+            export_tx,
+            export_rx,
             stats: ChangeStats::default(),
         }
     }
@@ -170,6 +191,50 @@ impl ChangeFeed {
             drop(g);
             self.moved.notify_all();
         }
+    }
+
+    /// A snapshot was restored and caught up to `at` (plan time, before the follower).
+    pub(crate) fn resume_warm(&self, at: Lsn) {
+        self.warm.store(true, Ordering::Release);
+        self.advance(at);
+    }
+
+    /// The restored snapshot could not be used after all: the follower starts cold.
+    pub(crate) fn start_cold(&self) {
+        self.warm.store(false, Ordering::Release);
+    }
+
+    pub(crate) fn is_warm(&self) -> bool {
+        self.warm.load(Ordering::Acquire)
+    }
+
+    /// Snapshots are taken: the slot is confirmed no further than the last one (`at`: the
+    /// one on disk, 0 when none).
+    pub(crate) fn snapshot_written(&self, at: Lsn) {
+        self.confirm_cap.store(at, Ordering::Release);
+    }
+
+    fn confirm_cap(&self) -> Lsn {
+        self.confirm_cap.load(Ordering::Acquire)
+    }
+
+    /// The shards' images at the applied position, asked of the follower (it queues
+    /// every owner's export between two reads of the stream); bounded by `until`.
+    pub(crate) fn export(&self, until: Instant) -> Result<Export, String> {
+        if !self.following() {
+            return Err(
+                "akerd does not follow the table's changes: a snapshot would have \
+                        no position to resume from"
+                    .into(),
+            );
+        }
+        let (tx, rx) = flume::bounded(1);
+        self.export_tx
+            .send_deadline(tx, until)
+            .map_err(|_| "the change stream did not take the snapshot's request".to_string())?;
+        self.wake();
+        rx.recv_deadline(until)
+            .map_err(|_| "the change stream did not answer the snapshot's request".to_string())
     }
 
     /// Wakes the follower (a write through akerd waits on it).
@@ -319,6 +384,7 @@ pub(crate) fn start(
         return Ok(None);
     }
     let cfg = follow::FollowConfig::new(section, &parts.instance);
+    let flush_owners = parts.owners.clone();
     let (tx, rx) = flume::bounded(1);
     let t = target.clone();
     let handle = std::thread::Builder::new()
@@ -332,6 +398,11 @@ pub(crate) fn start(
     match outcome {
         Ok(()) => Ok(Some(handle)),
         Err(e) if mode == ChangesMode::Auto && e.allows_auto() => {
+            if target.changes.is_warm() {
+                // The restored entries cannot be kept up to date: they go.
+                target.changes.start_cold();
+                flush_at_start(&flush_owners);
+            }
             tracing::warn!(
                 "pgvector: NOT following the table's changes ({e}). Only writes through \
                  akerd reach the cache: rows changed in the database by anyone else are \
@@ -347,6 +418,14 @@ pub(crate) fn start(
                 mode.as_str()
             )))
         }
+    }
+}
+
+/// Queues a flush to every owner before they serve (their executors are not running
+/// yet: the acknowledgements are not awaited).
+fn flush_at_start(owners: &Owners) {
+    if owners.flush().is_err() {
+        tracing::error!("pgvector: the owners stopped before serving");
     }
 }
 
