@@ -222,10 +222,15 @@ fn rows_inserted_and_updated_by_sql_reach_the_next_exact_hit() {
 fn a_delete_decoded_before_it_is_visible_is_not_lost_by_a_miss() {
     let Some(pg) = logical() else { return };
     table(pg, "c_race");
-    let d = Daemon::start(&config(pg, "c_race", "c_race")).unwrap();
+    let mut cfg = config(pg, "c_race", "c_race");
+    // The stream held behind by the waiting commit also shows max_staleness_ms at work.
+    cfg.backend.pgvector.as_mut().unwrap().max_staleness_ms = Some(150);
+    let d = Daemon::start(&cfg).unwrap();
     let mut c = client(d.local_addr());
     let ds = dataset();
     let q = query_near(&ds, 700, 0.01);
+    let cached = query_near(&ds, 1500, 0.01);
+    until_hit(&mut c, &cached);
     let sql = pg.sql();
     let first = sql.knn("c_race", "<->", &q, 1, 100)[0].0;
     // ALTER SYSTEM runs outside a transaction block: one statement each.
@@ -258,6 +263,9 @@ fn a_delete_decoded_before_it_is_visible_is_not_lost_by_a_miss() {
         "the delete is not visible yet: {:?}",
         ids(&r)
     );
+    // The stream waits on the invisible commit, over 150 ms behind: the database answers.
+    assert_eq!(c.search(K, &cached).unwrap().hit, HitKind::Miss);
+    assert!(stat(&stats(&d), "pg_changes_stale_searches").unwrap() >= 1.0);
     thread::sleep(Duration::from_millis(100));
     sql.exec(&format!("SELECT pg_cancel_backend({pid})"));
     waiting.join().unwrap();
@@ -277,6 +285,8 @@ fn a_delete_decoded_before_it_is_visible_is_not_lost_by_a_miss() {
             r.hit
         );
     }
+    // Caught up: hits again.
+    until_hit(&mut c, &cached);
     d.stop().unwrap();
 }
 

@@ -118,6 +118,11 @@ pub struct PgvectorSection {
     /// Unset: the name kept in `backend.data_dir` (made there on the first start), or,
     /// without a data_dir, one made of the host name and the listen port.
     pub instance: Option<String>,
+    /// While the change stream is further behind the database than this (ms since the
+    /// last read that caught up), searches go to the database instead of the cache.
+    /// Unset: hits are served however far behind. While the database cannot be reached,
+    /// hits are served whatever this says (docs/PGVECTOR.md).
+    pub max_staleness_ms: Option<u64>,
 }
 
 impl Default for PgvectorSection {
@@ -140,6 +145,7 @@ impl Default for PgvectorSection {
             changes: ChangesMode::Auto,
             changes_poll_ms: 10,
             instance: None,
+            max_staleness_ms: None,
         }
     }
 }
@@ -252,6 +258,18 @@ impl PgvectorSection {
         }
         if !(1..=10_000).contains(&self.changes_poll_ms) {
             return bad("changes_poll_ms", "must be in 1..=10000".into());
+        }
+        if self.max_staleness_ms.is_some() && self.changes == ChangesMode::Off {
+            return bad(
+                "max_staleness_ms",
+                "bounds the change stream's lag: it needs changes = \"auto\" or \"follow\"".into(),
+            );
+        }
+        if self.max_staleness_ms == Some(0) {
+            return bad(
+                "max_staleness_ms",
+                "must be positive (unset: no bound)".into(),
+            );
         }
         if let Some(name) = &self.instance {
             if let Err(why) = check_instance_name(name) {

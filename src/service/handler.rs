@@ -176,8 +176,16 @@ impl AkerService {
         check_collection(s.collection)?;
         let sh = &*self.shared;
         let k = s.k as usize;
-        if s.bypass_cache {
-            self.metrics.count(|c| c.searches_bypass += 1);
+        // The change stream further behind than max_staleness_ms: the database answers.
+        let stale = || {
+            sh.backend
+                .pgvector()
+                .is_some_and(|pg| pg.changes.too_stale())
+        };
+        if s.bypass_cache || stale() {
+            if s.bypass_cache {
+                self.metrics.count(|c| c.searches_bypass += 1);
+            }
             let answer = self.backend_search(s.vector.into(), k, ctx).await?;
             return Ok(miss_reply(&answer.candidates, k));
         }

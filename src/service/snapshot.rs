@@ -234,7 +234,7 @@ const PG: [Row<PgStats>; 7] = [
 ];
 
 /// The pgvector table's change stream (`pgvector/changes/`).
-const CHANGES: [Row<ChangeStats>; 15] = [
+const CHANGES: [Row<ChangeStats>; 16] = [
     (
         "pg_changes_up",
         "pgvector: 1 while akerd follows the table's committed changes and is connected.",
@@ -276,6 +276,11 @@ const CHANGES: [Row<ChangeStats>; 15] = [
         |c| count(&c.updates_partial),
     ),
     ("pg_changes_polls", "pgvector: reads of the change stream.", |c| count(&c.polls)),
+    (
+        "pg_changes_stale_searches",
+        "pgvector: searches sent to the database because the stream was behind max_staleness_ms.",
+        |c| count(&c.stale_searches),
+    ),
     (
         "pg_changes_applied_lsn",
         "pgvector: the WAL position (pg_lsn as a number) every shard has applied the stream to.",

@@ -257,6 +257,7 @@ impl Follower {
         let target = self.target.clone();
         let stats = &target.changes.stats;
         stats.polls.fetch_add(1, Ordering::Relaxed);
+        let began_us = self.feed().now_us();
         let (upto, snap) = setup::position(&self.ctl).await?;
         self.snap = snap;
         let applied = self.feed().applied();
@@ -265,6 +266,7 @@ impl Follower {
             .store(upto.saturating_sub(applied), Ordering::Relaxed);
         if upto <= applied {
             stats.lag_ms.store(0, Ordering::Relaxed);
+            self.feed().caught_up(began_us);
             return Ok(());
         }
         let (rows, last_end) = self.read(upto, applied).await?;
@@ -278,6 +280,9 @@ impl Follower {
             stats.lag_ms.store(0, Ordering::Relaxed);
         }
         self.feed().advance(to);
+        if to >= upto {
+            self.feed().caught_up(began_us);
+        }
         stats.lag_bytes.store(0, Ordering::Relaxed);
         Ok(())
     }

@@ -100,6 +100,8 @@ pub(crate) struct ChangeStats {
     pub updates_partial: AtomicU64,
     pub polls: AtomicU64,
     pub reconnects: AtomicU64,
+    /// Searches sent to the database because the stream was behind `max_staleness_ms`.
+    pub stale_searches: AtomicU64,
     /// The position every shard has applied the stream to (a copy for the metrics).
     pub applied_lsn: AtomicU64,
 }
@@ -133,6 +135,12 @@ pub(crate) struct ChangeFeed {
     /// A snapshot asks the follower for the shards' images at a position.
     export_tx: flume::Sender<ExportRequest>,
     export_rx: flume::Receiver<ExportRequest>,
+    /// `max_staleness_ms` in µs (0: no bound).
+    staleness_max_us: AtomicU64,
+    /// When the last read that caught up began (µs since `epoch`): every commit before
+    /// it is applied.
+    caught_up_us: AtomicU64,
+    epoch: Instant,
     pub stats: ChangeStats,
 }
 
@@ -155,6 +163,9 @@ impl Default for ChangeFeed {
             confirm_cap: AtomicU64::new(u64::MAX),
             export_tx,
             export_rx,
+            staleness_max_us: AtomicU64::new(0),
+            caught_up_us: AtomicU64::new(0),
+            epoch: Instant::now(),
             stats: ChangeStats::default(),
         }
     }
@@ -235,6 +246,34 @@ impl ChangeFeed {
         self.wake();
         rx.recv_deadline(until)
             .map_err(|_| "the change stream did not answer the snapshot's request".to_string())
+    }
+
+    /// Microseconds since the feed was made (the follower's clock for staleness).
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    /// Every commit before `began_us` is applied.
+    fn caught_up(&self, began_us: u64) {
+        self.caught_up_us.fetch_max(began_us, Ordering::Release);
+    }
+
+    /// Whether a search must go to the database: following, connected, and further
+    /// behind than `max_staleness_ms`. While the database cannot be reached
+    /// (reconnecting), nothing can commit there, and hits are served.
+    pub(crate) fn too_stale(&self) -> bool {
+        let max = self.staleness_max_us.load(Ordering::Relaxed);
+        if max == 0 || self.stats.state.load(Ordering::Relaxed) != FeedState::Following as u64 {
+            return false;
+        }
+        let behind = self
+            .now_us()
+            .saturating_sub(self.caught_up_us.load(Ordering::Acquire));
+        let stale = behind > max;
+        if stale {
+            self.stats.stale_searches.fetch_add(1, Ordering::Relaxed);
+        }
+        stale
     }
 
     /// Wakes the follower (a write through akerd waits on it).
@@ -382,6 +421,12 @@ pub(crate) fn start(
              changed in the database by anyone else are served stale until their entries go"
         );
         return Ok(None);
+    }
+    if let Some(ms) = section.max_staleness_ms {
+        target
+            .changes
+            .staleness_max_us
+            .store(ms.saturating_mul(1000), Ordering::Relaxed);
     }
     let cfg = follow::FollowConfig::new(section, &parts.instance);
     let flush_owners = parts.owners.clone();
