@@ -295,10 +295,6 @@ fn pgvector_warm(
             None
         }
     };
-    // The slot is confirmed no further than the snapshot on disk (0: none yet).
-    target
-        .changes
-        .snapshot_written(start.as_ref().map_or(0, |w| w.snapshot.seq));
     if let Some(w) = &start {
         target.changes.resume_warm(w.last_seq);
     }

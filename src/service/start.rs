@@ -251,9 +251,8 @@ fn service_info(cfg: &Config, cache_cfg: &CacheConfig) -> ServiceInfo {
 }
 
 /// Restores an accepted snapshot into the shards (a cold start if it fails); the state
-/// stays for the snapshots this run writes. A pgvector change stream learns whether it
-/// resumes after the snapshot or starts cold, and the position the slot may be
-/// confirmed to.
+/// stays for the snapshots this run writes. A pgvector change stream whose snapshot
+/// could not be restored after all starts cold.
 fn restore(
     set: &mut ShardSet,
     w: Warm,
@@ -282,17 +281,11 @@ fn restore(
                 secs = t.elapsed().as_secs_f64(),
                 "cache snapshot restored"
             );
-            if let Some(feed) = feed {
-                // Replayed changes were written into a new snapshot at their end.
-                let on_disk = w.state.last_seq.load(Ordering::Relaxed).max(seq);
-                feed.snapshot_written(on_disk);
-            }
         }
         Err(why) => {
             w.state.discard(&why);
             if let Some(feed) = feed {
                 feed.start_cold();
-                feed.snapshot_written(0);
             }
         }
     }

@@ -226,6 +226,10 @@ impl Drop for FlushGuard {
 /// At shutdown: waits (bounded) for a snapshot already being taken, then takes one.
 pub(crate) fn take_at_shutdown(shared: &Shared) {
     let Some(st) = &shared.snapshots else { return };
+    // pgvector: the slot stays where the last snapshot can replay from.
+    if let Some(pg) = shared.backend.pgvector() {
+        pg.changes.hold_slot();
+    }
     let until = Instant::now() + SHUTDOWN_WAIT;
     while st.running.load(Ordering::Acquire) && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(10));
@@ -291,13 +295,6 @@ impl Position<'_> {
             Position::Stream(_) => Ok(()),
         }
     }
-
-    /// Once the file is installed: the slot may be confirmed up to it.
-    fn written(&self, seq: u64) {
-        if let Position::Stream(feed) = self {
-            feed.snapshot_written(seq);
-        }
-    }
 }
 
 fn take_claimed(
@@ -331,7 +328,6 @@ fn take_claimed(
         .sum();
     let snap = st.snapshot_of(&shared.info, seq, router, images);
     let bytes = st.write(&snap, flushes)?;
-    position.written(seq);
     Ok(SnapshotReport {
         seq,
         entries,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_lite::StreamExt;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
 
@@ -95,6 +96,8 @@ struct Follower {
     /// The slot's confirmed position, as last advanced.
     confirmed: Lsn,
     advanced_at: Instant,
+    /// Whether `pg_log_standby_snapshot()` may be called (see `log_running_xacts`).
+    log_xacts: bool,
     checked_at: Instant,
 }
 
@@ -146,6 +149,7 @@ impl Follower {
             delete_acks: Vec::new(),
             confirmed: 0,
             advanced_at: Instant::now(),
+            log_xacts: true,
             checked_at: Instant::now(),
         };
         let cold = !f.feed().is_warm();
@@ -488,6 +492,7 @@ impl Follower {
     async fn housekeeping(&mut self) -> Result<(), PollError> {
         let applied = self.feed().applied().min(self.feed().confirm_cap());
         if applied > self.confirmed && self.advanced_at.elapsed() >= ADVANCE_EVERY {
+            self.log_running_xacts().await?;
             self.ctl
                 .execute(
                     "SELECT pg_replication_slot_advance($1::text::name, $2)",
@@ -540,6 +545,33 @@ impl Follower {
             )));
         }
         Ok(())
+    }
+
+    /// The slot's restart position (where every read's decoding begins) moves only past a
+    /// record of the running transactions, which the server writes every 15 s: each read
+    /// would decode up to 15 s of WAL again. One written before each advance keeps it
+    /// within two advances (needs superuser or EXECUTE on the function; without, said once).
+    async fn log_running_xacts(&mut self) -> Result<(), PollError> {
+        if !self.log_xacts {
+            return Ok(());
+        }
+        match self
+            .ctl
+            .execute("SELECT pg_log_standby_snapshot()", &[])
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+                self.log_xacts = false;
+                tracing::warn!(
+                    "pgvector: no EXECUTE on pg_log_standby_snapshot(): each read of the change \
+                     stream decodes up to 15 s of WAL (GRANT EXECUTE ON FUNCTION \
+                     pg_log_standby_snapshot() TO <role>)"
+                );
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The database went away: reconnect with backoff, take the lock again and resume

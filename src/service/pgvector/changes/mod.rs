@@ -129,8 +129,9 @@ pub(crate) struct ChangeFeed {
     /// A snapshot restored at start was caught up to the applied position: the
     /// follower resumes from its slot instead of starting cold.
     warm: AtomicBool,
-    /// The slot's confirmed position stays at or below the last snapshot's position,
-    /// so that a start after SIGKILL can replay from it (`u64::MAX`: no snapshots).
+    /// The slot is confirmed no further than this (`u64::MAX`: up to what is applied);
+    /// set at shutdown, before the last snapshot, so that the next start can replay
+    /// from that snapshot's position.
     confirm_cap: AtomicU64,
     /// A snapshot asks the follower for the shards' images at a position.
     export_tx: flume::Sender<ExportRequest>,
@@ -219,10 +220,10 @@ impl ChangeFeed {
         self.warm.load(Ordering::Acquire)
     }
 
-    /// Snapshots are taken: the slot is confirmed no further than the last one (`at`: the
-    /// one on disk, 0 when none).
-    pub(crate) fn snapshot_written(&self, at: Lsn) {
-        self.confirm_cap.store(at, Ordering::Release);
+    /// From now on the slot is confirmed no further than what is applied now (shutdown:
+    /// the last snapshot, taken next, is at or past it, so the next start can use it).
+    pub(crate) fn hold_slot(&self) {
+        self.confirm_cap.store(self.applied(), Ordering::Release);
     }
 
     fn confirm_cap(&self) -> Lsn {
