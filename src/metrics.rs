@@ -81,6 +81,13 @@ pub(crate) struct ServiceCounters {
     pub errors: [u64; 6],
     pub searches_bypass: u64,
     pub searches_refresh: u64,
+    /// SEARCH (and SEARCH_BATCH queries) with AT_POSITION (version 5).
+    pub searches_at_position: u64,
+    /// Of those, the ones that waited for the change stream to reach their position.
+    pub searches_position_waited: u64,
+    /// Of those, the ones the database answered because the cache could not be shown to
+    /// hold their position (behind after the wait, or no change stream).
+    pub searches_position_database: u64,
     /// Backend queue full: the request got BUSY.
     pub backend_busy: u64,
     pub backend_errors: u64,
@@ -97,6 +104,9 @@ impl ServiceCounters {
         }
         self.searches_bypass += o.searches_bypass;
         self.searches_refresh += o.searches_refresh;
+        self.searches_at_position += o.searches_at_position;
+        self.searches_position_waited += o.searches_position_waited;
+        self.searches_position_database += o.searches_position_database;
         self.backend_busy += o.backend_busy;
         self.backend_errors += o.backend_errors;
         self.backend_short_answers += o.backend_short_answers;

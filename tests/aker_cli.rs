@@ -517,3 +517,83 @@ fn parse_vector_reads_what_operators_type() {
     assert!(parse_vector("").is_err());
     assert!(parse_vector("1,2,").is_err());
 }
+
+#[test]
+fn parse_position_reads_numbers_and_pg_lsns() {
+    use aker::cli::{parse_position, position_text};
+    assert_eq!(parse_position("16/B374D848"), Ok(0x16_B374_D848));
+    assert_eq!(parse_position("16/b374d848"), Ok(0x16_B374_D848));
+    assert_eq!(parse_position(" 0/0 "), Ok(0));
+    assert_eq!(parse_position("96939890760"), Ok(96_939_890_760));
+    assert_eq!(parse_position("FFFFFFFF/FFFFFFFF"), Ok(u64::MAX));
+    for bad in [
+        "",
+        "/",
+        "1/",
+        "/1",
+        "x/1",
+        "1/2/3",
+        "123456789/0",
+        "-1",
+        "0x10",
+        "1.5",
+    ] {
+        assert!(parse_position(bad).is_err(), "{bad}");
+    }
+    for p in [0, 1, 0x16_B374_D848, u64::MAX] {
+        assert_eq!(parse_position(&position_text(p)), Ok(p));
+    }
+}
+
+/// `insert` and `delete` print the write's position (0/0 with the embedded store: the
+/// cache has every acknowledged write); `search --at-position` takes one in either form.
+#[test]
+fn insert_and_delete_print_the_position_and_search_takes_one() {
+    let d = common::start(&common::config());
+    let v = literal(&[0.123; common::DIM]);
+    let out = at(&d, &["insert", "--id", "900001", "--vector", &v]).ok();
+    assert!(out.starts_with("OK: id 900001 inserted "), "{out}");
+    assert!(out.contains("position 0/0"), "{out}");
+    for at_position in ["16/B374D848", "12345"] {
+        let args = [
+            "search",
+            "--vector",
+            v.as_str(),
+            "-k",
+            "1",
+            "--at-position",
+            at_position,
+        ];
+        let (_, rows) = parse_search(&at(&d, &args).ok());
+        assert_eq!(rows.first().map(|r| r.0), Some(900001));
+    }
+    let out = at(&d, &["delete", "--id", "900001"]).ok();
+    assert!(out.starts_with("OK: id 900001 deleted "), "{out}");
+    assert!(out.contains("position 0/0"), "{out}");
+    let out = at(&d, &["delete", "--id", "900001"]).ok();
+    assert!(out.starts_with("OK: id 900001 was not there "), "{out}");
+    let args = ["search", "--vector", &v, "-k", "1", "--at-position", "0/1"];
+    let (_, rows) = parse_search(&at(&d, &args).ok());
+    assert!(rows.iter().all(|r| r.0 != 900001), "{rows:?}");
+    let mut c = common::client(d.local_addr());
+    let s = c.stats().unwrap();
+    assert_eq!(common::stat(&s, "searches_at_position"), Some(3.0), "{s}");
+    // The embedded store has no change stream to wait for.
+    assert_eq!(
+        common::stat(&s, "searches_position_waited"),
+        Some(0.0),
+        "{s}"
+    );
+    assert_eq!(
+        common::stat(&s, "searches_position_database"),
+        Some(0.0),
+        "{s}"
+    );
+    // A position that is not one: clap's usage error (exit 2), nothing sent.
+    let bad = at(&d, &["search", "--vector", &v, "--at-position", "16/"]);
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    assert!(bad.stderr.contains("not a position"), "{}", bad.stderr);
+    // A vector of the wrong dimension is refused before the INSERT.
+    let e = at(&d, &["insert", "--id", "1", "--vector", "1,2"]).failed();
+    assert!(e.contains("wrong dimension"), "{e}");
+}

@@ -72,6 +72,12 @@ fn body4(request: Request) -> Vec<u8> {
     encoded(4, 1, request)[HEADER_LEN..].to_vec()
 }
 
+/// `body` with `len` bytes of an AT_POSITION position after it (8: a whole one).
+fn at_position(mut body: Vec<u8>, len: usize) -> Vec<u8> {
+    body.extend(&[7u8; 16][..len]);
+    body
+}
+
 fn status_of(f: &ReplyFrame) -> Status {
     match &f.reply {
         Reply::Error { status, .. } => *status,
@@ -178,8 +184,8 @@ fn rows() -> Vec<Row> {
             true,
         ),
         row(
-            "version 5",
-            frame(5, 0x02, 0, 0, 7, &ping),
+            "version 6",
+            frame(6, 0x02, 0, 0, 7, &ping),
             BadVersion,
             7,
             true,
@@ -443,6 +449,77 @@ fn rows() -> Vec<Row> {
             frame(4, 0x0A, 4, 0, 46, &body4(batch(K, 2, DIM))),
             BadRequest,
             46,
+            true,
+        ),
+        // AT_POSITION (version 5): an undefined flag below it; its position exact.
+        row(
+            "SEARCH AT_POSITION in a version 4 frame",
+            frame(
+                4,
+                0x03,
+                4,
+                0,
+                50,
+                &at_position(body4(search(K, vector(0.5))), 8),
+            ),
+            BadRequest,
+            50,
+            true,
+        ),
+        row(
+            "SEARCH AT_POSITION (the embedded store: served as usual)",
+            frame(
+                5,
+                0x03,
+                4,
+                0,
+                51,
+                &at_position(body4(search(K, vector(0.5))), 8),
+            ),
+            Ok,
+            51,
+            true,
+        ),
+        row(
+            "SEARCH AT_POSITION with 7 bytes of position",
+            frame(
+                5,
+                0x03,
+                4,
+                0,
+                52,
+                &at_position(body4(search(K, vector(0.5))), 7),
+            ),
+            BadRequest,
+            52,
+            true,
+        ),
+        row(
+            "SEARCH AT_POSITION with no position",
+            frame(5, 0x03, 4, 0, 53, &body4(search(K, vector(0.5)))),
+            BadRequest,
+            53,
+            true,
+        ),
+        row(
+            "SEARCH_BATCH AT_POSITION in a version 4 frame",
+            frame(4, 0x0A, 4, 0, 54, &at_position(body4(batch(K, 2, DIM)), 8)),
+            BadRequest,
+            54,
+            true,
+        ),
+        row(
+            "SEARCH_BATCH AT_POSITION with 9 bytes of position",
+            frame(5, 0x0A, 4, 0, 55, &at_position(body4(batch(K, 2, DIM)), 9)),
+            BadRequest,
+            55,
+            true,
+        ),
+        row(
+            "SEARCH_BATCH AT_POSITION",
+            frame(5, 0x0A, 4, 0, 56, &at_position(body4(batch(K, 2, DIM)), 8)),
+            Ok,
+            56,
             true,
         ),
         row(

@@ -46,7 +46,7 @@ fn a_batch_answers_each_query_as_its_search_would() {
     let ds = dataset();
     let d = Daemon::start_plan(&config(), StartPlan::with_data(ds.clone())).unwrap();
     let mut c = client(d.local_addr());
-    assert_eq!(c.version(), 4);
+    assert_eq!(c.version(), 5);
     assert_eq!(c.server_info().unwrap().max_batch, Some(64));
     let qs = queries(&ds, 40, 0.01);
     let first = c.search_batch(K, &qs).unwrap();
@@ -299,5 +299,50 @@ fn a_version_3_client_gets_the_same_items_from_single_searches() {
     std::io::Write::write_all(&mut raw, &bytes).unwrap();
     let r = read_reply(&mut raw).unwrap();
     assert_eq!((r.request_id, r.reply.status()), (9, Status::UnknownOp));
+    d.stop().unwrap();
+}
+
+/// Version 5, AT_POSITION: with the embedded store (no change stream to wait for, every
+/// acknowledged write already in the cache) a batch at a position is answered as it
+/// would be without one, from the cache once admitted, and counted per query.
+#[test]
+fn a_batch_at_a_position_is_served_as_usual_by_the_embedded_store() {
+    let ds = dataset();
+    let d = Daemon::start_plan(&config(), StartPlan::with_data(ds.clone())).unwrap();
+    let mut c = client(d.local_addr());
+    let qs = queries(&ds, 5, 0.01);
+    let at = |queries: Vec<Vec<f32>>| SearchBatchRequest {
+        at_position: Some(0x16_B374_D848),
+        ..SearchBatchRequest::new(K, queries)
+    };
+    let first = c.search_batch_with(at(qs.clone())).unwrap();
+    for (q, item) in qs.iter().zip(&first) {
+        let r = item.as_ref().unwrap();
+        assert_eq!(r.hit, HitKind::Miss);
+        assert_eq!(ids(r), exact_ids(&ds, q, K as usize));
+    }
+    for q in &qs {
+        search_until(&mut c, q, HitKind::Exact);
+    }
+    let again = c.search_batch_with(at(qs.clone())).unwrap();
+    assert_eq!(batch_ids(&again), batch_ids(&first));
+    assert!(again
+        .iter()
+        .all(|i| i.as_ref().unwrap().hit == HitKind::Exact));
+    // A write's position is 0 here, and a single SEARCH at it is a hit too.
+    assert_eq!(c.insert_with_position(900_002, &qs[0]).unwrap(), 0);
+    let gone = c.delete_with_position(900_002).unwrap();
+    assert_eq!((gone.existed, gone.position), (true, 0));
+    let r = c
+        .search_with(SearchRequest {
+            at_position: Some(gone.position),
+            ..SearchRequest::new(K, qs[1].clone())
+        })
+        .unwrap();
+    assert_eq!(r.hit, HitKind::Exact);
+    let s = c.stats().unwrap();
+    assert_eq!(stat(&s, "searches_at_position"), Some(11.0), "{s}");
+    assert_eq!(stat(&s, "searches_position_waited"), Some(0.0), "{s}");
+    assert_eq!(stat(&s, "searches_position_database"), Some(0.0), "{s}");
     d.stop().unwrap();
 }

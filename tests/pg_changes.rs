@@ -16,7 +16,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use aker::config::{BackendKind, ChangesMode, Config};
-use aker::protocol::HitKind;
+use aker::protocol::{HitKind, SearchRequest};
 use aker::service::{Daemon, Dataset};
 use aker_formats::data;
 use akerd_common::{client, ids, query_near, stat, K};
@@ -745,5 +745,45 @@ fn a_restart_in_front_of_postgres_is_warm_and_sees_what_changed_while_down() {
     );
     let mut c = client(d.local_addr());
     assert!(!ids(&c.search(K, &qs[5]).unwrap()).contains(&800001));
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_search_at_the_position_of_a_sql_delete_never_returns_the_id() {
+    let Some(pg) = logical() else { return };
+    table(pg, "c_ryw");
+    let mut cfg = config(pg, "c_ryw", "c_ryw");
+    // A slow poll: only the position's wake-up gets the deletes applied in time.
+    cfg.backend.pgvector.as_mut().unwrap().changes_poll_ms = 5_000;
+    let d = Daemon::start(&cfg).unwrap();
+    let mut c = client(d.local_addr());
+    let qs = queries(&dataset(), 20);
+    let cached: Vec<Vec<u64>> = qs.iter().map(|q| until_hit(&mut c, q)).collect();
+    let sql = pg.sql();
+    let mut stale = 0;
+    for (q, ans) in qs.iter().zip(&cached) {
+        sql.exec(&format!("DELETE FROM c_ryw WHERE id = {}", ans[0]));
+        let at = wal_now(&sql);
+        // Without the position the cached answer may still hold the id for a while.
+        stale += ids(&c.search(K, q).unwrap()).contains(&ans[0]) as usize;
+        let r = c
+            .search_with(SearchRequest {
+                at_position: Some(at),
+                ..SearchRequest::new(K, q.clone())
+            })
+            .unwrap();
+        assert!(
+            !ids(&r).contains(&ans[0]),
+            "id {} deleted at {at}, served ({:?})",
+            ans[0],
+            r.hit
+        );
+    }
+    eprintln!("{stale} of 20 searches without the position still returned the deleted id");
+    // Writes through akerd answer their commit's position.
+    let at = c.insert_with_position(900_100, &qs[0]).unwrap();
+    assert!(at > 0 && at <= wal_now(&sql));
+    let s = stats(&d);
+    assert_eq!(stat(&s, "searches_at_position"), Some(20.0), "{s}");
     d.stop().unwrap();
 }

@@ -23,7 +23,10 @@ const K_MAX: u32 = 16;
 
 /// TEST FIXTURE, not a cache: an exact search over a map. Knobs for the tests: a SEARCH
 /// in collection `c > 0` sleeps `c` milliseconds before answering; INSERT of id
-/// `u64::MAX` panics (to check a service panic does not kill the executor).
+/// `u64::MAX` panics (to check a service panic does not kill the executor). Positions
+/// (version 5), for the tests to see them cross the wire: an INSERT's is `1000 + id`, a
+/// DELETE's `2000 + id`, and a SEARCH AT_POSITION comes back with the position as its
+/// token.
 struct MapService {
     vectors: RefCell<HashMap<u64, Vec<f32>>>,
 }
@@ -75,7 +78,7 @@ impl Service for MapService {
                     all.truncate(s.k as usize);
                     let exact = all.first().is_some_and(|n| n.distance == 0.0);
                     Ok(Reply::Search(protocol::SearchReply {
-                        token: None,
+                        token: s.at_position,
                         hit: if exact { HitKind::Exact } else { HitKind::Miss },
                         distances_to_query: true,
                         neighbors: all,
@@ -84,10 +87,13 @@ impl Service for MapService {
                 Request::Insert(i) => {
                     assert!(i.id != u64::MAX, "fixture: requested panic");
                     self.vectors.borrow_mut().insert(i.id, i.vector);
-                    Ok(Reply::Inserted)
+                    Ok(Reply::Inserted {
+                        position: 1000 + i.id,
+                    })
                 }
                 Request::Delete(d) => Ok(Reply::Deleted {
                     existed: self.vectors.borrow_mut().remove(&d.id).is_some(),
+                    position: 2000 + d.id,
                 }),
                 Request::Fill(f) => Ok(Reply::Filled {
                     admitted: !f.candidates.is_empty(),
@@ -227,8 +233,8 @@ fn ping_hello_and_every_operation() {
     let mut c = client(&s);
     c.ping().unwrap();
     let h = c.hello().unwrap();
-    assert_eq!((h.version_min, h.version_max), (1, 4));
-    assert_eq!((h.delta, c.version()), (Some(2), 4));
+    assert_eq!((h.version_min, h.version_max), (1, 5));
+    assert_eq!((h.delta, c.version()), (Some(2), 5));
     assert_eq!(h.max_frame_bytes, 4096);
     assert_eq!((h.dim, h.k_max, h.metric), (DIM, K_MAX, Metric::L2Sq));
     // max_batch (256 by default) is capped at max_inflight.
@@ -353,6 +359,110 @@ fn busy_past_max_inflight_then_usable_again() {
     assert_eq!(id, e);
     assert!(matches!(reply, Reply::Search(_)), "{reply:?}");
     assert!(s.server().stats().busy_inflight.load(Ordering::Relaxed) >= 2);
+    s.stop();
+}
+
+/// Version 5: the writes' positions reach the client, AT_POSITION reaches the service
+/// (SEARCH and each query of a SEARCH_BATCH); a version 4 connection gets the version 4
+/// bodies (no position), and AT_POSITION on it is refused before anything is sent.
+#[test]
+fn positions_cross_the_wire_in_version_5_only() {
+    let s = start(|_| {});
+    let mut c = client(&s);
+    c.hello().unwrap();
+    assert_eq!(c.version(), 5);
+    assert_eq!(
+        c.insert_with_position(7, &[7.0, 0.0, 0.0, 0.0]).unwrap(),
+        1007
+    );
+    c.insert(8, &[8.0, 0.0, 0.0, 0.0]).unwrap();
+    let d = c.delete_with_position(8).unwrap();
+    assert_eq!((d.existed, d.position), (true, 2008));
+    assert!(!c.delete(8).unwrap());
+    let r = c
+        .search_with(SearchRequest {
+            at_position: Some(0x16_B374_D848),
+            ..SearchRequest::new(1, vec![7.0, 0.0, 0.0, 0.0])
+        })
+        .unwrap();
+    assert_eq!((r.token, r.neighbors[0].id), (Some(0x16_B374_D848), 7));
+    let items = c
+        .search_batch_with(protocol::SearchBatchRequest {
+            at_position: Some(42),
+            ..protocol::SearchBatchRequest::new(1, vec![vec![7.0, 0.0, 0.0, 0.0]; 3])
+        })
+        .unwrap();
+    assert_eq!(items.len(), 3);
+    for item in items {
+        assert_eq!(item.unwrap().token, Some(42));
+    }
+    // The same server, spoken to in version 4.
+    let mut old = Client::connect_with(
+        s.addr(),
+        ClientOptions {
+            version: 4,
+            ..opts()
+        },
+    )
+    .unwrap();
+    old.hello().unwrap();
+    assert_eq!(old.version(), 4);
+    assert_eq!(
+        old.insert_with_position(9, &[9.0, 0.0, 0.0, 0.0]).unwrap(),
+        0
+    );
+    let d = old.delete_with_position(9).unwrap();
+    assert_eq!((d.existed, d.position), (true, 0));
+    let at = SearchRequest {
+        at_position: Some(1),
+        ..SearchRequest::new(1, vec![7.0, 0.0, 0.0, 0.0])
+    };
+    match old.search_with(at.clone()) {
+        Err(ClientError::NotInVersion {
+            what: "AT_POSITION",
+            since: 5,
+            version: 4,
+        }) => {}
+        other => panic!("expected NotInVersion, got {other:?}"),
+    }
+    let batch = protocol::SearchBatchRequest {
+        at_position: Some(1),
+        ..protocol::SearchBatchRequest::new(1, vec![vec![7.0, 0.0, 0.0, 0.0]])
+    };
+    assert!(matches!(
+        old.search_batch_with(batch),
+        Err(ClientError::NotInVersion { .. })
+    ));
+    // Nothing was sent: the connection is sound, and a plain search has no token.
+    assert!(!old.is_broken());
+    let r = old
+        .search_with(SearchRequest {
+            at_position: None,
+            ..at
+        })
+        .unwrap();
+    assert_eq!((r.token, r.neighbors[0].id), (None, 7));
+    // The flag in a version 4 frame is an undefined flag there: BAD_REQUEST.
+    let mut body = Vec::new();
+    for x in [0u32, 1, 0, DIM] {
+        body.extend(x.to_le_bytes());
+    }
+    for x in [7.0f32, 0.0, 0.0, 0.0] {
+        body.extend(x.to_le_bytes());
+    }
+    body.extend(5u64.to_le_bytes());
+    old.send_raw(&raw(4, Opcode::Search.code(), 0x0004, 77, &body))
+        .unwrap();
+    expect_error(old.recv_frame().unwrap(), 77, Status::BadRequest);
+    // ... and in version 5, the same bytes are a SEARCH AT_POSITION 5.
+    old.send_raw(&raw(5, Opcode::Search.code(), 0x0004, 78, &body))
+        .unwrap();
+    let f = old.recv_frame().unwrap();
+    assert_eq!((f.request_id, f.version), (78, 5));
+    assert!(
+        matches!(f.reply, Reply::Search(ref r) if r.token == Some(5)),
+        "{f:?}"
+    );
     s.stop();
 }
 

@@ -36,6 +36,7 @@ use aker::service::pgvector::sql::{describe, quote_ident as quote};
 use hdrhistogram::Histogram;
 use pgvector::Vector;
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
 use tokio::runtime::Runtime;
@@ -505,23 +506,28 @@ impl Run {
         let server_version: String = ctl
             .call(ctl.c.query_one("SHOW server_version", &[]))?
             .get(0);
-        // A Bernoulli sample of about 3x what is needed, shuffled, cut.
+        // A Bernoulli sample of about 3x what is needed, in id order (the same rows for
+        // the same seed and table), shuffled here with the seed, cut.
         let want = cfg.queries.max(1);
         let pct = (300.0 * want as f64 / rows as f64).clamp(0.0001, 100.0);
         let sample = ctl.call(ctl.c.query(
             &format!(
-                "SELECT {v} FROM (SELECT {v} FROM {t} TABLESAMPLE BERNOULLI ({pct}) \
-                 REPEATABLE ({seed})) s WHERE {v} IS NOT NULL ORDER BY random() LIMIT {want}",
+                "SELECT {v} FROM {t} TABLESAMPLE BERNOULLI ({pct}) REPEATABLE ({seed}) \
+                 WHERE {v} IS NOT NULL ORDER BY {id}",
                 v = quote(&pg.vector_column),
+                id = quote(&pg.id_column),
                 t = pg.table,
                 seed = cfg.seed % 1_000_000
             ),
             &[],
         ))?;
-        let base: Vec<Vec<f32>> = sample
+        let mut rng = StdRng::seed_from_u64(cfg.seed);
+        let mut base: Vec<Vec<f32>> = sample
             .iter()
             .map(|r| r.get::<_, Vector>(0).to_vec())
             .collect();
+        base.shuffle(&mut rng);
+        base.truncate(want);
         let Some(dim) = base.first().map(Vec::len) else {
             return Err(format!("no vectors sampled from {}", pg.table));
         };
@@ -535,7 +541,6 @@ impl Run {
             / (base.len() * dim) as f64;
         let sigma = (cfg.noise as f64 * mean_sq.sqrt()) as f32;
         let noise = Normal::new(0.0f32, sigma.max(0.0)).map_err(|e| e.to_string())?;
-        let mut rng = StdRng::seed_from_u64(cfg.seed);
         let queries: Vec<Vec<f32>> = (0..want)
             .map(|i| {
                 base[i % base.len()]
@@ -1005,7 +1010,7 @@ fn probe(ctx: &PhaseCtx) -> Result<ProbeTally, String> {
     let start = ctx.ready();
     let (mut s, mut a) = opened?;
     let end = start + ctx.dur;
-    let mut rng = StdRng::seed_from_u64(ctx.seed ^ 0x5052_4F42_45);
+    let mut rng = StdRng::seed_from_u64(ctx.seed ^ 0x50_524F_4245);
     let mut t = ProbeTally::new();
     let every = cfg.probe_every.max(Duration::from_millis(1));
     let ticks_max = (ctx.dur.as_secs_f64() / every.as_secs_f64()).ceil() as u64 + 1;

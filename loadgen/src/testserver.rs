@@ -82,8 +82,11 @@ impl Service for FixedService {
                         })
                         .collect(),
                 }),
-                Request::Insert(_) => Reply::Inserted,
-                Request::Delete(_) => Reply::Deleted { existed: true },
+                Request::Insert(_) => Reply::Inserted { position: 0 },
+                Request::Delete(_) => Reply::Deleted {
+                    existed: true,
+                    position: 0,
+                },
                 Request::Fill(_) => Reply::Filled { admitted: false },
                 Request::Flush => Reply::Flushed,
                 Request::Stats => Reply::Stats(format!("fixture_requests {}", self.requests.get())),

@@ -369,6 +369,7 @@ impl Workload {
                 bypass_cache: self.bypass,
                 refresh_entry: false,
                 vector: self.vector(p.vector).to_vec(),
+                at_position: None,
             }),
             OpKind::Insert => Request::Insert(InsertRequest {
                 id: p.id,
@@ -395,6 +396,7 @@ impl Workload {
                 .iter()
                 .map(|p| self.vector(p.vector).to_vec())
                 .collect(),
+            at_position: None,
         })
     }
 

@@ -8,6 +8,10 @@
 //! aker-cli stats --raw                            # the STATS reply as sent (`name value`)
 //! aker-cli search --vector 0.1,0.2,0.3,0.4 -k 5   # ids, distances, hit kind
 //! aker-cli search --npy queries.npy --row 17 -k 10 [--bypass | --refresh]
+//! aker-cli search --vector 0.1,0.2,0.3,0.4 --at-position 16/B374D848
+//!                                                 # read-your-writes (protocol v5)
+//! aker-cli insert --id 7 --vector 0.1,0.2,0.3,0.4 # OK: id 7 inserted   position 16/B374D848 (...)
+//! aker-cli delete --id 7                          # OK: id 7 deleted   position ...
 //! aker-cli flush                                  # drop every cache entry
 //! aker-cli watch --interval-ms 1000 --count 10    # a line per interval: req/s, hit
 //!                                                 # ratio by kind, p99 by kind, recall

@@ -17,7 +17,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::auth::Secret;
 use crate::client::{Client, ClientError, ClientOptions};
-use crate::protocol::{HelloReply, SearchRequest, Status};
+use crate::protocol::{HelloReply, InsertRequest, SearchRequest, Status};
 use stats::Stats;
 
 /// The environment variable the secret is read from without `--secret-file` (the same
@@ -28,7 +28,7 @@ use crate::auth::SECRET_ENV;
 #[command(
     name = "aker-cli",
     version,
-    about = "Command line for akerd: ping, stats, search, flush, watch"
+    about = "Command line for akerd: ping, stats, search, insert, delete, flush, watch"
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -71,6 +71,14 @@ pub enum Command {
     },
     /// One SEARCH: the neighbours' ids and distances, and how it was answered.
     Search(SearchArgs),
+    /// One INSERT (collection 0, no payload), and the write's position.
+    Insert(InsertArgs),
+    /// One DELETE (collection 0): whether the id was there, and the write's position.
+    Delete {
+        /// The id to delete.
+        #[arg(long)]
+        id: u64,
+    },
     /// Drop every cache entry (the backend is untouched).
     Flush,
     /// STATS every interval: request rate, hit ratios, p99 per hit kind, recall.
@@ -109,6 +117,33 @@ pub struct SearchArgs {
     /// Answer from the backend and replace the cached entry (REFRESH_ENTRY).
     #[arg(long, conflicts_with = "bypass")]
     pub refresh: bool,
+    /// Read-your-writes (AT_POSITION, protocol version 5): an answer that holds every
+    /// change up to this position, as `insert` / `delete` print it or PostgreSQL's
+    /// `pg_current_wal_lsn()` reads it: `16/B374D848` or a number.
+    #[arg(long, value_name = "LSN", value_parser = parse_position)]
+    pub at_position: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct InsertArgs {
+    /// The id to insert or replace.
+    #[arg(long)]
+    pub id: u64,
+    /// The vector, comma-separated: 0.1,0.2,...
+    #[arg(
+        long,
+        value_name = "X,Y,...",
+        allow_hyphen_values = true,
+        required_unless_present = "npy",
+        conflicts_with = "npy"
+    )]
+    pub vector: Option<String>,
+    /// The vector from a 2-D float32 / float16 .npy array ...
+    #[arg(long, value_name = "FILE")]
+    pub npy: Option<PathBuf>,
+    /// ... its row N (from 0).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "npy")]
+    pub row: usize,
 }
 
 /// What the operator reads on stderr; the binary exits 1 with it.
@@ -161,6 +196,8 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<()> {
         Command::Ping => ping(g, out),
         Command::Stats { json, raw } => stats_cmd(g, *json, *raw, out),
         Command::Search(args) => search(g, args, out),
+        Command::Insert(args) => insert(g, args, out),
+        Command::Delete { id } => delete(g, *id, out),
         Command::Flush => flush(g, out),
         Command::Watch { interval_ms, count } => {
             watch(g, Duration::from_millis(*interval_ms), *count, out)
@@ -342,15 +379,60 @@ pub(crate) fn npy_row(path: &Path, row: usize) -> Result<Vec<f32>> {
     Ok(v)
 }
 
-fn search(g: &Global, args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
-    // The vector is read before connecting: a bad one costs no connection.
-    let vector = match (&args.vector, &args.npy) {
-        (Some(text), _) => parse_vector(text)?,
-        (None, Some(path)) => npy_row(path, args.row)?,
-        (None, None) => return fail("give --vector X,Y,... or --npy FILE [--row N]"),
+/// A write's or a search's position: a number, or PostgreSQL's `pg_lsn` text (`X/Y`, two
+/// hexadecimal numbers of up to 8 digits: the high and the low 32 bits).
+pub fn parse_position(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let bad = || {
+        format!(
+            "'{text}' is not a position: a number, or a pg_lsn such as 16/B374D848 (what \
+             pg_current_wal_lsn() shows)"
+        )
     };
-    let mut s = Session::open(g)?;
-    let (dim, k_max) = (s.hello.dim as usize, s.hello.k_max);
+    match t.split_once('/') {
+        Some((hi, lo)) => {
+            let half = |h: &str| {
+                let ok = (1..=8).contains(&h.len()) && h.bytes().all(|b| b.is_ascii_hexdigit());
+                ok.then(|| u32::from_str_radix(h, 16).ok()).flatten()
+            };
+            match (half(hi), half(lo)) {
+                (Some(hi), Some(lo)) => Ok((u64::from(hi) << 32) | u64::from(lo)),
+                _ => Err(bad()),
+            }
+        }
+        None => t.parse().map_err(|_| bad()),
+    }
+}
+
+/// A position as PostgreSQL shows a pg_lsn (`16/B374D848`).
+pub fn position_text(p: u64) -> String {
+    format!("{:X}/{:X}", p >> 32, p as u32)
+}
+
+/// `position 16/B374D848 (96939890760)`, or what a position of 0 means.
+fn position_line(p: u64) -> String {
+    if p == 0 {
+        "position 0/0 (nothing to wait for: the cache has the write, or the server reports \
+         no position)"
+            .into()
+    } else {
+        format!("position {} ({p})", position_text(p))
+    }
+}
+
+/// The vector of `--vector` or `--npy`/`--row`, read before connecting (a bad one costs
+/// no connection).
+fn read_vector(text: Option<&String>, npy: Option<&PathBuf>, row: usize) -> Result<Vec<f32>> {
+    match (text, npy) {
+        (Some(text), _) => parse_vector(text),
+        (None, Some(path)) => npy_row(path, row),
+        (None, None) => fail("give --vector X,Y,... or --npy FILE [--row N]"),
+    }
+}
+
+/// The vector against the server's dimension.
+fn check_dim(s: &Session, vector: &[f32]) -> Result<()> {
+    let dim = s.hello.dim as usize;
     if vector.len() != dim {
         return fail(format!(
             "wrong dimension: the vector has {} components, {} serves dimension {dim}",
@@ -358,12 +440,28 @@ fn search(g: &Global, args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
             s.target
         ));
     }
+    Ok(())
+}
+
+fn search(g: &Global, args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
+    let vector = read_vector(args.vector.as_ref(), args.npy.as_ref(), args.row)?;
+    let mut s = Session::open(g)?;
+    check_dim(&s, &vector)?;
+    let k_max = s.hello.k_max;
     if args.k == 0 || args.k > k_max {
         return fail(format!("-k {}: {} allows 1..={k_max}", args.k, s.target));
+    }
+    if args.at_position.is_some() && s.client.version() < 5 {
+        return fail(format!(
+            "--at-position needs protocol version 5; {} speaks up to version {}",
+            s.target,
+            s.client.version()
+        ));
     }
     let req = SearchRequest {
         bypass_cache: args.bypass,
         refresh_entry: args.refresh,
+        at_position: args.at_position,
         ..SearchRequest::new(args.k, vector)
     };
     let t = Instant::now();
@@ -373,6 +471,42 @@ fn search(g: &Global, args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
         .map_err(|e| s.error("SEARCH", e))?;
     let took = t.elapsed();
     out.write_all(stats::search_reply(&r, args.k, took).as_bytes())?;
+    Ok(())
+}
+
+fn insert(g: &Global, args: &InsertArgs, out: &mut dyn Write) -> Result<()> {
+    let vector = read_vector(args.vector.as_ref(), args.npy.as_ref(), args.row)?;
+    let mut s = Session::open(g)?;
+    check_dim(&s, &vector)?;
+    let position = s
+        .client
+        .insert_request_with_position(InsertRequest {
+            id: args.id,
+            vector,
+            ..Default::default()
+        })
+        .map_err(|e| s.error("INSERT", e))?;
+    writeln!(
+        out,
+        "OK: id {} inserted   {}",
+        args.id,
+        position_line(position)
+    )?;
+    Ok(())
+}
+
+fn delete(g: &Global, id: u64, out: &mut dyn Write) -> Result<()> {
+    let mut s = Session::open(g)?;
+    let d = s
+        .client
+        .delete_with_position(id)
+        .map_err(|e| s.error("DELETE", e))?;
+    let what = if d.existed {
+        "deleted"
+    } else {
+        "was not there"
+    };
+    writeln!(out, "OK: id {id} {what}   {}", position_line(d.position))?;
     Ok(())
 }
 

@@ -6,10 +6,19 @@ use std::time::Duration;
 use super::conn::Conn;
 use super::{auth_done, auth_step, server_error, AuthStep, ClientError, ClientOptions, Result};
 use crate::protocol::{
-    batch_count_max, BatchItem, DeleteRequest, FillCandidate, FillRequest, HelloReply,
+    batch_count_max_for, BatchItem, DeleteRequest, FillCandidate, FillRequest, HelloReply,
     InsertRequest, Reply, ReplyFrame, Request, RequestFrame, SearchBatchRequest, SearchReply,
     SearchRequest, CONNECTION_OP,
 };
+
+/// A DELETE's answer with its position: [`Client::delete_with_position`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Deleted {
+    /// The id was present (cache-aside: whether the cache held it).
+    pub existed: bool,
+    /// As [`Client::insert_with_position`]'s.
+    pub position: u64,
+}
 
 /// A blocking client. Not thread-safe by design: one connection, one caller.
 pub struct Client {
@@ -166,6 +175,10 @@ impl Client {
         self.search_with(SearchRequest::new(k, vector.to_vec()))
     }
 
+    /// SEARCH as `req` says: flags, deadline, collection, and with
+    /// [`SearchRequest::at_position`] (protocol version 5) a position the answer must
+    /// hold every change up to (read-your-writes). AT_POSITION to a server below version
+    /// 5 is [`ClientError::NotInVersion`], sent nowhere.
     pub fn search_with(&mut self, req: SearchRequest) -> Result<SearchReply> {
         match self.call(Request::Search(req))? {
             Reply::Search(s) => Ok(s),
@@ -185,12 +198,15 @@ impl Client {
     /// items. A query that fails has its status as its item; a frame refused as a whole
     /// (`BAD_K`, `DIM_MISMATCH`, ...) fails the call, and the answers of the frames before
     /// it are dropped. `deadline_us` is each frame's (each SEARCH's below version 4), so
-    /// a call of several frames can take several deadlines.
+    /// a call of several frames can take several deadlines. `at_position` (version 5)
+    /// goes with every frame, as [`Client::search_with`]'s.
     pub fn search_batch_with(&mut self, mut req: SearchBatchRequest) -> Result<Vec<BatchItem>> {
         let queries = std::mem::take(&mut req.queries);
         let dim = queries.first().map_or(0, |q| q.len() as u32);
         let chunk = match self.server {
-            Some(h) if self.conn.version >= 4 => batch_count_max(&h, dim, req.k).max(1),
+            Some(h) if self.conn.version >= 4 => {
+                batch_count_max_for(&h, dim, req.k, req.at_position.is_some()).max(1)
+            }
             _ => return self.searches_one_by_one(&req, queries),
         };
         let mut items = Vec::with_capacity(queries.len());
@@ -250,16 +266,41 @@ impl Client {
     }
 
     pub fn insert_with(&mut self, req: InsertRequest) -> Result<()> {
+        self.insert_request_with_position(req).map(drop)
+    }
+
+    /// INSERT into collection 0, no payload; the write's **position** (protocol version
+    /// 5): with a pgvector backend, the WAL position after its COMMIT; a search with
+    /// [`SearchRequest::at_position`] set to it sees the write. 0 where there is nothing
+    /// to wait for: the embedded store and cache-aside (every acknowledged write is
+    /// already in the cache), a position pgvector could not read, or a server below
+    /// version 5 (which reports none, and cannot take AT_POSITION either).
+    pub fn insert_with_position(&mut self, id: u64, vector: &[f32]) -> Result<u64> {
+        self.insert_request_with_position(InsertRequest {
+            id,
+            vector: vector.to_vec(),
+            ..Default::default()
+        })
+    }
+
+    /// [`Client::insert_with_position`] for a whole request (collection, payload).
+    pub fn insert_request_with_position(&mut self, req: InsertRequest) -> Result<u64> {
         match self.call(Request::Insert(req))? {
-            Reply::Inserted => Ok(()),
+            Reply::Inserted { position } => Ok(position),
             other => Err(server_error(self.next_id - 1, other)),
         }
     }
 
     /// DELETE from collection 0; `Ok(false)` when the id was not there.
     pub fn delete(&mut self, id: u64) -> Result<bool> {
+        self.delete_with_position(id).map(|d| d.existed)
+    }
+
+    /// DELETE from collection 0: whether the id was there, and the write's position (as
+    /// [`Client::insert_with_position`]'s): a search at that position never serves the id.
+    pub fn delete_with_position(&mut self, id: u64) -> Result<Deleted> {
         match self.call(Request::Delete(DeleteRequest { id, collection: 0 }))? {
-            Reply::Deleted { existed } => Ok(existed),
+            Reply::Deleted { existed, position } => Ok(Deleted { existed, position }),
             other => Err(server_error(self.next_id - 1, other)),
         }
     }

@@ -27,12 +27,36 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! **Read-your-writes by position** (protocol version 5). A write's reply carries its
+//! position (pgvector: the WAL position after its COMMIT; 0 where every acknowledged
+//! write is already in the cache); a search AT_POSITION is answered from a state that
+//! holds every change up to it, the cache's once the change stream has applied it, else
+//! the database's. The position can come from another client's write too, or from
+//! `SELECT pg_current_wal_lsn()` after one's own COMMIT in SQL:
+//!
+//! ```no_run
+//! # fn main() -> Result<(), aker::client::ClientError> {
+//! use aker::client::Client;
+//! use aker::protocol::SearchRequest;
+//!
+//! let mut c = Client::connect("127.0.0.1:7700")?;
+//! let dim = c.hello()?.dim as usize;
+//! let q = vec![0.5; dim];
+//! let gone = c.delete_with_position(1_000_000)?;           // Deleted { existed, position }
+//! let r = c.search_with(SearchRequest {
+//!     at_position: Some(gone.position),                     // never the deleted id
+//!     ..SearchRequest::new(10, q)
+//! })?;
+//! # Ok(())
+//! # }
+//! ```
 
 mod blocking;
 mod conn;
 mod pipeline;
 
-pub use blocking::Client;
+pub use blocking::{Client, Deleted};
 pub use pipeline::Pipeline;
 
 use std::time::Duration;
@@ -96,7 +120,19 @@ pub enum ClientError {
     #[error("undecodable reply: {0}")]
     Decode(#[from] DecodeError),
     #[error("cannot encode request: {0}")]
-    Encode(#[from] EncodeError),
+    Encode(EncodeError),
+    /// The request needs a newer protocol version than this connection speaks (the
+    /// server's newest, after HELLO, or [`ClientOptions::version`]): e.g. AT_POSITION
+    /// (version 5) to a version 4 server. Nothing was sent.
+    #[error(
+        "{what} needs protocol version {since}; this connection speaks version {version} \
+         (the server's newest, or ClientOptions::version): nothing was sent"
+    )]
+    NotInVersion {
+        what: &'static str,
+        since: u8,
+        version: u8,
+    },
     #[error("protocol: {0}")]
     Protocol(String),
     #[error(
@@ -115,6 +151,23 @@ impl ClientError {
         match self {
             ClientError::Server { status, .. } => Some(*status),
             _ => None,
+        }
+    }
+}
+
+impl From<EncodeError> for ClientError {
+    fn from(e: EncodeError) -> Self {
+        match e {
+            EncodeError::NotInVersion {
+                what,
+                since,
+                version,
+            } => ClientError::NotInVersion {
+                what,
+                since,
+                version,
+            },
+            e => ClientError::Encode(e),
         }
     }
 }

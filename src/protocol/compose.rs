@@ -112,6 +112,20 @@ pub fn encode_request(f: &RequestFrame, out: &mut Vec<u8>) -> Result<usize, Enco
         });
     }
     let flags = match &f.request {
+        Request::Search(SearchRequest {
+            at_position: Some(_),
+            ..
+        })
+        | Request::SearchBatch(SearchBatchRequest {
+            at_position: Some(_),
+            ..
+        }) if f.version < 5 => {
+            return Err(EncodeError::NotInVersion {
+                what: "AT_POSITION",
+                since: 5,
+                version: f.version,
+            });
+        }
         Request::Search(s) => s.flags(),
         Request::SearchBatch(b) => b.flags(),
         Request::Fill(fill) if fill.token.is_some() => {
@@ -136,6 +150,9 @@ pub fn encode_request(f: &RequestFrame, out: &mut Vec<u8>) -> Result<usize, Enco
                 put_u32(out, s.deadline_us);
                 put_u32(out, count("vector", s.vector.len())?);
                 put_f32s(out, &s.vector);
+                if let Some(p) = s.at_position {
+                    put_u64(out, p);
+                }
             }
             Request::SearchBatch(b) => {
                 let n = b.queries.first().map_or(0, Vec::len);
@@ -157,6 +174,9 @@ pub fn encode_request(f: &RequestFrame, out: &mut Vec<u8>) -> Result<usize, Enco
                         });
                     }
                     put_f32s(out, q);
+                }
+                if let Some(p) = b.at_position {
+                    put_u64(out, p);
                 }
             }
             Request::Insert(i) => {
@@ -263,8 +283,19 @@ fn put_reply_body(out: &mut Vec<u8>, reply: &Reply, version: u8) -> Result<(), E
             put_answer(out, s, v2)?;
         }
         Reply::SearchBatch(items) => put_batch(out, items, v2)?,
-        Reply::Inserted | Reply::Flushed => {}
-        Reply::Deleted { existed } => out.push(*existed as u8),
+        Reply::Flushed => {}
+        // Version 5 adds the position; an older peer gets the older body.
+        Reply::Inserted { position } => {
+            if version >= 5 {
+                put_u64(out, *position);
+            }
+        }
+        Reply::Deleted { existed, position } => {
+            out.push(*existed as u8);
+            if version >= 5 {
+                put_u64(out, *position);
+            }
+        }
         Reply::Filled { admitted } => out.push(*admitted as u8),
         Reply::Stats(text) => out.extend_from_slice(text.as_bytes()),
         Reply::Authenticated { server_proof } => out.extend_from_slice(server_proof),

@@ -96,13 +96,14 @@ fn framed(version: u8, opcode: u8, flags: u16, status: u16, body: &[u8]) -> Vec<
     out
 }
 
-/// The version a selector byte picks: 1 to 4 mostly, now and then any (`BAD_VERSION`).
+/// The version a selector byte picks: 1 to 5 mostly, now and then any (`BAD_VERSION`).
 fn version_of(b: u8) -> u8 {
-    match b % 8 {
+    match b % 10 {
         0..=1 => 1,
         2 => 2,
         3..=4 => 3,
         5..=6 => 4,
+        7..=8 => 5,
         _ => b,
     }
 }
@@ -116,7 +117,7 @@ pub fn request_body(data: &[u8]) {
     };
     let op = Opcode::ALL[*op as usize % Opcode::ALL.len()];
     let raw_flags = u16::from_le_bytes([*f0, *f1]);
-    let defined = SEARCH_FLAGS | FLAG_FILL_TOKEN;
+    let defined = search_flags(VERSION) | FLAG_FILL_TOKEN;
     let flags = if f1 & 0x80 == 0 {
         raw_flags & defined
     } else {

@@ -1,4 +1,4 @@
-//! The aker wire protocol, versions 1 to 4 (byte layouts and the changelog:
+//! The aker wire protocol, versions 1 to 5 (byte layouts and the changelog:
 //! `PROTOCOL.md` at the repository root). A frame carries its version; the server
 //! answers in the version of the request, so a version 1 client keeps working.
 //!
@@ -38,7 +38,7 @@ use shards::Metric;
 /// `"AK"` on the wire (bytes `0x41 0x4B`), read as a little-endian u16.
 pub const MAGIC: u16 = 0x4B41;
 /// The newest protocol version this build speaks (what the clients send).
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 5;
 /// Oldest version this build accepts (the header layout is frozen across versions, so a
 /// peer speaking another version gets a per-request `BAD_VERSION`, not a closed socket).
 /// Connection-level replies go out in it: every client decodes them.
@@ -65,8 +65,20 @@ pub const CONNECTION_OP: u8 = 0;
 pub const FLAG_BYPASS_CACHE: u16 = 0x0001;
 /// SEARCH request flag: answer from the backend and replace the cached entry.
 pub const FLAG_REFRESH_ENTRY: u16 = 0x0002;
-/// Every flag bit a SEARCH may carry.
+/// SEARCH and SEARCH_BATCH request flag (version 5): an 8-byte `position` ends the
+/// body; the answer reflects every change committed at or before it (read-your-writes).
+pub const FLAG_AT_POSITION: u16 = 0x0004;
+/// Every flag bit a SEARCH may carry in versions 1 to 4.
 pub const SEARCH_FLAGS: u16 = FLAG_BYPASS_CACHE | FLAG_REFRESH_ENTRY;
+
+/// Every flag bit a SEARCH or SEARCH_BATCH of `version` may carry.
+pub fn search_flags(version: u8) -> u16 {
+    if version >= 5 {
+        SEARCH_FLAGS | FLAG_AT_POSITION
+    } else {
+        SEARCH_FLAGS
+    }
+}
 /// FILL request flag (version 2): an 8-byte MISS token ends the body.
 pub const FLAG_FILL_TOKEN: u16 = 0x0001;
 
@@ -325,6 +337,11 @@ pub struct SearchRequest {
     pub bypass_cache: bool,
     pub refresh_entry: bool,
     pub vector: Vec<f32>,
+    /// Version 5, AT_POSITION: answer only from a state that holds every change committed
+    /// at or before this position (pgvector: a WAL position, as an INSERT or DELETE reply
+    /// of version 5 gives it, or `pg_current_wal_lsn()` read after one's own COMMIT).
+    /// `None`: no flag. A frame below version 5 cannot carry it (the encoder refuses).
+    pub at_position: Option<u64>,
 }
 
 impl SearchRequest {
@@ -349,6 +366,9 @@ impl SearchRequest {
         if self.refresh_entry {
             f |= FLAG_REFRESH_ENTRY;
         }
+        if self.at_position.is_some() {
+            f |= FLAG_AT_POSITION;
+        }
         f
     }
 }
@@ -366,6 +386,8 @@ pub struct SearchBatchRequest {
     pub refresh_entry: bool,
     /// Every query has the same length (the wire carries one dimension).
     pub queries: Vec<Vec<f32>>,
+    /// Version 5, AT_POSITION for every query: as [`SearchRequest::at_position`].
+    pub at_position: Option<u64>,
 }
 
 impl SearchBatchRequest {
@@ -390,6 +412,7 @@ impl SearchBatchRequest {
             bypass_cache: self.bypass_cache,
             refresh_entry: self.refresh_entry,
             vector,
+            at_position: self.at_position,
         }
     }
 }
@@ -404,8 +427,15 @@ pub fn batch_reply_bytes_max(count: u32, k: u32) -> u64 {
 /// that said `hello`: its `max_batch`, and both the request and the largest reply within
 /// its `max_frame_bytes`. 0 when not even one fits (or the server has no SEARCH_BATCH).
 pub fn batch_count_max(hello: &HelloReply, dim: u32, k: u32) -> u32 {
+    batch_count_max_for(hello, dim, k, false)
+}
+
+/// [`batch_count_max`] for a batch that carries AT_POSITION's 8 bytes when `at_position`
+/// (version 5).
+pub fn batch_count_max_for(hello: &HelloReply, dim: u32, k: u32, at_position: bool) -> u32 {
     let frame = hello.max_frame_bytes as u64;
-    let by_request = frame.saturating_sub(HEADER_LEN as u64 + 20) / (4 * dim as u64).max(1);
+    let fields = HEADER_LEN as u64 + 20 + if at_position { 8 } else { 0 };
+    let by_request = frame.saturating_sub(fields) / (4 * dim as u64).max(1);
     let by_reply = frame.saturating_sub(HEADER_LEN as u64 + 4) / (16 + 12 * k as u64);
     let by_limit = hello.max_batch.unwrap_or(0) as u64;
     by_request.min(by_reply).min(by_limit) as u32
@@ -572,9 +602,17 @@ pub enum Reply {
     Hello(HelloReply),
     Pong(Vec<u8>),
     Search(SearchReply),
-    Inserted,
+    /// `position` (version 5): the WAL position after the write's COMMIT (pgvector);
+    /// 0 where every acknowledged write is already in the cache (the embedded store,
+    /// cache-aside), or where the position is unknown. Not on the wire below version 5
+    /// (decoded as 0 there).
+    Inserted {
+        position: u64,
+    },
+    /// `position` (version 5): as [`Reply::Inserted`]'s.
     Deleted {
         existed: bool,
+        position: u64,
     },
     Filled {
         admitted: bool,
@@ -612,7 +650,7 @@ impl Reply {
             Reply::Hello(_) => Opcode::Hello.code(),
             Reply::Pong(_) => Opcode::Ping.code(),
             Reply::Search(_) => Opcode::Search.code(),
-            Reply::Inserted => Opcode::Insert.code(),
+            Reply::Inserted { .. } => Opcode::Insert.code(),
             Reply::Deleted { .. } => Opcode::Delete.code(),
             Reply::Filled { .. } => Opcode::Fill.code(),
             Reply::Flushed => Opcode::Flush.code(),

@@ -256,7 +256,7 @@ pub fn decode_request(
         return Err(raw.bad(Status::BadRequest, "status field must be 0 in a request"));
     }
     let allowed_flags = match op {
-        Opcode::Search | Opcode::SearchBatch => SEARCH_FLAGS,
+        Opcode::Search | Opcode::SearchBatch => search_flags(h.version),
         Opcode::Fill if h.version >= 2 => FLAG_FILL_TOKEN,
         _ => 0,
     };
@@ -462,6 +462,12 @@ fn search_request(c: &mut Cursor<'_>, flags: u16) -> Parse<SearchRequest> {
     let deadline_us = c.u32("deadline_us")?;
     let n = c.u32("dim")?;
     let vector = c.f32s(n, "vector")?;
+    // Version 5: the position ends the body (after the vector).
+    let at_position = if flags & FLAG_AT_POSITION != 0 {
+        Some(c.u64("position")?)
+    } else {
+        None
+    };
     Ok(SearchRequest {
         collection,
         k,
@@ -469,6 +475,7 @@ fn search_request(c: &mut Cursor<'_>, flags: u16) -> Parse<SearchRequest> {
         bypass_cache: flags & FLAG_BYPASS_CACHE != 0,
         refresh_entry: flags & FLAG_REFRESH_ENTRY != 0,
         vector,
+        at_position,
     })
 }
 
@@ -486,6 +493,15 @@ fn search_batch_request(c: &mut Cursor<'_>, flags: u16) -> Parse<SearchBatchRequ
             "a batch carries at least one query of at least one component (count {count}, n {n})"
         ));
     }
+    // Version 5: the position ends the body (after the queries).
+    let at_position = if flags & FLAG_AT_POSITION != 0 {
+        let at = c.buf.len().checked_sub(8).ok_or("short body: position")?;
+        let (rest, tail) = c.buf.split_at(at);
+        c.buf = rest;
+        Some(u64::from_le_bytes(tail.try_into().expect("8 bytes")))
+    } else {
+        None
+    };
     // Check the whole matrix fits before reserving room for it (u128: 2^32 queries
     // of 2^32 components do not fit in a u64).
     let need = 4 * n as u128 * count as u128;
@@ -506,6 +522,7 @@ fn search_batch_request(c: &mut Cursor<'_>, flags: u16) -> Parse<SearchBatchRequ
         bypass_cache: flags & FLAG_BYPASS_CACHE != 0,
         refresh_entry: flags & FLAG_REFRESH_ENTRY != 0,
         queries,
+        at_position,
     })
 }
 
@@ -642,9 +659,12 @@ fn parse_reply_body(op: Opcode, version: u8, body: &[u8]) -> Parse<Reply> {
             }
             Reply::SearchBatch(items)
         }
-        Opcode::Insert => Reply::Inserted,
+        Opcode::Insert => Reply::Inserted {
+            position: position(&mut c, version)?,
+        },
         Opcode::Delete => Reply::Deleted {
             existed: c.bool("existed")?,
+            position: position(&mut c, version)?,
         },
         Opcode::Fill => Reply::Filled {
             admitted: c.bool("admitted")?,
@@ -664,6 +684,15 @@ fn parse_reply_body(op: Opcode, version: u8, body: &[u8]) -> Parse<Reply> {
     };
     c.finish()?;
     Ok(reply)
+}
+
+/// A write reply's `position` (version 5; 0 below, where the body has none).
+fn position(c: &mut Cursor<'_>, version: u8) -> Parse<u64> {
+    if version >= 5 {
+        c.u64("position")
+    } else {
+        Ok(0)
+    }
 }
 
 /// A SEARCH answer after its hit kind and flags: the neighbour count, the neighbours and

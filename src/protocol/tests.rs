@@ -23,6 +23,34 @@ fn enc_req(id: u64, r: Request) -> Vec<u8> {
     out
 }
 
+fn enc_req_in(version: u8, id: u64, r: Request) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_request(
+        &RequestFrame {
+            version,
+            request_id: id,
+            request: r,
+        },
+        &mut out,
+    )
+    .unwrap();
+    out
+}
+
+fn enc_reply_in(version: u8, id: u64, r: Reply) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_reply(
+        &ReplyFrame {
+            version,
+            request_id: id,
+            reply: r,
+        },
+        &mut out,
+    )
+    .unwrap();
+    out
+}
+
 fn enc_reply(id: u64, r: Reply) -> Vec<u8> {
     let mut out = Vec::new();
     encode_reply(
@@ -54,6 +82,7 @@ fn all_requests() -> Vec<Request> {
             bypass_cache: true,
             refresh_entry: false,
             vector: v4(),
+            at_position: None,
         }),
         Request::Search(SearchRequest {
             collection: u32::MAX,
@@ -62,6 +91,7 @@ fn all_requests() -> Vec<Request> {
             bypass_cache: true,
             refresh_entry: true,
             vector: vec![],
+            at_position: None,
         }),
         Request::Insert(InsertRequest {
             id: u64::MAX,
@@ -123,8 +153,44 @@ fn all_requests() -> Vec<Request> {
             bypass_cache: false,
             refresh_entry: true,
             queries: vec![v4(), vec![1.0; 4], vec![-0.0, 3.5, 1e-30, 9.0]],
+            at_position: None,
         }),
         Request::SearchBatch(SearchBatchRequest::new(1, vec![vec![2.0]])),
+    ]
+    .into_iter()
+    .chain(positioned_requests())
+    .collect()
+}
+
+/// Version 5: SEARCH and SEARCH_BATCH with AT_POSITION (every position size, with and
+/// without the other flags, an empty vector).
+fn positioned_requests() -> Vec<Request> {
+    vec![
+        Request::Search(SearchRequest {
+            at_position: Some(0x16_B374_D848),
+            ..SearchRequest::new(3, v4())
+        }),
+        Request::Search(SearchRequest {
+            collection: 2,
+            deadline_us: 9,
+            bypass_cache: true,
+            refresh_entry: true,
+            at_position: Some(u64::MAX),
+            ..SearchRequest::new(1, vec![])
+        }),
+        Request::Search(SearchRequest {
+            at_position: Some(0),
+            ..SearchRequest::new(1, v4())
+        }),
+        Request::SearchBatch(SearchBatchRequest {
+            refresh_entry: true,
+            at_position: Some(7),
+            ..SearchBatchRequest::new(2, vec![v4(), vec![1.0; 4]])
+        }),
+        Request::SearchBatch(SearchBatchRequest {
+            at_position: Some(u64::MAX - 1),
+            ..SearchBatchRequest::new(1, vec![vec![2.0]])
+        }),
     ]
 }
 
@@ -237,9 +303,27 @@ fn short_replies() -> Vec<Reply> {
             distances_to_query: true,
             neighbors: vec![],
         }),
-        Reply::Inserted,
-        Reply::Deleted { existed: true },
-        Reply::Deleted { existed: false },
+        Reply::Inserted { position: 0 },
+        Reply::Inserted {
+            position: 0x16_B374_D848,
+        },
+        Reply::Inserted { position: u64::MAX },
+        Reply::Deleted {
+            existed: true,
+            position: 0,
+        },
+        Reply::Deleted {
+            existed: false,
+            position: 0,
+        },
+        Reply::Deleted {
+            existed: true,
+            position: 1,
+        },
+        Reply::Deleted {
+            existed: false,
+            position: u64::MAX,
+        },
         Reply::Filled { admitted: true },
         Reply::Filled { admitted: false },
         Reply::Flushed,
@@ -319,9 +403,9 @@ fn every_reply_round_trips() {
     }
 }
 
-/// What a version 1 peer sees of a value: version 2's, 3's and 4's additions dropped.
+/// What a version 1 peer sees of a value: version 2's, 3's, 4's and 5's additions dropped.
 fn as_version_1_reply(r: Reply) -> Reply {
-    match r {
+    match below_version_5(r) {
         Reply::Hello(h) => Reply::Hello(HelloReply {
             delta: None,
             auth_challenge: None,
@@ -329,6 +413,19 @@ fn as_version_1_reply(r: Reply) -> Reply {
             ..h
         }),
         Reply::Search(s) => Reply::Search(SearchReply { token: None, ..s }),
+        r => r,
+    }
+}
+
+/// What a peer below version 5 sees of a value: the writes' positions dropped (decoded
+/// as 0).
+fn below_version_5(r: Reply) -> Reply {
+    match r {
+        Reply::Inserted { .. } => Reply::Inserted { position: 0 },
+        Reply::Deleted { existed, .. } => Reply::Deleted {
+            existed,
+            position: 0,
+        },
         r => r,
     }
 }
@@ -363,9 +460,158 @@ fn replies_round_trip_in(version: u8, hello_in: impl Fn(HelloReply) -> HelloRepl
         let (f, _) = decode_reply(&bytes, MAX).unwrap().unwrap();
         let want = match r {
             Reply::Hello(h) => Reply::Hello(hello_in(h)),
+            r if version < 5 => below_version_5(r),
             r => r,
         };
         assert_eq!((f.version, f.reply), (version, want));
+    }
+}
+
+#[test]
+fn version_4_frames_round_trip_without_version_5_fields() {
+    // HELLO is the same in 4 and 5; the writes' positions are dropped below 5.
+    replies_round_trip_in(4, |h| h);
+    for (i, r) in positioned_requests().into_iter().enumerate() {
+        // AT_POSITION has no place below version 5: refused, never dropped silently.
+        let frame = RequestFrame {
+            request_id: i as u64,
+            version: 4,
+            request: r.clone(),
+        };
+        assert_eq!(
+            encode_request(&frame, &mut Vec::new()),
+            Err(EncodeError::NotInVersion {
+                what: "AT_POSITION",
+                since: 5,
+                version: 4
+            })
+        );
+        // The same bytes with 4 at offset 2: an undefined flag there, BAD_REQUEST.
+        let mut bytes = enc_req(30 + i as u64, r);
+        bytes[2] = 4;
+        let e = decode_request(&bytes, MAX).unwrap_err();
+        assert_eq!(e.status(), Status::BadRequest, "{e}");
+        assert!(e.reason().contains("not defined for"), "{e}");
+        assert_eq!(e.consumed(), Some(bytes.len()));
+        assert_eq!(e.error_reply().version, 4);
+    }
+    // Requests without AT_POSITION, and every reply, are the same bytes in 4 and 5 but
+    // for the version byte and the writes' positions.
+    for (i, r) in all_requests().into_iter().enumerate() {
+        if positioned_requests().contains(&r) {
+            continue;
+        }
+        let in_version = |v: u8| {
+            let mut out = Vec::new();
+            let f = RequestFrame {
+                request_id: i as u64,
+                version: v,
+                request: r.clone(),
+            };
+            encode_request(&f, &mut out).unwrap();
+            out
+        };
+        let (mut four, five) = (in_version(4), in_version(5));
+        four[2] = 5;
+        assert_eq!(four, five, "{r:?}");
+    }
+}
+
+/// The version 5 bodies byte for byte: AT_POSITION's position ends a SEARCH's and a
+/// SEARCH_BATCH's body; INSERT's reply is the position, DELETE's `existed` then it.
+#[test]
+fn version_5_layouts_are_the_documented_ones() {
+    let position = 0x0102_0304_0506_0708u64;
+    let search = enc_req(
+        1,
+        Request::Search(SearchRequest {
+            at_position: Some(position),
+            ..SearchRequest::new(2, vec![1.0, 0.0])
+        }),
+    );
+    assert_eq!(search[2], 5);
+    assert_eq!(u16::from_le_bytes([search[4], search[5]]), FLAG_AT_POSITION);
+    let body = &search[HEADER_LEN..];
+    assert_eq!(body.len(), 16 + 8 + 8);
+    assert_eq!(&body[..24], &search_body(2, &[1.0, 0.0])[..]);
+    assert_eq!(&body[24..], &position.to_le_bytes());
+    let batch = enc_req(
+        2,
+        Request::SearchBatch(SearchBatchRequest {
+            bypass_cache: true,
+            at_position: Some(position),
+            ..SearchBatchRequest::new(1, vec![vec![0.5; 4]; 2])
+        }),
+    );
+    assert_eq!(
+        u16::from_le_bytes([batch[4], batch[5]]),
+        FLAG_AT_POSITION | FLAG_BYPASS_CACHE
+    );
+    let body = &batch[HEADER_LEN..];
+    assert_eq!(&body[..body.len() - 8], &batch_body(1, 4, 2)[..]);
+    assert_eq!(&body[body.len() - 8..], &position.to_le_bytes());
+    let inserted = enc_reply(3, Reply::Inserted { position });
+    assert_eq!(
+        (inserted[3], &inserted[HEADER_LEN..]),
+        (0x84, &position.to_le_bytes()[..])
+    );
+    let deleted = enc_reply(
+        4,
+        Reply::Deleted {
+            existed: true,
+            position,
+        },
+    );
+    assert_eq!(deleted.len(), HEADER_LEN + 9);
+    assert_eq!(deleted[HEADER_LEN], 1);
+    assert_eq!(&deleted[HEADER_LEN + 1..], &position.to_le_bytes());
+    // In version 4 the replies are the old bodies: empty, and `existed` alone.
+    for (reply, body) in [
+        (Reply::Inserted { position }, &[][..]),
+        (
+            Reply::Deleted {
+                existed: true,
+                position,
+            },
+            &[1][..],
+        ),
+    ] {
+        let mut out = Vec::new();
+        encode_reply(
+            &ReplyFrame {
+                request_id: 5,
+                version: 4,
+                reply,
+            },
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(&out[HEADER_LEN..], body);
+    }
+}
+
+/// A version 5 write reply must carry its position: the version 4 body is refused in 5
+/// (and the version 5 body in 4).
+#[test]
+fn version_5_write_replies_are_exact() {
+    #[rustfmt::skip]
+    let cases: [(u8, u8, &[u8], bool); 8] = [
+        (5, 0x84, &[], false),
+        (5, 0x84, &[0; 7], false),
+        (5, 0x84, &[0; 9], false),
+        (5, 0x85, &[1], false),
+        (5, 0x85, &[1, 0, 0, 0, 0, 0, 0, 0], false),
+        (5, 0x85, &[2, 0, 0, 0, 0, 0, 0, 0, 0], false),
+        (4, 0x84, &[0; 8], false),
+        (5, 0x85, &[0, 9, 0, 0, 0, 0, 0, 0, 0], true),
+    ];
+    for (version, op, body, ok) in cases {
+        let bytes = raw(MAGIC, version, op, 0, 0, 1, body);
+        let got = decode_reply(&bytes, MAX);
+        assert_eq!(got.is_ok(), ok, "v{version} {op:#x} {body:?}: {got:?}");
+        if let Err(e) = got {
+            assert_eq!(e.status(), Status::BadRequest);
+        }
     }
 }
 
@@ -505,6 +751,11 @@ fn version_1_frames_round_trip_without_version_2_fields() {
                 assert!(encode_request(&frame, &mut bytes).is_err());
                 continue;
             }
+            // AT_POSITION is version 5's.
+            Request::Search(s) if s.at_position.is_some() => {
+                assert!(encode_request(&frame, &mut bytes).is_err());
+                continue;
+            }
             _ => encode_request(&frame, &mut bytes).unwrap(),
         };
         let (f, _) = decode_request(&bytes, MAX).unwrap().unwrap();
@@ -574,7 +825,7 @@ fn header_layout_is_the_documented_one() {
         &bytes[..HEADER_LEN],
         &[
             0x41, 0x4B, // magic "AK"
-            4,    // version
+            5,    // version
             0x05, // DELETE
             0, 0, // flags
             0, 0, // status
@@ -583,9 +834,15 @@ fn header_layout_is_the_documented_one() {
         ]
     );
     assert_eq!(&bytes[HEADER_LEN..], &[5, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0, 0]);
-    let reply = enc_reply(3, Reply::Deleted { existed: true });
+    let reply = enc_reply(
+        3,
+        Reply::Deleted {
+            existed: true,
+            position: 0x0807_0605_0403_0201,
+        },
+    );
     assert_eq!(reply[3], 0x85);
-    assert_eq!(&reply[HEADER_LEN..], &[1]);
+    assert_eq!(&reply[HEADER_LEN..], &[1, 1, 2, 3, 4, 5, 6, 7, 8]);
 }
 
 #[test]
@@ -689,6 +946,12 @@ fn search_body(k: u32, v: &[f32]) -> Vec<u8> {
         b.extend(x.to_le_bytes());
     }
     b
+}
+
+/// `body` with `len` bytes of a position after it (8: a whole one).
+fn positioned(mut body: Vec<u8>, len: usize) -> Vec<u8> {
+    body.extend(&0x1122_3344_5566_7788u64.to_le_bytes().repeat(2)[..len]);
+    body
 }
 
 /// A SEARCH_BATCH body: `count` queries of dimension `dim`, all 0.5.
@@ -820,7 +1083,7 @@ fn bad_frame_cases() -> Vec<Case> {
     let m = MAGIC;
     vec![
         ("bad version 0", raw(m, 0, 0x02, 0, 0, 11, &[]), rejected(BadVersion, 11, false)),
-        ("bad version 5", raw(m, 5, 0x03, 0, 0, 12, &search_body(1, &v4())), rejected(BadVersion, 12, false)),
+        ("bad version 6", raw(m, 6, 0x03, 0, 0, 12, &search_body(1, &v4())), rejected(BadVersion, 12, false)),
         ("version 1 search", raw(m, 1, 0x03, 0, 0, 61, &search_body(1, &v4())), Outcome::Accepted),
         ("fill token flag in version 1", raw(m, 1, 0x06, FLAG_FILL_TOKEN, 0, 62, &[0; 24]), rejected(BadRequest, 62, false)),
         ("unknown opcode", raw(m, 1, 0x42, 0, 0, 13, b"xyz"), rejected(UnknownOp, 13, false)),
@@ -828,6 +1091,14 @@ fn bad_frame_cases() -> Vec<Case> {
         ("reply opcode as request", raw(m, 1, 0x83, 0, 0, 15, &[]), rejected(UnknownOp, 15, false)),
         ("status set in request", raw(m, 1, 0x02, 0, 1, 16, &[]), rejected(BadRequest, 16, false)),
         ("undefined search flag", raw(m, 1, 0x03, 0x0004, 0, 17, &search_body(1, &v4())), rejected(BadRequest, 17, false)),
+        ("AT_POSITION in version 4", raw(m, 4, 0x03, FLAG_AT_POSITION, 0, 63, &positioned(search_body(1, &v4()), 8)), rejected(BadRequest, 63, false)),
+        ("AT_POSITION in version 5", raw(m, 5, 0x03, FLAG_AT_POSITION, 0, 64, &positioned(search_body(1, &v4()), 8)), Outcome::Accepted),
+        ("AT_POSITION with every flag", raw(m, 5, 0x03, 0x0007, 0, 65, &positioned(search_body(1, &v4()), 8)), Outcome::Accepted),
+        ("undefined search flag in version 5", raw(m, 5, 0x03, 0x0008, 0, 66, &search_body(1, &v4())), rejected(BadRequest, 66, false)),
+        ("AT_POSITION without its position", raw(m, 5, 0x03, FLAG_AT_POSITION, 0, 67, &search_body(1, &v4())), rejected(BadRequest, 67, false)),
+        ("AT_POSITION with a truncated position", raw(m, 5, 0x03, FLAG_AT_POSITION, 0, 68, &positioned(search_body(1, &v4()), 7)), rejected(BadRequest, 68, false)),
+        ("AT_POSITION with a byte too many", raw(m, 5, 0x03, FLAG_AT_POSITION, 0, 69, &positioned(search_body(1, &v4()), 9)), rejected(BadRequest, 69, false)),
+        ("a position without AT_POSITION", raw(m, 5, 0x03, 0, 0, 60, &positioned(search_body(1, &v4()), 8)), rejected(BadRequest, 60, false)),
         ("flags on ping", raw(m, 1, 0x02, FLAG_BYPASS_CACHE, 0, 18, &[]), rejected(BadRequest, 18, false)),
         ("hello with a body", raw(m, 1, 0x01, 0, 0, 19, &[0]), rejected(BadRequest, 19, false)),
         ("short search body", raw(m, 1, 0x03, 0, 0, 20, &search_body(1, &v4())[..14]), rejected(BadRequest, 20, false)),
@@ -926,6 +1197,14 @@ fn batch_cases() -> Vec<Case> {
         }, rejected(BadRequest, 74, false)),
         ("batch with trailing bytes", { let mut b = batch_body(1, 4, 2); b.push(0); raw(m, 4, 0x0A, 0, 0, 75, &b) }, rejected(BadRequest, 75, false)),
         ("batch undefined flag", raw(m, 4, 0x0A, 0x0004, 0, 76, &batch_body(1, 4, 1)), rejected(BadRequest, 76, false)),
+        ("batch undefined flag in version 5", raw(m, 5, 0x0A, 0x0008, 0, 87, &batch_body(1, 4, 1)), rejected(BadRequest, 87, false)),
+        ("batch AT_POSITION in version 4", raw(m, 4, 0x0A, FLAG_AT_POSITION, 0, 88, &positioned(batch_body(1, 4, 2), 8)), rejected(BadRequest, 88, false)),
+        ("batch AT_POSITION in version 5", raw(m, 5, 0x0A, FLAG_AT_POSITION, 0, 89, &positioned(batch_body(1, 4, 2), 8)), Outcome::Accepted),
+        ("batch AT_POSITION without its position", raw(m, 5, 0x0A, FLAG_AT_POSITION, 0, 90, &batch_body(1, 4, 2)), rejected(BadRequest, 90, false)),
+        ("batch AT_POSITION with a truncated position", raw(m, 5, 0x0A, FLAG_AT_POSITION, 0, 91, &positioned(batch_body(1, 4, 2), 7)), rejected(BadRequest, 91, false)),
+        ("batch AT_POSITION with a byte too many", raw(m, 5, 0x0A, FLAG_AT_POSITION, 0, 92, &positioned(batch_body(1, 4, 2), 9)), rejected(BadRequest, 92, false)),
+        // A 20-byte header of fields and nothing after it: not even a position.
+        ("batch AT_POSITION, fields only", raw(m, 5, 0x0A, FLAG_AT_POSITION, 0, 93, &batch_body(1, 4, 1)[..20]), rejected(BadRequest, 93, false)),
         ("batch over max_batch", raw(m, 4, 0x0A, 0, 0, 77, &batch_body(1, 4, 9)), rejected(BadRequest, 77, false)),
         ("batch wrong dimension", raw(m, 4, 0x0A, 0, 0, 78, &batch_body(1, 3, 2)), rejected(DimMismatch, 78, false)),
         ("batch k = 0", raw(m, 4, 0x0A, 0, 0, 79, &batch_body(0, 4, 2)), rejected(BadK, 79, false)),
@@ -1125,10 +1404,12 @@ fn the_shipped_config_prints_back_to_itself() {
     assert!(cfg.validate().is_ok());
 }
 
-/// The worked example in PROTOCOL.md, byte for byte.
+/// The worked examples in PROTOCOL.md, byte for byte (version 4's, and version 5's
+/// AT_POSITION and DELETE reply).
 #[test]
 fn protocol_md_example_is_exact() {
-    let req = enc_req(
+    let req = enc_req_in(
+        4,
         7,
         Request::Search(SearchRequest {
             k: 2,
@@ -1142,7 +1423,8 @@ fn protocol_md_example_is_exact() {
         0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x00, 0x00,
     ];
     assert_eq!(req, want_req);
-    let reply = enc_reply(
+    let reply = enc_reply_in(
+        4,
         7,
         Reply::Search(SearchReply {
             token: None,
@@ -1169,7 +1451,8 @@ fn protocol_md_example_is_exact() {
     ];
     assert_eq!(reply, want_reply);
     // The SEARCH_BATCH example: the same query and a NaN one, k 1.
-    let req = enc_req(
+    let req = enc_req_in(
+        4,
         8,
         Request::SearchBatch(SearchBatchRequest::new(
             1,
@@ -1184,7 +1467,8 @@ fn protocol_md_example_is_exact() {
         0x00, 0x00, 0xC0, 0x7F, 0x00, 0x00, 0x00, 0x00,
     ];
     assert_eq!(req, want_req);
-    let reply = enc_reply(
+    let reply = enc_reply_in(
+        4,
         8,
         Reply::SearchBatch(vec![
             Ok(SearchReply {
@@ -1208,4 +1492,63 @@ fn protocol_md_example_is_exact() {
         0x09, 0x00, 0x00, 0x00, 0x00, 0, 0, 0,
     ];
     assert_eq!(reply, want_reply);
+    // Version 5: the first example's SEARCH AT_POSITION 16/B374D848, id 9.
+    let req = enc_req(
+        9,
+        Request::Search(SearchRequest {
+            at_position: Some(0x16_B374_D848),
+            ..SearchRequest::new(2, vec![1.0, 0.0])
+        }),
+    );
+    #[rustfmt::skip]
+    let want_req: &[u8] = &[
+        0x41, 0x4B, 0x05, 0x03, 0x04, 0x00, 0x00, 0x00, 0x09, 0, 0, 0, 0, 0, 0, 0, 0x20, 0, 0, 0,
+        0, 0, 0, 0, 0x02, 0, 0, 0, 0, 0, 0, 0, 0x02, 0, 0, 0,
+        0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x00, 0x00,
+        0x48, 0xD8, 0x74, 0xB3, 0x16, 0x00, 0x00, 0x00,
+    ];
+    assert_eq!(req, want_req);
+    // A DELETE's reply in version 5: existed, position 16/B374D848.
+    let reply = enc_reply(
+        10,
+        Reply::Deleted {
+            existed: true,
+            position: 0x16_B374_D848,
+        },
+    );
+    #[rustfmt::skip]
+    let want_reply: &[u8] = &[
+        0x41, 0x4B, 0x05, 0x85, 0x00, 0x00, 0x00, 0x00, 0x0A, 0, 0, 0, 0, 0, 0, 0, 0x09, 0, 0, 0,
+        0x01, 0x48, 0xD8, 0x74, 0xB3, 0x16, 0x00, 0x00, 0x00,
+    ];
+    assert_eq!(reply, want_reply);
+}
+
+/// A batch AT_POSITION carries 8 more bytes: the largest count that fits a frame is
+/// counted with them.
+#[test]
+fn batch_count_max_counts_the_position() {
+    let hello = HelloReply {
+        max_frame_bytes: (HEADER_LEN + 20 + 4 * 32 * 8) as u32,
+        dim: 32,
+        max_batch: Some(64),
+        ..match hello_replies()[0] {
+            Reply::Hello(h) => h,
+            _ => unreachable!(),
+        }
+    };
+    assert_eq!(batch_count_max(&hello, 32, 1), 8);
+    assert_eq!(batch_count_max_for(&hello, 32, 1, false), 8);
+    assert_eq!(batch_count_max_for(&hello, 32, 1, true), 7);
+    for (count, at_position) in [(8, false), (7, true)] {
+        let bytes = enc_req(
+            1,
+            Request::SearchBatch(SearchBatchRequest {
+                at_position: at_position.then_some(1),
+                ..SearchBatchRequest::new(1, vec![vec![0.5; 32]; count])
+            }),
+        );
+        assert!(bytes.len() <= hello.max_frame_bytes as usize);
+        assert!(bytes.len() + 4 * 32 > hello.max_frame_bytes as usize);
+    }
 }

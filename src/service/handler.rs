@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use shards::exact_table::QueryKey;
 use shards::owner::OwnerMsg;
@@ -22,6 +22,13 @@ use crate::server::{LocalBoxFuture, RequestContext, Service, ServiceInfo, Servic
 
 /// Cache-aside: miss tickets kept per executor for the FILL that follows a miss.
 const PENDING_FILLS_MAX: usize = 4096;
+
+/// The longest a SEARCH AT_POSITION (version 5) waits for the change stream to apply its
+/// position (less when its deadline comes first); still behind then, the database
+/// answers it.
+const POSITION_WAIT: Duration = Duration::from_millis(100);
+/// How often a search waiting for a position looks at the applied one again.
+const POSITION_POLL: Duration = Duration::from_millis(1);
 
 /// A MISS token (version 2, cache-aside): `shard (12 bits) | epoch (20) | delete seq (32)`:
 /// the shard the miss was taken on, this process's epoch, and that shard's delete-log
@@ -176,13 +183,25 @@ impl AkerService {
         check_collection(s.collection)?;
         let sh = &*self.shared;
         let k = s.k as usize;
+        // AT_POSITION (version 5): the cache answers only once it holds every change up
+        // to the position; otherwise the database does (read-your-writes).
+        let behind = match s.at_position {
+            Some(at) => {
+                self.metrics.count(|c| c.searches_at_position += 1);
+                !s.bypass_cache && !self.reaches_position(at, ctx).await
+            }
+            None => false,
+        };
+        if behind {
+            self.metrics.count(|c| c.searches_position_database += 1);
+        }
         // The change stream further behind than max_staleness_ms: the database answers.
         let stale = || {
             sh.backend
                 .pgvector()
                 .is_some_and(|pg| pg.changes.too_stale())
         };
-        if s.bypass_cache || stale() {
+        if s.bypass_cache || behind || stale() {
             if s.bypass_cache {
                 self.metrics.count(|c| c.searches_bypass += 1);
             }
@@ -241,6 +260,41 @@ impl AkerService {
             // A miss, or a sampled verification (Potluck+): answered by the backend.
             (s, Lookup::Miss(ticket)) => self.resolve_miss(s, ticket, k, ctx).await,
         }
+    }
+
+    /// Whether the cache may answer a search AT_POSITION `at`: always without a change
+    /// stream to wait for (the embedded store, cache-aside: a write through akerd is in
+    /// every shard before it is acknowledged); with pgvector, once the stream has been
+    /// applied up to `at`. Behind it, the follower is woken and the search waits on the
+    /// executor (1 ms sleeps, never blocking it) until the stream gets there, its
+    /// deadline, or [`POSITION_WAIT`]. pgvector without a stream (changes off, or not
+    /// allowed by the server): never (a row changed in the database by another client
+    /// may be cached as it was).
+    async fn reaches_position(&self, at: u64, ctx: &RequestContext) -> bool {
+        let Some(pg) = self.shared.backend.pgvector() else {
+            return true;
+        };
+        let feed = &pg.changes;
+        if !feed.following() {
+            return false;
+        }
+        if feed.applied() >= at {
+            return true;
+        }
+        self.metrics.count(|c| c.searches_position_waited += 1);
+        feed.wake();
+        let cap = Instant::now() + POSITION_WAIT;
+        let until = ctx.deadline.map_or(cap, |d| d.min(cap));
+        while Instant::now() < until {
+            glommio::timer::sleep(POSITION_POLL).await;
+            if !feed.following() {
+                return false;
+            }
+            if feed.applied() >= at {
+                return true;
+            }
+        }
+        false
     }
 
     /// A miss: the ticket (taken before the backend call: its sequence numbers guard
@@ -326,11 +380,13 @@ impl AkerService {
             deadline: ctx.deadline,
             reply: tx,
         })?;
-        let acks = rx.recv_async().await.map_err(|_| unavailable())??;
+        let (acks, position) = rx.recv_async().await.map_err(|_| unavailable())??;
         for a in acks {
             a.recv_async().await.map_err(|_| unavailable())??;
         }
-        Ok(Reply::Inserted)
+        Ok(Reply::Inserted {
+            position: position.unwrap_or(0),
+        })
     }
 
     async fn delete(&self, d: DeleteRequest, ctx: &RequestContext) -> ServiceResult {
@@ -341,7 +397,7 @@ impl AkerService {
             deadline: ctx.deadline,
             reply: tx,
         })?;
-        let (existed, acks) = rx.recv_async().await.map_err(|_| unavailable())??;
+        let (existed, acks, position) = rx.recv_async().await.map_err(|_| unavailable())??;
         let mut cached = false;
         for a in acks {
             cached |= a.recv_async().await.map_err(|_| unavailable())?.cached;
@@ -349,6 +405,7 @@ impl AkerService {
         // Cache-aside has no store to ask: "existed" is whether the cache held the id.
         Ok(Reply::Deleted {
             existed: existed.unwrap_or(cached),
+            position: position.unwrap_or(0),
         })
     }
 

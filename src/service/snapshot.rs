@@ -168,13 +168,28 @@ const OWNERS: [Row<Shared>; 10] = [
 ];
 
 /// Service counters besides requests and errors by operation.
-const SERVICE: [Row<ServiceCounters>; 6] = [
+const SERVICE: [Row<ServiceCounters>; 9] = [
     ("searches_bypass", "SEARCH with BYPASS_CACHE.", |c| {
         Value::Counter(c.searches_bypass)
     }),
     ("searches_refresh", "SEARCH with REFRESH_ENTRY.", |c| {
         Value::Counter(c.searches_refresh)
     }),
+    (
+        "searches_at_position",
+        "SEARCH (and SEARCH_BATCH queries) with AT_POSITION (protocol version 5).",
+        |c| Value::Counter(c.searches_at_position),
+    ),
+    (
+        "searches_position_waited",
+        "SEARCH AT_POSITION that waited for the change stream to reach its position.",
+        |c| Value::Counter(c.searches_position_waited),
+    ),
+    (
+        "searches_position_database",
+        "SEARCH AT_POSITION answered by the database: the change stream behind its position, or none.",
+        |c| Value::Counter(c.searches_position_database),
+    ),
     (
         "backend_busy",
         "Requests refused with BUSY: backend queue full.",

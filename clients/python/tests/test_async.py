@@ -23,7 +23,7 @@ async def connect(akerd: Akerd, **kw: object) -> aker.AsyncClient:
 def test_async_hello_search_and_cache(akerd: Akerd, data: np.ndarray) -> None:
     async def body() -> None:
         async with await connect(akerd, window=1000) as c:
-            assert c.version == 4 and c.info.dim == DIM and c.window == MAX_INFLIGHT
+            assert c.version == 5 and c.info.dim == DIM and c.window == MAX_INFLIGHT
             for q in queries(4, seed=40):
                 want = exact(data, q, 6).tolist()
                 r = await c.search(q, 6)

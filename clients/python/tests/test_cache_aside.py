@@ -30,7 +30,7 @@ class NumpyBackend:
 
 
 def test_miss_token_fill_then_exact_hit(aside: aker.Client, data: np.ndarray) -> None:
-    assert aside.info.delta == DELTA and aside.version == 4
+    assert aside.info.delta == DELTA and aside.version == 5
     backend = NumpyBackend(data)
     q, k = queries(1, seed=20)[0], 5
     miss = aside.search(q, k)

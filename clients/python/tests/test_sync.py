@@ -19,7 +19,7 @@ def test_hello_is_checked_and_remembered(client: aker.Client) -> None:
     i = client.info
     assert (i.dim, i.metric, i.k_max, i.delta, i.max_inflight, i.max_frame_bytes) == (
         DIM, aker.Metric.L2SQ, K_MAX, DELTA, MAX_INFLIGHT, MAX_FRAME)
-    assert client.version == 4 and i.version_max >= 4 and not i.auth_required
+    assert client.version == 5 and i.version_max >= 5 and not i.auth_required
     # max_batch defaults to 256, capped by max_inflight: HELLO reports the cap.
     assert i.max_batch == MAX_INFLIGHT and client.window == MAX_INFLIGHT
 
@@ -82,6 +82,24 @@ def test_insert_then_delete(client: aker.Client, data: np.ndarray) -> None:
     r = client.search(q, 5)
     assert new_id not in r.ids.tolist()
     assert r.ids.tolist() == exact(data, q, 5).tolist()
+
+
+def test_writes_report_position_0_and_searches_take_one(client: aker.Client, data: np.ndarray) -> None:
+    # The embedded store (v5): every acknowledged write is in the cache, so its position is
+    # 0, and a search at any position is served as usual.
+    q = queries(1, seed=15)[0]
+    new_id = 1_000_005
+    assert client.insert_with_position(new_id, q) == 0
+    r = client.search(q, 5, at_position=0x16_B374_D848)
+    assert r.ids[0] == new_id
+    gone = client.delete_with_position(new_id)
+    assert gone == aker.Deleted(existed=True, position=0)
+    r = client.search(q, 5, at_position=gone.position)
+    assert new_id not in r.ids.tolist() and r.ids.tolist() == exact(data, q, 5).tolist()
+    b = client.search_batch(queries(3, seed=16), 4, at_position=1)
+    assert b.ok.all() and b.ids.shape == (3, 4)
+    stats = client.stats()
+    assert stats["searches_at_position"] >= 5 and stats["searches_position_database"] == 0
 
 
 def test_a_deleted_id_is_never_returned(client: aker.Client, data: np.ndarray) -> None:

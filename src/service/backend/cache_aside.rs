@@ -4,7 +4,9 @@
 
 use std::time::Instant;
 
-use super::{BackendAnswer, DeleteAcks, IdStripes, InsertAcks, NewRow, Owners, Side, SideInfo};
+use super::{
+    BackendAnswer, DeleteAcks, IdStripes, InsertAcks, NewRow, Owners, Position, Side, SideInfo,
+};
 use crate::protocol::Rejection;
 
 pub(super) struct CacheAside {
@@ -48,9 +50,15 @@ impl Side for CacheAside {
         })
     }
 
-    fn insert(&self, _: &mut (), owners: &Owners, row: &NewRow) -> Result<InsertAcks, Rejection> {
+    /// No position: the write is in every shard before it is acknowledged.
+    fn insert(
+        &self,
+        _: &mut (),
+        owners: &Owners,
+        row: &NewRow,
+    ) -> Result<(InsertAcks, Position), Rejection> {
         let _order = self.order.lock(row.id);
-        owners.queue_insert(row.id, &row.vector, row.near)
+        Ok((owners.queue_insert(row.id, &row.vector, row.near)?, None))
     }
 
     fn delete(
@@ -59,8 +67,8 @@ impl Side for CacheAside {
         owners: &Owners,
         id: u64,
         _deadline: Option<Instant>,
-    ) -> Result<(Option<bool>, DeleteAcks), Rejection> {
+    ) -> Result<(Option<bool>, DeleteAcks, Position), Rejection> {
         let _order = self.order.lock(id);
-        Ok((None, owners.queue_delete(id)?))
+        Ok((None, owners.queue_delete(id)?, None))
     }
 }

@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
-use super::{BackendAnswer, DeleteAcks, InsertAcks, NewRow, Owners, Side, SideInfo, Store};
+use super::{
+    BackendAnswer, DeleteAcks, InsertAcks, NewRow, Owners, Position, Side, SideInfo, Store,
+};
 use crate::durable::wal::Op;
 use crate::durable::Durable;
 use crate::protocol::{Rejection, Status};
@@ -96,7 +98,13 @@ impl Side for Embedded {
         })
     }
 
-    fn insert(&self, _: &mut (), owners: &Owners, row: &NewRow) -> Result<InsertAcks, Rejection> {
+    /// No position: the write is in every shard before it is acknowledged.
+    fn insert(
+        &self,
+        _: &mut (),
+        owners: &Owners,
+        row: &NewRow,
+    ) -> Result<(InsertAcks, Position), Rejection> {
         let (id, vector) = (row.id, &row.vector);
         let (acks, seq) = {
             let _gate = self.durable.as_ref().map(|d| d.gate.lock());
@@ -113,7 +121,7 @@ impl Side for Embedded {
             (owners.queue_insert(id, vector, row.near)?, seq)
         };
         self.made_durable(seq)?;
-        Ok(acks)
+        Ok((acks, None))
     }
 
     fn delete(
@@ -122,7 +130,7 @@ impl Side for Embedded {
         owners: &Owners,
         id: u64,
         _deadline: Option<Instant>,
-    ) -> Result<(Option<bool>, DeleteAcks), Rejection> {
+    ) -> Result<(Option<bool>, DeleteAcks, Position), Rejection> {
         let (existed, acks, seq) = {
             let _gate = self.durable.as_ref().map(|d| d.gate.lock());
             let mut store = self.store.write().unwrap_or_else(|e| e.into_inner());
@@ -137,7 +145,7 @@ impl Side for Embedded {
             (existed, owners.queue_delete(id)?, seq)
         };
         self.made_durable(seq)?;
-        Ok((Some(existed), acks))
+        Ok((Some(existed), acks, None))
     }
 
     fn gone(&self, served: &[u64]) -> Vec<u64> {

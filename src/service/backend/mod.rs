@@ -59,6 +59,16 @@ pub type Store = Box<dyn Backend + Send + Sync>;
 pub(crate) type InsertAcks = Vec<flume::Receiver<shards::Result<InsertOutcome>>>;
 pub(crate) type DeleteAcks = Vec<flume::Receiver<DeleteOutcome>>;
 
+/// Where a committed write is in the backend's order: pgvector's WAL position after its
+/// COMMIT (`pg_current_wal_lsn()`, a pg_lsn as a number). `None` where every
+/// acknowledged write is already in the cache (the embedded store, cache-aside) or the
+/// position could not be read. A version 5 reply carries it (0 for `None`).
+pub(crate) type Position = Option<u64>;
+
+/// A DELETE as a side answers it: `existed` from the store (`None` without one), the
+/// acks, the write's [`Position`].
+pub(crate) type Deleted = (Option<bool>, DeleteAcks, Position);
+
 /// Per-id write locks of the pgvector and cache-aside backends.
 pub(crate) const ID_STRIPES: usize = 256;
 
@@ -84,13 +94,15 @@ pub(crate) enum Job {
         /// The two nearest shards: they run the fast path.
         near: [usize; 2],
         deadline: Option<Instant>,
-        reply: flume::Sender<Result<InsertAcks, Rejection>>,
+        /// The acks and the write's position.
+        reply: flume::Sender<Result<(InsertAcks, Position), Rejection>>,
     },
     Delete {
         id: u64,
         deadline: Option<Instant>,
-        /// `existed` from the store (`None` in cache-aside mode), and the acks.
-        reply: flume::Sender<Result<(Option<bool>, DeleteAcks), Rejection>>,
+        /// `existed` from the store (`None` in cache-aside mode), the acks and the
+        /// write's position.
+        reply: flume::Sender<Result<Deleted, Rejection>>,
     },
 }
 
@@ -150,21 +162,23 @@ pub(crate) trait Side: SideInfo + 'static {
         deadline: Option<Instant>,
     ) -> Result<BackendAnswer, Rejection>;
 
+    /// The acks, and the write's [`Position`].
     fn insert(
         &self,
         conn: &mut Self::Conn,
         owners: &Owners,
         row: &NewRow,
-    ) -> Result<InsertAcks, Rejection>;
+    ) -> Result<(InsertAcks, Position), Rejection>;
 
-    /// `existed` from the store (`None` without one), and the acks.
+    /// `existed` from the store (`None` without one), the acks, and the write's
+    /// [`Position`].
     fn delete(
         &self,
         conn: &mut Self::Conn,
         owners: &Owners,
         id: u64,
         deadline: Option<Instant>,
-    ) -> Result<(Option<bool>, DeleteAcks), Rejection>;
+    ) -> Result<Deleted, Rejection>;
 
     /// Of a recall check's served ids, those the store says it no longer holds (a
     /// store that cannot say returns none).

@@ -17,7 +17,7 @@ use super::pgoutput::{lsn_text, Lsn};
 use super::{PgConn, PgTarget};
 use crate::protocol::{Rejection, Status};
 use crate::service::backend::{
-    BackendAnswer, DeleteAcks, InsertAcks, NewRow, Owners, Side, SideInfo,
+    BackendAnswer, DeleteAcks, InsertAcks, NewRow, Owners, Position, Side, SideInfo,
 };
 
 pub(crate) struct PgSide {
@@ -136,16 +136,17 @@ impl Side for PgSide {
         pg: &mut PgConn,
         owners: &Owners,
         row: &NewRow,
-    ) -> Result<InsertAcks, Rejection> {
+    ) -> Result<(InsertAcks, Position), Rejection> {
         self.order.write(
             pg,
             owners,
             row.id,
             |pg| pg.insert(row.id, &row.vector, &row.payload, row.deadline),
             |at| {
-                self.reach_cache(owners, row.id, at, row.deadline, || {
+                let acks = self.reach_cache(owners, row.id, at, row.deadline, || {
                     owners.queue_insert(row.id, &row.vector, row.near)
-                })
+                })?;
+                Ok((acks, at))
             },
         )
     }
@@ -156,7 +157,7 @@ impl Side for PgSide {
         owners: &Owners,
         id: u64,
         deadline: Option<Instant>,
-    ) -> Result<(Option<bool>, DeleteAcks), Rejection> {
+    ) -> Result<(Option<bool>, DeleteAcks, Position), Rejection> {
         self.order.write(
             pg,
             owners,
@@ -165,7 +166,7 @@ impl Side for PgSide {
             |(existed, at)| {
                 let acks =
                     self.reach_cache(owners, id, at, deadline, || owners.queue_delete(id))?;
-                Ok((Some(existed), acks))
+                Ok((Some(existed), acks, at))
             },
         )
     }

@@ -18,6 +18,7 @@ import numpy as np
 from . import _auth
 from ._protocol import (
     CONNECTION_OP,
+    FLAG_AT_POSITION,
     FLAG_BYPASS_CACHE,
     FLAG_FILL_TOKEN,
     FLAG_REFRESH_ENTRY,
@@ -33,6 +34,7 @@ from ._protocol import (
     REPLY_TOKEN,
     VERSIONS,
     BatchResult,
+    Deleted,
     HitKind,
     Metric,
     Opcode,
@@ -300,7 +302,8 @@ def _deadline_us(deadline: Optional[float]) -> int:
 
 
 def _hello(version: int, body: bytes) -> Tuple[Dict[str, Any], Optional[bytes]]:
-    want = {2: (32,), 3: (33, 33 + NONCE_LEN), 4: (37, 37 + NONCE_LEN)}.get(version, (28,))
+    v4 = (37, 37 + NONCE_LEN)  # version 5's HELLO is version 4's
+    want = {2: (32,), 3: (33, 33 + NONCE_LEN), 4: v4, 5: v4}.get(version, (28,))
     if len(body) not in want:
         raise ProtocolError("HELLO reply of version %d has %d bytes" % (version, len(body)))
     vmin, vmax, metric, reserved = struct.unpack_from("<BBBB", body, 0)
@@ -365,6 +368,34 @@ def decode_search(version: int, body: bytes, k: int) -> SearchResult:
         distances_to_query=bool(flags & REPLY_DISTANCES_TO_QUERY),
         token=token,
     )
+
+
+def _position(version: int, body: bytes, at: int, what: str) -> int:
+    """A write reply's position at ``at`` (version 5: its last 8 bytes; 0 below, where the
+    body ends at ``at``)."""
+    want = at + (8 if version >= 5 else 0)
+    if len(body) != want:
+        raise ProtocolError("%s reply body of version %d must be %d bytes, got %d" % (what, version, want, len(body)))
+    return int(struct.unpack_from("<Q", body, at)[0]) if version >= 5 else 0
+
+
+def _inserted(with_position: bool) -> Callable[[int, bytes], Optional[int]]:
+    def parse(version: int, body: bytes) -> Optional[int]:
+        position = _position(version, body, 0, "INSERT")
+        return position if with_position else None
+
+    return parse
+
+
+def _deleted(with_position: bool) -> Callable[[int, bytes], Union[bool, Deleted]]:
+    def parse(version: int, body: bytes) -> Union[bool, Deleted]:
+        position = _position(version, body, 1, "DELETE")
+        if body[0] > 1:
+            raise ProtocolError("DELETE reply: existed must be 0 or 1, got %d" % body[0])
+        existed = body[0] == 1
+        return Deleted(existed, position) if with_position else existed
+
+    return parse
 
 
 def _bool(what: str) -> Callable[[int, bytes], bool]:
@@ -627,6 +658,19 @@ class Codec:
 
         return self._sized(Req(Opcode.PING, data, parse=parse))
 
+    def _at_position(self, at_position: Optional[int]) -> bytes:
+        """AT_POSITION's 8 bytes (none without a position); refused below version 5."""
+        if at_position is None:
+            return b""
+        p = _uint(at_position, 64, "at_position")
+        if self.info.version < 5:
+            raise _local(
+                InvalidRequest,
+                "at_position needs protocol version 5; this connection speaks version %d "
+                "(the server's newest): nothing was sent" % self.info.version,
+            )
+        return struct.pack("<Q", p)
+
     def search_vec(
         self,
         vec: np.ndarray,
@@ -635,31 +679,34 @@ class Codec:
         refresh_entry: bool = False,
         deadline: Optional[float] = None,
         collection: int = 0,
+        at_position: Optional[int] = None,
     ) -> Req:
         """SEARCH for an already checked vector (:func:`as_vector`)."""
         kk = self._k(k)
-        flags = _search_flags(bypass_cache, refresh_entry)
+        flags = _search_flags(bypass_cache, refresh_entry, at_position)
         head = struct.pack(
             "<IIII", _uint(collection, 32, "collection"), kk, _deadline_us(deadline), vec.shape[0]
         )
+        tail = self._at_position(at_position)
 
         def parse(version: int, body: bytes) -> SearchResult:
             return decode_search(version, body, kk)
 
-        return self._sized(Req(Opcode.SEARCH, head + vec.tobytes(), flags, parse))
+        return self._sized(Req(Opcode.SEARCH, head + vec.tobytes() + tail, flags, parse))
 
     def search(self, vector: VectorLike, k: int, **kw: Any) -> Req:
         return self.search_vec(as_vector(vector, self.info.dim), k, **kw)
 
-    def batch_count(self, k: int, window: int, reply_limit: int) -> int:
+    def batch_count(self, k: int, window: int, reply_limit: int, extra: int = 0) -> int:
         """The most rows one SEARCH_BATCH at ``k`` may carry (PROTOCOL.md, SEARCH_BATCH):
-        ``max_batch``, the window, and both the request frame (``40 + 4·dim·count``) and
-        the largest reply (``24 + count·(16 + 12·k)``) within ``max_frame_bytes`` (and the
-        client's ``reply_limit``). 0: no SEARCH_BATCH (below version 4, or not one row fits)."""
+        ``max_batch``, the window, and both the request frame (``40 + 4·dim·count``, and
+        ``extra`` bytes: 8 for AT_POSITION's position) and the largest reply
+        (``24 + count·(16 + 12·k)``) within ``max_frame_bytes`` (and the client's
+        ``reply_limit``). 0: no SEARCH_BATCH (below version 4, or not one row fits)."""
         info = self.info
         if info.version < 4 or not info.max_batch:
             return 0
-        by_request = (info.max_frame_bytes - HEADER_LEN - 20) // (4 * info.dim)
+        by_request = (info.max_frame_bytes - HEADER_LEN - 20 - extra) // (4 * info.dim)
         by_reply = (min(info.max_frame_bytes, reply_limit) - HEADER_LEN - 4) // (16 + 12 * k)
         return max(0, min(info.max_batch, window, by_request, by_reply))
 
@@ -672,31 +719,38 @@ class Codec:
         refresh_entry: bool = False,
         deadline: Optional[float] = None,
         collection: int = 0,
+        at_position: Optional[int] = None,
     ) -> List[Req]:
         """SEARCH_BATCH requests of at most ``count`` rows each, for an already checked
-        matrix (:func:`as_matrix`), in row order."""
+        matrix (:func:`as_matrix`), in row order (``at_position``: for every one)."""
         kk = self._k(k)
-        flags = _search_flags(bypass_cache, refresh_entry)
+        flags = _search_flags(bypass_cache, refresh_entry, at_position)
         fields = (_uint(collection, 32, "collection"), kk, _deadline_us(deadline), mat.shape[1])
+        tail = self._at_position(at_position)
         reqs: List[Req] = []
         for row in range(0, mat.shape[0], count):
             chunk = mat[row : row + count]
             c = chunk.shape[0]
-            body = struct.pack("<5I", *fields, c) + chunk.tobytes()
+            body = struct.pack("<5I", *fields, c) + chunk.tobytes() + tail
             reqs.append(self._sized(BatchReq(Opcode.SEARCH_BATCH, body, flags, _batch_parse(kk, c), slots=c, row=row)))
         return reqs
 
-    def insert(self, id: int, vector: VectorLike, payload: Payload = None, collection: int = 0) -> Req:
+    def insert(
+        self, id: int, vector: VectorLike, payload: Payload = None, collection: int = 0, with_position: bool = False
+    ) -> Req:
+        """INSERT; its result is ``None``, or with ``with_position`` the write's position
+        (an int: 0 below version 5)."""
         vec = as_vector(vector, self.info.dim)
         data = b"" if payload is None else as_bytes(payload, "payload")
         head = struct.pack(
             "<QIII", _uint(id, 64, "id"), _uint(collection, 32, "collection"), vec.shape[0], len(data)
         )
-        return self._sized(Req(Opcode.INSERT, head + vec.tobytes() + data))
+        return self._sized(Req(Opcode.INSERT, head + vec.tobytes() + data, parse=_inserted(with_position)))
 
-    def delete(self, id: int, collection: int = 0) -> Req:
+    def delete(self, id: int, collection: int = 0, with_position: bool = False) -> Req:
+        """DELETE; its result is ``existed``, or with ``with_position`` a :class:`Deleted`."""
         body = struct.pack("<QI", _uint(id, 64, "id"), _uint(collection, 32, "collection"))
-        return Req(Opcode.DELETE, body, parse=_bool("DELETE"))
+        return Req(Opcode.DELETE, body, parse=_deleted(with_position))
 
     def fill(
         self,
@@ -834,8 +888,12 @@ def _raw_proof(version: int, body: bytes) -> bytes:
     return body
 
 
-def _search_flags(bypass_cache: bool, refresh_entry: bool) -> int:
-    return (FLAG_BYPASS_CACHE if bypass_cache else 0) | (FLAG_REFRESH_ENTRY if refresh_entry else 0)
+def _search_flags(bypass_cache: bool, refresh_entry: bool, at_position: Optional[int] = None) -> int:
+    return (
+        (FLAG_BYPASS_CACHE if bypass_cache else 0)
+        | (FLAG_REFRESH_ENTRY if refresh_entry else 0)
+        | (FLAG_AT_POSITION if at_position is not None else 0)
+    )
 
 
 def _batch_parse(k: int, count: int) -> Callable[[int, bytes], RowBlock]:
@@ -856,11 +914,12 @@ def batch_requests(
 ) -> Tuple[List[Req], int]:
     """search_batch's requests for ``matrix`` (converted and checked once): SEARCH_BATCH
     chunks (:meth:`Codec.batch_count` rows each) when the server speaks version 4, else
-    one SEARCH per row; and the checked k."""
+    one SEARCH per row; and the checked k. ``at_position`` (in ``kw``) needs version 5."""
     check_errors(errors)
     mat = as_matrix(matrix, codec.info.dim)
     kk = codec._k(k)
-    count = codec.batch_count(kk, window, reply_limit)
+    at = codec._at_position(kw.get("at_position"))  # refused below version 5, rows or none
+    count = codec.batch_count(kk, window, reply_limit, len(at))
     if count:
         return codec.search_batch_rows(mat, kk, count, **kw), kk
     reqs = [codec.search_vec(mat[i], kk, **kw) for i in range(mat.shape[0])]

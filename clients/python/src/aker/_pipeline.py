@@ -32,18 +32,33 @@ class PipelineRequests:
         refresh_entry: bool = False,
         deadline: Optional[float] = None,
         collection: int = 0,
+        at_position: Optional[int] = None,
     ) -> int:
         return self._add(
             self._client._codec.search(
-                vector, k, bypass_cache=bypass_cache, refresh_entry=refresh_entry, deadline=deadline, collection=collection
+                vector,
+                k,
+                bypass_cache=bypass_cache,
+                refresh_entry=refresh_entry,
+                deadline=deadline,
+                collection=collection,
+                at_position=at_position,
             )
         )
 
     def insert(self, id: int, vector: VectorLike, payload: Payload = None, *, collection: int = 0) -> int:
         return self._add(self._client._codec.insert(id, vector, payload, collection))
 
+    def insert_with_position(self, id: int, vector: VectorLike, payload: Payload = None, *, collection: int = 0) -> int:
+        """An INSERT whose result is the write's position (protocol version 5)."""
+        return self._add(self._client._codec.insert(id, vector, payload, collection, with_position=True))
+
     def delete(self, id: int, *, collection: int = 0) -> int:
         return self._add(self._client._codec.delete(id, collection))
+
+    def delete_with_position(self, id: int, *, collection: int = 0) -> int:
+        """A DELETE whose result is a :class:`~aker.Deleted` (``existed``, ``position``)."""
+        return self._add(self._client._codec.delete(id, collection, with_position=True))
 
     def fill(
         self,

@@ -23,6 +23,7 @@ __all__ = [
     "ServerInfo",
     "SearchResult",
     "BatchResult",
+    "Deleted",
     "NO_ID",
 ]
 
@@ -36,11 +37,14 @@ REPLY_BIT = 0x80
 #: Request opcode of connection-level replies (sent with request id 0).
 CONNECTION_OP = 0
 #: The protocol versions this client speaks, newest first (version 1 lacks Δ and the
-#: MISS token, so it is not spoken). Version 4 adds SEARCH_BATCH.
-VERSIONS = (4, 3, 2)
+#: MISS token, so it is not spoken). Version 4 adds SEARCH_BATCH; version 5 the writes'
+#: positions and searches AT_POSITION (read-your-writes).
+VERSIONS = (5, 4, 3, 2)
 
 FLAG_BYPASS_CACHE = 0x0001
 FLAG_REFRESH_ENTRY = 0x0002
+#: (v5) SEARCH / SEARCH_BATCH: an 8-byte position ends the body.
+FLAG_AT_POSITION = 0x0004
 FLAG_FILL_TOKEN = 0x0001
 REPLY_DISTANCES_TO_QUERY = 0x01
 REPLY_TOKEN = 0x02
@@ -171,6 +175,16 @@ class SearchResult:
         """Yields ``ids`` then ``distances`` (two arrays, whatever ``len()`` is), for
         ``ids, distances = result``."""
         return iter((self.ids, self.distances))
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """A DELETE's answer with its position (:meth:`aker.Client.delete_with_position`)."""
+
+    #: The id was present (cache-aside: whether the cache held it).
+    existed: bool
+    #: (v5) The write's position, as :meth:`aker.Client.insert_with_position` returns it.
+    position: int = 0
 
 
 def _no_statuses() -> np.ndarray:

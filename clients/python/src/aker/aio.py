@@ -31,7 +31,7 @@ from ._codec import (
     handshake,
     parse_header,
 )
-from ._protocol import HEADER_LEN, VERSIONS, BatchResult, HitKind, Metric, SearchResult, ServerInfo
+from ._protocol import HEADER_LEN, VERSIONS, BatchResult, Deleted, HitKind, Metric, SearchResult, ServerInfo
 from .client import DEFAULT, Backend, PathLike, SecretLike, _aside_result, _check_size, _check_window
 from .errors import (
     AkerConnectionError,
@@ -367,11 +367,18 @@ class AsyncClient:
         refresh_entry: bool = False,
         deadline: Optional[float] = None,
         collection: int = 0,
+        at_position: Optional[int] = None,
         timeout: Any = DEFAULT,
     ) -> SearchResult:
         """As :meth:`aker.Client.search`."""
         req = self._codec.search(
-            vector, k, bypass_cache=bypass_cache, refresh_entry=refresh_entry, deadline=deadline, collection=collection
+            vector,
+            k,
+            bypass_cache=bypass_cache,
+            refresh_entry=refresh_entry,
+            deadline=deadline,
+            collection=collection,
+            at_position=at_position,
         )
         result: SearchResult = await self._call(req, timeout)
         return result
@@ -385,6 +392,7 @@ class AsyncClient:
         refresh_entry: bool = False,
         deadline: Optional[float] = None,
         collection: int = 0,
+        at_position: Optional[int] = None,
         errors: str = "raise",
         timeout: Any = DEFAULT,
     ) -> BatchResult:
@@ -401,6 +409,7 @@ class AsyncClient:
             refresh_entry=refresh_entry,
             deadline=deadline,
             collection=collection,
+            at_position=at_position,
         )
         return batch_result(await self._many(reqs, timeout, errors == "return"), reqs, kk, errors)
 
@@ -409,9 +418,22 @@ class AsyncClient:
     ) -> None:
         await self._call(self._codec.insert(id, vector, payload, collection), timeout)
 
+    async def insert_with_position(
+        self, id: int, vector: VectorLike, payload: Payload = None, *, collection: int = 0, timeout: Any = DEFAULT
+    ) -> int:
+        """As :meth:`aker.Client.insert_with_position`."""
+        req = self._codec.insert(id, vector, payload, collection, with_position=True)
+        position: int = await self._call(req, timeout)
+        return position
+
     async def delete(self, id: int, *, collection: int = 0, timeout: Any = DEFAULT) -> bool:
         existed: bool = await self._call(self._codec.delete(id, collection), timeout)
         return existed
+
+    async def delete_with_position(self, id: int, *, collection: int = 0, timeout: Any = DEFAULT) -> Deleted:
+        """As :meth:`aker.Client.delete_with_position`."""
+        d: Deleted = await self._call(self._codec.delete(id, collection, with_position=True), timeout)
+        return d
 
     async def fill(
         self,
@@ -542,6 +564,12 @@ class AsyncPool:
 
     async def delete(self, id: int, **kw: Any) -> bool:
         return await (await self.acquire()).delete(id, **kw)
+
+    async def insert_with_position(self, id: int, vector: VectorLike, payload: Payload = None, **kw: Any) -> int:
+        return await (await self.acquire()).insert_with_position(id, vector, payload, **kw)
+
+    async def delete_with_position(self, id: int, **kw: Any) -> Deleted:
+        return await (await self.acquire()).delete_with_position(id, **kw)
 
     async def fill(self, query: VectorLike, k: int, ids: VectorLike, distances: VectorLike, vectors: VectorLike, **kw: Any) -> bool:
         return await (await self.acquire()).fill(query, k, ids, distances, vectors, **kw)

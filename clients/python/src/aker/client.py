@@ -40,7 +40,7 @@ from ._codec import (
     handshake,
     take_frame,
 )
-from ._protocol import VERSIONS, BatchResult, HitKind, Metric, SearchResult, ServerInfo
+from ._protocol import VERSIONS, BatchResult, Deleted, HitKind, Metric, SearchResult, ServerInfo
 from .errors import (
     AkerConnectionError,
     AkerError,
@@ -427,6 +427,7 @@ class Client:
         refresh_entry: bool = False,
         deadline: Optional[float] = None,
         collection: int = 0,
+        at_position: Optional[int] = None,
         timeout: Any = DEFAULT,
     ) -> SearchResult:
         """The ``k`` nearest neighbours of ``vector``.
@@ -434,9 +435,23 @@ class Client:
         ``bypass_cache``: answer from the backend, the cache untouched; ``refresh_entry``:
         from the backend, replacing the cached entry; ``deadline``: the server's time
         budget in seconds (``DEADLINE_EXCEEDED`` past it).
+
+        ``at_position`` (protocol version 5, read-your-writes): an answer that holds every
+        change committed up to this position, as :meth:`insert_with_position` /
+        :meth:`delete_with_position` return it (or PostgreSQL's ``pg_current_wal_lsn()``
+        after one's own COMMIT, as a number). With pgvector the cache answers once the
+        change stream has applied it (the server waits up to 100 ms), else the database
+        does. A server below version 5 cannot take it: :class:`~aker.InvalidRequest`
+        (``local``), nothing sent.
         """
         req = self._codec.search(
-            vector, k, bypass_cache=bypass_cache, refresh_entry=refresh_entry, deadline=deadline, collection=collection
+            vector,
+            k,
+            bypass_cache=bypass_cache,
+            refresh_entry=refresh_entry,
+            deadline=deadline,
+            collection=collection,
+            at_position=at_position,
         )
         result: SearchResult = self._one(req, timeout)
         return result
@@ -450,12 +465,13 @@ class Client:
         refresh_entry: bool = False,
         deadline: Optional[float] = None,
         collection: int = 0,
+        at_position: Optional[int] = None,
         errors: str = "raise",
         timeout: Any = DEFAULT,
     ) -> BatchResult:
         """The ``k`` nearest neighbours of each row of ``matrix`` ``(n, dim)``, in row order
-        (``ids`` / ``distances`` of shape ``(n, k)``); the flags as :meth:`search`'s, for
-        every row (``deadline``: for each request carrying rows).
+        (``ids`` / ``distances`` of shape ``(n, k)``); the flags and ``at_position`` as
+        :meth:`search`'s, for every row (``deadline``: for each request carrying rows).
 
         A version 4 server gets SEARCH_BATCH frames of at most ``info.max_batch`` rows
         (fewer when the request or its largest reply would be over ``max_frame_bytes``,
@@ -482,6 +498,7 @@ class Client:
             refresh_entry=refresh_entry,
             deadline=deadline,
             collection=collection,
+            at_position=at_position,
         )
         return batch_result(self._exchange(reqs, timeout, errors == "return"), reqs, kk, errors)
 
@@ -497,10 +514,33 @@ class Client:
         """Inserts or replaces ``id``; returns once the backend committed it."""
         self._one(self._codec.insert(id, vector, payload, collection), timeout)
 
+    def insert_with_position(
+        self,
+        id: int,
+        vector: VectorLike,
+        payload: Payload = None,
+        *,
+        collection: int = 0,
+        timeout: Any = DEFAULT,
+    ) -> int:
+        """As :meth:`insert`; returns the write's **position** (protocol version 5), for
+        :meth:`search`'s ``at_position``: with pgvector the WAL position after its COMMIT;
+        0 where there is nothing to wait for (the embedded store and cache-aside, whose
+        acknowledged writes are already in the cache, or a server below version 5)."""
+        position: int = self._one(self._codec.insert(id, vector, payload, collection, with_position=True), timeout)
+        return position
+
     def delete(self, id: int, *, collection: int = 0, timeout: Any = DEFAULT) -> bool:
         """Deletes ``id``; whether it was present. A deleted id is never served again."""
         existed: bool = self._one(self._codec.delete(id, collection), timeout)
         return existed
+
+    def delete_with_position(self, id: int, *, collection: int = 0, timeout: Any = DEFAULT) -> Deleted:
+        """As :meth:`delete`: a :class:`~aker.Deleted`, ``existed`` and the write's
+        ``position`` (as :meth:`insert_with_position`'s); a search at that position never
+        serves the id."""
+        d: Deleted = self._one(self._codec.delete(id, collection, with_position=True), timeout)
+        return d
 
     def fill(
         self,
@@ -707,6 +747,14 @@ class Pool:
     def delete(self, id: int, **kw: Any) -> bool:
         with self.connection() as c:
             return c.delete(id, **kw)
+
+    def insert_with_position(self, id: int, vector: VectorLike, payload: Payload = None, **kw: Any) -> int:
+        with self.connection() as c:
+            return c.insert_with_position(id, vector, payload, **kw)
+
+    def delete_with_position(self, id: int, **kw: Any) -> Deleted:
+        with self.connection() as c:
+            return c.delete_with_position(id, **kw)
 
     def fill(self, query: VectorLike, k: int, ids: VectorLike, distances: VectorLike, vectors: VectorLike, **kw: Any) -> bool:
         with self.connection() as c:
