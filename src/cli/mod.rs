@@ -91,9 +91,10 @@ pub enum Command {
     },
 }
 
+/// A vector given on the command line or as a row of a `.npy` file (search, insert).
 #[derive(Args, Debug)]
-pub struct SearchArgs {
-    /// The query, comma-separated: 0.1,0.2,...
+pub struct VectorArg {
+    /// The vector, comma-separated: 0.1,0.2,...
     #[arg(
         long,
         value_name = "X,Y,...",
@@ -102,12 +103,18 @@ pub struct SearchArgs {
         conflicts_with = "npy"
     )]
     pub vector: Option<String>,
-    /// The query from a 2-D float32 / float16 .npy array ...
+    /// The vector from a 2-D float32 / float16 .npy array ...
     #[arg(long, value_name = "FILE")]
     pub npy: Option<PathBuf>,
     /// ... its row N (from 0).
     #[arg(long, value_name = "N", default_value_t = 0, requires = "npy")]
     pub row: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct SearchArgs {
+    #[command(flatten)]
+    pub vector: VectorArg,
     /// Neighbours wanted.
     #[arg(short, long, default_value_t = 10)]
     pub k: u32,
@@ -129,21 +136,8 @@ pub struct InsertArgs {
     /// The id to insert or replace.
     #[arg(long)]
     pub id: u64,
-    /// The vector, comma-separated: 0.1,0.2,...
-    #[arg(
-        long,
-        value_name = "X,Y,...",
-        allow_hyphen_values = true,
-        required_unless_present = "npy",
-        conflicts_with = "npy"
-    )]
-    pub vector: Option<String>,
-    /// The vector from a 2-D float32 / float16 .npy array ...
-    #[arg(long, value_name = "FILE")]
-    pub npy: Option<PathBuf>,
-    /// ... its row N (from 0).
-    #[arg(long, value_name = "N", default_value_t = 0, requires = "npy")]
-    pub row: usize,
+    #[command(flatten)]
+    pub vector: VectorArg,
 }
 
 /// What the operator reads on stderr; the binary exits 1 with it.
@@ -444,7 +438,11 @@ fn check_dim(s: &Session, vector: &[f32]) -> Result<()> {
 }
 
 fn search(g: &Global, args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
-    let vector = read_vector(args.vector.as_ref(), args.npy.as_ref(), args.row)?;
+    let vector = read_vector(
+        args.vector.vector.as_ref(),
+        args.vector.npy.as_ref(),
+        args.vector.row,
+    )?;
     let mut s = Session::open(g)?;
     check_dim(&s, &vector)?;
     let k_max = s.hello.k_max;
@@ -475,7 +473,11 @@ fn search(g: &Global, args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
 }
 
 fn insert(g: &Global, args: &InsertArgs, out: &mut dyn Write) -> Result<()> {
-    let vector = read_vector(args.vector.as_ref(), args.npy.as_ref(), args.row)?;
+    let vector = read_vector(
+        args.vector.vector.as_ref(),
+        args.vector.npy.as_ref(),
+        args.vector.row,
+    )?;
     let mut s = Session::open(g)?;
     check_dim(&s, &vector)?;
     let position = s
