@@ -111,6 +111,13 @@ pub struct VectorArg {
     pub row: usize,
 }
 
+impl VectorArg {
+    /// The vector as given (`--vector`), or the `.npy` file's row.
+    fn read(&self) -> Result<Vec<f32>> {
+        read_vector(self.vector.as_ref(), self.npy.as_ref(), self.row)
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct SearchArgs {
     #[command(flatten)]
@@ -438,11 +445,7 @@ fn check_dim(s: &Session, vector: &[f32]) -> Result<()> {
 }
 
 fn search(g: &Global, args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
-    let vector = read_vector(
-        args.vector.vector.as_ref(),
-        args.vector.npy.as_ref(),
-        args.vector.row,
-    )?;
+    let vector = args.vector.read()?;
     let mut s = Session::open(g)?;
     check_dim(&s, &vector)?;
     let k_max = s.hello.k_max;
@@ -473,11 +476,7 @@ fn search(g: &Global, args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
 }
 
 fn insert(g: &Global, args: &InsertArgs, out: &mut dyn Write) -> Result<()> {
-    let vector = read_vector(
-        args.vector.vector.as_ref(),
-        args.vector.npy.as_ref(),
-        args.vector.row,
-    )?;
+    let vector = args.vector.read()?;
     let mut s = Session::open(g)?;
     check_dim(&s, &vector)?;
     let position = s
