@@ -62,7 +62,7 @@ fn config(pg: &PgServer, table: &str, instance: &str) -> Config {
 }
 
 fn wal_now(sql: &Sql) -> u64 {
-    let r = sql.query("SELECT pg_current_wal_lsn()", &[]);
+    let r = sql.query("SELECT pg_current_wal_insert_lsn()", &[]);
     u64::from(r[0].get::<_, PgLsn>(0))
 }
 
@@ -222,15 +222,19 @@ fn rows_inserted_and_updated_by_sql_reach_the_next_exact_hit() {
 fn a_delete_decoded_before_it_is_visible_is_not_lost_by_a_miss() {
     let Some(pg) = logical() else { return };
     table(pg, "c_race");
-    let mut cfg = config(pg, "c_race", "c_race");
-    // The stream held behind by the waiting commit also shows max_staleness_ms at work.
-    cfg.backend.pgvector.as_mut().unwrap().max_staleness_ms = Some(150);
-    let d = Daemon::start(&cfg).unwrap();
+    let d = Daemon::start(&config(pg, "c_race", "c_race")).unwrap();
     let mut c = client(d.local_addr());
+    // A second akerd, with max_staleness_ms: the stream held behind by the waiting
+    // commit sends its searches to the database (the first has no bound, so its miss
+    // is admitted: the race under test).
+    let mut cfg = config(pg, "c_race", "c_race_s");
+    cfg.backend.pgvector.as_mut().unwrap().max_staleness_ms = Some(150);
+    let d2 = Daemon::start(&cfg).unwrap();
+    let mut c2 = client(d2.local_addr());
     let ds = dataset();
     let q = query_near(&ds, 700, 0.01);
     let cached = query_near(&ds, 1500, 0.01);
-    until_hit(&mut c, &cached);
+    until_hit(&mut c2, &cached);
     let sql = pg.sql();
     let first = sql.knn("c_race", "<->", &q, 1, 100)[0].0;
     // ALTER SYSTEM runs outside a transaction block: one statement each.
@@ -264,8 +268,8 @@ fn a_delete_decoded_before_it_is_visible_is_not_lost_by_a_miss() {
         ids(&r)
     );
     // The stream waits on the invisible commit, over 150 ms behind: the database answers.
-    assert_eq!(c.search(K, &cached).unwrap().hit, HitKind::Miss);
-    assert!(stat(&stats(&d), "pg_changes_stale_searches").unwrap() >= 1.0);
+    assert_eq!(c2.search(K, &cached).unwrap().hit, HitKind::Miss);
+    assert!(stat(&stats(&d2), "pg_changes_stale_searches").unwrap() >= 1.0);
     thread::sleep(Duration::from_millis(100));
     sql.exec(&format!("SELECT pg_cancel_backend({pid})"));
     waiting.join().unwrap();
@@ -286,8 +290,10 @@ fn a_delete_decoded_before_it_is_visible_is_not_lost_by_a_miss() {
         );
     }
     // Caught up: hits again.
-    until_hit(&mut c, &cached);
+    wait_applied(&d2, wal_now(&sql));
+    until_hit(&mut c2, &cached);
     d.stop().unwrap();
+    d2.stop().unwrap();
 }
 
 #[test]
@@ -733,7 +739,7 @@ fn a_restart_in_front_of_postgres_is_warm_and_sees_what_changed_while_down() {
     sql.exec("DELETE FROM c_warm WHERE id = 800001");
     let instance = std::fs::read_to_string(dir.0.join("data/instance")).unwrap();
     sql.exec(&format!(
-        "SELECT pg_replication_slot_advance('aker_{}', pg_current_wal_lsn())",
+        "SELECT pg_replication_slot_advance('aker_{}', pg_current_wal_insert_lsn())",
         instance.trim()
     ));
     let d = Daemon::start(&cfg).unwrap();
@@ -785,5 +791,7 @@ fn a_search_at_the_position_of_a_sql_delete_never_returns_the_id() {
     assert!(at > 0 && at <= wal_now(&sql));
     let s = stats(&d);
     assert_eq!(stat(&s, "searches_at_position"), Some(20.0), "{s}");
+    // Answered by the cache once the stream was woken, not by the database fallback.
+    assert_eq!(stat(&s, "searches_position_database"), Some(0.0), "{s}");
     d.stop().unwrap();
 }

@@ -824,6 +824,9 @@ impl Cache {
         }
         debug_assert!(self.pool.is_empty());
         self.filter.clear();
+        // Misses in flight read the backend before the flush: they must not refill it.
+        self.deletes.cut();
+        self.publish_seqs();
     }
 
     // ------------------------------------------------------------------ reading

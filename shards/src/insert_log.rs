@@ -126,6 +126,8 @@ pub(crate) struct DeleteLog {
     records: VecDeque<(u64, u64)>,
     last_seq: u64,
     cap: usize,
+    /// Tickets older than this cannot be admitted: a flush cut them off.
+    floor: u64,
 }
 
 impl DeleteLog {
@@ -136,7 +138,16 @@ impl DeleteLog {
             records: VecDeque::with_capacity(cap.saturating_add(1).min(MAX_PREALLOCATED_DELETES)),
             last_seq: 0,
             cap,
+            floor: 0,
         }
+    }
+
+    /// A flush: every ticket taken before it is refused (its miss read the store before
+    /// whatever the flush stands for, a TRUNCATE say, and no delete record covers that).
+    /// Takes a sequence number of its own, so tickets taken after it are told apart.
+    pub(crate) fn cut(&mut self) {
+        self.last_seq += 1;
+        self.floor = self.last_seq;
     }
 
     pub(crate) fn append(&mut self, id: u64) -> u64 {
@@ -155,7 +166,7 @@ impl DeleteLog {
     /// Ids deleted after `seq`; `None` when the log no longer reaches back that far.
     pub(crate) fn deleted_since(&self, seq: u64) -> Option<HashSet<u64>> {
         let head = self.records.front().map_or(self.last_seq + 1, |r| r.0);
-        if seq + 1 < head {
+        if seq + 1 < head || seq < self.floor {
             return None;
         }
         // Sequence numbers are contiguous from `head`: skip straight to seq + 1 (a scan

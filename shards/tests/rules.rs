@@ -707,6 +707,28 @@ fn a_ticket_older_than_the_delete_log_is_stale() {
     c.check_invariants().unwrap();
 }
 
+#[test]
+fn a_miss_in_flight_across_a_flush_is_not_admitted() {
+    // The miss read the store before the flush (a TRUNCATE the flush stands for, say):
+    // admitting its answer after it would bring back what the flush dropped.
+    let (mut c, s) = (
+        Cache::new(line_config(), PolicyConfig::default().build()).unwrap(),
+        store(),
+    );
+    let before = c.miss_ticket(&[1.0], 2, false).unwrap();
+    let answer = s.search(&[1.0], 2).unwrap();
+    c.flush();
+    assert_eq!(c.admit(before, answer.clone()).unwrap(), Admission::Stale);
+    assert!(c.slot(&[1.0]).is_none());
+    // A miss after the flush is admitted as ever.
+    let after = c.miss_ticket(&[1.0], 2, false).unwrap();
+    assert!(matches!(
+        c.admit(after, answer).unwrap(),
+        Admission::Admitted(_)
+    ));
+    c.check_invariants().unwrap();
+}
+
 /// k is a request parameter, not part of the key: an entry cached for k answers any
 /// k' <= k from its prefix (every hit kind), and a request for more is a miss that
 /// replaces the entry with the larger answer.

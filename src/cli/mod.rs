@@ -133,7 +133,7 @@ pub struct SearchArgs {
     pub refresh: bool,
     /// Read-your-writes (AT_POSITION, protocol version 5): an answer that holds every
     /// change up to this position, as `insert` / `delete` print it or PostgreSQL's
-    /// `pg_current_wal_lsn()` reads it: `16/B374D848` or a number.
+    /// `pg_current_wal_insert_lsn()` reads it: `16/B374D848` or a number.
     #[arg(long, value_name = "LSN", value_parser = parse_position)]
     pub at_position: Option<u64>,
 }
@@ -387,7 +387,7 @@ pub fn parse_position(text: &str) -> Result<u64, String> {
     let bad = || {
         format!(
             "'{text}' is not a position: a number, or a pg_lsn such as 16/B374D848 (what \
-             pg_current_wal_lsn() shows)"
+             pg_current_wal_insert_lsn() shows)"
         )
     };
     match t.split_once('/') {

@@ -33,7 +33,7 @@
 //! write is already in the cache); a search AT_POSITION is answered from a state that
 //! holds every change up to it, the cache's once the change stream has applied it, else
 //! the database's. The position can come from another client's write too, or from
-//! `SELECT pg_current_wal_lsn()` after one's own COMMIT in SQL:
+//! `SELECT pg_current_wal_insert_lsn()` after one's own COMMIT in SQL:
 //!
 //! ```no_run
 //! # fn main() -> Result<(), aker::client::ClientError> {

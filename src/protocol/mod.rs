@@ -339,7 +339,7 @@ pub struct SearchRequest {
     pub vector: Vec<f32>,
     /// Version 5, AT_POSITION: answer only from a state that holds every change committed
     /// at or before this position (pgvector: a WAL position, as an INSERT or DELETE reply
-    /// of version 5 gives it, or `pg_current_wal_lsn()` read after one's own COMMIT).
+    /// of version 5 gives it, or `pg_current_wal_insert_lsn()` read after one's own COMMIT).
     /// `None`: no flag. A frame below version 5 cannot carry it (the encoder refuses).
     pub at_position: Option<u64>,
 }

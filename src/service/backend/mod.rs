@@ -60,7 +60,7 @@ pub(crate) type InsertAcks = Vec<flume::Receiver<shards::Result<InsertOutcome>>>
 pub(crate) type DeleteAcks = Vec<flume::Receiver<DeleteOutcome>>;
 
 /// Where a committed write is in the backend's order: pgvector's WAL position after its
-/// COMMIT (`pg_current_wal_lsn()`, a pg_lsn as a number). `None` where every
+/// COMMIT (`pg_current_wal_insert_lsn()`, a pg_lsn as a number). `None` where every
 /// acknowledged write is already in the cache (the embedded store, cache-aside) or the
 /// position could not be read. A version 5 reply carries it (0 for `None`).
 pub(crate) type Position = Option<u64>;

@@ -226,7 +226,9 @@ struct Prepared {
 
 /// The WAL's insert position after a write's COMMIT: at or past the commit's end.
 async fn position(c: &Client) -> Result<Option<Lsn>, tokio_postgres::Error> {
-    let row = c.query_one("SELECT pg_current_wal_lsn()", &[]).await?;
+    let row = c
+        .query_one("SELECT pg_current_wal_insert_lsn()", &[])
+        .await?;
     Ok(Some(u64::from(row.get::<_, PgLsn>(0))))
 }
 

@@ -58,10 +58,26 @@ impl PgSide {
         }
         let Some(at) = at else {
             // Committed, its position unread (the connection went right after): the id
-            // leaves the cache; the stream brings the row back in order.
+            // leaves the cache, and the write is answered as one in doubt (the stream
+            // may still re-apply an older write of the id before reaching this one).
             strip(owners, id);
-            return Ok(A::default());
+            return Err(Rejection::new(
+                Status::Unavailable,
+                format!("committed, but its position was not read; id {id} is out of the cache"),
+            ));
         };
+        if feed.reconnecting() {
+            // The stream cannot get there before the database is back: no 5 s wait.
+            strip(owners, id);
+            return Err(Rejection::new(
+                Status::Unavailable,
+                format!(
+                    "committed (WAL {}), but the change stream is reconnecting; id {id} is \
+                     out of the cache until it has applied it",
+                    lsn_text(at)
+                ),
+            ));
+        }
         let cap = Instant::now() + APPLY_WAIT;
         match feed.wait_applied(at, deadline.map_or(cap, |d| d.min(cap))) {
             Waited::Applied => Ok(A::default()),

@@ -23,6 +23,8 @@ use crate::service::StartError;
 /// The most changes a warm start replays; past it the cache starts cold (a replay that
 /// long would hold the start, and its memory, longer than a cold cache costs).
 const OPS_MAX: usize = 1_000_000;
+/// How long a decoded transaction may stay invisible before the warm start gives up.
+const VISIBLE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The database the snapshot's entries belong to: its system identifier, timeline and
 /// the table's OID, hashed (a restored backup, a promoted replica, a table made anew
@@ -72,6 +74,11 @@ pub(crate) fn catch_up(
     rt.block_on(async {
         let c = open(&target.conn).await.map_err(|e| e.to_string())?;
         let side = open(&target.conn).await.map_err(|e| e.to_string())?;
+        for s in [&c, &side] {
+            s.batch_execute("SET statement_timeout = '60s'")
+                .await
+                .map_err(|e| e.to_string())?;
+        }
         let slot = super::slot_name(instance);
         check_slot(&c, &slot, from).await?;
         let relid: u32 = c
@@ -108,7 +115,13 @@ pub(crate) fn catch_up(
             match &m {
                 Message::Begin { final_lsn, xid, .. } => {
                     skip = *final_lsn < from;
+                    let until = Instant::now() + VISIBLE_WAIT;
                     while !skip && !snap.sees(snap.widen(*xid)) {
+                        if Instant::now() >= until {
+                            return Err(format!(
+                                "transaction {xid} after it is still not visible after {VISIBLE_WAIT:?}"
+                            ));
+                        }
                         tokio::time::sleep(std::time::Duration::from_micros(200)).await;
                         snap = setup::position(&side).await.map_err(|e| e.to_string())?.1;
                     }

@@ -71,6 +71,13 @@ impl Decoder {
                 self.id_column, self.vector_column
             ));
         };
+        // A delete or an id change says which id only through the replica identity.
+        if !r.columns[id].key && r.replica_identity != b'f' {
+            return Err(format!(
+                "the replica identity no longer contains {}: deletes would not say which id",
+                self.id_column
+            ));
+        }
         let dim = r.columns[vector].type_modifier;
         if dim != self.dim as i32 {
             return Err(format!(

@@ -51,6 +51,24 @@ impl FollowConfig {
     }
 }
 
+/// The follower's sessions: no statement runs longer than this (a read that would is a
+/// lost connection, read again after a reconnection), and no idle transaction is left.
+const SESSION_SETTINGS: &str =
+    "SET statement_timeout = '60s'; SET idle_in_transaction_session_timeout = '60s'";
+// (setup.rs puts the same statement_timeout back after its longer statements.)
+
+/// The pool's connection settings with TCP keepalives and a user timeout, so that a
+/// silent network is found in seconds, not the system's two hours.
+fn follower_conn(target: &PgTarget) -> tokio_postgres::Config {
+    let mut c = target.conn.clone();
+    c.keepalives(true)
+        .keepalives_idle(Duration::from_secs(10))
+        .keepalives_interval(Duration::from_secs(5))
+        .keepalives_retries(3)
+        .tcp_user_timeout(Duration::from_secs(30));
+    c
+}
+
 /// Why a poll stopped.
 enum PollError {
     /// The connection is gone: reconnect and resume from the slot.
@@ -98,7 +116,12 @@ struct Follower {
     advanced_at: Instant,
     /// Whether `pg_log_standby_snapshot()` may be called (see `log_running_xacts`).
     log_xacts: bool,
+    /// Transactions applied when the last running-transactions record was written.
+    commits_logged: u64,
     checked_at: Instant,
+    /// The owners run (their executors started): flushes await their acks. At start
+    /// they do not yet, and a flush is queued ahead of any request instead.
+    serving: bool,
 }
 
 /// The follower thread: setup (answered on `setup_tx`), then the loop until `stop`.
@@ -115,6 +138,9 @@ pub(super) fn run(
             return;
         }
     };
+    // However the thread ends (stopping, a table that changed, a panic), writes through
+    // akerd stop waiting for it.
+    let _stopped = StopOnExit(target.clone());
     rt.block_on(async move {
         let mut f = match Follower::start(target, cfg, parts).await {
             Ok(f) => f,
@@ -123,9 +149,25 @@ pub(super) fn run(
                 return;
             }
         };
-        let _ = setup_tx.send(Ok(()));
+        if setup_tx.send(Ok(())).is_err() {
+            // Start-up gave up waiting for this setup (and said so): nothing follows.
+            return;
+        }
+        f.serving = true;
         f.follow().await;
     });
+}
+
+/// Marks the stream stopped when the follower thread ends.
+struct StopOnExit(Arc<PgTarget>);
+
+impl Drop for StopOnExit {
+    fn drop(&mut self) {
+        let feed = &self.0.changes;
+        if feed.following() {
+            feed.set_following(false, FeedState::Stopped);
+        }
+    }
 }
 
 impl Follower {
@@ -150,7 +192,9 @@ impl Follower {
             confirmed: 0,
             advanced_at: Instant::now(),
             log_xacts: true,
+            commits_logged: 0,
             checked_at: Instant::now(),
+            serving: false,
         };
         let cold = !f.feed().is_warm();
         f.slot_ready(cold).await?;
@@ -169,41 +213,50 @@ impl Follower {
         target: &PgTarget,
         cfg: &FollowConfig,
     ) -> Result<(Client, Client, u32), SetupError> {
-        let ctl = open(&target.conn).await?;
+        let conn = follower_conn(target);
+        let ctl = open(&conn).await?;
+        ctl.batch_execute(SESSION_SETTINGS).await?;
         setup::check_server(&ctl).await?;
         let relid = setup::check_table(&ctl, &target.table, &cfg.id_column).await?;
         setup::lock(&ctl, &cfg.slot).await?;
-        setup::publication(&ctl, &cfg.slot, &target.table, relid).await?;
-        let stream = open(&target.conn).await?;
+        setup::publication(&ctl, &cfg.slot, &target.table).await?;
+        let stream = open(&conn).await?;
+        stream.batch_execute(SESSION_SETTINGS).await?;
         Ok((ctl, stream, relid))
     }
 
     /// The slot made or checked. `cold`: the cache is empty (start), so the stream
     /// starts at the flush position; otherwise a usable slot resumes where it was, and
-    /// a remade one empties the cache first.
+    /// a new one (the old gone or invalidated) starts there too, the cache flushed once
+    /// that position is fixed and visible (misses in flight across the flush are not
+    /// admitted: the flush cuts their tickets off).
     async fn slot_ready(&mut self, cold: bool) -> Result<(), SetupError> {
         let found = setup::slot(&self.ctl, &self.cfg.slot).await?;
-        if let SlotFound::Remade(why) = &found {
-            tracing::error!(slot = %self.cfg.slot, reason = %why,
+        if found == SlotFound::Usable && !cold {
+            self.feed().set_following(true, FeedState::Following);
+            return Ok(());
+        }
+        match &found {
+            SlotFound::Remade(why) => tracing::error!(slot = %self.cfg.slot, reason = %why,
                 "pgvector: the slot was invalidated: its changes since are lost; the cache \
-                 is flushed and the slot made anew");
+                 is flushed and the slot made anew"),
+            SlotFound::Made if !cold => tracing::error!(slot = %self.cfg.slot,
+                "pgvector: the slot is gone: the cache is flushed and the slot made anew"),
+            _ => {}
+        }
+        if !cold {
             self.feed().stats.slot_lost.fetch_add(1, Ordering::Relaxed);
         }
-        if cold || found != SlotFound::Usable {
-            if !cold {
-                if found == SlotFound::Made {
-                    tracing::error!(slot = %self.cfg.slot,
-                        "pgvector: the slot is gone: the cache is flushed and the slot made anew");
-                    self.feed().stats.slot_lost.fetch_add(1, Ordering::Relaxed);
-                }
-                self.flush()
-                    .await
-                    .map_err(|_| SetupError::Other("owners stopped".into()))?;
-            }
-            let at = setup::cold_start(&self.ctl, &self.cfg.slot).await?;
-            self.confirmed = at;
-            self.feed().advance(at);
+        let at = setup::cold_start(&self.ctl, &self.cfg.slot).await?;
+        if !cold {
+            self.flush()
+                .await
+                .map_err(|_| SetupError::Other("owners stopped".into()))?;
         }
+        self.confirmed = at;
+        // A new slot's positions may lie before the old applied one (a failover, a
+        // restore): the applied position is set, not raised.
+        self.feed().reset_applied(at);
         self.feed().set_following(true, FeedState::Following);
         Ok(())
     }
@@ -273,12 +326,23 @@ impl Follower {
             self.feed().caught_up(began_us);
             return Ok(());
         }
-        let (rows, last_end) = self.read(upto, applied).await?;
+        let mut limit = Some(CHANGES_PER_POLL);
+        let (rows, last_end) = loop {
+            let (rows, last_end) = self.read(upto, applied, limit).await?;
+            let limited = limit.is_some_and(|l| rows >= l as usize);
+            // A limited read of transactions all applied before (the slot held back at
+            // shutdown, or resumed behind after a reconnection) moves nothing: read on.
+            if limited && last_end.is_none_or(|e| e <= applied) {
+                limit = None;
+                continue;
+            }
+            break (if limited { Some(rows) } else { None }, last_end);
+        };
         self.await_acks().await?;
-        let to = if rows >= CHANGES_PER_POLL as usize {
-            last_end.unwrap_or(applied)
-        } else {
-            upto.max(last_end.unwrap_or(0))
+        let to = match rows {
+            // Cut at the limit: applied through the last whole transaction read.
+            Some(_) => last_end.unwrap_or(applied),
+            None => upto.max(last_end.unwrap_or(0)),
         };
         if last_end.is_none() {
             stats.lag_ms.store(0, Ordering::Relaxed);
@@ -287,13 +351,20 @@ impl Follower {
         if to >= upto {
             self.feed().caught_up(began_us);
         }
-        stats.lag_bytes.store(0, Ordering::Relaxed);
+        stats
+            .lag_bytes
+            .store(upto.saturating_sub(to), Ordering::Relaxed);
         Ok(())
     }
 
     /// Streams the slot's changes up to `upto`, applying each; the rows read and the
     /// end of the last commit.
-    async fn read(&mut self, upto: Lsn, applied: Lsn) -> Result<(usize, Option<Lsn>), PollError> {
+    async fn read(
+        &mut self,
+        upto: Lsn,
+        applied: Lsn,
+        limit: Option<i32>,
+    ) -> Result<(usize, Option<Lsn>), PollError> {
         let slot = self.cfg.slot.clone();
         let st = self
             .stream
@@ -304,7 +375,7 @@ impl Follower {
             .await?;
         let upto_lsn = PgLsn::from(upto);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-            [&slot, &upto_lsn, &CHANGES_PER_POLL, &slot];
+            [&slot, &upto_lsn, &limit, &slot];
         let rows = self.stream.query_raw(&st, params).await?;
         let mut rows = std::pin::pin!(rows);
         let (mut n, mut last_end, mut skip) = (0usize, None, false);
@@ -461,12 +532,16 @@ impl Follower {
     }
 
     async fn flush(&mut self) -> Result<(), PollError> {
-        for a in self
+        let acks = self
             .parts
             .owners
             .flush()
-            .map_err(|_| PollError::OwnersGone)?
-        {
+            .map_err(|_| PollError::OwnersGone)?;
+        if !self.serving {
+            // The owners start after this: the flush is queued ahead of any request.
+            return Ok(());
+        }
+        for a in acks {
             a.recv_async().await.map_err(|_| PollError::OwnersGone)?;
         }
         Ok(())
@@ -512,7 +587,9 @@ impl Follower {
                 "SELECT (pg_current_wal_lsn() - s.restart_lsn)::bigint, coalesce(s.wal_status, ''), \
                    s.invalidation_reason, to_regclass($2)::oid, \
                    (SELECT atttypmod FROM pg_attribute WHERE attrelid = to_regclass($2) \
-                      AND attname = $3 AND NOT attisdropped) \
+                      AND attname = $3 AND NOT attisdropped), \
+                   EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_rel r \
+                      ON r.prpubid = p.oid WHERE p.pubname = $1 AND r.prrelid = to_regclass($2)) \
                  FROM pg_replication_slots s WHERE s.slot_name = $1",
                 &[&self.cfg.slot, &self.target.table, &self.cfg.vector_column],
             )
@@ -525,6 +602,7 @@ impl Follower {
         let reason: Option<String> = r.get(2);
         let relid: Option<u32> = r.get(3);
         let typmod: Option<i32> = r.get(4);
+        let published: bool = r.get(5);
         self.feed()
             .stats
             .retained_bytes
@@ -536,6 +614,12 @@ impl Follower {
             return Err(PollError::TableChanged(format!(
                 "{} is not the table akerd started on (dropped, renamed or made anew)",
                 self.target.table
+            )));
+        }
+        if !published {
+            return Err(PollError::TableChanged(format!(
+                "{} is no longer in publication {}",
+                self.target.table, self.cfg.slot
             )));
         }
         if typmod != Some(self.target.dim as i32) {
@@ -552,9 +636,13 @@ impl Follower {
     /// would decode up to 15 s of WAL again. One written before each advance keeps it
     /// within two advances (needs superuser or EXECUTE on the function; without, said once).
     async fn log_running_xacts(&mut self) -> Result<(), PollError> {
-        if !self.log_xacts {
+        // Only after transactions were applied: on an idle database the record would
+        // itself be new WAL to advance over, every 200 ms, forever.
+        let commits = self.feed().stats.commits.load(Ordering::Relaxed);
+        if !self.log_xacts || commits == self.commits_logged {
             return Ok(());
         }
+        self.commits_logged = commits;
         match self
             .ctl
             .execute("SELECT pg_log_standby_snapshot()", &[])
@@ -582,6 +670,11 @@ impl Follower {
             "pgvector: the change stream lost its connection; reconnecting"
         );
         self.feed().set_state(FeedState::Reconnecting);
+        // An error the server answered leaves the old sessions up, and the slot's lock
+        // with them: let it go before taking it again.
+        let unlock = self.ctl.batch_execute("SELECT pg_advisory_unlock_all()");
+        let _ = tokio::time::timeout(Duration::from_secs(2), unlock).await;
+        let mut failures = 0u32;
         let mut pause = BACKOFF_FIRST;
         loop {
             if self.parts.stop.load(Ordering::Acquire) {
@@ -598,7 +691,11 @@ impl Follower {
                     return false;
                 }
                 Err(e) => {
-                    tracing::debug!(error = %e, "pgvector: change stream reconnection failed");
+                    failures += 1;
+                    // Said now and then, not on every attempt.
+                    if failures.is_power_of_two() {
+                        tracing::warn!(error = %e, failures, "pgvector: the change stream cannot reconnect yet");
+                    }
                     continue;
                 }
             };

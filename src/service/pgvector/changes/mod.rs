@@ -177,6 +177,11 @@ impl ChangeFeed {
         self.following.load(Ordering::Acquire)
     }
 
+    /// Following, but the database away: the stream cannot apply anything now.
+    pub(crate) fn reconnecting(&self) -> bool {
+        self.stats.state.load(Ordering::Relaxed) == FeedState::Reconnecting as u64
+    }
+
     pub(crate) fn applied(&self) -> Lsn {
         *self.applied.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -264,8 +269,14 @@ impl ChangeFeed {
     /// (reconnecting), nothing can commit there, and hits are served.
     pub(crate) fn too_stale(&self) -> bool {
         let max = self.staleness_max_us.load(Ordering::Relaxed);
-        if max == 0 || self.stats.state.load(Ordering::Relaxed) != FeedState::Following as u64 {
+        let state = self.stats.state.load(Ordering::Relaxed);
+        if max == 0 || state == FeedState::Reconnecting as u64 {
             return false;
+        }
+        if state != FeedState::Following as u64 {
+            // Stopped (the table changed, the slot taken): no bound holds any more.
+            self.stats.stale_searches.fetch_add(1, Ordering::Relaxed);
+            return true;
         }
         let behind = self
             .now_us()
@@ -275,6 +286,15 @@ impl ChangeFeed {
             self.stats.stale_searches.fetch_add(1, Ordering::Relaxed);
         }
         stale
+    }
+
+    /// A new slot's start position, which may lie before the old applied one.
+    fn reset_applied(&self, at: Lsn) {
+        let mut g = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        *g = at;
+        self.stats.applied_lsn.store(at, Ordering::Relaxed);
+        drop(g);
+        self.moved.notify_all();
     }
 
     /// Wakes the follower (a write through akerd waits on it).
@@ -315,15 +335,12 @@ pub(crate) struct Snap {
 }
 
 impl Snap {
-    /// A decoded 32-bit xid as the 64-bit one of this snapshot's epoch (a committed
-    /// transaction's xid is below `xmax`).
+    /// A decoded 32-bit xid as the 64-bit one nearest this snapshot's `xmax`: xids in
+    /// use lie within 2^31 of it, before it (ended or running) or just after it (a
+    /// transaction that has committed but not yet ended, as a decoded one may be).
     pub(crate) fn widen(&self, xid: u32) -> u64 {
-        let c = (self.xmax & !0xFFFF_FFFF) | u64::from(xid);
-        if c >= self.xmax && c >= 1 << 32 {
-            c - (1 << 32)
-        } else {
-            c
-        }
+        let diff = i64::from(xid.wrapping_sub(self.xmax as u32) as i32);
+        (self.xmax as i64 + diff).max(0) as u64
     }
 
     /// Whether a transaction known to have committed is visible to this snapshot.
@@ -350,7 +367,13 @@ pub(crate) fn instance_name(
                  name must stay the same across restarts",
             )));
         }
-        return Ok(host_instance(&host_name(), port));
+        let name = host_instance(&host_name(), port);
+        tracing::warn!(instance = %name,
+            "pgvector: the slot's name comes from the host name and port: a new host name \
+             (a new pod, a new machine) makes a new slot, and the old one holds WAL until \
+             dropped (akerd --drop-slot with the old name as backend.pgvector.instance). Set \
+             backend.pgvector.instance or backend.data_dir");
+        return Ok(name);
     };
     let file = dir.join("instance");
     match std::fs::read_to_string(&file) {
@@ -487,14 +510,25 @@ mod tests {
             xip: vec![(3 << 32) + 12],
         };
         assert_eq!(s.widen(15), (3 << 32) + 15);
-        // Above xmax's low bits: the epoch before (the xid wrapped since).
-        assert_eq!(s.widen(u32::MAX - 1), (2 << 32) + u64::from(u32::MAX - 1));
+        // Committed, not ended yet: at or just past xmax, in the same epoch (not one
+        // epoch back, which would read as long visible).
+        assert_eq!(s.widen(20), (3 << 32) + 20);
+        assert_eq!(s.widen(25), (3 << 32) + 25);
+        assert!(!s.sees(s.widen(25)));
+        // Just below an epoch's start: the epoch before.
+        let e = Snap {
+            xmin: (3 << 32) + 2,
+            xmax: (3 << 32) + 5,
+            xip: vec![],
+        };
+        assert_eq!(e.widen(u32::MAX - 1), (2 << 32) + u64::from(u32::MAX - 1));
         let first = Snap {
             xmin: 5,
             xmax: 9,
             xip: vec![],
         };
         assert_eq!(first.widen(7), 7);
+        assert_eq!(first.widen(12), 12);
     }
 
     #[test]

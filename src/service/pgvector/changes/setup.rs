@@ -17,6 +17,8 @@ use crate::service::StartError;
 
 /// The first key of akerd's advisory locks ("aker"); the second is the slot's hash.
 const LOCK_CLASS: i32 = 0x616b_6572;
+/// What a statement of the follower's sessions may take, put back after a longer one.
+const SESSION_TIMEOUT: &str = "SET statement_timeout = '60s'";
 /// How long start-up waits for another session to release the slot's lock.
 const LOCK_WAIT: Duration = Duration::from_secs(2);
 /// Creating a slot waits for the transactions running now to end.
@@ -72,6 +74,16 @@ fn db_message(e: &tokio_postgres::Error) -> String {
 
 /// The server allows logical decoding and this role may create slots.
 pub(super) async fn check_server(c: &Client) -> Result<(), SetupError> {
+    let version: String = c
+        .query_one("SELECT current_setting('server_version_num')", &[])
+        .await?
+        .get(0);
+    if version.parse::<u32>().unwrap_or(0) < 170_000 {
+        return Err(SetupError::Other(format!(
+            "PostgreSQL {version} (server_version_num): following changes needs 17 or later \
+             (pg_replication_slots.invalidation_reason)"
+        )));
+    }
     let level: String = c
         .query_one("SELECT current_setting('wal_level')", &[])
         .await?
@@ -114,11 +126,19 @@ pub(super) async fn check_table(
 ) -> Result<u32, SetupError> {
     let row = c
         .query_one(
-            "SELECT c.oid, c.relreplident::text FROM pg_class c WHERE c.oid = to_regclass($1)",
+            "SELECT c.oid, c.relreplident::text, c.relkind::text FROM pg_class c \
+             WHERE c.oid = to_regclass($1)",
             &[&table],
         )
         .await?;
-    let (relid, ident): (u32, String) = (row.get(0), row.get(1));
+    let (relid, ident, kind): (u32, String, String) = (row.get(0), row.get(1), row.get(2));
+    if kind != "r" {
+        // A partitioned table's changes come under its partitions' OIDs.
+        return Err(SetupError::Other(format!(
+            "{table} is not a plain table (relkind {kind}): partitioned tables are not \
+             followed yet"
+        )));
+    }
     let holds_id = match ident.as_str() {
         "f" => true,
         "n" => false,
@@ -193,25 +213,22 @@ pub(super) async fn lock(c: &Client, slot: &str) -> Result<(), SetupError> {
 }
 
 /// The publication `name` for `table` (made, or set to the table).
-pub(super) async fn publication(
-    c: &Client,
-    name: &str,
-    table: &str,
-    relid: u32,
-) -> Result<(), SetupError> {
-    let row = c
+pub(super) async fn publication(c: &Client, name: &str, table: &str) -> Result<(), SetupError> {
+    let exists: bool = c
         .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1), \
-                    EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_rel r \
-                              ON r.prpubid = p.oid WHERE p.pubname = $1 AND r.prrelid = $2)",
-            &[&name, &relid],
+            "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
+            &[&name],
         )
-        .await?;
-    let (exists, has_table): (bool, bool) = (row.get(0), row.get(1));
-    let sql = match (exists, has_table) {
-        (true, true) => return Ok(()),
-        (true, false) => format!("ALTER PUBLICATION {name} SET TABLE {table}"),
-        (false, _) => format!(
+        .await?
+        .get(0);
+    // An existing one is set again whole: the table alone, no row filter or column
+    // list, every kind of change (someone may have altered it).
+    let sql = match exists {
+        true => format!(
+            "ALTER PUBLICATION {name} SET TABLE {table}; \
+             ALTER PUBLICATION {name} SET (publish = 'insert, update, delete, truncate')"
+        ),
+        false => format!(
             "CREATE PUBLICATION {name} FOR TABLE {table} \
              WITH (publish = 'insert, update, delete, truncate')"
         ),
@@ -280,7 +297,7 @@ async fn create_slot(c: &Client, name: &str) -> Result<(), SetupError> {
             &[&name],
         )
         .await;
-    c.batch_execute("RESET statement_timeout").await?;
+    c.batch_execute(SESSION_TIMEOUT).await?;
     match made {
         Ok(_) => {
             tracing::info!(slot = name, "pgvector: replication slot made");
@@ -322,7 +339,11 @@ pub(super) async fn position(c: &Client) -> Result<(Lsn, Snap), tokio_postgres::
 /// nothing before each one running at that instant is visible or still running
 /// (its commit then comes later, in the stream).
 pub(super) async fn cold_start(c: &Client, slot: &str) -> Result<Lsn, SetupError> {
-    let (at, snap) = position(c).await?;
+    let (at, _) = position(c).await?;
+    // Taken after `at` was read: a transaction committed before `at` has ended there or
+    // is still in its list (committed, not yet visible); one that began later is past
+    // its xmax and commits later than `at`.
+    let (_, snap) = position(c).await?;
     c.batch_execute(&format!("SET statement_timeout = '{ADVANCE_TIMEOUT}'"))
         .await?;
     let advanced = c
@@ -331,7 +352,7 @@ pub(super) async fn cold_start(c: &Client, slot: &str) -> Result<Lsn, SetupError
             &[&slot, &PgLsn::from(at)],
         )
         .await;
-    c.batch_execute("RESET statement_timeout").await?;
+    c.batch_execute(SESSION_TIMEOUT).await?;
     if let Err(e) = advanced {
         if e.code() != Some(&SqlState::QUERY_CANCELED) {
             return Err(e.into());
@@ -371,11 +392,10 @@ async fn settle_running(c: &Client, snap: &Snap) -> Result<(), SetupError> {
                 break;
             }
             if Instant::now() >= until {
-                tracing::warn!(
-                    xid = x,
-                    "pgvector: a transaction committed at start is not visible yet"
-                );
-                break;
+                return Err(SetupError::Other(format!(
+                    "transaction {x} committed before the stream's start position is still \
+                     not visible after {START_SETTLE:?} (a synchronous standby away?)"
+                )));
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
