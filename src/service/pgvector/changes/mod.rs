@@ -464,6 +464,9 @@ pub(crate) fn start(
             "no answer from the change stream's setup within {SETUP_WAIT:?}"
         )))
     });
+    // A setup still running finds no one waiting once it is done, and ends (the joins
+    // below are bounded by its statements' timeouts).
+    drop(rx);
     match outcome {
         Ok(()) => Ok(Some(handle)),
         Err(e) if mode == ChangesMode::Auto && e.allows_auto() => {
