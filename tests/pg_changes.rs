@@ -636,6 +636,18 @@ fn akerd_killed_mid_stream_resumes_on_its_slot_and_drop_slot_retires_it() {
         n("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1"),
         1
     );
+    let drop_slot = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_akerd"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--drop-slot")
+            .output()
+            .unwrap()
+    };
+    // Not while an akerd runs with the slot.
+    let refused = drop_slot();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("still runs"));
     a.kill();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_akerd"))
         .arg("--config")

@@ -105,6 +105,8 @@ struct Follower {
     ctl: Client,
     stream: Client,
     decoder: Decoder,
+    /// The read's statement, prepared once on `stream`.
+    peek: Option<tokio_postgres::Statement>,
     /// The changes of the message being applied (reused).
     changes: Vec<Change>,
     snap: Snap,
@@ -185,6 +187,7 @@ impl Follower {
             parts,
             ctl,
             stream,
+            peek: None,
             changes: Vec::new(),
             snap: Snap::default(),
             insert_acks: Vec::new(),
@@ -366,13 +369,20 @@ impl Follower {
         limit: Option<i32>,
     ) -> Result<(usize, Option<Lsn>), PollError> {
         let slot = self.cfg.slot.clone();
-        let st = self
-            .stream
-            .prepare(
-                "SELECT data FROM pg_logical_slot_peek_binary_changes($1::text::name, $2, $3, \
-                 'proto_version', '1', 'publication_names', $4::text)",
-            )
-            .await?;
+        let st = match &self.peek {
+            Some(st) => st.clone(),
+            None => {
+                let st = self
+                    .stream
+                    .prepare(
+                        "SELECT data FROM pg_logical_slot_peek_binary_changes($1::text::name, \
+                         $2, $3, 'proto_version', '1', 'publication_names', $4::text)",
+                    )
+                    .await?;
+                self.peek = Some(st.clone());
+                st
+            }
+        };
         let upto_lsn = PgLsn::from(upto);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
             [&slot, &upto_lsn, &limit, &slot];
@@ -699,7 +709,7 @@ impl Follower {
                     continue;
                 }
             };
-            (self.ctl, self.stream) = (ctl, stream);
+            (self.ctl, self.stream, self.peek) = (ctl, stream, None);
             if relid != self.decoder.relid {
                 tracing::error!(table = %self.target.table,
                     "pgvector: the table was made anew while the database was away: the cache \

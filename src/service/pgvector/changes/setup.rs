@@ -414,6 +414,16 @@ pub(crate) fn drop_slot(section: &PgvectorSection, instance: &str) -> Result<Str
             .await
             .map_err(|e| StartError::Backend(e.to_string()))?;
         let fail = |e: tokio_postgres::Error| StartError::Backend(db_message(&e));
+        // Not under an akerd still running with it (its follower holds the lock; one
+        // just killed is given LOCK_WAIT for its session to end).
+        if let Err(e) = lock(&c, &name).await {
+            return Err(match e {
+                SetupError::Held { pid, .. } => StartError::Backend(format!(
+                    "an akerd still runs with slot {name} (server process {pid}): stop it first"
+                )),
+                other => StartError::Backend(other.to_string()),
+            });
+        }
         let dropped = c
             .execute(
                 "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
