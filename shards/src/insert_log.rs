@@ -169,15 +169,11 @@ impl DeleteLog {
         if seq + 1 < head || seq < self.floor {
             return None;
         }
-        // Sequence numbers are contiguous from `head`: skip straight to seq + 1 (a scan
-        // of the whole window made every admission O(delete log) after a burst of deletes).
-        let skip = (seq + 1).saturating_sub(head) as usize;
-        Some(
-            self.records
-                .range(skip.min(self.records.len())..)
-                .map(|&(_, id)| id)
-                .collect(),
-        )
+        // Sequence numbers ascend (with a gap where a flush took one: `cut`): find seq + 1
+        // by binary search (a scan of the whole window made every admission O(delete
+        // log) after a burst of deletes).
+        let skip = self.records.partition_point(|&(s, _)| s <= seq);
+        Some(self.records.range(skip..).map(|&(_, id)| id).collect())
     }
 }
 

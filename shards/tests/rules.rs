@@ -715,17 +715,30 @@ fn a_miss_in_flight_across_a_flush_is_not_admitted() {
         Cache::new(line_config(), PolicyConfig::default().build()).unwrap(),
         store(),
     );
+    // A delete logged before the flush (the log then spans the flush's gap).
+    c.delete(99);
     let before = c.miss_ticket(&[1.0], 2, false).unwrap();
     let answer = s.search(&[1.0], 2).unwrap();
     c.flush();
     assert_eq!(c.admit(before, answer.clone()).unwrap(), Admission::Stale);
     assert!(c.slot(&[1.0]).is_none());
-    // A miss after the flush is admitted as ever.
+    // A miss after the flush is admitted as ever, and a delete while it is in flight is
+    // still stripped from its answer (the flush's own sequence number is a gap in the
+    // delete log: the first delete after it must not be skipped).
     let after = c.miss_ticket(&[1.0], 2, false).unwrap();
+    let held = answer[0].id;
+    c.delete(held);
+    assert_eq!(c.admit(after, answer).unwrap(), Admission::TooFew);
+    let again = c.miss_ticket(&[1.0], 2, false).unwrap();
+    let answer = s.search(&[1.0], 3).unwrap();
+    c.delete(answer[1].id);
     assert!(matches!(
-        c.admit(after, answer).unwrap(),
+        c.admit(again, answer.clone()).unwrap(),
         Admission::Admitted(_)
     ));
+    let r = c.search(&s, &[1.0], 2).unwrap();
+    assert_eq!(r.kind, HitKind::Exact, "admitted");
+    assert!(!ids(&r).contains(&answer[1].id), "{:?}", ids(&r));
     c.check_invariants().unwrap();
 }
 
