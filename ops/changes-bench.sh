@@ -39,9 +39,9 @@ aport=7760
 url="postgresql://aker@127.0.0.1:$port/postgres"
 pw="$data.password"
 pgsql() { bash ops/pg.sh psql "$data" "$port" -qAt -c "$1"; }
-akerd=
+. ops/akerd-lib.sh   # akerd_start CONFIG LOG [CPUS], akerd_stop
 cleanup() {
-  [ -n "$akerd" ] && kill "$akerd" 2>/dev/null || true
+  akerd_cleanup
   bash ops/pg.sh stop "$data" 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -77,17 +77,6 @@ enabled = true
 listen = "127.0.0.1:$((aport + 1))"
 TOML
 }
-akerd_start() { # CONFIG LOG
-  taskset -c 1 ./target/release/akerd --config "$1" > "$2" 2>&1 &
-  akerd=$!
-  for _ in $(seq 1 120); do
-    kill -0 $akerd 2>/dev/null || { tail -20 "$2"; exit 1; }
-    grep -q "ready" "$2" && return 0
-    sleep 0.5
-  done
-  echo "akerd did not get ready in 60 s ($2)" >&2; exit 1
-}
-akerd_stop() { kill $akerd; wait $akerd 2>/dev/null || true; akerd=; }
 replay() { # TRACE JSON
   taskset -c 1 ./target/release/aker-loadgen -t 127.0.0.1:$aport -q -c 1 -d 1 --closed \
     --trace "$1" -w 0s -D 600s --json "$2" > /dev/null
@@ -99,14 +88,14 @@ for run in never warm cold; do
   [ $run = cold ] && load=false
   rm -rf "$out/$run-data"
   config $run $load
-  akerd_start "$out/$run.toml" "$out/$run-first.log"
+  akerd_start "$out/$run.toml" "$out/$run-first.log" 1
   replay "$out/warm.trace" "$out/$run-warmup.json"
   if [ $run != never ]; then
     akerd_stop
     # While akerd is down: rows deleted by SQL (ids spread over the collection).
     pgsql "DELETE FROM items WHERE id IN (SELECT id FROM items ORDER BY id DESC LIMIT $down_deletes)"
     t0=$(date +%s.%N)
-    akerd_start "$out/$run.toml" "$out/$run-restart.log"
+    akerd_start "$out/$run.toml" "$out/$run-restart.log" 1
     t1=$(date +%s.%N)
     echo "$run restart: $(python3 -c "print(f'{$t1 - $t0:.2f}')") s to ready (script's view)" \
       | tee "$out/$run-restart.txt"
@@ -120,7 +109,7 @@ done
 # --- 2. lag under SQL writes ---------------------------------------------------------------
 config lag true
 rm -rf "$out/lag-data"
-akerd_start "$out/lag.toml" "$out/lag.log"
+akerd_start "$out/lag.toml" "$out/lag.log" 1
 taskset -c 1 ./target/release/aker-changes --pg "$url" --pg-password-file "$pw" --table items \
   --akerd 127.0.0.1:$aport --seconds "$phase_s" --fractions 0,0.1,0.5,0.9 \
   --out "$out/lag.md" > "$out/lag.txt" 2>&1

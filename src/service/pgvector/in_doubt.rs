@@ -199,17 +199,21 @@ fn after_failed_write(owners: &Owners, id: u64, e: WriteError) -> Rejection {
     if !e.in_doubt {
         return e.rejection;
     }
-    match owners.queue_delete(id) {
-        Ok(acks) => {
-            let until = Instant::now() + STRIP_WAIT;
-            for a in acks {
-                let left = until.saturating_duration_since(Instant::now());
-                if a.recv_timeout(left).is_err() {
-                    tracing::warn!(id, "a shard did not confirm stripping a failed write's id");
-                }
-            }
-            e.rejection
-        }
+    match strip(owners, id) {
+        Ok(()) => e.rejection,
         Err(gone) => gone,
     }
+}
+
+/// `id` out of every shard, each owner's acknowledgement awaited up to [`STRIP_WAIT`]
+/// (a write in doubt, or one committed that the change stream has not applied yet).
+pub(super) fn strip(owners: &Owners, id: u64) -> Result<(), Rejection> {
+    let acks = owners.queue_delete(id)?;
+    let until = Instant::now() + STRIP_WAIT;
+    for a in acks {
+        if a.recv_deadline(until).is_err() {
+            tracing::warn!(id, "a shard did not confirm stripping a write's id");
+        }
+    }
+    Ok(())
 }

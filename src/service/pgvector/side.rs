@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::changes::Waited;
-use super::in_doubt::WriteOrder;
+use super::in_doubt::{strip, WriteOrder};
 use super::pgoutput::{lsn_text, Lsn};
 use super::{PgConn, PgTarget};
 use crate::protocol::{Rejection, Status};
@@ -36,8 +36,6 @@ impl PgSide {
 
 /// Longest wait of a write without a deadline for the change stream to apply it.
 const APPLY_WAIT: Duration = Duration::from_secs(5);
-/// How long a write waits for the owners to strip its id.
-const STRIP_WAIT: Duration = Duration::from_secs(5);
 
 impl PgSide {
     /// A committed write reaches the cache. While akerd follows the table's changes, it
@@ -60,7 +58,7 @@ impl PgSide {
             // Committed, its position unread (the connection went right after): the id
             // leaves the cache, and the write is answered as one in doubt (the stream
             // may still re-apply an older write of the id before reaching this one).
-            strip(owners, id);
+            let _ = strip(owners, id);
             return Err(Rejection::new(
                 Status::Unavailable,
                 format!("committed, but its position was not read; id {id} is out of the cache"),
@@ -68,7 +66,7 @@ impl PgSide {
         };
         if feed.reconnecting() {
             // The stream cannot get there before the database is back: no 5 s wait.
-            strip(owners, id);
+            let _ = strip(owners, id);
             return Err(Rejection::new(
                 Status::Unavailable,
                 format!(
@@ -83,7 +81,7 @@ impl PgSide {
             Waited::Applied => Ok(A::default()),
             Waited::NotFollowing => direct(),
             Waited::TimedOut => {
-                strip(owners, id);
+                let _ = strip(owners, id);
                 Err(Rejection::new(
                     Status::Unavailable,
                     format!(
@@ -93,19 +91,6 @@ impl PgSide {
                     ),
                 ))
             }
-        }
-    }
-}
-
-/// `id` out of every shard (bounded wait for the owners).
-fn strip(owners: &Owners, id: u64) {
-    let Ok(acks) = owners.queue_delete(id) else {
-        return;
-    };
-    let until = Instant::now() + STRIP_WAIT;
-    for a in acks {
-        if a.recv_deadline(until).is_err() {
-            tracing::warn!(id, "a shard did not confirm stripping a write's id");
         }
     }
 }

@@ -83,10 +83,7 @@ enum PollError {
 
 impl From<tokio_postgres::Error> for PollError {
     fn from(e: tokio_postgres::Error) -> Self {
-        let msg = match e.as_db_error() {
-            Some(d) => d.message().to_string(),
-            None => e.to_string(),
-        };
+        let msg = setup::db_message(&e);
         let slot_gone = e.code().is_some_and(|c| {
             matches!(c.code(), "42704" | "55000") // undefined_object, object_not_in_prerequisite_state
         });

@@ -65,7 +65,7 @@ impl From<tokio_postgres::Error> for SetupError {
     }
 }
 
-fn db_message(e: &tokio_postgres::Error) -> String {
+pub(super) fn db_message(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(d) => d.message().to_string(),
         None => e.to_string(),
