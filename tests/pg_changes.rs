@@ -214,6 +214,62 @@ fn rows_inserted_and_updated_by_sql_reach_the_next_exact_hit() {
     d.stop().unwrap();
 }
 
+/// Issue #41 for writes made straight into PostgreSQL, slow path off: a row inserted by
+/// SQL 1e-3 from a cached query is first in that query's next exact hit once the stream
+/// has applied its commit, in every try, with a second connection searching the other
+/// cached queries all along.
+#[test]
+fn sql_inserts_are_first_in_the_next_exact_hit_once_applied() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let Some(pg) = logical() else { return };
+    table(pg, "c_first");
+    let mut cfg = config(pg, "c_first", "c_first");
+    cfg.cache.risk_threshold = 1e30;
+    let d = Daemon::start(&cfg).unwrap();
+    let mut c = client(d.local_addr());
+    let qs = queries(&dataset(), 40);
+    for q in &qs {
+        until_hit(&mut c, q);
+        let r = c.search(K, q).unwrap();
+        assert_eq!(r.hit, HitKind::Exact);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let background = {
+        let (mut other, stop, qs) = (client(d.local_addr()), stop.clone(), qs.clone());
+        thread::spawn(move || {
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) && n < 1_000_000 {
+                other.search(K, &qs[n % qs.len()]).unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    let sql = pg.sql();
+    let step = 1e-3 / (DIM as f32).sqrt();
+    for t in 0..200u64 {
+        let q = &qs[(t * 7 % qs.len() as u64) as usize];
+        let v: Vec<String> = q.iter().map(|x| (x + step).to_string()).collect();
+        let id = 910_000 + t;
+        sql.exec(&format!(
+            "INSERT INTO c_first (id, embedding) VALUES ({id}, '[{}]')",
+            v.join(",")
+        ));
+        wait_applied(&d, wal_now(&sql));
+        let r = c.search(K, q).unwrap();
+        assert_eq!((r.hit, r.neighbors[0].id), (HitKind::Exact, id), "try {t}: {r:?}");
+        // Gone again, so that the next try near the same query is the nearest again.
+        sql.exec(&format!("DELETE FROM c_first WHERE id = {id}"));
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(background.join().unwrap() > 0);
+    let s = stats(&d);
+    assert_eq!(stat(&s, "pg_changes_inserts"), Some(200.0), "{s}");
+    assert_eq!(stat(&s, "hits_behind"), Some(0.0), "{s}");
+    d.stop().unwrap();
+}
+
 /// A commit decoded before it is visible, forced: with `synchronous_standby_names` set
 /// and no standby, a COMMIT with `synchronous_commit = on` is in the WAL (decodable)
 /// but waits, invisible to other sessions, until it is cancelled. A miss runs meanwhile

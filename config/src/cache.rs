@@ -139,6 +139,10 @@ cache_section! {
         /// admitted. (`delete_log_cap` before.)
         #[serde(rename = "delete_log_entries_max", alias = "delete_log_cap")]
         engine delete_log_cap: usize;
+        /// The newest inserts a hit checks (1..=65536): an insert acknowledged before a
+        /// lookup is in its answer wherever it ranks, unless the entry is further behind
+        /// than this, when the lookup is answered as a miss (docs/ALGORITHM.md, "Inserts").
+        engine hit_check_records_max: usize;
         /// `{ kind = "aker", alpha_l = 1.1, alpha_t = 0.25, tau_init_divisor = 4.0 }`,
         /// `{ kind = "guarded", alpha_l, alpha_t, tau_init_divisor, spread = 0.0 }` (Aker's
         /// rules, an alias asked again promoted: docs/ALGORITHM.md),
@@ -315,7 +319,8 @@ mod tests {
                     eviction = \"fifo\"\naliases_per_rep_max = 9\nslow_path_batch = 5\n\
                     slow_path_steps_max = 6\nrisk_threshold = 0.5\n\
                     insert_log_entries_max = 1000\ninsert_log_bytes = 100000\n\
-                    delete_log_entries_max = 77\ncapacity_objects = 50\nmetric = \"cosine\"\n";
+                    delete_log_entries_max = 77\nhit_check_records_max = 33\n\
+                    capacity_objects = 50\nmetric = \"cosine\"\n";
         let s: CacheSection = toml::from_str(text).unwrap();
         let got = s.engine_config(4).unwrap();
         let want = CacheConfig {
@@ -337,6 +342,7 @@ mod tests {
             insert_log_cap: 1000,
             insert_log_bytes: 100_000,
             delete_log_cap: 77,
+            hit_check_records_max: 33,
             refresh: true,
         };
         assert_eq!(got, want);

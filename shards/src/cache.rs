@@ -29,6 +29,7 @@ use crate::insert_log::{DeleteLog, InsertLog};
 use crate::policy::HitPolicy;
 use crate::pool::{NeighborPool, OBJECT_OVERHEAD_BYTES};
 use crate::reach::MaxDistances;
+use crate::recent::RecentInserts;
 use crate::read::{CacheReader, Counters, HitKind, Lookup, MissTicket, Neighbor};
 use crate::takers::Takers;
 
@@ -102,6 +103,9 @@ pub struct CacheStats {
     pub fast_path_updates: u64,
     pub slow_path_steps: u64,
     pub slow_path_merges: u64,
+    pub catch_ups: u64,
+    pub hits_with_recent: u64,
+    pub hits_behind: u64,
     pub aliases_linked: u64,
     pub alias_promotions: u64,
     pub representatives: usize,
@@ -140,6 +144,9 @@ impl CacheStats {
             fast_path_updates,
             slow_path_steps,
             slow_path_merges,
+            catch_ups,
+            hits_with_recent,
+            hits_behind,
             aliases_linked,
             alias_promotions,
             representatives,
@@ -228,6 +235,7 @@ impl Cache {
         let complete = cfg.complete_fast_path;
         let filter =
             DualFilter::with_standby_search(cfg.filter, cfg.metric, cfg.dim, cfg.standby_search);
+        let recent = Arc::new(RecentInserts::new(cfg.hit_check_records_max));
         let read = Arc::new(CacheReader {
             cfg: cfg.clone(),
             policy: policy.clone(),
@@ -236,6 +244,7 @@ impl Cache {
             filter: filter.published(),
             insert_seq: AtomicU64::new(0),
             delete_seq: AtomicU64::new(0),
+            recent: recent.clone(),
             counters: Counters::default(),
             credit_pending: Default::default(),
             threshold_scale: std::sync::atomic::AtomicU32::new(1.0f32.to_bits()),
@@ -248,7 +257,7 @@ impl Cache {
             policy,
             reps: BTreeMap::new(),
             pool: NeighborPool::default(),
-            log: InsertLog::default(),
+            log: InsertLog::new(recent),
             cursors: BTreeSet::new(),
             risk: RiskSums::default(),
             max_ds: MaxDistances::default(),
@@ -327,6 +336,9 @@ impl Cache {
                 if let Some(key) = hit.link {
                     self.link_alias(key, hit.rep);
                 }
+                if let Some(rep) = hit.catch_up {
+                    self.catch_up(rep);
+                }
                 Ok(SearchOutcome {
                     kind: hit.kind,
                     results: hit.results,
@@ -345,6 +357,9 @@ impl Cache {
         ticket: MissTicket,
     ) -> Result<SearchOutcome> {
         let k = ticket.k;
+        if let Some(rep) = ticket.catch_up {
+            self.catch_up(rep);
+        }
         let answer = backend.search(&ticket.query, self.answer_len(k))?;
         let results: Vec<Neighbor> = answer
             .iter()
@@ -365,7 +380,7 @@ impl Cache {
 
     // ------------------------------------------------------------ publication
 
-    fn publish_view(&self, view: RepView) {
+    pub(crate) fn publish_view(&self, view: RepView) {
         self.read.reps.pin().insert(view.id, view);
     }
 
@@ -430,6 +445,12 @@ impl Cache {
             self.read.counters.admissions_refused.bump();
             return Ok(Admission::Stale);
         };
+        // The answer may predate every insert after the ticket: its entry's cursor starts
+        // there, and records the log no longer holds could not be checked.
+        if ticket.insert_seq + 1 < self.log.head_seq() {
+            self.read.counters.admissions_refused.bump();
+            return Ok(Admission::Stale);
+        }
         // A replacement never shrinks an entry: it keeps the larger k (REFRESH_ENTRY or a
         // recall repair asked at a smaller k), and an answer too short for it is TooFew
         // (the entry stays as it is).
@@ -481,12 +502,9 @@ impl Cache {
             k,
             answer.iter().map(|c| (c.distance, c.vector.as_deref())),
         );
-        // The backend already reflects every insert the log held when the miss began;
-        // a trimmed-away stretch cannot be scanned any more (P2 allows missing it).
-        let cursor = ticket
-            .insert_seq
-            .max(self.log.head_seq() - 1)
-            .min(self.log.last_seq());
+        // The backend already reflects every insert the log held when the miss began
+        // (the log still holds every record after it: checked above); hits check the rest.
+        let cursor = ticket.insert_seq.min(self.log.last_seq());
         let tau = self
             .policy
             .initial_tau(min_gap.unwrap_or(0.0), kth_gap.map(|g| (k, g)));
@@ -536,6 +554,8 @@ impl Cache {
             query_norm,
             min_gap: e.min_gap,
             referenced: Arc::new(AtomicBool::new(e.referenced)),
+            cursor: e.cursor,
+            catch_up_asked: Arc::new(AtomicBool::new(false)),
             nrl: Arc::new(nrl),
         };
         self.risk.sum_r += view.nrl.risk_fixed(e.k, gauge, query_norm);
@@ -562,7 +582,6 @@ impl Cache {
             Representative {
                 view,
                 key: e.key,
-                cursor: e.cursor,
                 aliases: Vec::new(),
             },
         );
@@ -713,13 +732,25 @@ impl Cache {
         }
     }
 
-    /// Drops log records every representative has accounted for.
+    /// Drops log records every representative has accounted for, but for the newest
+    /// `hit_check_records_max`: an entry admitted from a miss's ticket taken before them
+    /// gets its cursor at the ticket, and the owner must be able to catch it up.
     pub(crate) fn trim_log(&mut self) {
+        let last = self.log.last_seq();
         let upto = self
             .cursors
             .first()
-            .map_or(self.log.last_seq(), |&(c, _)| c);
+            .map_or(last, |&(c, _)| c)
+            .min(last.saturating_sub(self.log.window()));
         self.log.trim_to(upto);
+    }
+
+    /// `W`: records some entry has not accounted for, from the oldest cursor (the log
+    /// itself keeps the newest `hit_check_records_max` beyond that: `trim_log`).
+    pub(crate) fn log_span(&self) -> u64 {
+        self.cursors
+            .first()
+            .map_or(0, |&(c, _)| self.log.last_seq() - c)
     }
 
     /// The thresholds' unit and the filter's view of vectors for this cache's metric.
@@ -812,8 +843,27 @@ impl Cache {
     /// generation (each filter write also moves one), then entries of the standby
     /// generation, so that lookups search one generation again sooner
     /// (`DualFilter::maintain`). Returns how many moved; 0 when nothing is pending.
+    /// Then, with none pending, up to `max` slow-path batches for the entries furthest
+    /// behind the insert log, while one is more than half the hit check's window behind:
+    /// caught up here, its next hit neither scans much nor misses (`recent.rs`).
     pub fn maintain(&mut self, max: usize) -> usize {
-        self.filter.maintain(max)
+        let moved = self.filter.maintain(max);
+        if moved > 0 {
+            return moved;
+        }
+        let last = self.log.last_seq();
+        let behind = last.saturating_sub(self.log.window() / 2);
+        let mut steps = 0;
+        while steps < max {
+            match self.cursors.first() {
+                Some(&(cursor, rid)) if cursor < behind => {
+                    self.catch_up_by(rid, self.cfg.slow_path_batch as u64);
+                    steps += 1;
+                }
+                _ => break,
+            }
+        }
+        steps
     }
 
     /// FLUSH: drops every entry (the logs' sequence numbers carry on).
@@ -883,6 +933,9 @@ impl Cache {
             fast_path_updates: c.fast_path_updates.get(),
             slow_path_steps: c.slow_path_steps.get(),
             slow_path_merges: c.slow_path_merges.get(),
+            catch_ups: c.catch_ups.get(),
+            hits_with_recent: c.hits_with_recent.get(),
+            hits_behind: c.hits_behind.get(),
             aliases_linked: c.aliases_linked.get(),
             alias_promotions: c.alias_promotions.get(),
             representatives: self.reps.len(),

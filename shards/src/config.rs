@@ -172,6 +172,13 @@ pub struct CacheConfig {
     pub insert_log_bytes: usize,
     /// Deletes remembered for in-flight misses; a miss older than this is not admitted.
     pub delete_log_cap: usize,
+    /// The newest insert-log records readers may check at hit time (`recent.rs`): a hit
+    /// on an entry whose cursor is behind the log adds the records since that it takes,
+    /// so an acknowledged insert is in every hit it belongs in. An entry further behind
+    /// than this answers as a miss (and asks its owner to catch it up). The insert log
+    /// keeps at least this many records (a miss's ticket older than them is not
+    /// admitted: `Admission::Stale`).
+    pub hit_check_records_max: usize,
     /// Refresh on writes (§4.6), on by default. Off is the paper's no-refresh ablation
     /// (AK-RD, §5.4): an insert reaches no entry (no log, no fast or slow path), and a
     /// delete drops every entry listing the id, whatever its reserve (no promotion);
@@ -201,6 +208,7 @@ impl Default for CacheConfig {
             insert_log_cap: 1 << 20,
             insert_log_bytes: 1 << 30,
             delete_log_cap: 1 << 16,
+            hit_check_records_max: 1024,
             refresh: true,
         }
     }
@@ -258,6 +266,9 @@ impl CacheConfig {
         }
         if self.insert_log_cap == 0 || self.delete_log_cap == 0 {
             return bad("log caps must be positive");
+        }
+        if self.hit_check_records_max == 0 || self.hit_check_records_max > 1 << 16 {
+            return bad("hit_check_records_max must be in 1..=65536");
         }
         if self.insert_log_bytes < self.log_record_bytes() {
             return bad("insert_log_bytes must hold at least one record (dim x 4 + 64 bytes)");

@@ -135,6 +135,14 @@ pub struct RepView {
     /// Set by every hit the entry serves, cleared by the second-chance clock
     /// (`Eviction::SecondChance`); shared by every view of the entry.
     pub referenced: Arc<AtomicBool>,
+    /// `LC`: the list accounts for every insert-log record up to this one; a hit checks
+    /// the records after it (`recent.rs`). Published with the list it belongs to, so a
+    /// reader never pairs a list with a cursor past what the list has seen.
+    pub cursor: u64,
+    /// A reader asked the owner to catch this entry up and the owner has not yet: set
+    /// by the first hit that finds it behind, cleared by the owner (`Cache::catch_up`);
+    /// shared by every view of the entry, so many cores send one request.
+    pub catch_up_asked: Arc<AtomicBool>,
 }
 
 impl RepView {
@@ -149,8 +157,6 @@ impl RepView {
 pub struct Representative {
     pub view: RepView,
     pub key: QueryKey,
-    /// `LC`: sequence number of the last insert-log record this entry has accounted for.
-    pub cursor: u64,
     /// Keys linked to this entry by approximate hits (§4.2 entry linking).
     pub aliases: Vec<QueryKey>,
 }

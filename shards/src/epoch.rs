@@ -68,6 +68,81 @@ impl<T> Drop for EpochCell<T> {
     }
 }
 
+/// A fixed number of epoch-published slots, each empty or holding a `T`: the ring of
+/// recent inserts readers check at hit time (`recent.rs`). One collector for all slots,
+/// so a reader enters one epoch for a whole scan.
+pub(crate) struct EpochSlots<T> {
+    collector: Collector,
+    slots: Box<[AtomicPtr<T>]>,
+}
+
+// SAFETY: as for `EpochCell`: `&T` is shared across threads, `T` dropped on any thread.
+unsafe impl<T: Send + Sync> Send for EpochSlots<T> {}
+// SAFETY: as for `Send`.
+unsafe impl<T: Send + Sync> Sync for EpochSlots<T> {}
+
+/// A reader's view of [`EpochSlots`] inside one epoch.
+pub(crate) struct SlotsGuard<'a, T> {
+    guard: seize::LocalGuard<'a>,
+    slots: &'a [AtomicPtr<T>],
+}
+
+impl<'a, T> SlotsGuard<'a, T> {
+    /// The value in slot `i` (`i < len`), if any.
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> Option<&T> {
+        let p = self.guard.protect(&self.slots[i], Ordering::Acquire);
+        // SAFETY: a non-null `p` came from `Box::into_raw` and is retired only through
+        // the collector, which waits for this guard (borrowed for `&self`).
+        (!p.is_null()).then(|| unsafe { &*p })
+    }
+}
+
+impl<T> EpochSlots<T> {
+    pub(crate) fn new(len: usize) -> Self {
+        EpochSlots {
+            collector: Collector::new(),
+            slots: (0..len).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Runs `f` with every slot readable; no value it sees is freed while `f` runs.
+    #[inline]
+    pub(crate) fn read<R>(&self, f: impl FnOnce(&SlotsGuard<'_, T>) -> R) -> R {
+        let guard = SlotsGuard {
+            guard: self.collector.enter(),
+            slots: &self.slots,
+        };
+        f(&guard)
+    }
+
+    /// Puts `value` in slot `i`; what it held is freed once no reader can hold it.
+    pub(crate) fn store(&self, i: usize, value: T) {
+        let old = self.slots[i].swap(Box::into_raw(Box::new(value)), Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: `old` is unreachable for new readers; seize defers the free until
+            // every guard that could have loaded it is gone.
+            unsafe { self.collector.retire(old, reclaim::boxed::<T>) };
+        }
+    }
+}
+
+impl<T> Drop for EpochSlots<T> {
+    fn drop(&mut self) {
+        for s in self.slots.iter() {
+            let p = s.load(Ordering::Acquire);
+            if !p.is_null() {
+                // SAFETY: `&mut self`: no reader is left.
+                unsafe { drop(Box::from_raw(p)) };
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

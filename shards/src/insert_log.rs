@@ -13,6 +13,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::hash::{HashMap, HashSet};
+use crate::recent::RecentInserts;
 
 #[derive(Clone, Debug)]
 pub(crate) struct LogRecord {
@@ -22,18 +23,44 @@ pub(crate) struct LogRecord {
     pub vector: Option<Arc<[f32]>>,
 }
 
-#[derive(Debug, Default)]
 pub(crate) struct InsertLog {
     records: VecDeque<LogRecord>,
     /// Sequence number of the newest record (0: none yet).
     last_seq: u64,
     /// Sequence numbers of the records of each id still in the log.
     by_id: HashMap<u64, Vec<u64>>,
+    /// The newest records again, where readers check them at hit time: every append
+    /// and tombstone goes to both.
+    recent: Arc<RecentInserts>,
+}
+
+impl std::fmt::Debug for InsertLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InsertLog")
+            .field("records", &self.records.len())
+            .field("last_seq", &self.last_seq)
+            .finish()
+    }
 }
 
 impl InsertLog {
+    pub(crate) fn new(recent: Arc<RecentInserts>) -> Self {
+        InsertLog {
+            records: VecDeque::new(),
+            last_seq: 0,
+            by_id: HashMap::default(),
+            recent,
+        }
+    }
+
+    /// Records a reader can check: the log keeps at least these (`Cache::trim_log`).
+    pub(crate) fn window(&self) -> u64 {
+        self.recent.capacity() as u64
+    }
+
     pub(crate) fn append(&mut self, id: u64, v: Arc<[f32]>) -> u64 {
         self.last_seq += 1;
+        self.recent.publish(self.last_seq, id, v.clone(), false);
         self.records.push_back(LogRecord {
             seq: self.last_seq,
             id,
@@ -74,6 +101,7 @@ impl InsertLog {
         let head = self.head_seq();
         if let Some(seqs) = self.by_id.remove(&id) {
             for s in seqs {
+                self.recent.tombstone(s);
                 if let Some(r) = self.records.get_mut((s - head) as usize) {
                     r.vector = None;
                 }
@@ -108,6 +136,8 @@ impl InsertLog {
     /// place in the sequence but the slow path skips it.
     pub(crate) fn append_tombstoned(&mut self, id: u64) -> u64 {
         self.last_seq += 1;
+        self.recent
+            .publish(self.last_seq, id, Arc::from(Vec::new()), true);
         self.records.push_back(LogRecord {
             seq: self.last_seq,
             id,
@@ -183,7 +213,7 @@ mod tests {
 
     #[test]
     fn insert_log_sequence_trim_and_tombstone() {
-        let mut log = InsertLog::default();
+        let mut log = InsertLog::new(Arc::new(RecentInserts::new(8)));
         assert_eq!(log.head_seq(), 1);
         let v: Arc<[f32]> = Arc::from(vec![1.0]);
         assert_eq!(log.append(7, v.clone()), 1);

@@ -52,6 +52,7 @@ pub mod owner;
 mod policy;
 mod pool;
 mod reach;
+mod recent;
 pub mod read;
 mod refresh;
 pub mod router;

@@ -31,6 +31,11 @@ pub enum OwnerMsg {
         rep: RepId,
     },
     SlowPathCredit,
+    /// A hit found this entry behind the insert log (`Hit::catch_up`,
+    /// `MissTicket::catch_up`): scan its records now (`Cache::catch_up`).
+    CatchUp {
+        rep: RepId,
+    },
     Admit {
         ticket: MissTicket,
         answer: Vec<Candidate>,
@@ -82,6 +87,16 @@ impl ShardHandle {
         }
     }
 
+    /// Asks the owner to catch `rep` up (a lookup's `Hit::catch_up` or
+    /// `MissTicket::catch_up`); when the queue is full, the next hit asks again.
+    pub fn catch_up(&self, rep: Option<RepId>) {
+        if let Some(rep) = rep {
+            if !self.hint(OwnerMsg::CatchUp { rep }) {
+                self.reader.catch_up_dropped(rep);
+            }
+        }
+    }
+
     /// The queue itself, for messages that must arrive (`send` / `send_async`).
     pub fn sender(&self) -> &flume::Sender<OwnerMsg> {
         &self.tx
@@ -116,6 +131,9 @@ impl Cache {
         match msg {
             OwnerMsg::LinkAlias { key, rep } => {
                 self.link_alias(key, rep);
+            }
+            OwnerMsg::CatchUp { rep } => {
+                self.catch_up(rep);
             }
             OwnerMsg::SlowPathCredit => {
                 self.read.credit_pending.store(false, Ordering::Release);

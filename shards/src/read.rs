@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use crate::config::CacheConfig;
 use crate::counter::Counter;
-use crate::entry::{RepId, RepView};
+use crate::entry::{NeighborList, RepId, RepView};
 use crate::epoch::EpochCell;
 use crate::error::{validate_k, validate_vector, Result};
 use crate::exact_table::{QueryKey, Slot};
@@ -28,6 +28,7 @@ use crate::filter::{CandidateSearch, DistanceMemo, FilterSet, InsertSeeds};
 use crate::gap::Gauge;
 use crate::hash::SharedMap;
 use crate::policy::HitPolicy;
+use crate::recent::{OutOfWindow, RecentInserts};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum HitKind {
@@ -68,6 +69,9 @@ pub struct Hit {
     pub exact_distances: bool,
     /// A key the owner should link as an alias of `rep`.
     pub link: Option<QueryKey>,
+    /// The entry is behind the insert log: its owner should catch it up
+    /// (`OwnerMsg::CatchUp`; this hit added what it lacked itself).
+    pub catch_up: Option<RepId>,
 }
 
 /// What a miss must carry to the owner for admission.
@@ -88,6 +92,9 @@ pub struct MissTicket {
     /// What the lookup's filter search found for admitting the query (empty when
     /// there was no lookup, or its search of the active generation stopped early).
     pub seeds: InsertSeeds,
+    /// An entry that would have served but is further behind the insert log than a hit
+    /// checks (`hit_check_records_max`): its owner should catch it up.
+    pub catch_up: Option<RepId>,
 }
 
 #[derive(Clone, Debug)]
@@ -116,6 +123,13 @@ pub struct Counters {
     pub fast_path_updates: Counter,
     pub slow_path_steps: Counter,
     pub slow_path_merges: Counter,
+    /// Entries caught up at a hit's request (`Cache::catch_up`).
+    pub catch_ups: Counter,
+    /// Hits that added inserts their entry had not accounted for yet (`recent.rs`).
+    pub hits_with_recent: Counter,
+    /// Lookups whose entry was further behind than the hit check reaches: answered as
+    /// misses.
+    pub hits_behind: Counter,
     pub aliases_linked: Counter,
     /// Alias hits turned into misses that admit the query itself (`promotes_aliases`).
     pub alias_promotions: Counter,
@@ -131,6 +145,8 @@ pub struct CacheReader {
     /// applied them (the backend had applied them before that).
     pub(crate) insert_seq: AtomicU64,
     pub(crate) delete_seq: AtomicU64,
+    /// The newest insert-log records, checked by hits on entries behind them.
+    pub(crate) recent: Arc<RecentInserts>,
     pub(crate) counters: Counters,
     /// A slow-path credit is queued for the owner (coalesces credits from many cores).
     pub(crate) credit_pending: std::sync::atomic::AtomicBool,
@@ -176,12 +192,17 @@ impl CacheReader {
             return Ok(hit);
         }
         let mut seeds = InsertSeeds::default();
-        if let Some(hit) = self.probe_filter_seeded(q, k, key, Some(&mut seeds)) {
+        let mut behind = None;
+        if let Some(hit) = self.probe_filter_seeded(q, k, key, Some(&mut seeds), &mut behind) {
             return Ok(hit);
         }
         self.counters.misses.bump();
         let ticket = self.ticket(q, k, key, None, false);
-        Ok(Lookup::Miss(MissTicket { seeds, ..ticket }))
+        Ok(Lookup::Miss(MissTicket {
+            seeds,
+            catch_up: behind,
+            ..ticket
+        }))
     }
 
     /// Step 1: the exact table. `None` also when the slot's representative is gone
@@ -207,8 +228,6 @@ impl CacheReader {
                     let cached = rep.nrl.ids[..k].to_vec();
                     return Some(Lookup::Miss(self.ticket(q, k, key, Some(cached), false)));
                 }
-                self.policy.on_equality_hit(rep);
-                self.counters.exact_hits.bump();
                 HitKind::Exact
             }
             Slot::Alias(_) if self.policy.promotes_aliases() => {
@@ -218,27 +237,43 @@ impl CacheReader {
                 self.counters.misses.bump();
                 return Some(Lookup::Miss(self.ticket(q, k, key, None, false)));
             }
-            Slot::Alias(_) => {
-                self.counters.alias_hits.bump();
-                HitKind::Alias
-            }
+            Slot::Alias(_) => HitKind::Alias,
         };
-        Some(Lookup::Hit(self.answer(rep, q, k, kind, None)))
+        let Ok(hit) = self.answer(rep, q, k, kind, None) else {
+            // Too far behind to check: the backend answers, and the owner catches the
+            // entry up (its admission is a duplicate: the entry may hold a larger k).
+            self.counters.misses.bump();
+            let ticket = self.ticket(q, k, key, None, false);
+            return Some(Lookup::Miss(MissTicket {
+                catch_up: self.ask_catch_up(rep),
+                ..ticket
+            }));
+        };
+        if kind == HitKind::Exact {
+            self.policy.on_equality_hit(rep);
+            self.counters.exact_hits.bump();
+        } else {
+            self.counters.alias_hits.bump();
+        }
+        Some(Lookup::Hit(hit))
     }
 
     /// Step 2: the filter's nearest candidates, first one within its threshold.
     pub fn probe_filter(&self, q: &[f32], k: usize, key: QueryKey) -> Option<Lookup> {
-        self.probe_filter_seeded(q, k, key, None)
+        self.probe_filter_seeded(q, k, key, None, &mut None)
     }
 
     /// `probe_filter`, leaving in `seeds` what admitting `q` to this shard would
-    /// search the filter for (`MissTicket::seeds`), should it miss.
+    /// search the filter for (`MissTicket::seeds`), should it miss, and in `behind` an
+    /// entry that would have served but is too far behind the insert log
+    /// (`MissTicket::catch_up`).
     pub fn probe_filter_seeded(
         &self,
         q: &[f32],
         k: usize,
         key: QueryKey,
         seeds: Option<&mut InsertSeeds>,
+        behind: &mut Option<RepId>,
     ) -> Option<Lookup> {
         let reps = self.reps.pin();
         // Entries cached for at least `k` answer from their prefix.
@@ -276,6 +311,7 @@ impl CacheReader {
             }
         }
         cands.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut skipped: Option<&RepView> = None;
         for &(d, _, rep) in cands.iter().take(n) {
             if gauge.gap(d) < self.policy.threshold(rep) * scale {
                 if self.policy.sample_verification() {
@@ -284,18 +320,18 @@ impl CacheReader {
                     let cached = rep.nrl.ids[..k].to_vec();
                     return Some(Lookup::Miss(self.ticket(q, k, key, Some(cached), false)));
                 }
+                let link = self.policy.links_aliases().then_some(key);
+                let Ok(hit) = self.answer(rep, q, k, HitKind::Approximate, link) else {
+                    // The next candidate may serve; should none, this one is caught up.
+                    skipped = skipped.or(Some(rep));
+                    continue;
+                };
                 self.policy.on_approximate_hit(rep);
                 self.counters.approximate_hits.bump();
-                let link = self.policy.links_aliases().then_some(key);
-                return Some(Lookup::Hit(self.answer(
-                    rep,
-                    q,
-                    k,
-                    HitKind::Approximate,
-                    link,
-                )));
+                return Some(Lookup::Hit(hit));
             }
         }
+        *behind = skipped.and_then(|rep| self.ask_catch_up(rep));
         None
     }
 
@@ -316,7 +352,55 @@ impl CacheReader {
             verify,
             replace,
             seeds: InsertSeeds::default(),
+            catch_up: None,
         }
+    }
+
+    /// Marks `rep` as asked to catch up; `Some` for the one lookup that asks first (the
+    /// request goes to the owner), `None` while a request is outstanding.
+    fn ask_catch_up(&self, rep: &RepView) -> Option<RepId> {
+        let asked = &rep.catch_up_asked;
+        (!asked.load(Ordering::Relaxed) && !asked.swap(true, Ordering::AcqRel)).then_some(rep.id)
+    }
+
+    /// A catch-up request for `rep` did not reach its owner (its queue was full): the
+    /// next hit that finds the entry behind asks again.
+    pub fn catch_up_dropped(&self, rep: RepId) {
+        if let Some(view) = self.reps.pin().get(&rep) {
+            view.catch_up_asked.store(false, Ordering::Release);
+        }
+    }
+
+    /// The inserts `rep`'s list has not accounted for that belong in it (closer to
+    /// `RQ` than its `maxD`, live, not listed), merged into a copy of the list cut to
+    /// `k + Δ` (`None`: nothing to add), and whether the entry is behind the log at all.
+    /// `Err` when it is further behind than the window of recent inserts reaches.
+    fn with_recent(&self, rep: &RepView) -> Result<(Option<NeighborList>, bool), OutOfWindow> {
+        let last = self.insert_seq.load(Ordering::Acquire);
+        if rep.cursor >= last {
+            return Ok((None, false));
+        }
+        let nrl = &rep.nrl;
+        let max_d = nrl.max_d();
+        let mut merged: Option<NeighborList> = None;
+        self.recent.scan(rep.cursor, last, |r| {
+            let d = self.cfg.metric.distance(&r.vector, &rep.query);
+            if d < max_d && nrl.position(r.id).is_none() {
+                let list = merged.get_or_insert_with(|| (**nrl).clone());
+                let v = self.cfg.store_vectors.then(|| r.vector.clone());
+                list.insert_sorted(r.id, d, v);
+            }
+        })?;
+        let Some(mut list) = merged else {
+            return Ok((None, true));
+        };
+        // What falls past `k + Δ`, as a merge on the owner drops it.
+        let cap = (rep.k + self.cfg.delta).max(nrl.len());
+        list.ids.truncate(cap);
+        list.dists.truncate(cap);
+        list.vectors.truncate(cap);
+        self.counters.hits_with_recent.bump();
+        Ok((Some(list), true))
     }
 
     /// A ticket for a miss that skips the lookup: REFRESH (replace the entry) or a
@@ -326,7 +410,9 @@ impl CacheReader {
         Ok(self.ticket(q, k, QueryKey::new(q), None, replace))
     }
 
-    /// The `k` results a hit returns, ascending by distance to the request's vector.
+    /// The `k` results a hit returns, ascending by distance to the request's vector,
+    /// with every acknowledged insert the entry takes (`with_recent`). `Err` when the
+    /// entry is too far behind to tell.
     fn answer(
         &self,
         rep: &RepView,
@@ -334,8 +420,12 @@ impl CacheReader {
         k: usize,
         kind: HitKind,
         link: Option<QueryKey>,
-    ) -> Hit {
-        let nrl = &rep.nrl;
+    ) -> Result<Hit, OutOfWindow> {
+        let (recent, behind) = self.with_recent(rep).inspect_err(|_| {
+            self.counters.hits_behind.bump();
+        })?;
+        let catch_up = if behind { self.ask_catch_up(rep) } else { None };
+        let nrl = recent.as_ref().unwrap_or(&rep.nrl);
         debug_assert!(nrl.len() >= k, "a representative holds at least k results");
         // Only a store, and only when not set yet: a hot entry's line is not written
         // on every hit.
@@ -370,13 +460,14 @@ impl CacheReader {
             results.sort_by(|a, b| a.distance.total_cmp(&b.distance).then(a.id.cmp(&b.id)));
             results.truncate(k);
         }
-        Hit {
+        Ok(Hit {
             kind,
             rep: rep.id,
             results,
             exact_distances,
             link,
-        }
+            catch_up,
+        })
     }
 
     /// Number of published representatives.

@@ -12,11 +12,16 @@
 //!  R = mean(r) · U / W,  r = d_k / d_(k+Δ),  U = mean unchecked records, W = log length
 //! ```
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::cache::{Cache, Removal};
 use crate::entry::{RepId, RISK_SCALE};
 use crate::error::{validate_vector, Result};
+
+/// Most records one catch-up scans (an entry further behind is caught up over several
+/// requests, or by the slow path): the owner's other messages wait meanwhile.
+pub(crate) const CATCH_UP_RECORDS_MAX: u64 = 4096;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InsertOutcome {
@@ -222,7 +227,7 @@ impl Cache {
     /// `R = mean(r) · U / W` (0 with no entries or an empty log).
     pub fn risk(&self) -> f64 {
         let n = self.reps.len() as f64;
-        let w = self.log.len() as f64;
+        let w = self.log_span() as f64;
         if n == 0.0 || w == 0.0 {
             return 0.0;
         }
@@ -257,12 +262,44 @@ impl Cache {
         let Some(rid) = next else { return false };
         self.slow_path_last = rid;
         self.read.counters.slow_path_steps.bump();
+        let from = self.reps[&rid].cursor;
+        let to = (from + self.cfg.slow_path_batch as u64).min(last);
+        self.scan_log(rid, to);
+        true
+    }
 
+    /// CATCH_UP (a hit found `rid` behind the log): scans its records up to the last,
+    /// at most `CATCH_UP_RECORDS_MAX` of them, as slow-path steps would. Returns the
+    /// records scanned (0: gone, or nothing behind).
+    pub fn catch_up(&mut self, rid: RepId) -> usize {
+        self.catch_up_by(rid, CATCH_UP_RECORDS_MAX)
+    }
+
+    /// `catch_up`, scanning at most `records`.
+    pub(crate) fn catch_up_by(&mut self, rid: RepId, records: u64) -> usize {
+        let Some(rep) = self.reps.get(&rid) else {
+            return 0;
+        };
+        // Cleared first: a hit after this sees the new cursor or asks again.
+        rep.catch_up_asked.store(false, Ordering::Release);
+        let from = rep.cursor;
+        let to = (from + records).min(self.log.last_seq());
+        if to <= from {
+            return 0;
+        }
+        self.read.counters.catch_ups.bump();
+        self.scan_log(rid, to);
+        (to - from) as usize
+    }
+
+    /// Merges into `rid`'s list the records after its cursor up to `to` that it takes,
+    /// then moves the cursor to `to` and publishes it with the list.
+    fn scan_log(&mut self, rid: RepId, to: u64) {
         let (from, query) = {
             let r = &self.reps[&rid];
             (r.cursor, r.query.clone())
         };
-        let to = (from + self.cfg.slow_path_batch as u64).min(last);
+        debug_assert!(from + 1 >= self.log.head_seq(), "the log holds what is scanned");
         for seq in from + 1..=to {
             let Some(rec) = self.log.get(seq) else {
                 continue;
@@ -280,13 +317,14 @@ impl Cache {
         }
         // A merge may have evicted this very entry to stay within budget.
         let Some(rep) = self.reps.get_mut(&rid) else {
-            return true;
+            return;
         };
         self.cursors.remove(&(rep.cursor, rid));
         self.risk.sum_cursor += (to - rep.cursor) as u128;
-        rep.cursor = to;
+        rep.view.cursor = to;
         self.cursors.insert((to, rid));
+        let view = rep.view.clone();
+        self.publish_view(view);
         self.trim_log();
-        true
     }
 }

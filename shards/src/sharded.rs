@@ -111,15 +111,31 @@ pub fn lookup_across<'a>(
         return found;
     }
     let mut seeds = InsertSeeds::default();
+    // An entry too far behind the insert log to serve, in shard `s` (its owner should
+    // catch it up; the ticket carries it only when it is the nearest shard's).
+    let mut behind = None;
     for &s in probe {
         let for_admission = (s == s1).then_some(&mut seeds);
-        if let Some(l) = reader(s).probe_filter_seeded(q, k, key, for_admission) {
+        let mut behind_here = None;
+        let found = reader(s).probe_filter_seeded(q, k, key, for_admission, &mut behind_here);
+        if let Some(l) = found {
             return (s, l);
+        }
+        if behind.is_none() {
+            behind = behind_here.map(|r| (s, r));
         }
     }
     nearest.counters.misses.bump();
     let ticket = nearest.ticket(q, k, key, None, false);
-    (s1, Lookup::Miss(MissTicket { seeds, ..ticket }))
+    let catch_up = behind.filter(|&(s, _)| s == s1).map(|(_, r)| r);
+    (
+        s1,
+        Lookup::Miss(MissTicket {
+            seeds,
+            catch_up,
+            ..ticket
+        }),
+    )
 }
 
 /// One rebalance: centroids move to the shards that balance the load (the router),

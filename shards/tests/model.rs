@@ -45,6 +45,8 @@ struct Params {
     metric: Metric,
     /// `CacheConfig::complete_fast_path`.
     complete: bool,
+    /// `CacheConfig::hit_check_records_max`.
+    window: u64,
 }
 
 struct Model {
@@ -166,7 +168,8 @@ impl Model {
             .iter()
             .map(|r| r.cursor)
             .min()
-            .unwrap_or(self.last_seq);
+            .unwrap_or(self.last_seq)
+            .min(self.last_seq.saturating_sub(self.p.window));
         self.head = self.head.max(upto + 1);
         let head = self.head;
         self.log.retain(|r| r.0 >= head);
@@ -177,23 +180,55 @@ impl Model {
         self.trim();
     }
 
-    /// Returns (kind, ids).
-    fn lookup(&mut self, q: &[f32], k: usize) -> (HitKind, Vec<u64>, Option<usize>) {
+    /// Whether a hit on `i` cannot check what its list lacks (`recent.rs`).
+    fn behind(&self, i: usize) -> bool {
+        self.last_seq - self.reps[i].cursor > self.p.window
+    }
+
+    /// `i`'s list with the logged inserts after its cursor that it takes (closer than
+    /// its `maxD` as it stands, live, not listed), cut to `k + Δ`: what a hit serves.
+    fn with_recent(&self, i: usize) -> Vec<(u64, f32, Vec<f32>)> {
+        let r = &self.reps[i];
+        let max_d = r.list.last().unwrap().1;
+        let mut list = r.list.clone();
+        for (seq, id, v) in &self.log {
+            let Some(v) = v else { continue };
+            if *seq <= r.cursor || r.list.iter().any(|x| x.0 == *id) {
+                continue;
+            }
+            let d = self.dist(v, &r.q);
+            if d < max_d {
+                let at = list
+                    .iter()
+                    .position(|x| before((d, *id), (x.1, x.0)))
+                    .unwrap_or(list.len());
+                list.insert(at, (*id, d, v.clone()));
+            }
+        }
+        list.truncate((r.k + self.p.delta).max(r.list.len()));
+        list
+    }
+
+    /// Returns (kind, ids, the entry to link, the entry to catch up).
+    fn lookup(&mut self, q: &[f32], k: usize) -> (HitKind, Vec<u64>, Option<usize>, Option<u64>) {
         self.replace_next = false;
         // An entry answers every k' <= its k; asked for more, it is a miss (the
         // representative's own query: replaced by the admission).
         if let Some(i) = self.reps.iter().position(|r| r.q == q) {
             if k > self.reps[i].k {
                 self.replace_next = true;
-                return (HitKind::Miss, vec![], None);
+                return (HitKind::Miss, vec![], None, None);
+            }
+            if self.behind(i) {
+                return (HitKind::Miss, vec![], None, Some(self.reps[i].id));
             }
             if self.p.proximity.is_none() {
                 let cap = self.min_gap(&self.reps[i]);
                 let r = &mut self.reps[i];
                 r.tau = (r.tau * 1.1).min(cap);
             }
-            let ids = self.reps[i].list[..k].iter().map(|x| x.0).collect();
-            return (HitKind::Exact, ids, None);
+            let ids = self.with_recent(i)[..k].iter().map(|x| x.0).collect();
+            return (HitKind::Exact, ids, None, self.catch_up_of(i));
         }
         if let Some(i) = self
             .reps
@@ -201,9 +236,12 @@ impl Model {
             .position(|r| r.aliases.iter().any(|a| a == q))
         {
             if k > self.reps[i].k {
-                return (HitKind::Miss, vec![], None);
+                return (HitKind::Miss, vec![], None, None);
             }
-            return (HitKind::Alias, self.rerank(i, q, k), None);
+            if self.behind(i) {
+                return (HitKind::Miss, vec![], None, Some(self.reps[i].id));
+            }
+            return (HitKind::Alias, self.rerank(i, q, k), None, self.catch_up_of(i));
         }
         let mut cands: Vec<(f32, u64, usize, f32)> = self
             .reps
@@ -216,19 +254,42 @@ impl Model {
             })
             .collect();
         cands.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut skipped = None;
         for &(_, _, i, gap) in cands.iter().take(self.p.candidates) {
             if gap < self.threshold(&self.reps[i]) {
+                if self.behind(i) {
+                    skipped = skipped.or(Some(self.reps[i].id));
+                    continue;
+                }
                 if self.p.proximity.is_none() {
                     self.reps[i].tau *= 0.25;
                 }
-                return (HitKind::Approximate, self.rerank(i, q, k), Some(i));
+                let catch_up = self.catch_up_of(i);
+                return (HitKind::Approximate, self.rerank(i, q, k), Some(i), catch_up);
             }
         }
-        (HitKind::Miss, vec![], None)
+        (HitKind::Miss, vec![], None, skipped)
+    }
+
+    /// A hit on `i` asks for a catch-up when its cursor is behind the log.
+    fn catch_up_of(&self, i: usize) -> Option<u64> {
+        (self.reps[i].cursor < self.last_seq).then_some(self.reps[i].id)
+    }
+
+    /// `Cache::catch_up`: a slow-path scan of `rid` from its cursor to the last record
+    /// (the engine's cap of 4,096 records is never reached here).
+    fn catch_up(&mut self, rid: u64) {
+        let Some(i) = self.reps.iter().position(|r| r.id == rid) else {
+            return;
+        };
+        let from = self.reps[i].cursor;
+        if from < self.last_seq {
+            self.scan(rid, from, self.last_seq);
+        }
     }
 
     fn rerank(&self, i: usize, q: &[f32], k: usize) -> Vec<u64> {
-        let mut v: Vec<(f32, u64)> = self.reps[i].list[..k]
+        let mut v: Vec<(f32, u64)> = self.with_recent(i)[..k]
             .iter()
             .map(|x| (self.dist(q, &x.2), x.0))
             .collect();
@@ -250,6 +311,9 @@ impl Model {
         seq: u64,
         del_seq: u64,
     ) -> Admission {
+        if seq + 1 < self.head {
+            return Admission::Stale;
+        }
         let deleted: Vec<u64> = self
             .deletes
             .iter()
@@ -286,7 +350,7 @@ impl Model {
         }
         let id = self.next_id;
         self.next_id += 1;
-        let cursor = seq.max(self.head - 1).min(self.last_seq);
+        let cursor = seq.min(self.last_seq);
         let mut rep = MRep {
             id,
             q: q.to_vec(),
@@ -321,7 +385,8 @@ impl Model {
 
     fn risk(&self) -> f64 {
         let n = self.reps.len();
-        let w = self.log.len();
+        let oldest = self.reps.iter().map(|r| r.cursor).min().unwrap_or(self.last_seq);
+        let w = (self.last_seq - oldest) as usize;
         if n == 0 || w == 0 {
             return 0.0;
         }
@@ -377,27 +442,32 @@ impl Model {
             self.rr_last = rid;
             let from = self.reps.iter().find(|r| r.id == rid).unwrap().cursor;
             let to = (from + self.p.batch).min(self.last_seq);
-            let records: Vec<_> = self
-                .log
-                .iter()
-                .filter(|r| r.0 > from && r.0 <= to)
-                .cloned()
-                .collect();
-            for (_, id, v) in records {
-                let Some(v) = v else { continue };
-                let Some(i) = self.reps.iter().position(|r| r.id == rid) else {
-                    break;
-                };
-                let d = self.dist(&v, &self.reps[i].q);
-                if d < self.reps[i].list.last().unwrap().1 {
-                    self.merge(i, id, d, &v);
-                }
-            }
-            if let Some(i) = self.reps.iter().position(|r| r.id == rid) {
-                self.reps[i].cursor = to;
-            }
-            self.trim();
+            self.scan(rid, from, to);
         }
+    }
+
+    /// Merges the live records `from + 1 ..= to` that `rid` takes, then moves its cursor.
+    fn scan(&mut self, rid: u64, from: u64, to: u64) {
+        let records: Vec<_> = self
+            .log
+            .iter()
+            .filter(|r| r.0 > from && r.0 <= to)
+            .cloned()
+            .collect();
+        for (_, id, v) in records {
+            let Some(v) = v else { continue };
+            let Some(i) = self.reps.iter().position(|r| r.id == rid) else {
+                break;
+            };
+            let d = self.dist(&v, &self.reps[i].q);
+            if d < self.reps[i].list.last().unwrap().1 {
+                self.merge(i, id, d, &v);
+            }
+        }
+        if let Some(i) = self.reps.iter().position(|r| r.id == rid) {
+            self.reps[i].cursor = to;
+        }
+        self.trim();
     }
 
     fn delete(&mut self, id: u64) {
@@ -504,6 +574,7 @@ fn params() -> impl Strategy<Value = Params> {
             Just(Metric::InnerProduct)
         ],
         any::<bool>(),
+        1..8u64,
     )
         .prop_map(
             |(
@@ -517,6 +588,7 @@ fn params() -> impl Strategy<Value = Params> {
                 proximity,
                 metric,
                 complete,
+                window,
             )| Params {
                 delta,
                 capacity,
@@ -532,6 +604,7 @@ fn params() -> impl Strategy<Value = Params> {
                 }),
                 metric,
                 complete,
+                window,
             },
         )
 }
@@ -585,6 +658,7 @@ fn run(p: Params, ops: Vec<Op>) -> Result<shards::CacheStats, TestCaseError> {
         insert_log_cap: p.log_cap,
         k_max: 3,
         complete_fast_path: p.complete,
+        hit_check_records_max: p.window as usize,
         ..CacheConfig::new(2, p.metric)
     };
     let policy = match p.proximity {
@@ -611,9 +685,13 @@ fn run(p: Params, ops: Vec<Op>) -> Result<shards::CacheStats, TestCaseError> {
             Op::Search { q, k } => {
                 let q = &qs[q];
                 let got = cache.search(&db, q, k).unwrap();
-                let (kind, mut ids, link) = model.lookup(q, k);
+                let (kind, mut ids, link, catch_up) = model.lookup(q, k);
                 match kind {
                     HitKind::Miss => {
+                        // `Cache::resolve_miss`: the catch-up, then the backend.
+                        if let Some(r) = catch_up {
+                            model.catch_up(r);
+                        }
                         let ans = db.search(q, k + p.delta).unwrap();
                         ids = ans.iter().take(k).map(|c| c.id).collect();
                         let seq = model.last_seq;
@@ -623,6 +701,9 @@ fn run(p: Params, ops: Vec<Op>) -> Result<shards::CacheStats, TestCaseError> {
                     _ => {
                         if let Some(i) = link {
                             model.link(i, q);
+                        }
+                        if let Some(r) = catch_up {
+                            model.catch_up(r);
                         }
                     }
                 }
@@ -673,20 +754,32 @@ fn run(p: Params, ops: Vec<Op>) -> Result<shards::CacheStats, TestCaseError> {
                     Lookup::Miss(t) => t,
                     Lookup::Hit(h) => {
                         // A hit: both apply the same effects as a plain search, less the slow path.
-                        let (kind, ids, link) = model.lookup(q, k);
+                        let (kind, ids, link, catch_up) = model.lookup(q, k);
                         prop_assert_eq!(h.kind, kind, "step {}: kind", step);
                         prop_assert_eq!(h.results.iter().map(|n| n.id).collect::<Vec<_>>(), ids);
+                        prop_assert_eq!(h.catch_up, catch_up, "step {}: catch-up", step);
                         if let Some(key) = h.link {
                             cache.link_alias(key, h.rep);
+                        }
+                        if let Some(r) = h.catch_up {
+                            cache.catch_up(r);
                         }
                         if let Some(i) = link {
                             model.link(i, q);
                         }
+                        if let Some(r) = catch_up {
+                            model.catch_up(r);
+                        }
                         continue;
                     }
                 };
-                let (kind, _, _) = model.lookup(q, k);
+                let (kind, _, _, catch_up) = model.lookup(q, k);
                 prop_assert_eq!(kind, HitKind::Miss, "step {}", step);
+                prop_assert_eq!(ticket.catch_up, catch_up, "step {}: catch-up", step);
+                if let Some(r) = ticket.catch_up {
+                    cache.catch_up(r);
+                    model.catch_up(r);
+                }
                 let (seq, del) = (model.last_seq, model.deletes.last().map_or(0, |d| d.0));
                 let ans = db.search(q, k + p.delta).unwrap();
                 db.delete(id).unwrap();
@@ -806,6 +899,7 @@ fn long_run_with(metric: Metric, complete: bool) {
         proximity: None,
         metric,
         complete,
+        window: 4,
     };
     let st = run(p, ops).unwrap();
     assert!(

@@ -328,14 +328,29 @@ fn risk_is_mean_r_times_unchecked_over_log_length() {
     c.check_invariants().unwrap();
 }
 
+/// A cache of the line whose log keeps `window` records beyond the oldest cursor.
+fn cache_keeping(delta: usize, window: usize) -> Cache {
+    let cfg = CacheConfig {
+        delta,
+        hit_check_records_max: window,
+        ..line_config()
+    };
+    Cache::new(cfg, PolicyConfig::default().build()).unwrap()
+}
+
 #[test]
 fn slow_path_runs_while_risk_is_high_and_trims_the_log() {
-    let (mut c, s) = (cache(0), store());
+    let (mut c, s) = (cache_keeping(0, 1), store());
     c.search(&s, &[1.0], 2).unwrap(); // Δ = 0: r = 1, so R = U / W = 1 after an insert
     c.insert(100, &[1000.0]).unwrap();
-    assert_eq!(c.stats().slow_path_steps, 1);
+    c.insert(101, &[1000.0]).unwrap();
+    assert_eq!(c.stats().slow_path_steps, 2);
     assert_eq!(c.risk(), 0.0);
-    assert_eq!(c.insert_log_len(), 0, "every cursor passed the record");
+    assert_eq!(
+        c.insert_log_len(),
+        1,
+        "every cursor passed both records; the newest stays for hits to check"
+    );
     c.check_invariants().unwrap();
 }
 
@@ -508,17 +523,19 @@ fn log_cap_invalidates_entries_left_behind() {
 
 #[test]
 fn insert_log_head_follows_the_oldest_cursor() {
-    let mut c = cache(1); // r = 0.25 below τ_risk: the slow path stays idle
+    let mut c = cache_keeping(1, 1); // r = 0.25 below τ_risk: the slow path stays idle
     let s = store();
     for i in 0..3 {
         c.insert(100 + i, &[1000.0]).unwrap();
     }
-    assert_eq!(c.insert_log_len(), 0, "no entry needs the log");
+    assert_eq!(c.insert_log_len(), 1, "no entry needs the log: the newest record stays");
     c.search(&s, &[1.0], 2).unwrap();
-    c.insert(200, &[1000.0]).unwrap();
-    assert_eq!(c.insert_log_len(), 1);
+    for i in 0..3 {
+        c.insert(200 + i, &[1000.0]).unwrap();
+    }
+    assert_eq!(c.insert_log_len(), 3, "the entry's cursor holds them");
     c.flush();
-    assert_eq!(c.insert_log_len(), 0);
+    assert_eq!(c.insert_log_len(), 1);
 }
 
 #[test]
@@ -830,4 +847,128 @@ fn without_refresh_inserts_reach_no_entry_and_a_delete_drops_the_entry() {
         );
         c.check_invariants().unwrap();
     }
+}
+
+// ------------------------------------------- inserts in every hit (issue #41, recent.rs)
+
+/// The ids of a lookup that must hit, with its kind and the entry it asks to catch up.
+fn hit_ids(c: &Cache, q: f32, k: usize) -> (HitKind, Vec<u64>, Option<u64>) {
+    match c.lookup(&[q], k).unwrap() {
+        Lookup::Hit(h) => (h.kind, h.results.iter().map(|n| n.id).collect(), h.catch_up),
+        Lookup::Miss(_) => panic!("{q} missed"),
+    }
+}
+
+#[test]
+fn a_hit_serves_inserts_its_entry_has_not_checked() {
+    let (mut c, s) = (cache(1), store());
+    c.search(&s, &[1.0], 2).unwrap(); // NRL: 1 (1), 2 (4), 3 (16)
+    let rep = c.slot(&[1.0]).unwrap().rep();
+    // No fast path: only the log and the window of recent inserts know it.
+    c.insert_log_only(100, Arc::from(&[1.1f32][..])).unwrap();
+    c.insert_log_only(101, Arc::from(&[40.0f32][..])).unwrap(); // d = 1521: not taken
+    assert_eq!(c.representative(rep).unwrap().nrl.ids, vec![1, 2, 3]);
+    let (kind, ids, catch_up) = hit_ids(&c, 1.0, 2);
+    assert_eq!((kind, ids, catch_up), (HitKind::Exact, vec![100, 1], Some(rep)));
+    assert_eq!(c.stats().hits_with_recent, 1);
+    // One request per entry until its owner has caught it up.
+    assert_eq!(hit_ids(&c, 1.0, 2).2, None);
+    assert_eq!(c.catch_up(rep), 2, "two records scanned");
+    let e = c.representative(rep).unwrap();
+    assert_eq!((e.nrl.ids.clone(), e.cursor), (vec![100, 1, 2], 2));
+    assert_eq!(hit_ids(&c, 1.0, 2), (HitKind::Exact, vec![100, 1], None));
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn an_approximate_hit_ranks_an_unchecked_insert_for_its_own_query() {
+    let (mut c, s) = (cache(1), store());
+    c.search(&s, &[1.0], 2).unwrap(); // τ = minD / 4 = 0.25
+    c.insert_log_only(100, Arc::from(&[1.3f32][..])).unwrap(); // d(RQ) = 0.09: taken
+    // 1.05 is 0.0025 from RQ: approximate; by distance to 1.05, 100 (0.0625) comes
+    // before 1 (0.9025).
+    let (kind, ids, _) = hit_ids(&c, 1.05, 2);
+    assert_eq!((kind, ids), (HitKind::Approximate, vec![100, 1]));
+}
+
+#[test]
+fn a_deleted_insert_is_never_served() {
+    let (mut c, s) = (cache(1), store());
+    c.search(&s, &[1.0], 2).unwrap();
+    c.insert_log_only(100, Arc::from(&[1.1f32][..])).unwrap();
+    c.delete(100);
+    assert_eq!(hit_ids(&c, 1.0, 2).1, vec![1, 2]);
+    c.check_invariants().unwrap();
+}
+
+/// The case ALGORITHM.md listed as not covered: the miss's answer predates an insert
+/// acknowledged before its admission. The entry's cursor stays at the ticket, and its
+/// first hit checks the insert.
+#[test]
+fn an_entry_admitted_from_a_ticket_taken_before_an_insert_serves_it() {
+    let (mut c, mut s) = (cache(1), store());
+    let ticket = c.miss_ticket(&[1.0], 2, false).unwrap();
+    let answer = s.search(&[1.0], 3).unwrap(); // read before the insert
+    s.insert(100, &[1.1]).unwrap();
+    c.insert(100, &[1.1]).unwrap(); // no entry yet: no fast path took it
+    assert!(matches!(c.admit(ticket, answer).unwrap(), Admission::Admitted(_)));
+    assert_eq!(hit_ids(&c, 1.0, 2).1, vec![100, 1]);
+}
+
+#[test]
+fn a_ticket_older_than_the_window_is_stale() {
+    let (mut c, mut s) = (cache_keeping(1, 2), store());
+    let ticket = c.miss_ticket(&[1.0], 2, false).unwrap();
+    let answer = s.search(&[1.0], 3).unwrap();
+    for (id, x) in [(100, 30.0), (101, 31.0), (102, 32.0)] {
+        s.insert(id, &[x]).unwrap();
+        c.insert(id, &[x]).unwrap();
+    }
+    // Record 1 left the log: whether the answer lacks it cannot be checked.
+    assert_eq!(c.admit(ticket, answer).unwrap(), Admission::Stale);
+    let ticket = c.miss_ticket(&[1.0], 2, false).unwrap();
+    let answer = s.search(&[1.0], 3).unwrap();
+    assert!(matches!(c.admit(ticket, answer).unwrap(), Admission::Admitted(_)));
+}
+
+#[test]
+fn an_entry_behind_the_window_misses_and_is_caught_up() {
+    let (mut c, s) = (cache_keeping(1, 2), store());
+    c.search(&s, &[1.0], 2).unwrap();
+    let rep = c.slot(&[1.0]).unwrap().rep();
+    for (id, x) in [(100, 1.1), (101, 30.0), (102, 31.0)] {
+        c.insert_log_only(id, Arc::from(&[x][..])).unwrap();
+    }
+    // Three records behind, the window holds two: the backend answers.
+    let Lookup::Miss(t) = c.lookup(&[1.0], 2).unwrap() else {
+        panic!("an entry behind the window served");
+    };
+    assert_eq!((t.catch_up, t.replace), (Some(rep), false));
+    assert_eq!(c.stats().hits_behind, 1);
+    // The owner catches it up, then the backend answers (a duplicate admission).
+    let out = c.resolve_miss(&s, t).unwrap();
+    assert_eq!(out.admission, Some(Admission::Duplicate(rep)));
+    assert_eq!(c.representative(rep).unwrap().cursor, 3);
+    assert_eq!(hit_ids(&c, 1.0, 2), (HitKind::Exact, vec![100, 1], None));
+    c.check_invariants().unwrap();
+}
+
+/// The other case ALGORITHM.md named: a list shortened by deletes takes only what is
+/// nearer than its last result, and that is enough for its first `k`, whose every
+/// result is nearer than anything the list does not hold.
+#[test]
+fn a_list_shortened_by_deletes_still_serves_the_exact_top_k() {
+    let (mut c, mut s) = (cache(1), store());
+    c.search(&s, &[1.0], 2).unwrap(); // NRL: 1 (1), 2 (4), 3 (16)
+    s.delete(3).unwrap();
+    c.delete(3); // NRL: 1 (1), 2 (4): maxD 4
+    for (id, x) in [(100, 4.0), (101, 2.5)] {
+        // 100: d = 9, past maxD (what lies between 4 and 9 is unknown): not taken;
+        // 101: d = 2.25, taken.
+        s.insert(id, &[x]).unwrap();
+        c.insert_log_only(id, Arc::from(&[x][..])).unwrap();
+    }
+    let truth: Vec<u64> = s.search(&[1.0], 2).unwrap().iter().map(|n| n.id).collect();
+    assert_eq!(hit_ids(&c, 1.0, 2).1, truth);
+    assert_eq!(truth, vec![1, 101]);
 }

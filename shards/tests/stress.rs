@@ -141,7 +141,7 @@ fn run_stress(filter: FilterKind, standby_search: StandbySearch) {
                                 let seeds = (s == s1).then_some(&mut seeds);
                                 let reader = &handles[s].reader;
                                 reader
-                                    .probe_filter_seeded(&q, K, key, seeds)
+                                    .probe_filter_seeded(&q, K, key, seeds, &mut None)
                                     .map(|l| (s, l))
                             })
                         });
@@ -158,6 +158,7 @@ fn run_stress(filter: FilterKind, standby_search: StandbySearch) {
                             if let Some(key) = hit.link {
                                 handles[s].hint(OwnerMsg::LinkAlias { key, rep: hit.rep });
                             }
+                            handles[s].catch_up(hit.catch_up);
                             handles[s].slow_path_credit();
                             hit.results.iter().map(|n| n.id).collect()
                         }

@@ -229,6 +229,8 @@ impl AkerService {
                 if let Some(key) = hit.link {
                     h.hint(OwnerMsg::LinkAlias { key, rep: hit.rep });
                 }
+                // The hit added the inserts its entry lacked; the owner merges them for good.
+                h.catch_up(hit.catch_up);
                 h.slow_path_credit();
                 if let Some(checks) = &sh.recall {
                     checks.offer(
@@ -308,6 +310,8 @@ impl AkerService {
         ctx: &RequestContext,
     ) -> ServiceResult {
         let sh = &*self.shared;
+        // An entry that would have served was too far behind the insert log.
+        sh.shards[shard].catch_up(ticket.catch_up);
         if !sh.backend.has_store() {
             // Cache-aside: the client searches its database and FILLs, presenting the
             // token (version 2) or on this connection (version 1: the pending ticket).

@@ -43,7 +43,7 @@ const DAEMON: [Row<Shared>; 3] = [
     }),
 ];
 
-const ENGINE: [EngineRow; 17] = [
+const ENGINE: [EngineRow; 20] = [
     (
         "lookups",
         "Cache lookups (SEARCH without BYPASS_CACHE / REFRESH_ENTRY).",
@@ -106,6 +106,21 @@ const ENGINE: [EngineRow; 17] = [
         "slow_path_merges",
         "Inserts merged by the slow path.",
         |c| &c.slow_path_merges,
+    ),
+    (
+        "catch_ups",
+        "Entries caught up with the insert log at a hit's request.",
+        |c| &c.catch_ups,
+    ),
+    (
+        "hits_with_recent",
+        "Hits that added inserts their entry had not accounted for yet.",
+        |c| &c.hits_with_recent,
+    ),
+    (
+        "hits_behind",
+        "Lookups whose entry was further behind the insert log than a hit checks (answered as misses).",
+        |c| &c.hits_behind,
     ),
     (
         "aliases_linked",
