@@ -13,7 +13,6 @@
 //!
 //! `cargo bench -p bench --bench engine` (AKER_BENCH_REPS overrides 100,000;
 //! AKER_BENCH_FILTER=hnsw_rs runs the whole cache on the hnsw_rs filter instead;
-//! AKER_BENCH_COMPLETE=1 turns `complete_fast_path` on;
 //! AKER_BENCH_GROUPS=filter (or engine) runs one part only, or a comma-separated list of
 //! the engine's parts: scaling, tails, timed (the criterion rows); AKER_BENCH_DIMS=768 one
 //! dimension; AKER_BENCH_PREFAULT_MB memory faulted in before anything is timed, 2048 by
@@ -135,7 +134,6 @@ impl Fixture {
             filter: filter_kind(),
             standby_search: engine_fixture::standby_search(),
             eviction: engine_fixture::eviction(),
-            complete_fast_path: std::env::var("AKER_BENCH_COMPLETE").is_ok_and(|v| v == "1"),
             // The insert groups log up to ~1.3 million vectors in one filter state (d =
             // 128; ~300,000 at d = 768) that the slow path does not keep up with: the
             // default caps (2^20 records; 1 GiB, 342,000 records at d = 768) would

@@ -474,8 +474,6 @@ pub struct InsertProbe {
     pub near: InsertCost,
     /// Copies of collection rows (the routing sample) under new ids.
     pub rows: InsertCost,
-    /// The insert fast path's exact index at the end (`CacheStats::taker_cells`).
-    pub taker_cells: usize,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -862,7 +860,6 @@ fn insert_probe(
     Ok(InsertProbe {
         near: insert_cost(near),
         rows: insert_cost(rows),
-        taker_cells: cache.stats().taker_cells,
     })
 }
 

@@ -172,7 +172,7 @@ pub const CSV_HEADER: &str =
 recall,hit_ratio,exact_ratio,alias_ratio,approx_ratio,miss_ratio,approx_hit_recall,\
 approx_hit_below_0.8,alias_hit_recall,backend_calls,verifications,entries,aliases,objects,\
 pool_bytes,evictions,global_threshold,seconds,insert_near_us_p50,insert_near_us_p99,\
-insert_near_takers,insert_row_us_p50,insert_row_us_p99,insert_row_takers,taker_cells";
+insert_near_takers,insert_row_us_p50,insert_row_us_p99,insert_row_takers";
 
 /// The columns results.csv gains when a row ran a recall floor or measured recall
 /// against the backend's own answers (`--recall-floors`).
@@ -315,17 +315,16 @@ pub fn csv(rows: &[Row]) -> String {
 /// The insert probe's columns (`experiment::InsertProbe`), empty without a cache.
 fn inserts_csv(p: Option<crate::experiment::InsertProbe>) -> String {
     let Some(p) = p else {
-        return ",,,,,,".into();
+        return ",,,,,".into();
     };
     format!(
-        "{:.1},{:.1},{:.2},{:.1},{:.1},{:.2},{}",
+        "{:.1},{:.1},{:.2},{:.1},{:.1},{:.2}",
         p.near.us_p50,
         p.near.us_p99,
         p.near.takers_mean,
         p.rows.us_p50,
         p.rows.us_p99,
         p.rows.takers_mean,
-        p.taker_cells
     )
 }
 

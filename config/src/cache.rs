@@ -109,10 +109,9 @@ cache_section! {
         /// `nearest` is ALGORITHM.md's rule (and the engine's default): the nearest serving
         /// candidate of either generation.
         engine standby_search: StandbySearch = daemon_defaults::STANDBY_SEARCH;
-        /// An insert reaches every cached entry it belongs in before it is acknowledged
-        /// (an exact index on every shard), not only the nearest one the filter finds
-        /// (`shards::CacheConfig::complete_fast_path`; costs in `bench/results/engine.md`).
-        engine complete_fast_path: bool;
+        /// Retired (issue #41): read and ignored, with a note (`keys::RETIRED`). Every
+        /// hit checks the inserts its entry has not accounted for yet.
+        daemon complete_fast_path: Option<bool> = None;
         /// `fifo` (the paper's) or `second_chance` (CLOCK: an entry hit since the hand last
         /// passed it stays).
         engine eviction: Eviction = daemon_defaults::EVICTION;
@@ -315,7 +314,7 @@ mod tests {
     fn every_engine_key_reaches_the_engine() {
         let text = "k_max = 7\ndelta = 3\nstore_vectors = true\n\
                     filter = { kind = \"brute_force\" }\nfilter_candidates = 3\n\
-                    standby_search = \"nearest\"\ncomplete_fast_path = true\n\
+                    standby_search = \"nearest\"\n\
                     eviction = \"fifo\"\naliases_per_rep_max = 9\nslow_path_batch = 5\n\
                     slow_path_steps_max = 6\nrisk_threshold = 0.5\n\
                     insert_log_entries_max = 1000\ninsert_log_bytes = 100000\n\
@@ -333,7 +332,6 @@ mod tests {
             filter: FilterKind::BruteForce,
             filter_candidates: 3,
             standby_search: StandbySearch::Nearest,
-            complete_fast_path: true,
             eviction: Eviction::Fifo,
             max_aliases_per_rep: 9,
             slow_path_batch: 5,

@@ -77,18 +77,31 @@ impl ConfigError {
 /// An old key name read under its new one (`crate::keys::RENAMED`): the configuration
 /// loads, and the daemon logs one line per key so that the file can be updated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Deprecation {
-    pub section: &'static str,
-    pub old: &'static str,
-    pub new: &'static str,
+pub enum Deprecation {
+    /// An old name of a key: read as the new one (`keys::RENAMED`).
+    Renamed {
+        section: &'static str,
+        old: &'static str,
+        new: &'static str,
+    },
+    /// A key that no longer has an effect: read and ignored (`keys::RETIRED`).
+    Retired {
+        section: &'static str,
+        key: &'static str,
+        why: &'static str,
+    },
 }
 
 impl std::fmt::Display for Deprecation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}.{} is deprecated: it is read as {}.{}, the name to use",
-            self.section, self.old, self.section, self.new
-        )
+        match self {
+            Deprecation::Renamed { section, old, new } => write!(
+                f,
+                "{section}.{old} is deprecated: it is read as {section}.{new}, the name to use"
+            ),
+            Deprecation::Retired { section, key, why } => {
+                write!(f, "{section}.{key} is retired and ignored: {why}")
+            }
+        }
     }
 }

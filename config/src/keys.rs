@@ -29,6 +29,16 @@ pub const RENAMED: &[(&str, &str, &str)] = &[
     ("backend.pgvector", "reconnect_max_ms", "reconnect_ms_max"),
 ];
 
+/// `(section, key, why)`: keys that no longer have an effect. Each still loads (its
+/// section keeps the field, unread), with a note saying why.
+pub const RETIRED: &[(&str, &str, &str)] = &[(
+    "cache",
+    "complete_fast_path",
+    "every hit now checks the inserts its entry has not yet accounted for, so an \
+     acknowledged insert is in every hit it belongs in without it (docs/ALGORITHM.md, \
+     \"Inserts\")",
+)];
+
 /// The table at the dotted `path` in `doc`, if the file has it.
 fn section<'a>(doc: &'a toml::Table, path: &str) -> Option<&'a toml::Table> {
     path.split('.')
@@ -51,12 +61,21 @@ pub(crate) fn deprecations(doc: &toml::Table) -> Result<Vec<Deprecation>, Config
                     new,
                 })
             }
-            (true, false) => notes.push(Deprecation {
+            (true, false) => notes.push(Deprecation::Renamed {
                 section: name,
                 old,
                 new,
             }),
             _ => {}
+        }
+    }
+    for &(name, key, why) in RETIRED {
+        if section(doc, name).is_some_and(|t| t.contains_key(key)) {
+            notes.push(Deprecation::Retired {
+                section: name,
+                key,
+                why,
+            });
         }
     }
     Ok(notes)

@@ -499,12 +499,12 @@ mod tests {
         assert_eq!(
             notes,
             [
-                Deprecation {
+                Deprecation::Renamed {
                     section: "server",
                     old: "max_inflight",
                     new: "inflight_max"
                 },
-                Deprecation {
+                Deprecation::Renamed {
                     section: "cache",
                     old: "insert_log_cap",
                     new: "insert_log_entries_max"
@@ -547,7 +547,7 @@ mod tests {
                 Config::parse(&format!("[{section}]\n")).unwrap().0,
                 "{section}.{new} is read"
             );
-            assert_eq!(notes, [Deprecation { section, old, new }]);
+            assert_eq!(notes, [Deprecation::Renamed { section, old, new }]);
             assert!(none.is_empty());
         }
     }
@@ -567,6 +567,28 @@ mod tests {
             "{e:?}"
         );
         assert!(e.to_string().contains("both"), "{e}");
+    }
+
+    #[test]
+    fn a_retired_key_loads_ignored_with_a_note() {
+        let (cfg, notes) = Config::parse("[cache]\ncomplete_fast_path = true\n").unwrap();
+        let mut plain = Config::parse("").unwrap().0;
+        plain.cache.complete_fast_path = Some(true);
+        assert_eq!(cfg, plain);
+        assert!(matches!(
+            notes[..],
+            [Deprecation::Retired {
+                section: "cache",
+                key: "complete_fast_path",
+                ..
+            }]
+        ));
+        assert!(notes[0].to_string().contains("retired and ignored"));
+        assert_eq!(
+            cfg.cache.engine_config(4).unwrap(),
+            Config::parse("").unwrap().0.cache.engine_config(4).unwrap(),
+            "nothing reaches the engine"
+        );
     }
 
     #[test]

@@ -31,7 +31,6 @@ use crate::pool::{NeighborPool, OBJECT_OVERHEAD_BYTES};
 use crate::reach::MaxDistances;
 use crate::recent::RecentInserts;
 use crate::read::{CacheReader, Counters, HitKind, Lookup, MissTicket, Neighbor};
-use crate::takers::Takers;
 
 /// A pinned view of one of the maps readers probe, as `check_invariants` reads it.
 type PinnedMap<'a, K, V> =
@@ -113,9 +112,6 @@ pub struct CacheStats {
     pub objects: usize,
     pub bytes: usize,
     pub insert_log_len: usize,
-    /// Cells of the complete fast path's exact index (`takers.rs`; 0 without it): an
-    /// insert computes one distance per cell, an admission one per cell too.
-    pub taker_cells: usize,
     pub risk: f64,
     pub filter: FilterStats,
 }
@@ -153,7 +149,6 @@ impl CacheStats {
             aliases,
             objects,
             bytes,
-            taker_cells,
             insert_log_len
         );
         self.risk = self.risk.max(o.risk);
@@ -212,10 +207,6 @@ pub struct Cache {
     /// `reps` (a B-tree of 100,000 entries, then the list behind two pointers) cost
     /// several dependent cache misses.
     pub(crate) max_d_by_rep: HashMap<RepId, f32>,
-    /// With `complete_fast_path`: every representative by where its query is, exactly,
-    /// so that the fast path reaches every entry that takes a vector, not only the one
-    /// the filter finds (`takers.rs`).
-    pub(crate) takers: Option<Takers>,
     pub(crate) next_rep: RepId,
     /// The representative the slow path served last (round-robin position).
     pub(crate) slow_path_last: RepId,
@@ -232,7 +223,6 @@ impl Cache {
     pub fn new(cfg: CacheConfig, policy: Box<dyn HitPolicy>) -> Result<Self> {
         cfg.validate()?;
         let policy: Arc<dyn HitPolicy> = Arc::from(policy);
-        let complete = cfg.complete_fast_path;
         let filter =
             DualFilter::with_standby_search(cfg.filter, cfg.metric, cfg.dim, cfg.standby_search);
         let recent = Arc::new(RecentInserts::new(cfg.hit_check_records_max));
@@ -262,7 +252,6 @@ impl Cache {
             risk: RiskSums::default(),
             max_ds: MaxDistances::default(),
             max_d_by_rep: HashMap::default(),
-            takers: complete.then(Takers::default),
             next_rep: 1,
             slow_path_last: 0,
             clock_hand: 0,
@@ -562,9 +551,6 @@ impl Cache {
         let max_d = gauge.filter_max_d(view.nrl.max_d(), query_norm);
         self.max_ds.add(max_d);
         self.max_d_by_rep.insert(id, max_d);
-        if let Some(t) = &mut self.takers {
-            t.add(gauge, id, &e.query, query_norm, max_d);
-        }
         self.risk.sum_cursor += e.cursor as u128;
         self.cursors.insert((e.cursor, id));
         self.entry_bytes += self.rep_bytes(e.k);
@@ -669,10 +655,6 @@ impl Cache {
             .remove(&id)
             .expect("every representative has its maxD");
         self.max_ds.remove(max_d);
-        let gauge = self.gauge();
-        if let Some(t) = &mut self.takers {
-            t.remove(gauge, id);
-        }
         if self.reps.is_empty() {
             self.risk = RiskSums::default();
             debug_assert!(self.max_ds.is_empty());
@@ -777,9 +759,6 @@ impl Cache {
         let old = self.max_d_by_rep.insert(id, max_d);
         self.max_ds
             .replace(old.expect("every representative has its maxD"), max_d);
-        if let Some(t) = &mut self.takers {
-            t.update(gauge, id, max_d);
-        }
         let listed = nrl.dists.iter().zip(&nrl.vectors);
         let min_gap = if !gauge.angular() || self.cfg.store_vectors {
             gauge.min_gap(&rep.query, listed.map(|(&d, v)| (d, v.as_deref())))
@@ -943,7 +922,6 @@ impl Cache {
             objects: self.pool.len(),
             bytes: self.bytes(),
             insert_log_len: self.log.len(),
-            taker_cells: self.takers.as_ref().map_or(0, Takers::cells),
             risk: self.risk(),
             filter: self.filter.stats(),
         }
@@ -980,13 +958,6 @@ impl Cache {
         if self.max_d_by_rep.len() != self.reps.len() {
             return Err("maxD map and representatives differ in size".into());
         }
-        if self
-            .takers
-            .as_ref()
-            .is_some_and(|t| t.len() != self.reps.len())
-        {
-            return Err("the takers' index and representatives differ in size".into());
-        }
         Ok(())
     }
 
@@ -1013,11 +984,6 @@ impl Cache {
         let max_d = self.gauge().filter_max_d(nrl.max_d(), rep.query_norm);
         if self.max_d_by_rep.get(&id) != Some(&max_d) {
             return Err("maxD map out of date".into());
-        }
-        if let Some(t) = &self.takers {
-            if !t.check(self.gauge(), id, &rep.query, max_d) {
-                return Err("the takers' index does not cover it".into());
-            }
         }
         if nrl.len() < rep.k || nrl.len() > self.answer_len(rep.k) {
             return Err(format!(

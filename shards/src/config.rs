@@ -145,14 +145,6 @@ pub struct CacheConfig {
     pub filter_candidates: usize,
     /// Which filter generation answers while there are two (`StandbySearch`).
     pub standby_search: StandbySearch,
-    /// The insert fast path reaches every entry that takes the vector, through an exact
-    /// index over the representatives (`takers.rs`), on every shard: an insert is in
-    /// every such entry's next hit. Off (the default), only the nearest entry the
-    /// filter's approximate search finds, on the two nearest shards, gets it at once;
-    /// the others wait for the slow path (issue #25: 3-6% of near inserts were missing
-    /// from EXACT hits). Costs: one distance per cell of the index on every insert and
-    /// admission, one merge per entry taken (`bench/results/engine.md`).
-    pub complete_fast_path: bool,
     /// Which representative leaves when the pool is over budget (`Eviction`).
     pub eviction: Eviction,
     /// Most aliases one representative links; past it, no new alias (its memory is bounded).
@@ -199,7 +191,6 @@ impl Default for CacheConfig {
             filter: FilterKind::default(),
             filter_candidates: 2,
             standby_search: StandbySearch::Nearest,
-            complete_fast_path: false,
             eviction: Eviction::Fifo,
             max_aliases_per_rep: 256,
             slow_path_batch: 16,

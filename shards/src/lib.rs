@@ -15,7 +15,7 @@
 //! | the filter's lock-free HNSW graph (int8 codes)   | [`filter::GraphIndex`]      |
 //! | insert log, delete log (in-flight misses)        | `insert_log`                |
 //! | fast path, slow path, risk                       | `refresh`                   |
-//! | the fast path's exact index of takers            | `takers`                    |
+//! | recent inserts that hits check                   | `recent`                    |
 //! | hit policies: Aker, Proximity+, Potluck+         | `policy`                    |
 //! | backends: trait, exact and HNSW stores           | [`backend`], [`store`]      |
 //! | routing by centroid, load-based assignment       | [`router`]                  |
@@ -59,7 +59,6 @@ pub mod router;
 pub mod sharded;
 pub mod snapshot;
 pub mod store;
-mod takers;
 
 pub use backend::{Backend, Candidate};
 pub use cache::{Admission, Cache, CacheStats, DeleteOutcome, SearchOutcome};

@@ -1,15 +1,19 @@
 //! Inserts and lazy refresh (§4.6, Algorithm 2): the insert log, the fast path, the
-//! slow path and the risk `R` that decides when the slow path runs.
+//! slow path and the risk `R` that decides when the slow path runs; the catch-up a hit
+//! asks for.
 //!
 //! ```text
-//!  insert(id, v) ─► log.append ─► length cap (entries left behind: invalidated)
-//!               ─► fast path: nearest representative (the filter's; by default) or every
-//!                  representative (`complete_fast_path`: exact index, `takers.rs`)
-//!                  with d(v, RQ) < maxD ⇒ sorted insert
+//!  insert(id, v) ─► log.append (and the readers' window, recent.rs) ─► length cap
+//!                   (entries left behind: invalidated)
+//!               ─► fast path: the nearest representative the filter finds, with
+//!                  d(v, RQ) < maxD ⇒ sorted insert
 //!               ─► slow path while R ≥ τ_risk (bounded steps)
+//!  every other entry that takes v: its hits add v themselves until LC passes it
 //!  slow path step: next representative round-robin with unchecked records;
 //!                  scan B records from LC, sorted-merge those with d < maxD, advance LC
-//!  R = mean(r) · U / W,  r = d_k / d_(k+Δ),  U = mean unchecked records, W = log length
+//!  catch-up (a hit found the entry behind): the same scan, up to the last record
+//!  R = mean(r) · U / W,  r = d_k / d_(k+Δ),  U = mean unchecked records,
+//!  W = records since the oldest cursor
 //! ```
 
 use std::sync::atomic::Ordering;
@@ -26,8 +30,7 @@ pub(crate) const CATCH_UP_RECORDS_MAX: u64 = 4096;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InsertOutcome {
     pub seq: u64,
-    /// The fast path put the vector into a list (its nearest representative's, or with
-    /// `complete_fast_path` every list that takes it).
+    /// The fast path put the vector into a list (its nearest representative's).
     pub fast_path: bool,
     pub slow_path_steps: usize,
     /// The id was cached or logged before: treated as delete + insert.
@@ -40,13 +43,10 @@ impl Cache {
         self.insert_with(id, Arc::from(v), true)
     }
 
-    /// INSERT as a shard of many sees it: every shard logs every insert (so its slow
-    /// path can reach all of its entries), only the shards nearest the vector run the
-    /// default fast path (`fast_path`); with `complete_fast_path` every shard runs its
-    /// own, whatever `fast_path` says: an entry the vector belongs in can live in any
-    /// shard, and a shard without one rules itself out for one distance per cell of its
-    /// exact index (`takers.rs`). The vector is shared, so a shard's log costs a record,
-    /// not a copy.
+    /// INSERT as a shard of many sees it: every shard logs every insert (so its hits and
+    /// its slow path can reach all of its entries), only the shards nearest the vector
+    /// run the fast path (`fast_path`). The vector is shared, so a shard's log costs a
+    /// record, not a copy.
     pub fn insert_with(
         &mut self,
         id: u64,
@@ -121,18 +121,14 @@ impl Cache {
     }
 
     fn fast_path(&mut self, id: u64, v: &Arc<[f32]>, routed_here: bool) -> bool {
-        if self.takers.is_some() {
-            self.complete_fast_path(id, v)
-        } else {
-            routed_here && self.nearest_fast_path(id, v)
-        }
+        routed_here && self.nearest_fast_path(id, v)
     }
 
     /// The nearest representative to `v` takes it if it is closer than its `maxD`.
     /// (Distances and `maxD`s here are the filter's: `Gauge::filter_max_d`.) The
     /// filter's search is approximate: an entry it does not find, and every
-    /// near-duplicate of the one it finds, wait for the slow path (issue #25;
-    /// `complete_fast_path` reaches them all: `complete_fast_path`).
+    /// near-duplicate of the one it finds, get it from their hits' own check of recent
+    /// inserts until a catch-up or the slow path merges it (issue #41: `recent.rs`).
     fn nearest_fast_path(&mut self, id: u64, v: &Arc<[f32]>) -> bool {
         let max_d = &self.max_d_by_rep;
         let takes = |r: RepId, d: f32| max_d.get(&r).is_some_and(|&m| d < m);
@@ -159,45 +155,6 @@ impl Cache {
             return true;
         }
         false
-    }
-
-    /// `complete_fast_path`: every representative that takes `v` (closer than its
-    /// `maxD`) gets it before the insert returns. The takers come from the exact index
-    /// (`takers.rs`), which cannot miss one. Returns whether any list took it.
-    fn complete_fast_path(&mut self, id: u64, v: &Arc<[f32]>) -> bool {
-        let gauge = self.gauge();
-        let mut takers = Vec::new();
-        if let Some(index) = &self.takers {
-            index.takers(gauge, v, &mut takers);
-        }
-        // In admission order, so that a merge's eviction (FIFO) meets the same entries
-        // whatever the cells' order (the model test replays it).
-        takers.sort_unstable_by_key(|t| t.0);
-        let mut taken = false;
-        for (rid, df) in takers {
-            // An earlier merge may have evicted it to stay within budget.
-            let Some(d) = self.list_distance(rid, df, v) else {
-                continue;
-            };
-            if self.merge(rid, id, d, v) {
-                self.read.counters.fast_path_updates.bump();
-                taken = true;
-            }
-        }
-        taken
-    }
-
-    /// `d(v, RQ)` in the list's unit if `rid` is still live, `df` being the filter's
-    /// distance below its `maxD` (`Gauge::filter_max_d`): the same on `l2sq`; on the
-    /// angular metrics, where the units differ, the metric's own test is repeated
-    /// (they agree but for rounding).
-    fn list_distance(&self, rid: RepId, df: f32, v: &[f32]) -> Option<f32> {
-        let rep = self.reps.get(&rid)?;
-        if !self.gauge().angular() {
-            return Some(df);
-        }
-        let d = self.cfg.metric.distance(v, &rep.query);
-        (d < rep.max_d()).then_some(d)
     }
 
     /// Sorted insert of `(id, d)` into `rid`'s list, dropping what falls past `k + Δ`.

@@ -377,37 +377,6 @@ fn slow_path_merge_reaches_entries_the_fast_path_skips() {
     c.check_invariants().unwrap();
 }
 
-/// The same two entries with `complete_fast_path`: the insert reaches B at once, the
-/// slow path still brings what was logged without any fast path.
-#[test]
-fn complete_fast_path_reaches_every_entry_that_takes_it() {
-    let cfg = CacheConfig {
-        delta: 0,
-        filter: FilterKind::BruteForce,
-        k_max: 4,
-        risk_threshold: 0.3,
-        complete_fast_path: true,
-        ..CacheConfig::new(1, Metric::L2Sq)
-    };
-    let mut c = Cache::new(cfg, PolicyConfig::default().build()).unwrap();
-    let mut s = store();
-    c.search(&s, &[4.0], 2).unwrap(); // A at 4: 2 (1), 3 (1)
-    c.search(&s, &[6.0], 2).unwrap(); // B at 6: 3 (1), 4 (9)
-    s.insert(30, &[4.6]).unwrap();
-    c.insert(30, &[4.6]).unwrap();
-    let b = c.slot(&[6.0]).unwrap().rep();
-    let ids = |c: &Cache| c.representative(b).unwrap().nrl.ids.clone();
-    assert_eq!(ids(&c), vec![3, 30], "fast path: B too");
-    assert_eq!(c.stats().fast_path_updates, 2);
-    s.insert(31, &[4.7]).unwrap();
-    c.insert_log_only(31, std::sync::Arc::from(&[4.7f32][..]))
-        .unwrap();
-    while c.slow_path_step() {}
-    assert_eq!(ids(&c), vec![3, 31], "slow path");
-    assert!(c.stats().slow_path_merges >= 1);
-    c.check_invariants().unwrap();
-}
-
 #[test]
 fn fifo_eviction_releases_references_and_aliases() {
     // capacity 4 objects, k = 2: two entries fit

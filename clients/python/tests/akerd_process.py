@@ -54,7 +54,6 @@ def config_text(kind: str, data_file: str, secret_file: Optional[str] = None, k_
         "capacity_objects = 20000\n"
         'filter = { kind = "brute_force" }\n'
         'policy = { kind = "proximity", threshold = 0.0 }\n'
-        "complete_fast_path = true\n"
         "%s"
         "\n[sharding]\n"
         "shards = 2\n"
