@@ -240,14 +240,14 @@ impl CacheReader {
             Slot::Alias(_) => HitKind::Alias,
         };
         let Ok(hit) = self.answer(rep, q, k, kind, None) else {
-            // Too far behind to check: the backend answers, and the owner catches the
-            // entry up (its admission is a duplicate: the entry may hold a larger k).
+            // Too far behind to check: the backend answers. The entry's own query at its
+            // k replaces it with that answer (one admission, however far behind it
+            // was); otherwise its owner catches it up.
             self.counters.misses.bump();
-            let ticket = self.ticket(q, k, key, None, false);
-            return Some(Lookup::Miss(MissTicket {
-                catch_up: self.ask_catch_up(rep),
-                ..ticket
-            }));
+            let replace = kind == HitKind::Exact && k == rep.k;
+            let ticket = self.ticket(q, k, key, None, replace);
+            let catch_up = if replace { None } else { self.ask_catch_up(rep) };
+            return Some(Lookup::Miss(MissTicket { catch_up, ..ticket }));
         };
         if kind == HitKind::Exact {
             self.policy.on_equality_hit(rep);

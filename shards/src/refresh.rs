@@ -23,9 +23,10 @@ use crate::cache::{Cache, Removal};
 use crate::entry::{RepId, RISK_SCALE};
 use crate::error::{validate_vector, Result};
 
-/// Most records one catch-up scans (an entry further behind is caught up over several
-/// requests, or by the slow path): the owner's other messages wait meanwhile.
-pub(crate) const CATCH_UP_RECORDS_MAX: u64 = 4096;
+/// Most vector components one catch-up reads (records × dimension): ~1-2 ms of the
+/// owner's time, while its other messages wait. An entry further behind is caught up
+/// over several requests, or by the slow path.
+const CATCH_UP_COMPONENTS_MAX: u64 = 1 << 24;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InsertOutcome {
@@ -226,10 +227,13 @@ impl Cache {
     }
 
     /// CATCH_UP (a hit found `rid` behind the log): scans its records up to the last,
-    /// at most `CATCH_UP_RECORDS_MAX` of them, as slow-path steps would. Returns the
-    /// records scanned (0: gone, or nothing behind).
+    /// at most `CATCH_UP_COMPONENTS_MAX / dim` of them, as slow-path steps would. Returns
+    /// the records scanned (0: gone, or nothing behind).
     pub fn catch_up(&mut self, rid: RepId) -> usize {
-        self.catch_up_by(rid, CATCH_UP_RECORDS_MAX)
+        // Never fewer than a hit checks itself.
+        let records = (CATCH_UP_COMPONENTS_MAX / self.cfg.dim as u64)
+            .max(self.cfg.hit_check_records_max as u64);
+        self.catch_up_by(rid, records)
     }
 
     /// `catch_up`, scanning at most `records`.

@@ -198,6 +198,11 @@ impl Model {
                 return (HitKind::Miss, vec![], None, None);
             }
             if self.behind(i) {
+                // At the entry's own k the miss's answer replaces it; below, a catch-up.
+                if k == self.reps[i].k {
+                    self.replace_next = true;
+                    return (HitKind::Miss, vec![], None, None);
+                }
                 return (HitKind::Miss, vec![], None, Some(self.reps[i].id));
             }
             if self.p.proximity.is_none() {
@@ -255,7 +260,7 @@ impl Model {
     }
 
     /// `Cache::catch_up`: a slow-path scan of `rid` from its cursor to the last record
-    /// (the engine's cap of 4,096 records is never reached here).
+    /// (the engine's cap, 2^24 / dim records, is never reached here).
     fn catch_up(&mut self, rid: u64) {
         let Some(i) = self.reps.iter().position(|r| r.id == rid) else {
             return;

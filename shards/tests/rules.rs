@@ -908,17 +908,34 @@ fn an_entry_behind_the_window_misses_and_is_caught_up() {
     for (id, x) in [(100, 1.1), (101, 30.0), (102, 31.0)] {
         c.insert_log_only(id, Arc::from(&[x][..])).unwrap();
     }
-    // Three records behind, the window holds two: the backend answers.
-    let Lookup::Miss(t) = c.lookup(&[1.0], 2).unwrap() else {
+    // Three records behind, the window holds two: the backend answers. Asked below its
+    // k, the entry is caught up by its owner before the backend call.
+    let Lookup::Miss(t) = c.lookup(&[1.0], 1).unwrap() else {
         panic!("an entry behind the window served");
     };
     assert_eq!((t.catch_up, t.replace), (Some(rep), false));
     assert_eq!(c.stats().hits_behind, 1);
-    // The owner catches it up, then the backend answers (a duplicate admission).
     let out = c.resolve_miss(&s, t).unwrap();
     assert_eq!(out.admission, Some(Admission::Duplicate(rep)));
     assert_eq!(c.representative(rep).unwrap().cursor, 3);
     assert_eq!(hit_ids(&c, 1.0, 2), (HitKind::Exact, vec![100, 1], None));
+    // Behind again, asked at its own k: the miss's answer replaces it.
+    for (id, x) in [(103, 0.9), (104, 30.0), (105, 31.0)] {
+        c.insert_log_only(id, Arc::from(&[x][..])).unwrap();
+    }
+    let Lookup::Miss(t) = c.lookup(&[1.0], 2).unwrap() else {
+        panic!("an entry behind the window served");
+    };
+    assert_eq!((t.catch_up, t.replace), (None, true));
+    let mut s = s;
+    s.insert(100, &[1.1]).unwrap();
+    s.insert(103, &[0.9]).unwrap();
+    let out = c.resolve_miss(&s, t).unwrap();
+    let Some(Admission::Admitted(new)) = out.admission else {
+        panic!("not replaced: {:?}", out.admission);
+    };
+    assert_ne!(new, rep);
+    assert_eq!(hit_ids(&c, 1.0, 2), (HitKind::Exact, vec![100, 103], None));
     c.check_invariants().unwrap();
 }
 
