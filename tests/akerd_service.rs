@@ -669,8 +669,9 @@ fn an_insert_is_in_every_entry_it_belongs_in() {
 /// Issue #41 as a client sees it, akerd's default filter (a small HNSW graph) and the
 /// slow path off: an id inserted 1e-3 from a cached query is first in that query's next
 /// answer, an exact hit, in every one of 1,000 tries, while a second connection searches
-/// the other cached queries all along. Each query has a cached twin 1e-4 away (asked
-/// twice: its own entry), which the fast path may merge the insert into instead.
+/// the other cached queries all along. Each query has a cached twin between it and where
+/// the inserts go (asked twice: its own entry), nearer to them: the fast path merges
+/// each insert into the twin, and the query's own hit has to find it itself.
 #[test]
 fn an_acknowledged_insert_is_first_in_the_next_exact_hit_under_load() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -682,10 +683,10 @@ fn an_acknowledged_insert_is_first_in_the_next_exact_hit_under_load() {
     let d = start(&cfg);
     let mut c = client(d.local_addr());
     let cached: Vec<Vec<f32>> = (0..100).map(|i| query_near(&ds, i * 29, 0.01)).collect();
-    let twin_step = 1e-4 / (DIM as f32).sqrt();
+    let step = 1e-3 / (DIM as f32).sqrt();
     for q in &cached {
         search_until(&mut c, q, HitKind::Exact);
-        let twin: Vec<f32> = q.iter().map(|x| x - twin_step).collect();
+        let twin: Vec<f32> = q.iter().map(|x| x + 0.9 * step).collect();
         search_until(&mut c, &twin, HitKind::Exact);
     }
     let stop = Arc::new(AtomicBool::new(false));
@@ -700,7 +701,6 @@ fn an_acknowledged_insert_is_first_in_the_next_exact_hit_under_load() {
             n
         })
     };
-    let step = 1e-3 / (DIM as f32).sqrt();
     let (mut rng, mut next) = (0x2545_f491_4f6c_dd1du64, 70_000u64);
     for trial in 0..1_000 {
         rng ^= rng << 13;
@@ -723,6 +723,10 @@ fn an_acknowledged_insert_is_first_in_the_next_exact_hit_under_load() {
     assert!(background.join().unwrap() > 0);
     let s = c.stats().unwrap();
     assert_eq!(stat(&s, "hits_behind"), Some(0.0), "{s}");
+    assert!(
+        stat(&s, "hits_with_recent").unwrap() >= 100.0,
+        "the hits' own check did the work: {s}"
+    );
     d.stop().unwrap();
 }
 

@@ -225,7 +225,10 @@ impl Cache {
         let policy: Arc<dyn HitPolicy> = Arc::from(policy);
         let filter =
             DualFilter::with_standby_search(cfg.filter, cfg.metric, cfg.dim, cfg.standby_search);
-        let recent = Arc::new(RecentInserts::new(cfg.hit_check_records_max));
+        // No larger than the log's cap: the log must hold every record the ring does, for
+        // a delete to find it and an owner to catch an entry up.
+        let ring = cfg.hit_check_records_max.min(cfg.insert_log_records_max());
+        let recent = Arc::new(RecentInserts::new(ring));
         let read = Arc::new(CacheReader {
             cfg: cfg.clone(),
             policy: policy.clone(),

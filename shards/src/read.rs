@@ -30,6 +30,10 @@ use crate::hash::SharedMap;
 use crate::policy::HitPolicy;
 use crate::recent::{OutOfWindow, RecentInserts};
 
+/// A hit on an entry at least this many records behind asks its owner to catch it up
+/// even when none of them belonged in its list: its hits would scan them all again.
+pub(crate) const CATCH_UP_BEHIND: u64 = 64;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum HitKind {
     /// The query is a representative's own.
@@ -225,7 +229,7 @@ impl CacheReader {
                 if self.policy.sample_verification() {
                     self.counters.verifications.bump();
                     self.counters.misses.bump();
-                    let cached = rep.nrl.ids[..k].to_vec();
+                    let cached = self.served_ids(rep, k);
                     return Some(Lookup::Miss(self.ticket(q, k, key, Some(cached), false)));
                 }
                 HitKind::Exact
@@ -317,7 +321,7 @@ impl CacheReader {
                 if self.policy.sample_verification() {
                     self.counters.verifications.bump();
                     self.counters.misses.bump();
-                    let cached = rep.nrl.ids[..k].to_vec();
+                    let cached = self.served_ids(rep, k);
                     return Some(Lookup::Miss(self.ticket(q, k, key, Some(cached), false)));
                 }
                 let link = self.policy.links_aliases().then_some(key);
@@ -371,36 +375,42 @@ impl CacheReader {
         }
     }
 
-    /// The inserts `rep`'s list has not accounted for that belong in it (closer to
-    /// `RQ` than its `maxD`, live, not listed), merged into a copy of the list cut to
-    /// `k + Δ` (`None`: nothing to add), and whether the entry is behind the log at all.
-    /// `Err` when it is further behind than the window of recent inserts reaches.
-    fn with_recent(&self, rep: &RepView) -> Result<(Option<NeighborList>, bool), OutOfWindow> {
+    /// `rep`'s list with the inserts it has not accounted for merged in, record by
+    /// record as its owner would merge them (`Cache::scan_log`: closer than the list's
+    /// `maxD` as it stands, live, not listed; what falls past `k + Δ` dropped), so a hit
+    /// answers what the entry answers once caught up. `None` when nothing was added.
+    /// With it, how many records the entry is behind. `Err` when it is further behind
+    /// than the window of recent inserts reaches.
+    fn with_recent(&self, rep: &RepView) -> Result<(Option<NeighborList>, u64), OutOfWindow> {
         let last = self.insert_seq.load(Ordering::Acquire);
         if rep.cursor >= last {
-            return Ok((None, false));
+            return Ok((None, 0));
         }
         let nrl = &rep.nrl;
-        let max_d = nrl.max_d();
+        let cap = (rep.k + self.cfg.delta).max(nrl.len());
         let mut merged: Option<NeighborList> = None;
         self.recent.scan(rep.cursor, last, |r| {
+            let list = merged.as_ref().unwrap_or(nrl);
             let d = self.cfg.metric.distance(&r.vector, &rep.query);
-            if d < max_d && nrl.position(r.id).is_none() {
+            if d < list.max_d() && list.position(r.id).is_none() {
                 let list = merged.get_or_insert_with(|| (**nrl).clone());
                 let v = self.cfg.store_vectors.then(|| r.vector.clone());
                 list.insert_sorted(r.id, d, v);
+                if list.len() > cap {
+                    list.remove_at(cap);
+                }
             }
         })?;
-        let Some(mut list) = merged else {
-            return Ok((None, true));
-        };
-        // What falls past `k + Δ`, as a merge on the owner drops it.
-        let cap = (rep.k + self.cfg.delta).max(nrl.len());
-        list.ids.truncate(cap);
-        list.dists.truncate(cap);
-        list.vectors.truncate(cap);
-        self.counters.hits_with_recent.bump();
-        Ok((Some(list), true))
+        Ok((merged, last - rep.cursor))
+    }
+
+    /// The ids a hit on `rep` serves first (its list with the inserts it lacks), for a
+    /// sampled verification; the list's own when the entry is too far behind to tell.
+    fn served_ids(&self, rep: &RepView, k: usize) -> Vec<u64> {
+        match self.with_recent(rep) {
+            Ok((Some(list), _)) => list.ids[..k].to_vec(),
+            _ => rep.nrl.ids[..k].to_vec(),
+        }
     }
 
     /// A ticket for a miss that skips the lookup: REFRESH (replace the entry) or a
@@ -424,7 +434,16 @@ impl CacheReader {
         let (recent, behind) = self.with_recent(rep).inspect_err(|_| {
             self.counters.hits_behind.bump();
         })?;
-        let catch_up = if behind { self.ask_catch_up(rep) } else { None };
+        if recent.is_some() {
+            self.counters.hits_with_recent.bump();
+        }
+        // Asked when the hit added something (the owner then keeps it), or when the
+        // entry is far enough behind that its hits keep scanning many records.
+        let catch_up = if recent.is_some() || behind >= CATCH_UP_BEHIND {
+            self.ask_catch_up(rep)
+        } else {
+            None
+        };
         let nrl = recent.as_ref().unwrap_or(&rep.nrl);
         debug_assert!(nrl.len() >= k, "a representative holds at least k results");
         // Only a store, and only when not set yet: a hot entry's line is not written

@@ -283,6 +283,10 @@ impl Cache {
         self.cursors.remove(&(rep.cursor, rid));
         self.risk.sum_cursor += (to - rep.cursor) as u128;
         rep.view.cursor = to;
+        if to == self.log.last_seq() {
+            // Whatever asked for a catch-up has it (a slow-path step may get there first).
+            rep.catch_up_asked.store(false, Ordering::Release);
+        }
         self.cursors.insert((to, rid));
         let view = rep.view.clone();
         self.publish_view(view);

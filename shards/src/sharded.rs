@@ -118,16 +118,31 @@ pub fn lookup_across<'a>(
         let for_admission = (s == s1).then_some(&mut seeds);
         let mut behind_here = None;
         let found = reader(s).probe_filter_seeded(q, k, key, for_admission, &mut behind_here);
-        if let Some(l) = found {
-            return (s, l);
+        let Some(l) = found else {
+            match (behind, behind_here) {
+                (None, Some(r)) => behind = Some((s, r)),
+                // One request per ticket: the others are not sent, so asked again later.
+                (Some(_), Some(r)) => reader(s).catch_up_dropped(r),
+                _ => {}
+            }
+            continue;
+        };
+        if let Some((sb, r)) = behind {
+            reader(sb).catch_up_dropped(r);
         }
-        if behind.is_none() {
-            behind = behind_here.map(|r| (s, r));
-        }
+        return (s, l);
     }
     nearest.counters.misses.bump();
     let ticket = nearest.ticket(q, k, key, None, false);
-    let catch_up = behind.filter(|&(s, _)| s == s1).map(|(_, r)| r);
+    // A ticket carries its own shard's request only (the owner it reaches).
+    let catch_up = match behind {
+        Some((s, r)) if s == s1 => Some(r),
+        Some((s, r)) => {
+            reader(s).catch_up_dropped(r);
+            None
+        }
+        None => None,
+    };
     (
         s1,
         Lookup::Miss(MissTicket {

@@ -172,6 +172,12 @@ impl Cache {
                 out.dropped += 1;
                 continue;
             }
+            // The evictions trim the log: an entry whose unchecked records went with it
+            // could not be caught up, nor its hits check them (a Stale admission).
+            if entry.cursor + 1 < self.log.head_seq() {
+                out.refused += 1;
+                continue;
+            }
             let id = self.install(entry, &InsertSeeds::default());
             out.restored += 1;
             for a in aliases {
@@ -252,9 +258,8 @@ impl Cache {
             answer,
             tau: e.tau,
             min_gap: e.min_gap,
-            // Within the restored log: an entry behind its head (trimmed by an eviction
-            // during the restore) misses that stretch, as an admission would.
-            cursor: e.cursor.clamp(self.log.head_seq() - 1, self.log.last_seq()),
+            // Within the restored log (`restore_image` refuses one behind its head).
+            cursor: e.cursor.min(self.log.last_seq()),
             referenced: e.referenced,
         })
     }

@@ -91,8 +91,10 @@ impl Model {
     }
 
     fn new(p: Params) -> Self {
+        // The engine's ring is no larger than the log's cap.
+        let window = p.window.min(p.log_cap as u64);
         Model {
-            p,
+            p: Params { window, ..p },
             reps: vec![],
             next_id: 1,
             log: vec![],
@@ -163,28 +165,31 @@ impl Model {
         self.last_seq - self.reps[i].cursor > self.p.window
     }
 
-    /// `i`'s list with the logged inserts after its cursor that it takes (closer than
-    /// its `maxD` as it stands, live, not listed), cut to `k + Δ`: what a hit serves.
-    fn with_recent(&self, i: usize) -> Vec<(u64, f32, Vec<f32>)> {
+    /// `i`'s list with the logged inserts after its cursor merged in one by one as a
+    /// slow-path scan would (closer than its `maxD` as it stands, live, not listed; cut
+    /// to `k + Δ`): what a hit serves. With it, whether any was added.
+    fn with_recent(&self, i: usize) -> (Vec<(u64, f32, Vec<f32>)>, bool) {
         let r = &self.reps[i];
-        let max_d = r.list.last().unwrap().1;
+        let cap = (r.k + self.p.delta).max(r.list.len());
         let mut list = r.list.clone();
+        let mut added = false;
         for (seq, id, v) in &self.log {
             let Some(v) = v else { continue };
-            if *seq <= r.cursor || r.list.iter().any(|x| x.0 == *id) {
+            if *seq <= r.cursor || list.iter().any(|x| x.0 == *id) {
                 continue;
             }
             let d = self.dist(v, &r.q);
-            if d < max_d {
+            if d < list.last().unwrap().1 {
                 let at = list
                     .iter()
                     .position(|x| before((d, *id), (x.1, x.0)))
                     .unwrap_or(list.len());
                 list.insert(at, (*id, d, v.clone()));
+                list.truncate(cap);
+                added = true;
             }
         }
-        list.truncate((r.k + self.p.delta).max(r.list.len()));
-        list
+        (list, added)
     }
 
     /// Returns (kind, ids, the entry to link, the entry to catch up).
@@ -210,7 +215,7 @@ impl Model {
                 let r = &mut self.reps[i];
                 r.tau = (r.tau * 1.1).min(cap);
             }
-            let ids = self.with_recent(i)[..k].iter().map(|x| x.0).collect();
+            let ids = self.with_recent(i).0[..k].iter().map(|x| x.0).collect();
             return (HitKind::Exact, ids, None, self.catch_up_of(i));
         }
         if let Some(i) = self
@@ -254,9 +259,11 @@ impl Model {
         (HitKind::Miss, vec![], None, skipped)
     }
 
-    /// A hit on `i` asks for a catch-up when its cursor is behind the log.
+    /// A hit on `i` asks for a catch-up when it added an insert, or when the entry is
+    /// 64 records behind (`CATCH_UP_BEHIND`).
     fn catch_up_of(&self, i: usize) -> Option<u64> {
-        (self.reps[i].cursor < self.last_seq).then_some(self.reps[i].id)
+        let behind = self.last_seq - self.reps[i].cursor;
+        (self.with_recent(i).1 || behind >= 64).then_some(self.reps[i].id)
     }
 
     /// `Cache::catch_up`: a slow-path scan of `rid` from its cursor to the last record
@@ -272,7 +279,7 @@ impl Model {
     }
 
     fn rerank(&self, i: usize, q: &[f32], k: usize) -> Vec<u64> {
-        let mut v: Vec<(f32, u64)> = self.with_recent(i)[..k]
+        let mut v: Vec<(f32, u64)> = self.with_recent(i).0[..k]
             .iter()
             .map(|x| (self.dist(q, &x.2), x.0))
             .collect();

@@ -849,6 +849,23 @@ fn a_hit_serves_inserts_its_entry_has_not_checked() {
     c.check_invariants().unwrap();
 }
 
+/// A hit that adds nothing asks for a catch-up only once its entry is 64 records behind
+/// (`CATCH_UP_BEHIND`): before that its own check is cheaper than the owner's message.
+#[test]
+fn a_hit_asks_for_a_catch_up_when_it_added_one_or_is_far_behind() {
+    let (mut c, s) = (cache(1), store());
+    c.search(&s, &[1.0], 2).unwrap();
+    let rep = c.slot(&[1.0]).unwrap().rep();
+    for i in 0..63u64 {
+        c.insert_log_only(200 + i, Arc::from(&[500.0 + i as f32][..])).unwrap();
+    }
+    assert_eq!(hit_ids(&c, 1.0, 2), (HitKind::Exact, vec![1, 2], None));
+    c.insert_log_only(300, Arc::from(&[600.0f32][..])).unwrap();
+    assert_eq!(hit_ids(&c, 1.0, 2), (HitKind::Exact, vec![1, 2], Some(rep)));
+    assert_eq!(c.catch_up(rep), 64);
+    assert_eq!(hit_ids(&c, 1.0, 2), (HitKind::Exact, vec![1, 2], None));
+}
+
 #[test]
 fn an_approximate_hit_ranks_an_unchecked_insert_for_its_own_query() {
     let (mut c, s) = (cache(1), store());

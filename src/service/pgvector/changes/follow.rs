@@ -27,6 +27,8 @@ const ACKS_MAX: usize = 1024;
 const ADVANCE_EVERY: Duration = Duration::from_millis(200);
 /// The table, the slot's state and its retained WAL are checked this often.
 const CHECK_EVERY: Duration = Duration::from_secs(2);
+/// How often a wait for an owner's acknowledgement looks whether akerd is stopping.
+const ACK_STOP_CHECK: Duration = Duration::from_millis(50);
 /// How long one transaction may stay invisible to new snapshots before it is logged.
 const VISIBLE_WARN: Duration = Duration::from_secs(5);
 /// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
@@ -526,16 +528,29 @@ impl Follower {
     }
 
     async fn await_acks(&mut self) -> Result<(), PollError> {
-        for a in self.insert_acks.drain(..) {
-            a.recv_async()
-                .await
-                .map_err(|_| PollError::OwnersGone)?
-                .ok();
+        for a in std::mem::take(&mut self.insert_acks) {
+            self.ack(a).await?.ok();
         }
-        for a in self.delete_acks.drain(..) {
-            a.recv_async().await.map_err(|_| PollError::OwnersGone)?;
+        for a in std::mem::take(&mut self.delete_acks) {
+            self.ack(a).await?;
         }
         Ok(())
+    }
+
+    /// An owner's acknowledgement; `OwnersGone` once akerd is stopping. A message queued
+    /// to an owner whose executor has stopped is never answered, and its reply channel
+    /// never closes either (the queue keeps it while any sender of the queue lives), so
+    /// a plain wait would hold the shutdown that joins this thread forever.
+    async fn ack<T>(&self, a: flume::Receiver<T>) -> Result<T, PollError> {
+        loop {
+            match tokio::time::timeout(ACK_STOP_CHECK, a.recv_async()).await {
+                Ok(r) => return r.map_err(|_| PollError::OwnersGone),
+                Err(_) if self.parts.stop.load(Ordering::Acquire) => {
+                    return Err(PollError::OwnersGone)
+                }
+                Err(_) => {}
+            }
+        }
     }
 
     async fn flush(&mut self) -> Result<(), PollError> {
@@ -549,7 +564,7 @@ impl Follower {
             return Ok(());
         }
         for a in acks {
-            a.recv_async().await.map_err(|_| PollError::OwnersGone)?;
+            self.ack(a).await?;
         }
         Ok(())
     }
