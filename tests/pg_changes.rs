@@ -266,7 +266,11 @@ fn sql_inserts_are_first_in_the_next_exact_hit_once_applied() {
         ));
         wait_applied(&d, wal_now(&sql));
         let r = c.search(K, q).unwrap();
-        assert_eq!((r.hit, r.neighbors[0].id), (HitKind::Exact, id), "try {t}: {r:?}");
+        assert_eq!(
+            (r.hit, r.neighbors[0].id),
+            (HitKind::Exact, id),
+            "try {t}: {r:?}"
+        );
         // Gone again, so that the next try near the same query is the nearest again.
         sql.exec(&format!("DELETE FROM c_first WHERE id = {id}"));
     }

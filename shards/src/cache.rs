@@ -29,8 +29,8 @@ use crate::insert_log::{DeleteLog, InsertLog};
 use crate::policy::HitPolicy;
 use crate::pool::{NeighborPool, OBJECT_OVERHEAD_BYTES};
 use crate::reach::MaxDistances;
-use crate::recent::RecentInserts;
 use crate::read::{CacheReader, Counters, HitKind, Lookup, MissTicket, Neighbor};
+use crate::recent::RecentInserts;
 
 /// A pinned view of one of the maps readers probe, as `check_invariants` reads it.
 type PinnedMap<'a, K, V> =

@@ -102,7 +102,9 @@ impl<T> EpochSlots<T> {
     pub(crate) fn new(len: usize) -> Self {
         EpochSlots {
             collector: Collector::new(),
-            slots: (0..len).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
+            slots: (0..len)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
         }
     }
 

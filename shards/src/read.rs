@@ -250,7 +250,11 @@ impl CacheReader {
             self.counters.misses.bump();
             let replace = kind == HitKind::Exact && k == rep.k;
             let ticket = self.ticket(q, k, key, None, replace);
-            let catch_up = if replace { None } else { self.ask_catch_up(rep) };
+            let catch_up = if replace {
+                None
+            } else {
+                self.ask_catch_up(rep)
+            };
             return Some(Lookup::Miss(MissTicket { catch_up, ..ticket }));
         };
         if kind == HitKind::Exact {
@@ -381,8 +385,11 @@ impl CacheReader {
     /// answers what the entry answers once caught up. `None` when nothing was added.
     /// With it, how many records the entry is behind. `Err` when it is further behind
     /// than the window of recent inserts reaches.
-    fn with_recent(&self, rep: &RepView) -> Result<(Option<NeighborList>, u64), OutOfWindow> {
-        let last = self.insert_seq.load(Ordering::Acquire);
+    fn with_recent(
+        &self,
+        rep: &RepView,
+        last: u64,
+    ) -> Result<(Option<NeighborList>, u64), OutOfWindow> {
         if rep.cursor >= last {
             return Ok((None, 0));
         }
@@ -404,10 +411,34 @@ impl CacheReader {
         Ok((merged, last - rep.cursor))
     }
 
+    /// `answer`'s part for an entry behind the log: its list with what it lacks, and the
+    /// catch-up to ask for: when the hit added something (the owner then keeps it), or
+    /// when the entry is far enough behind that its hits keep scanning many records.
+    #[cold]
+    #[inline(never)]
+    fn behind_hit(
+        &self,
+        rep: &RepView,
+        last: u64,
+    ) -> Result<(Option<NeighborList>, Option<RepId>), OutOfWindow> {
+        let (recent, behind) = self.with_recent(rep, last).inspect_err(|_| {
+            self.counters.hits_behind.bump();
+        })?;
+        if recent.is_some() {
+            self.counters.hits_with_recent.bump();
+        }
+        let catch_up = if recent.is_some() || behind >= CATCH_UP_BEHIND {
+            self.ask_catch_up(rep)
+        } else {
+            None
+        };
+        Ok((recent, catch_up))
+    }
+
     /// The ids a hit on `rep` serves first (its list with the inserts it lacks), for a
     /// sampled verification; the list's own when the entry is too far behind to tell.
     fn served_ids(&self, rep: &RepView, k: usize) -> Vec<u64> {
-        match self.with_recent(rep) {
+        match self.with_recent(rep, self.insert_seq.load(Ordering::Acquire)) {
             Ok((Some(list), _)) => list.ids[..k].to_vec(),
             _ => rep.nrl.ids[..k].to_vec(),
         }
@@ -431,18 +462,12 @@ impl CacheReader {
         kind: HitKind,
         link: Option<QueryKey>,
     ) -> Result<Hit, OutOfWindow> {
-        let (recent, behind) = self.with_recent(rep).inspect_err(|_| {
-            self.counters.hits_behind.bump();
-        })?;
-        if recent.is_some() {
-            self.counters.hits_with_recent.bump();
-        }
-        // Asked when the hit added something (the owner then keeps it), or when the
-        // entry is far enough behind that its hits keep scanning many records.
-        let catch_up = if recent.is_some() || behind >= CATCH_UP_BEHIND {
-            self.ask_catch_up(rep)
+        // The common case, an entry up to date, costs this one load.
+        let last = self.insert_seq.load(Ordering::Acquire);
+        let (recent, catch_up) = if rep.cursor >= last {
+            (None, None)
         } else {
-            None
+            self.behind_hit(rep, last)?
         };
         let nrl = recent.as_ref().unwrap_or(&rep.nrl);
         debug_assert!(nrl.len() >= k, "a representative holds at least k results");

@@ -129,7 +129,11 @@ mod tests {
         assert_eq!(seen(&w, 2, 6), Ok(vec![103, 104, 105, 106]));
         assert_eq!(seen(&w, 6, 6), Ok(vec![]), "nothing after the last");
         assert_eq!(seen(&w, 1, 6), Err(OutOfWindow), "record 2 was overwritten");
-        assert_eq!(seen(&w, 4, 7), Err(OutOfWindow), "record 7 is not there yet");
+        assert_eq!(
+            seen(&w, 4, 7),
+            Err(OutOfWindow),
+            "record 7 is not there yet"
+        );
         w.tombstone(5);
         w.tombstone(1); // long gone: nothing happens
         assert_eq!(seen(&w, 2, 6), Ok(vec![103, 104, 106]));

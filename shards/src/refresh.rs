@@ -260,7 +260,10 @@ impl Cache {
             let r = &self.reps[&rid];
             (r.cursor, r.query.clone())
         };
-        debug_assert!(from + 1 >= self.log.head_seq(), "the log holds what is scanned");
+        debug_assert!(
+            from + 1 >= self.log.head_seq(),
+            "the log holds what is scanned"
+        );
         for seq in from + 1..=to {
             let Some(rec) = self.log.get(seq) else {
                 continue;

@@ -339,7 +339,10 @@ fn under_load(metric: Metric, trials: usize) {
                 panic!("a cached query missed ({metric})");
             };
             assert_eq!(h.kind, HitKind::Exact);
-            assert_eq!(h.results[0].id, id, "the insert at 1e-3 is not first ({metric})");
+            assert_eq!(
+                h.results[0].id, id,
+                "the insert at 1e-3 is not first ({metric})"
+            );
             let _ = catch_up_tx.send(h.catch_up.unwrap_or(0));
             exact += 1;
             ack_tx.send(()).unwrap();
@@ -395,5 +398,8 @@ fn under_load(metric: Metric, trials: usize) {
     c.check_invariants().unwrap();
     let st = c.stats();
     assert_eq!(st.hits_behind, 0, "{st:?}");
-    assert!(st.hits_with_recent > 0, "hits added inserts themselves: {st:?}");
+    assert!(
+        st.hits_with_recent > 0,
+        "hits added inserts themselves: {st:?}"
+    );
 }

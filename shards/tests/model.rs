@@ -229,7 +229,12 @@ impl Model {
             if self.behind(i) {
                 return (HitKind::Miss, vec![], None, Some(self.reps[i].id));
             }
-            return (HitKind::Alias, self.rerank(i, q, k), None, self.catch_up_of(i));
+            return (
+                HitKind::Alias,
+                self.rerank(i, q, k),
+                None,
+                self.catch_up_of(i),
+            );
         }
         let mut cands: Vec<(f32, u64, usize, f32)> = self
             .reps
@@ -253,7 +258,12 @@ impl Model {
                     self.reps[i].tau *= 0.25;
                 }
                 let catch_up = self.catch_up_of(i);
-                return (HitKind::Approximate, self.rerank(i, q, k), Some(i), catch_up);
+                return (
+                    HitKind::Approximate,
+                    self.rerank(i, q, k),
+                    Some(i),
+                    catch_up,
+                );
             }
         }
         (HitKind::Miss, vec![], None, skipped)
@@ -375,7 +385,12 @@ impl Model {
 
     fn risk(&self) -> f64 {
         let n = self.reps.len();
-        let oldest = self.reps.iter().map(|r| r.cursor).min().unwrap_or(self.last_seq);
+        let oldest = self
+            .reps
+            .iter()
+            .map(|r| r.cursor)
+            .min()
+            .unwrap_or(self.last_seq);
         let w = (self.last_seq - oldest) as usize;
         if n == 0 || w == 0 {
             return 0.0;

@@ -497,7 +497,11 @@ fn insert_log_head_follows_the_oldest_cursor() {
     for i in 0..3 {
         c.insert(100 + i, &[1000.0]).unwrap();
     }
-    assert_eq!(c.insert_log_len(), 1, "no entry needs the log: the newest record stays");
+    assert_eq!(
+        c.insert_log_len(),
+        1,
+        "no entry needs the log: the newest record stays"
+    );
     c.search(&s, &[1.0], 2).unwrap();
     for i in 0..3 {
         c.insert(200 + i, &[1000.0]).unwrap();
@@ -838,7 +842,10 @@ fn a_hit_serves_inserts_its_entry_has_not_checked() {
     c.insert_log_only(101, Arc::from(&[40.0f32][..])).unwrap(); // d = 1521: not taken
     assert_eq!(c.representative(rep).unwrap().nrl.ids, vec![1, 2, 3]);
     let (kind, ids, catch_up) = hit_ids(&c, 1.0, 2);
-    assert_eq!((kind, ids, catch_up), (HitKind::Exact, vec![100, 1], Some(rep)));
+    assert_eq!(
+        (kind, ids, catch_up),
+        (HitKind::Exact, vec![100, 1], Some(rep))
+    );
     assert_eq!(c.stats().hits_with_recent, 1);
     // One request per entry until its owner has caught it up.
     assert_eq!(hit_ids(&c, 1.0, 2).2, None);
@@ -857,7 +864,8 @@ fn a_hit_asks_for_a_catch_up_when_it_added_one_or_is_far_behind() {
     c.search(&s, &[1.0], 2).unwrap();
     let rep = c.slot(&[1.0]).unwrap().rep();
     for i in 0..63u64 {
-        c.insert_log_only(200 + i, Arc::from(&[500.0 + i as f32][..])).unwrap();
+        c.insert_log_only(200 + i, Arc::from(&[500.0 + i as f32][..]))
+            .unwrap();
     }
     assert_eq!(hit_ids(&c, 1.0, 2), (HitKind::Exact, vec![1, 2], None));
     c.insert_log_only(300, Arc::from(&[600.0f32][..])).unwrap();
@@ -871,8 +879,8 @@ fn an_approximate_hit_ranks_an_unchecked_insert_for_its_own_query() {
     let (mut c, s) = (cache(1), store());
     c.search(&s, &[1.0], 2).unwrap(); // τ = minD / 4 = 0.25
     c.insert_log_only(100, Arc::from(&[1.3f32][..])).unwrap(); // d(RQ) = 0.09: taken
-    // 1.05 is 0.0025 from RQ: approximate; by distance to 1.05, 100 (0.0625) comes
-    // before 1 (0.9025).
+                                                               // 1.05 is 0.0025 from RQ: approximate; by distance to 1.05, 100 (0.0625) comes
+                                                               // before 1 (0.9025).
     let (kind, ids, _) = hit_ids(&c, 1.05, 2);
     assert_eq!((kind, ids), (HitKind::Approximate, vec![100, 1]));
 }
@@ -897,7 +905,10 @@ fn an_entry_admitted_from_a_ticket_taken_before_an_insert_serves_it() {
     let answer = s.search(&[1.0], 3).unwrap(); // read before the insert
     s.insert(100, &[1.1]).unwrap();
     c.insert(100, &[1.1]).unwrap(); // no entry yet: no fast path took it
-    assert!(matches!(c.admit(ticket, answer).unwrap(), Admission::Admitted(_)));
+    assert!(matches!(
+        c.admit(ticket, answer).unwrap(),
+        Admission::Admitted(_)
+    ));
     assert_eq!(hit_ids(&c, 1.0, 2).1, vec![100, 1]);
 }
 
@@ -914,7 +925,10 @@ fn a_ticket_older_than_the_window_is_stale() {
     assert_eq!(c.admit(ticket, answer).unwrap(), Admission::Stale);
     let ticket = c.miss_ticket(&[1.0], 2, false).unwrap();
     let answer = s.search(&[1.0], 3).unwrap();
-    assert!(matches!(c.admit(ticket, answer).unwrap(), Admission::Admitted(_)));
+    assert!(matches!(
+        c.admit(ticket, answer).unwrap(),
+        Admission::Admitted(_)
+    ));
 }
 
 #[test]
