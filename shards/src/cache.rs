@@ -13,13 +13,13 @@
 //! set, and the log sequence numbers.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::backend::{sort_candidates, Backend, Candidate};
 use crate::budget::GlobalBudget;
 use crate::config::{CacheConfig, Capacity, Eviction};
-use crate::entry::{AtomicF32, NeighborList, RepId, RepView, Representative};
+use crate::entry::{EntryState, NeighborList, RepId, RepView, Representative};
 use crate::error::{validate_k, validate_vector, Result};
 use crate::exact_table::{QueryKey, Slot};
 use crate::filter::{DualFilter, FilterStats, InsertSeeds};
@@ -542,12 +542,10 @@ impl Cache {
             id,
             k: e.k,
             query: e.query.clone(),
-            tau: Arc::new(AtomicF32::new(e.tau)),
+            state: Arc::new(EntryState::new(e.tau, e.referenced)),
             query_norm,
             min_gap: e.min_gap,
-            referenced: Arc::new(AtomicBool::new(e.referenced)),
             cursor: e.cursor,
-            catch_up_asked: Arc::new(AtomicBool::new(false)),
             nrl: Arc::new(nrl),
         };
         self.risk.sum_r += view.nrl.risk_fixed(e.k, gauge, query_norm);
@@ -697,7 +695,7 @@ impl Cache {
             .clone()
             .cycle()
             .take(n + 1)
-            .find(|(_, r)| !r.referenced.swap(false, Ordering::Relaxed))
+            .find(|(_, r)| !r.state.referenced.swap(false, Ordering::Relaxed))
             .map(|(&id, _)| id);
         // Readers may mark entries again while the hand passes (akerd's lookups run
         // beside the owner): after a full pass the entry at the hand leaves regardless.
@@ -1014,10 +1012,7 @@ impl Cache {
         published: &PinnedMap<'_, RepId, RepView>,
     ) -> std::result::Result<(), String> {
         match published.get(&id) {
-            Some(v)
-                if Arc::ptr_eq(&v.nrl, &rep.nrl)
-                    && Arc::ptr_eq(&v.tau, &rep.tau)
-                    && Arc::ptr_eq(&v.referenced, &rep.referenced) => {}
+            Some(v) if Arc::ptr_eq(&v.nrl, &rep.nrl) && Arc::ptr_eq(&v.state, &rep.state) => {}
             _ => return Err("published view differs from the owner's".into()),
         }
         for &nid in &rep.nrl.ids {

@@ -367,7 +367,7 @@ impl CacheReader {
     /// Marks `rep` as asked to catch up; `Some` for the one lookup that asks first (the
     /// request goes to the owner), `None` while a request is outstanding.
     fn ask_catch_up(&self, rep: &RepView) -> Option<RepId> {
-        let asked = &rep.catch_up_asked;
+        let asked = &rep.state.catch_up_asked;
         (!asked.load(Ordering::Relaxed) && !asked.swap(true, Ordering::AcqRel)).then_some(rep.id)
     }
 
@@ -375,7 +375,7 @@ impl CacheReader {
     /// next hit that finds the entry behind asks again.
     pub fn catch_up_dropped(&self, rep: RepId) {
         if let Some(view) = self.reps.pin().get(&rep) {
-            view.catch_up_asked.store(false, Ordering::Release);
+            view.state.catch_up_asked.store(false, Ordering::Release);
         }
     }
 
@@ -473,8 +473,8 @@ impl CacheReader {
         debug_assert!(nrl.len() >= k, "a representative holds at least k results");
         // Only a store, and only when not set yet: a hot entry's line is not written
         // on every hit.
-        if !rep.referenced.load(Ordering::Relaxed) {
-            rep.referenced.store(true, Ordering::Relaxed);
+        if !rep.state.referenced.load(Ordering::Relaxed) {
+            rep.state.referenced.store(true, Ordering::Relaxed);
         }
         let mut exact_distances = true;
         let mut results: Vec<Neighbor>;

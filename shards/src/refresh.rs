@@ -242,7 +242,7 @@ impl Cache {
             return 0;
         };
         // Cleared first: a hit after this sees the new cursor or asks again.
-        rep.catch_up_asked.store(false, Ordering::Release);
+        rep.state.catch_up_asked.store(false, Ordering::Release);
         let from = rep.cursor;
         let to = (from + records).min(self.log.last_seq());
         if to <= from {
@@ -288,7 +288,7 @@ impl Cache {
         rep.view.cursor = to;
         if to == self.log.last_seq() {
             // Whatever asked for a catch-up has it (a slow-path step may get there first).
-            rep.catch_up_asked.store(false, Ordering::Release);
+            rep.state.catch_up_asked.store(false, Ordering::Release);
         }
         self.cursors.insert((to, rid));
         let view = rep.view.clone();

@@ -117,9 +117,9 @@ impl EntryImage {
             ids: r.nrl.ids.clone(),
             dists: r.nrl.dists.clone(),
             vectors,
-            tau: r.tau.load(),
+            tau: r.state.tau.load(),
             min_gap: r.min_gap,
-            referenced: r.referenced.load(Ordering::Relaxed),
+            referenced: r.state.referenced.load(Ordering::Relaxed),
             aliases: r.aliases.iter().map(|a| a.0).collect(),
             cursor: r.cursor,
         }

@@ -51,7 +51,7 @@ fn ids(r: &shards::SearchOutcome) -> Vec<u64> {
 
 fn tau(c: &Cache, q: f32) -> f32 {
     let rep = c.slot(&[q]).unwrap().rep();
-    c.representative(rep).unwrap().tau.load()
+    c.representative(rep).unwrap().state.tau.load()
 }
 
 fn close(a: f32, b: f32) -> bool {

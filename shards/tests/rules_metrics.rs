@@ -117,7 +117,7 @@ fn top(m: Metric, q: &[f32], n: usize) -> Vec<(u64, [f32; 2])> {
 
 fn tau(c: &Cache, q: &[f32]) -> f64 {
     let rep = c.slot(q).unwrap().rep();
-    c.representative(rep).unwrap().tau.load() as f64
+    c.representative(rep).unwrap().state.tau.load() as f64
 }
 
 fn close(a: f64, b: f64) -> bool {

@@ -59,20 +59,20 @@ impl HitPolicy for AkerPolicy {
         }
     }
     fn threshold(&self, rep: &RepView) -> f32 {
-        rep.tau.load()
+        rep.state.tau.load()
     }
     fn on_equality_hit(&self, rep: &RepView) {
         // The paper caps growth at minD; a spread start may begin above it, and an
         // equality hit (the same request again) says nothing against it: kept, not cut.
         let spread = self.spread > 0.0;
         let cap = rep.min_gap;
-        rep.tau.update(|t| {
+        rep.state.tau.update(|t| {
             let cap = if spread { cap.max(t) } else { cap };
             (t * self.alpha_l).min(cap)
         });
     }
     fn on_approximate_hit(&self, rep: &RepView) {
-        rep.tau.update(|t| t * self.alpha_t);
+        rep.state.tau.update(|t| t * self.alpha_t);
     }
     fn links_aliases(&self) -> bool {
         true
