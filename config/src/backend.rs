@@ -341,10 +341,13 @@ pub struct BackendSection {
     pub threads: usize,
     /// Backend requests queued at most; past it a request gets BUSY.
     pub queue_depth: usize,
-    /// Nice value of the backend threads (0..=19; 0 leaves them alone). Misses' index
+    /// Nice value of the backend threads (0..=19; 0 leaves them alone); unset, it
+    /// depends on the kind ([`BackendSection::nice`]). The embedded store's index
     /// searches are CPU-bound for a millisecond; at a lower priority they yield the core
     /// the moment an executor wakes to serve a hit, instead of holding it for a time slice.
-    pub nice: i32,
+    /// A pgvector thread only waits on its socket: a lower priority protects no hit and
+    /// delays every miss's turn-around (bench/results/miss-parity.md).
+    pub nice: Option<i32>,
     /// SCHED_IDLE for the backend threads: they run only on otherwise idle CPU time, so
     /// hits and the network never wait for them; under a hit load that saturates the
     /// cores, misses wait instead (bounded by their deadlines). Off by default.
@@ -378,7 +381,7 @@ impl Default for BackendSection {
             index: IndexKind::Hnsw,
             threads: 2,
             queue_depth: 1024,
-            nice: 10,
+            nice: None,
             idle: false,
             hnsw_m: 16,
             hnsw_ef_construction: 100,
@@ -391,13 +394,22 @@ impl Default for BackendSection {
 }
 
 impl BackendSection {
+    /// The backend threads' nice value: `nice` when set, else 10 for the embedded
+    /// store's CPU-bound searches and 0 for pgvector's threads, which wait on a socket.
+    pub fn nice(&self) -> i32 {
+        self.nice.unwrap_or(match self.kind {
+            BackendKind::Pgvector => 0,
+            BackendKind::Embedded | BackendKind::CacheAside => 10,
+        })
+    }
+
     /// What can be checked before loading data; `k_max + delta` is what a miss asks for.
     pub(crate) fn validate(&self, k_max: usize, delta: usize) -> Result<(), ConfigError> {
         let bad = |key: &str, m: &str| Err(ConfigError::invalid(key, m));
         if self.threads == 0 || self.queue_depth == 0 {
             return bad("backend", "threads and queue_depth must be at least 1");
         }
-        if !(0..=19).contains(&self.nice) {
+        if !(0..=19).contains(&self.nice()) {
             return bad("backend.nice", "must be in 0..=19");
         }
         if self.hnsw_m == 0 || self.hnsw_ef_construction == 0 || self.hnsw_ef_search == 0 {

@@ -369,9 +369,10 @@ mod tests {
         let text = include_str!("../../ops/akerd.toml");
         let mut effective = Config::default();
         // Unset by default, with their effect stated in the file: the metric of the
-        // example's (embedded) backend and the byte budget.
+        // example's (embedded) backend, the byte budget and its backend threads' nice.
         effective.cache.metric = Some(effective.cache.metric_or_default());
         effective.cache.capacity_bytes = Some(DEFAULT_CAPACITY_BYTES);
+        effective.backend.nice = Some(effective.backend.nice());
         // Every value as the default (compared as the config's own types: f32 stays f32)…
         assert_eq!(Config::from_toml(text).unwrap(), effective);
         // …and every key stated, none left to its default silently.
@@ -389,6 +390,17 @@ mod tests {
         let shipped: toml::Value = toml::from_str(text).unwrap();
         let want = toml::Value::try_from(&effective).unwrap();
         assert_eq!(keys(&shipped), keys(&want));
+    }
+
+    /// Unset, the backend threads' nice value follows the kind: the embedded store's
+    /// searches hold a core, a pgvector thread waits on its socket.
+    #[test]
+    fn the_backend_nice_follows_the_kind_unless_set() {
+        let kind = |k: &str| Config::from_toml(&format!("[backend]\nkind = \"{k}\"")).unwrap();
+        assert_eq!(kind("embedded").backend.nice(), 10);
+        assert_eq!(kind("pgvector").backend.nice(), 0);
+        let set = "[backend]\nkind = \"pgvector\"\nnice = 5";
+        assert_eq!(Config::from_toml(set).unwrap().backend.nice(), 5);
     }
 
     #[test]

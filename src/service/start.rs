@@ -362,7 +362,7 @@ fn backend_pool(
         side,
         b.threads,
         b.queue_depth,
-        b.nice,
+        b.nice(),
         b.idle,
         shards,
         stop,

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# A miss through akerd against PostgreSQL alone (issue #42, target 1): closed-loop runs of
+# the GloVe trace's searches, alternated round by round,
+#   pg         straight into PostgreSQL (aker-loadgen --pg) at CONNS connections
+#   <variant>  through akerd with BYPASS_CACHE (every search a miss), backend.threads =
+#              CONNS unless the variant says otherwise, 8 client connections x 8 deep
+# and, for each run, where the time goes:
+#   - PostgreSQL's side: pg_stat_activity of the searching sessions sampled every 100 ms
+#     (active, or idle waiting for the client: `ClientRead`), so a session that waits on
+#     its client shows akerd (or the load generator) slow to send the next statement;
+#   - akerd's side: each backend thread's run-queue delay (/proc schedstat, the second
+#     field) over the counted part, per search: the time a thread with an answer ready
+#     waited for the core.
+# PostgreSQL on core 0, akerd and aker-loadgen on core 1 (ops/pgvector-bench.sh's
+# pinning); autovacuum off and every round started from the same state (`quiesce`). The data, traces and ef_search come from that script (run with SETS=none).
+#
+#   bash ops/miss-parity.sh [ROUNDS (3)] [DURATION_S (15)] [WARMUP_S (5)]
+#   env: SKEW (0.99), CONNS (4), VARIANTS ("nice10 nice0"), PGBENCH_OUT (target/pgbench),
+#        OUT (target/miss-parity)
+# Variants: nice10 / nice0 (backend.nice 10 / 0), nice0-t8 (nice 0, 8 backend threads);
+# pg-cg: PostgreSQL alone again with the server's processes moved into a memory group
+# without a limit (as ops/pgvector-bench.sh's unconstrained set runs it; every other run
+# moves them back to the root group).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+dur=${2:-15}
+warm=${3:-5}
+skew=${SKEW:-0.99}
+conns=${CONNS:-4}
+variants=${VARIANTS:-nice10 nice0}
+src=${PGBENCH_OUT:-$PWD/target/pgbench}
+out=${OUT:-$PWD/target/miss-parity}
+mkdir -p "$out"
+SETS=none PGBENCH_OUT=$src bash ops/pgvector-bench.sh > "$out/prepare.log"
+# That script's server watcher stops the data directory's server within a second of the
+# script's exit: let it act before this script starts its own.
+sleep 2
+source ops/akerd-lib.sh
+data=$src/pgdata
+port=${PGPORT_BENCH:-55440}
+aport=7730
+url="postgresql://aker@127.0.0.1:$port/postgres"
+pw="$data.password"
+ef=$(cat "$src/ef-$skew")
+trace=$src/glove-$skew.trace
+lg() { taskset -c 1 ./target/release/aker-loadgen "$@"; }
+pgsql() { bash ops/pg.sh psql "$data" "$port" -qAt -c "$1"; }
+PG_CPUS=0 PG_SETTINGS="-c shared_buffers=512MB -c max_connections=50 -c fsync=on \
+  -c synchronous_commit=on -c max_parallel_workers_per_gather=0 -c jit=off -c autovacuum=off" \
+  bash ops/pg.sh start "$data" "$port" $$ > /dev/null
+trap 'akerd_cleanup; bash ops/pg.sh stop "$data" 2>/dev/null || true; rmdir "$cg" 2>/dev/null || true' EXIT
+pgsql "CREATE EXTENSION IF NOT EXISTS pg_prewarm" > /dev/null
+pgsql "SELECT sum(pg_prewarm(c.oid)) FROM pg_class c WHERE c.oid = 'items'::regclass
+       OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'items'::regclass)" > /dev/null
+
+# The searching sessions' states every 100 ms over the counted part, from one psql
+# session (\watch): one line each, "active" or the wait event of an idle session.
+sample_sessions() {
+  printf '%s\n' "SELECT CASE WHEN state = 'active' THEN 'active' ELSE coalesce(wait_event, state) END
+    FROM pg_stat_activity WHERE usename = 'aker' AND backend_type = 'client backend'
+    AND pid <> pg_backend_pid()" "\\watch interval=0.1 count=$((dur * 10))" |
+    bash ops/pg.sh psql "$data" "$port" -qAt 2>/dev/null | grep -v '^$' || true
+}
+# Busy jiffies and all jiffies of core 0 (PostgreSQL's), from /proc/stat.
+cpu0() { awk '$1 == "cpu0" {print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8}' /proc/stat; }
+# Sum of the run-queue delay (ns) of akerd's backend threads.
+runq_ns() {
+  local s=0 t
+  for t in /proc/"$1"/task/*; do
+    grep -q '^aker-backend' "$t/comm" 2>/dev/null || continue
+    s=$((s + $(awk '{print $2}' "$t/schedstat")))
+  done
+  echo $s
+}
+cg=/sys/fs/cgroup/memory/aker-miss-parity
+# Moves the server's processes (the postmaster and its children) into memory group $1.
+pg_into() {
+  local pid
+  mkdir -p "$1"
+  for pid in $(pgrep -u aker-pg postgres); do echo "$pid" > "$1/cgroup.procs" 2>/dev/null || true; done
+}
+akerd_config() {  # VARIANT FILE
+  local threads=$conns nice=10
+  case $1 in
+    nice10) ;;
+    nice0) nice=0 ;;
+    nice0-t8) nice=0; threads=8 ;;
+    *) echo "unknown variant $1" >&2; exit 2 ;;
+  esac
+  cat > "$2" <<TOML
+[server]
+listen = "127.0.0.1:$aport"
+executors = 1
+inflight_max = 128
+request_timeout_ms = 60000
+[cache]
+k_max = 10
+delta = 0
+[backend]
+kind = "pgvector"
+threads = $threads
+nice = $nice
+[backend.pgvector]
+url = "$url"
+password_file = "$pw"
+table = "items"
+ef_search = $ef
+TOML
+}
+run() {  # NAME ROUND
+  local name=$1 r=$2 runq0=0 runq1=0
+  if [ "$name" = pg-cg ]; then pg_into "$cg"; else pg_into /sys/fs/cgroup/memory; fi
+  if [[ $name != pg* ]]; then
+    akerd_config "$name" "$out/$name.toml"
+    akerd_start "$out/$name.toml" "$out/$name-r$r.log" 1
+  fi
+  (sleep "$warm"; sample_sessions > "$out/$name-r$r.sessions") &
+  (sleep "$warm"; cpu0 > "$out/.cpu0"; [ -z "$akerd" ] || runq_ns "$akerd" > "$out/.runq0") &
+  if [[ $name == pg* ]]; then
+    lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-ef "$ef" --trace "$trace" \
+       --closed --loop -c "$conns" -w "${warm}s" -D "${dur}s" --json "$out/$name-r$r.json" > /dev/null
+  else
+    lg -t 127.0.0.1:$aport -c 8 -d 8 -w "${warm}s" -D "${dur}s" -q --closed --trace "$trace" \
+       --loop --bypass --json "$out/$name-r$r.json" > /dev/null
+    runq1=$(runq_ns "$akerd")
+    runq0=$(cat "$out/.runq0")
+    akerd_stop
+  fi
+  read -r b1 a1 < <(cpu0)
+  wait
+  read -r b0 a0 < "$out/.cpu0"
+  echo "{\"runq_ns\": $((runq1 - runq0)), \"cpu0_busy\": $(python3 -c "print(round(($b1 - $b0) / max(1, $a1 - $a0), 4))")}" \
+    > "$out/$name-r$r.extra.json"
+  echo "$(date -u +%FT%TZ) $name round $r done" >&2
+}
+# The same state before every round, for both sides: the table vacuumed and analyzed
+# (autovacuum is off, so nothing starts mid-run), a checkpoint written, table and index
+# in shared buffers.
+quiesce() {
+  pgsql "VACUUM (ANALYZE) items" > /dev/null
+  pgsql "CHECKPOINT" > /dev/null
+  pgsql "SELECT sum(pg_prewarm(c.oid)) FROM pg_class c WHERE c.oid = 'items'::regclass
+         OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'items'::regclass)" > /dev/null
+}
+for r in $(seq "$rounds"); do
+  quiesce
+  run pg "$r"
+  for v in $variants; do run "$v" "$r"; done
+done
+python3 ops/miss_parity_summary.py "$out" | tee "$out/summary.md"

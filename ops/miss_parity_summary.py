@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""The table of ops/miss-parity.sh: each run's throughput, PostgreSQL's core, where the
+searching sessions spent the counted part, and akerd's backend threads' run-queue delay.
+
+    python3 ops/miss_parity_summary.py DIR
+"""
+import collections
+import json
+import os
+import re
+import statistics
+import sys
+
+root = sys.argv[1] if len(sys.argv) > 1 else "target/miss-parity"
+runs = collections.defaultdict(dict)  # name -> round -> row
+for f in sorted(os.listdir(root)):
+    m = re.fullmatch(r"(.+)-r(\d+)\.json", f)
+    if not m:
+        continue
+    name, r = m.group(1), int(m.group(2))
+    main = json.load(open(os.path.join(root, f)))
+    main = main.get("run", main)  # aker-loadgen's akerd report nests its figures in "run"
+    extra_path = os.path.join(root, f"{name}-r{r}.extra.json")
+    extra = json.load(open(extra_path)) if os.path.exists(extra_path) else {}
+    states = collections.Counter()
+    sessions = os.path.join(root, f"{name}-r{r}.sessions")
+    if os.path.exists(sessions):
+        states.update(line.strip() for line in open(sessions) if line.strip())
+    total = sum(states.values()) or 1
+    thr = main["throughput"]
+    done = main.get("requests") or main.get("ok")
+    runq_us = None
+    if extra.get("runq_ns") and done:
+        runq_us = extra["runq_ns"] / 1e3 / done
+    runs[name][r] = {
+        "thr": thr,
+        "recall": main.get("recall"),
+        "cpu0": extra.get("cpu0_busy"),
+        "active": states["active"] / total,
+        "client": states["ClientRead"] / total,
+        "runq_us": runq_us,
+    }
+
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+pg = statistics.median(r["thr"] for r in runs.get("pg", {}).values()) if "pg" in runs else None
+print("| run | round | searches/s | / PostgreSQL alone (median) | core 0 busy | sessions active | idle in ClientRead | backend run-queue delay per search (µs) |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+for name in ["pg"] + sorted(n for n in runs if n != "pg"):
+    for r, row in sorted(runs.get(name, {}).items()):
+        ratio = row["thr"] / pg if pg else None
+        print(f"| {name} | {r} | {row['thr']:.0f} | {fmt(ratio, '.2f')} | {fmt(row['cpu0'], '.0%')} "
+              f"| {row['active']:.0%} | {row['client']:.0%} | {fmt(row['runq_us'], '.0f')} |")
+print()
+print("| run | median searches/s | / PostgreSQL alone |")
+print("|---|---:|---:|")
+for name in ["pg"] + sorted(n for n in runs if n != "pg"):
+    if name not in runs:
+        continue
+    med = statistics.median(r["thr"] for r in runs[name].values())
+    print(f"| {name} | {med:.0f} | {fmt(med / pg if pg else None, '.2f')} |")
