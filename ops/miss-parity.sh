@@ -17,7 +17,8 @@
 #   bash ops/miss-parity.sh [ROUNDS (3)] [DURATION_S (15)] [WARMUP_S (5)]
 #   env: SKEW (0.99), CONNS (4), VARIANTS ("nice10 nice0"), PGBENCH_OUT (target/pgbench),
 #        OUT (target/miss-parity)
-# Variants: nice10 / nice0 (backend.nice 10 / 0), nice0-t8 (nice 0, 8 backend threads);
+# Variants: default (akerd's own backend.nice), nice10 / nice0 (backend.nice 10 / 0),
+# nice0-t8 (nice 0, 8 backend threads);
 # pg-cg: PostgreSQL alone again with the server's processes moved into a memory group
 # without a limit (as ops/pgvector-bench.sh's unconstrained set runs it; every other run
 # moves them back to the root group).
@@ -46,6 +47,10 @@ ef=$(cat "$src/ef-$skew")
 trace=$src/glove-$skew.trace
 lg() { taskset -c 1 ./target/release/aker-loadgen "$@"; }
 pgsql() { bash ops/pg.sh psql "$data" "$port" -qAt -c "$1"; }
+v1=/sys/fs/cgroup/memory
+cg=$v1/aker-miss-parity
+moved=
+[[ " $variants " != *" pg-cg "* ]] || [ -w "$v1" ] || { echo "pg-cg needs the cgroup v1 memory controller at $v1" >&2; exit 2; }
 PG_CPUS=0 PG_SETTINGS="-c shared_buffers=512MB -c max_connections=50 -c fsync=on \
   -c synchronous_commit=on -c max_parallel_workers_per_gather=0 -c jit=off -c autovacuum=off" \
   bash ops/pg.sh start "$data" "$port" $$ > /dev/null
@@ -62,27 +67,30 @@ sample_sessions() {
     AND pid <> pg_backend_pid()" "\\watch interval=0.1 count=$((dur * 10))" |
     bash ops/pg.sh psql "$data" "$port" -qAt 2>/dev/null | grep -v '^$' || true
 }
-# Busy jiffies and all jiffies of core 0 (PostgreSQL's), from /proc/stat.
-cpu0() { awk '$1 == "cpu0" {print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8}' /proc/stat; }
+# Busy jiffies and all jiffies of core 0 (PostgreSQL's), from /proc/stat; steal counts
+# in the total, not as busy.
+cpu0() { awk '$1 == "cpu0" {print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
 # Sum of the run-queue delay (ns) of akerd's backend threads.
 runq_ns() {
-  local s=0 t
+  local s=0 t ns
   for t in /proc/"$1"/task/*; do
     grep -q '^aker-backend' "$t/comm" 2>/dev/null || continue
-    s=$((s + $(awk '{print $2}' "$t/schedstat")))
+    ns=$(awk '{print $2}' "$t/schedstat" 2>/dev/null) || continue
+    s=$((s + ${ns:-0}))
   done
   echo $s
 }
-cg=/sys/fs/cgroup/memory/aker-miss-parity
-# Moves the server's processes (the postmaster and its children) into memory group $1.
+# Moves the server's processes (the postmaster and its children) into memory group $1
+# (cgroup v1, as ops/pgvector-bench.sh uses it).
 pg_into() {
   local pid
-  mkdir -p "$1"
+  [ -d "$1" ] || mkdir "$1"
   for pid in $(pgrep -u aker-pg postgres); do echo "$pid" > "$1/cgroup.procs" 2>/dev/null || true; done
 }
 akerd_config() {  # VARIANT FILE
   local threads=$conns nice=10
   case $1 in
+    default) nice= ;;
     nice10) ;;
     nice0) nice=0 ;;
     nice0-t8) nice=0; threads=8 ;;
@@ -100,7 +108,7 @@ delta = 0
 [backend]
 kind = "pgvector"
 threads = $threads
-nice = $nice
+${nice:+nice = $nice}
 [backend.pgvector]
 url = "$url"
 password_file = "$pw"
@@ -110,7 +118,9 @@ TOML
 }
 run() {  # NAME ROUND
   local name=$1 r=$2 runq0=0 runq1=0
-  if [ "$name" = pg-cg ]; then pg_into "$cg"; else pg_into /sys/fs/cgroup/memory; fi
+  if [ "$name" = pg-cg ]; then pg_into "$cg"; moved=1
+  elif [ -n "$moved" ]; then pg_into "$v1"; moved=
+  fi
   if [[ $name != pg* ]]; then
     akerd_config "$name" "$out/$name.toml"
     akerd_start "$out/$name.toml" "$out/$name-r$r.log" 1
@@ -120,14 +130,15 @@ run() {  # NAME ROUND
   if [[ $name == pg* ]]; then
     lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-ef "$ef" --trace "$trace" \
        --closed --loop -c "$conns" -w "${warm}s" -D "${dur}s" --json "$out/$name-r$r.json" > /dev/null
+    read -r b1 a1 < <(cpu0)
   else
     lg -t 127.0.0.1:$aport -c 8 -d 8 -w "${warm}s" -D "${dur}s" -q --closed --trace "$trace" \
        --loop --bypass --json "$out/$name-r$r.json" > /dev/null
+    read -r b1 a1 < <(cpu0)
     runq1=$(runq_ns "$akerd")
     runq0=$(cat "$out/.runq0")
     akerd_stop
   fi
-  read -r b1 a1 < <(cpu0)
   wait
   read -r b0 a0 < "$out/.cpu0"
   echo "{\"runq_ns\": $((runq1 - runq0)), \"cpu0_busy\": $(python3 -c "print(round(($b1 - $b0) / max(1, $a1 - $a0), 4))")}" \

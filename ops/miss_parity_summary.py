@@ -47,12 +47,12 @@ def fmt(x, spec):
 
 
 pg = statistics.median(r["thr"] for r in runs.get("pg", {}).values()) if "pg" in runs else None
-print("| run | round | searches/s | / PostgreSQL alone (median) | core 0 busy | sessions active | idle in ClientRead | backend run-queue delay per search (µs) |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
+print("| run | round | searches/s | / PostgreSQL alone (median) | recall@10 | core 0 busy | sessions active | idle in ClientRead | backend run-queue delay per search (µs) |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for name in ["pg"] + sorted(n for n in runs if n != "pg"):
     for r, row in sorted(runs.get(name, {}).items()):
         ratio = row["thr"] / pg if pg else None
-        print(f"| {name} | {r} | {row['thr']:.0f} | {fmt(ratio, '.2f')} | {fmt(row['cpu0'], '.0%')} "
+        print(f"| {name} | {r} | {row['thr']:.0f} | {fmt(ratio, '.2f')} | {fmt(row['recall'], '.3f')} | {fmt(row['cpu0'], '.0%')} "
               f"| {row['active']:.0%} | {row['client']:.0%} | {fmt(row['runq_us'], '.0f')} |")
 print()
 print("| run | median searches/s | / PostgreSQL alone |")

@@ -199,7 +199,6 @@ $cache_policy
 [backend]
 kind = "pgvector"
 threads = $best
-nice = 10
 [backend.pgvector]
 url = "$url"
 password_file = "$pw"
