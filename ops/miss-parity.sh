@@ -18,8 +18,8 @@
 #   env: SKEW (0.99), CONNS (4), VARIANTS ("nice10 nice0"), PGBENCH_OUT (target/pgbench),
 #        OUT (target/miss-parity)
 # Variants: default (akerd's own backend.nice), nice10 / nice0 (backend.nice 10 / 0),
-# nice0-t8 (nice 0, 8 backend threads);
-# pg-cg: PostgreSQL alone again with the server's processes moved into a memory group
+# nice0-t8 (nice 0, 8 backend threads); pg-cN: PostgreSQL alone at N connections (pg-c8:
+# 8); pg-cg: PostgreSQL alone again with the server's processes moved into a memory group
 # without a limit (as ops/pgvector-bench.sh's unconstrained set runs it; every other run
 # moves them back to the root group).
 set -euo pipefail
@@ -128,8 +128,10 @@ run() {  # NAME ROUND
   (sleep "$warm"; sample_sessions > "$out/$name-r$r.sessions") &
   (sleep "$warm"; cpu0 > "$out/.cpu0"; [ -z "$akerd" ] || runq_ns "$akerd" > "$out/.runq0") &
   if [[ $name == pg* ]]; then
+    local c=$conns
+    [[ ! $name =~ ^pg-c([0-9]+)$ ]] || c=${BASH_REMATCH[1]}
     lg --pg "$url" --pg-password-file "$pw" --pg-table items --pg-ef "$ef" --trace "$trace" \
-       --closed --loop -c "$conns" -w "${warm}s" -D "${dur}s" --json "$out/$name-r$r.json" > /dev/null
+       --closed --loop -c "$c" -w "${warm}s" -D "${dur}s" --json "$out/$name-r$r.json" > /dev/null
     read -r b1 a1 < <(cpu0)
   else
     lg -t 127.0.0.1:$aport -c 8 -d 8 -w "${warm}s" -D "${dur}s" -q --closed --trace "$trace" \
