@@ -18,7 +18,9 @@
 #   env: SKEW (0.99), CONNS (4), VARIANTS ("nice10 nice0"), PGBENCH_OUT (target/pgbench),
 #        OUT (target/miss-parity)
 # Variants: default (akerd's own backend.nice), nice10 / nice0 (backend.nice 10 / 0),
-# nice0-t8 (nice 0, 8 backend threads); pg-cN: PostgreSQL alone at N connections (pg-c8:
+# nice0-t8 (nice 0, 8 backend threads); cache-nice0 / cache-nice10: the cache on (5% of
+# the collection in objects, akerd's default policy, flushed first) instead of bypassed,
+# for what the backend threads' nice does to hits; pg-cN: PostgreSQL alone at N connections (pg-c8:
 # 8); pg-cg: PostgreSQL alone again with the server's processes moved into a memory group
 # without a limit (as ops/pgvector-bench.sh's unconstrained set runs it; every other run
 # moves them back to the root group).
@@ -88,9 +90,11 @@ pg_into() {
   for pid in $(pgrep -u aker-pg postgres); do echo "$pid" > "$1/cgroup.procs" 2>/dev/null || true; done
 }
 akerd_config() {  # VARIANT FILE
-  local threads=$conns nice=10
+  local threads=$conns nice=10 cache=
   case $1 in
     default) nice= ;;
+    cache-nice0) nice=0; cache="capacity_objects = 19950" ;;
+    cache-nice10) cache="capacity_objects = 19950" ;;
     nice10) ;;
     nice0) nice=0 ;;
     nice0-t8) nice=0; threads=8 ;;
@@ -105,6 +109,7 @@ request_timeout_ms = 60000
 [cache]
 k_max = 10
 delta = 0
+$cache
 [backend]
 kind = "pgvector"
 threads = $threads
@@ -134,8 +139,10 @@ run() {  # NAME ROUND
        --closed --loop -c "$c" -w "${warm}s" -D "${dur}s" --json "$out/$name-r$r.json" > /dev/null
     read -r b1 a1 < <(cpu0)
   else
+    local how=--bypass
+    [[ $name != cache-* ]] || how=--flush
     lg -t 127.0.0.1:$aport -c 8 -d 8 -w "${warm}s" -D "${dur}s" -q --closed --trace "$trace" \
-       --loop --bypass --json "$out/$name-r$r.json" > /dev/null
+       --loop "$how" --json "$out/$name-r$r.json" > /dev/null
     read -r b1 a1 < <(cpu0)
     runq1=$(runq_ns "$akerd")
     runq0=$(cat "$out/.runq0")

@@ -32,7 +32,10 @@ for f in sorted(os.listdir(root)):
     runq_us = None
     if extra.get("runq_ns") and done:
         runq_us = extra["runq_ns"] / 1e3 / done
+    exact = next((h for h in main.get("hits", []) if h.get("kind") == "exact"), None)
     runs[name][r] = {
+        "hit_ratio": main.get("hit_ratio"),
+        "exact_p99_ms": exact["latency"]["p99_ms"] if exact else None,
         "thr": thr,
         "recall": main.get("recall"),
         "cpu0": extra.get("cpu0_busy"),
@@ -55,10 +58,14 @@ for name in ["pg"] + sorted(n for n in runs if n != "pg"):
         print(f"| {name} | {r} | {row['thr']:.0f} | {fmt(ratio, '.2f')} | {fmt(row['recall'], '.3f')} | {fmt(row['cpu0'], '.0%')} "
               f"| {row['active']:.0%} | {row['client']:.0%} | {fmt(row['runq_us'], '.0f')} |")
 print()
-print("| run | median searches/s | / PostgreSQL alone |")
-print("|---|---:|---:|")
+print("| run | median searches/s | / PostgreSQL alone | hit ratio (median) | exact-hit p99, ms (median) |")
+print("|---|---:|---:|---:|---:|")
 for name in ["pg"] + sorted(n for n in runs if n != "pg"):
     if name not in runs:
         continue
     med = statistics.median(r["thr"] for r in runs[name].values())
-    print(f"| {name} | {med:.0f} | {fmt(med / pg if pg else None, '.2f')} |")
+    def mid(key):
+        xs = [r[key] for r in runs[name].values() if r[key] is not None]
+        return statistics.median(xs) if xs else None
+    print(f"| {name} | {med:.0f} | {fmt(med / pg if pg else None, '.2f')} "
+          f"| {fmt(mid('hit_ratio'), '.3f')} | {fmt(mid('exact_p99_ms'), '.3f')} |")
