@@ -217,8 +217,9 @@ fn rows_inserted_and_updated_by_sql_reach_the_next_exact_hit() {
 /// Issue #41 for writes made straight into PostgreSQL, slow path off: a row inserted by
 /// SQL 1e-3 from a cached query is first in that query's next exact hit once the stream
 /// has applied its commit, in every try, with a second connection searching the other
-/// cached queries all along (200 tries; AKER_TEST_TRIES sets another count). A cached twin sits between each query and its inserts, so
-/// the fast path merges them there and the query's hit has to find them itself.
+/// cached queries all along (200 tries; AKER_TEST_TRIES sets another count). A cached
+/// twin sits between each query and its inserts, so the fast path merges them there and
+/// the query's hit has to find them itself.
 #[test]
 fn sql_inserts_are_first_in_the_next_exact_hit_once_applied() {
     use std::sync::atomic::{AtomicBool, Ordering};
