@@ -275,3 +275,77 @@ fn protected_mode_and_the_secret_at_start() {
     let _ = std::fs::remove_file(&file);
     let _ = std::fs::remove_file(&cfg);
 }
+
+/// `THP_enabled` of a started akerd's /proc status, for `[cache]` lines `cache`.
+fn thp_enabled_with(name: &str, cache: &str, env: Option<(&str, &str)>) -> String {
+    let cfg = temp_config(
+        name,
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nexecutors = 1\nshutdown_poll_ms = 10\n\
+             [cache]\n{cache}\n[backend]\nindex = \"exact\"\n\
+             data = {{ kind = \"synthetic\", n = 500, dim = 8, clusters = 4, seed = 1 }}\n\
+             [admin]\nenabled = false\n"
+        ),
+    );
+    let mut cmd = Command::new(AKERD);
+    cmd.arg("--config")
+        .arg(&cfg)
+        .env("RUST_LOG", "info")
+        .env_remove("MIMALLOC_ALLOW_THP")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if let Some((k, v)) = env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("ready") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let ready = rx.recv_timeout(Duration::from_secs(60));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()));
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(cfg);
+    ready.expect("akerd says ready");
+    let status = status.expect("/proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .map(|v| v.trim().to_string())
+        .expect("THP_enabled in /proc status (Linux 5.0 and later)")
+}
+
+/// `cache.huge_pages`: "auto" turns transparent huge pages off for a small pool (their
+/// rounding would be most of akerd's memory) and keeps them for a big one; "on" / "off"
+/// decide; `MIMALLOC_ALLOW_THP` in the environment overrides all three.
+#[test]
+fn huge_pages_follow_the_pool_budget() {
+    let small = "capacity_objects = 1000";
+    assert_eq!(thp_enabled_with("thp-small", small, None), "0");
+    assert_eq!(
+        thp_enabled_with("thp-big", "capacity_bytes = 268435456", None),
+        "1"
+    );
+    assert_eq!(
+        thp_enabled_with("thp-on", &format!("{small}\nhuge_pages = \"on\""), None),
+        "1"
+    );
+    assert_eq!(
+        thp_enabled_with(
+            "thp-off",
+            "capacity_bytes = 268435456\nhuge_pages = \"off\"",
+            None
+        ),
+        "0"
+    );
+    assert_eq!(
+        thp_enabled_with("thp-env", small, Some(("MIMALLOC_ALLOW_THP", "1"))),
+        "1"
+    );
+}

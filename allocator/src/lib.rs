@@ -35,8 +35,9 @@ extern "C" {
 }
 
 /// Stops mimalloc returning freed memory to the kernel, unless `MIMALLOC_PURGE_DELAY` is
-/// set in the environment. Call first thing in `main`. Returns the purge delay now in
-/// force (-1: never).
+/// set in the environment. Call it first thing in `main`, or, in a server, where its
+/// start-up ends, with `release_freed_memory` first thing instead. Returns the purge
+/// delay now in force (-1: never).
 pub fn keep_freed_memory() -> c_long {
     if std::env::var_os(PURGE_DELAY_ENV).is_none() {
         // SAFETY: plain option setters of the linked mimalloc; any thread, any time.
@@ -45,10 +46,64 @@ pub fn keep_freed_memory() -> c_long {
     purge_delay_ms()
 }
 
+/// Has mimalloc return freed memory to the kernel at once, unless `MIMALLOC_PURGE_DELAY`
+/// is set in the environment: for a server's start-up, until `keep_freed_memory`. Its
+/// temporaries (a table sample, k-means, an index build) would otherwise stay resident
+/// for good: 9.5 MiB of akerd's 24 MiB with an empty pool in front of pgvector
+/// (`bench/results/miss-parity.md`, "Resident memory"). (Freed memory with mimalloc's
+/// own delay of 1 s, and a forced collection where start-up ends, does not do it:
+/// start-up's threads' heaps hold their freed pages past it.) Returns the purge delay
+/// now in force.
+pub fn release_freed_memory() -> c_long {
+    if std::env::var_os(PURGE_DELAY_ENV).is_none() {
+        // SAFETY: as in `keep_freed_memory`.
+        unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+    }
+    purge_delay_ms()
+}
+
 /// The purge delay mimalloc uses (milliseconds; -1: never).
 pub fn purge_delay_ms() -> c_long {
     // SAFETY: as above.
     unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) }
+}
+
+/// `PR_SET_THP_DISABLE` (linux/prctl.h).
+const PR_SET_THP_DISABLE: c_int = 41;
+/// mimalloc's own switch for transparent huge pages; where a user sets it, it stands.
+const ALLOW_THP_ENV: &str = "MIMALLOC_ALLOW_THP";
+
+extern "C" {
+    fn prctl(option: c_int, arg2: std::os::raw::c_ulong, ...) -> c_int;
+}
+
+/// Turns transparent huge pages off for this process from now on (memory already
+/// backed by huge pages stays so), unless `MIMALLOC_ALLOW_THP` is set in the
+/// environment. Returns whether they are off.
+///
+/// Why: mimalloc reserves its arena with `MADV_HUGEPAGE`, so the first touch of any
+/// 2 MiB-aligned range faults in all of it. A server with an empty pool has ~3 MiB of
+/// small allocations spread over its threads' heaps, which huge pages round up to
+/// 14-25 MiB resident (`bench/results/miss-parity.md`, "Resident memory"); for a small
+/// pool that rounding, not the cache, is most of akerd's memory.
+pub fn disable_huge_pages() -> std::io::Result<bool> {
+    if std::env::var_os(ALLOW_THP_ENV).is_some() {
+        return Ok(false);
+    }
+    // SAFETY: a process-wide flag; no memory is touched.
+    let rc = unsafe {
+        prctl(
+            PR_SET_THP_DISABLE,
+            1,
+            0 as std::os::raw::c_ulong,
+            0 as std::os::raw::c_ulong,
+            0 as std::os::raw::c_ulong,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(true)
 }
 
 /// Block size `prefault` allocates in: below mimalloc's huge-object size, so the blocks

@@ -13,6 +13,7 @@
 //!             # (a PostgreSQL table: [backend.pgvector]) or cache_aside
 //! [admin]     # Prometheus text endpoint (GET /metrics), 127.0.0.1 by default
 //! [auth]      # where protocol version 3's shared secret comes from
+//! [tls]       # TLS on the client port: certificate, key, client CA (mutual TLS)
 //! ```
 //!
 //! Errors are a [`ConfigError`]; keys renamed since (`keys::RENAMED`) still load, each
@@ -33,7 +34,9 @@ pub use backend::{
     check_instance_name, redact_password, url_has_password, BackendKind, BackendSection,
     ChangesMode, DataSource, IndexKind, IterativeScan, PgvectorSection, INSTANCE_LEN_MAX,
 };
-pub use cache::{daemon_defaults, CacheSection, DEFAULT_CAPACITY_BYTES};
+pub use cache::{
+    daemon_defaults, CacheSection, HugePages, DEFAULT_CAPACITY_BYTES, HUGE_PAGES_AUTO_BYTES,
+};
 pub use error::{ConfigError, Deprecation};
 pub use server::{ServerConfig, FRAME_BYTES_MIN};
 
@@ -46,6 +49,64 @@ pub struct Config {
     pub backend: BackendSection,
     pub admin: AdminSection,
     pub auth: AuthSection,
+    pub tls: TlsSection,
+}
+
+/// TLS on the client port: with `cert_file` and `key_file` set, it speaks TLS (1.2 and
+/// 1.3) only; with `client_ca_file` too, every client presents a certificate that chains
+/// to it (mutual TLS). Files are PEM, read at start and again on SIGHUP.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSection {
+    /// The server's certificate, then its chain (relative to the config file's folder).
+    pub cert_file: Option<PathBuf>,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<PathBuf>,
+    /// CA certificates a client's certificate must chain to (mutual TLS).
+    pub client_ca_file: Option<PathBuf>,
+    /// A connection not through its handshake by then (from accept) is closed.
+    pub handshake_timeout_ms: u64,
+    /// New handshakes per second per executor; more wait (within the timeout). A full
+    /// handshake is CPU on the executor that serves hits.
+    pub handshakes_per_s_max: u32,
+}
+
+impl Default for TlsSection {
+    fn default() -> Self {
+        TlsSection {
+            cert_file: None,
+            key_file: None,
+            client_ca_file: None,
+            handshake_timeout_ms: 10_000,
+            handshakes_per_s_max: 1_000,
+        }
+    }
+}
+
+impl TlsSection {
+    /// The client port speaks TLS.
+    pub fn enabled(&self) -> bool {
+        self.cert_file.is_some()
+    }
+
+    /// Every client presents a certificate.
+    pub fn mutual(&self) -> bool {
+        self.enabled() && self.client_ca_file.is_some()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::invalid("tls", m));
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return bad("set cert_file and key_file together");
+        }
+        if self.client_ca_file.is_some() && !self.enabled() {
+            return bad("client_ca_file needs cert_file and key_file (the server's own)");
+        }
+        if self.handshake_timeout_ms == 0 || self.handshakes_per_s_max == 0 {
+            return bad("handshake_timeout_ms and handshakes_per_s_max must be at least 1");
+        }
+        Ok(())
+    }
 }
 
 /// Where the shared secret of protocol version 3's AUTH comes from (`crate::auth`). Only
@@ -179,6 +240,16 @@ impl Config {
         if let Some(p) = &mut cfg.auth.secret_file {
             relative(p);
         }
+        for p in [
+            &mut cfg.tls.cert_file,
+            &mut cfg.tls.key_file,
+            &mut cfg.tls.client_ca_file,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            relative(p);
+        }
         Ok((cfg, notes))
     }
 
@@ -201,10 +272,11 @@ impl Config {
             return Ok(());
         }
         let listen = self.server.listen.ip().to_canonical();
-        if !listen.is_loopback() && !self.auth.enabled() {
+        if !listen.is_loopback() && !self.auth.enabled() && !self.tls.mutual() {
             return Err(ConfigError::ProtectedMode(format!(
                 "refusing to listen on {listen} without authentication; set \
-                 [auth] secret_file or secret_env, or server.protected_mode = false"
+                 [auth] secret_file or secret_env, or [tls] client_ca_file (mutual TLS), \
+                 or server.protected_mode = false"
             )));
         }
         let admin = self.admin.listen.ip().to_canonical();
@@ -231,6 +303,7 @@ impl Config {
     /// Checks what can be checked before loading data.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.server.validate()?;
+        self.tls.validate()?;
         self.protected_mode()?;
         // The dimension is not known yet; 1 stands in to check the rest.
         self.cache.engine_config(1)?;

@@ -6,18 +6,18 @@ use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use futures_lite::{future, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, FutureExt};
+use futures_lite::{future, AsyncReadExt, AsyncWriteExt, FutureExt};
 use glommio::net::TcpStream;
 use glommio::timer::Timer;
 
 use super::state::ExecutorCtx;
 use super::stats::ServerStats;
 use super::sync::Signal;
+use super::tls::{self, Accepted};
+use super::transport::Io;
 use super::{RequestContext, ServiceResult};
 use crate::metrics;
 use crate::protocol::{
@@ -38,46 +38,6 @@ const LINGER: Duration = Duration::from_millis(500);
 /// server buffer `max_frame_bytes` per connection.
 const PRE_AUTH_FRAME_BYTES: usize = 1024;
 const LINGER_BYTES: usize = 1 << 20;
-
-/// The stream shared by the reader and the writer task. glommio keeps separate poll
-/// sources for the two directions, and a poll never yields while borrowed, so the
-/// `RefCell` is never contended.
-#[derive(Clone)]
-pub(crate) struct Io(Rc<RefCell<TcpStream>>);
-
-impl Io {
-    pub(crate) fn new(stream: TcpStream) -> Io {
-        Io(Rc::new(RefCell::new(stream)))
-    }
-}
-
-impl AsyncRead for Io {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut [u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Io {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut *self.0.borrow_mut()).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.0.borrow_mut()).poll_flush(cx)
-    }
-
-    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.0.borrow_mut()).poll_close(cx)
-    }
-}
 
 /// State shared by a connection's tasks.
 struct ConnState {
@@ -209,7 +169,33 @@ pub(crate) async fn serve_connection(stream: TcpStream, peer: SocketAddr, ctx: R
     if cfg.write_timeout_ms > 0 {
         let _ = stream.set_write_timeout(Some(Duration::from_millis(cfg.write_timeout_ms)));
     }
-    let io = Io::new(stream);
+    let io = match ctx.server.tls() {
+        None => Io::new(stream),
+        Some(acceptor) => {
+            let stats = ctx.server.stats();
+            match tls::accept(acceptor, &ctx.handshakes, stream).await {
+                Accepted::Tls(s) => {
+                    ServerStats::inc(&stats.tls_handshakes);
+                    Io::tls(s)
+                }
+                Accepted::Plaintext => {
+                    ServerStats::inc(&stats.tls_plaintext_refused);
+                    tracing::debug!(%peer, "plaintext client on the TLS port; told and closed");
+                    return;
+                }
+                Accepted::TimedOut => {
+                    ServerStats::inc(&stats.tls_handshake_timeouts);
+                    tracing::debug!(%peer, "no TLS handshake within tls.handshake_timeout_ms");
+                    return;
+                }
+                Accepted::Failed(e) => {
+                    ServerStats::inc(&stats.tls_handshake_failures);
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+            }
+        }
+    };
     let conn = Rc::new(ConnState {
         out: RefCell::new(Vec::new()),
         writer_wake: Signal::default(),
@@ -319,7 +305,13 @@ async fn reader(conn: &Rc<ConnState>, io: &Io, ctx: &Rc<ExecutorCtx>, peer: Sock
             Woke::Stop if conn.dead.get() => return ReadEnd::Failed,
             Woke::Stop => return ReadEnd::Shutdown,
             Woke::Read(Ok(0)) => return ReadEnd::Eof,
-            Woke::Read(Ok(n)) => rb.end += n,
+            Woke::Read(Ok(n)) => {
+                rb.end += n;
+                // TLS records the read produced (transport.rs): the writer sends them.
+                if io.output_pending() {
+                    conn.writer_wake.notify();
+                }
+            }
             Woke::Read(Err(e)) if e.kind() == io::ErrorKind::TimedOut => {
                 // The read timeout is the idle timeout; it only counts while we owe the
                 // peer nothing.
@@ -829,16 +821,24 @@ async fn writer(conn: Rc<ConnState>, mut io: Io) {
                 let _ = io.flush().await;
                 return;
             }
+            if io.output_pending() {
+                if let Err(e) = io.flush().await {
+                    writer_failed(&conn, e);
+                    return;
+                }
+                continue;
+            }
             conn.writer_wake.wait().await;
         }
         std::mem::swap(&mut *conn.out.borrow_mut(), &mut spare);
         conn.reader_wake.notify();
-        if let Err(e) = io.write_all(&spare).await {
-            tracing::debug!(error = %e, "write failed; dropping connection");
-            conn.dead.set(true);
-            conn.out.borrow_mut().clear();
-            conn.reader_wake.notify();
-            conn.done_wake.notify();
+        // flush: with TLS, what the socket did not take at once is still in the session.
+        let written = match io.write_all(&spare).await {
+            Ok(()) => io.flush().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            writer_failed(&conn, e);
             return;
         }
         spare.clear();
@@ -847,4 +847,13 @@ async fn writer(conn: Rc<ConnState>, mut io: Io) {
             spare = Vec::new();
         }
     }
+}
+
+/// The peer is gone or not reading (write timeout): drop what is queued, stop the reader.
+fn writer_failed(conn: &ConnState, e: io::Error) {
+    tracing::debug!(error = %e, "write failed; dropping connection");
+    conn.dead.set(true);
+    conn.out.borrow_mut().clear();
+    conn.reader_wake.notify();
+    conn.done_wake.notify();
 }

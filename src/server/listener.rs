@@ -14,10 +14,12 @@ use glommio::net::{TcpListener, TcpStream};
 use glommio::timer::Timer;
 use glommio::{LocalExecutorBuilder, Placement};
 
-use super::conn::{linger_close, serve_connection, Io};
+use super::conn::{linger_close, serve_connection};
 use super::state::{ExecutorCtx, Server};
 use super::stats::ServerStats;
 use super::sync::Latch;
+use super::tls::HandshakeTokens;
+use super::transport::Io;
 use super::Service;
 use crate::protocol::{
     encode_reply, HelloReply, Limits, Reply, ReplyFrame, Status, CONNECTION_OP, VERSION,
@@ -69,6 +71,7 @@ impl Server {
             shutdown: Latch::default(),
             live: Cell::new(0),
             rejecting: Cell::new(0),
+            handshakes: HandshakeTokens::new(self.tls().map_or(0, |t| t.handshakes_per_s_max)),
         });
         tracing::info!(addr = ?listener.local_addr().ok(), "serving");
 
@@ -169,6 +172,11 @@ impl Server {
 
     /// One BUSY reply and a close, unless too many are being turned away already.
     fn turn_away(stream: TcpStream, ctx: &Rc<ExecutorCtx>, why: String) {
+        // A TLS client could not read a plaintext frame, and a handshake is the CPU an
+        // overloaded server should not spend: closed.
+        if ctx.server.tls().is_some() {
+            return;
+        }
         if ctx.rejecting.get() < MAX_REJECTING {
             ctx.rejecting.set(ctx.rejecting.get() + 1);
             let ctx = ctx.clone();

@@ -49,6 +49,8 @@ mod listener;
 mod state;
 mod stats;
 mod sync;
+pub mod tls;
+mod transport;
 
 pub use aker_config::ServerConfig;
 
@@ -57,6 +59,7 @@ const _: () = assert!(aker_config::FRAME_BYTES_MIN as usize > crate::protocol::H
 pub use listener::Running;
 pub use state::Server;
 pub use stats::ServerStats;
+pub use tls::{TlsAcceptor, TlsFiles};
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use super::stats::ServerStats;
 use super::sync::Latch;
+use super::tls::{HandshakeTokens, TlsAcceptor};
 use super::{ServerConfig, Service};
 use crate::auth::Secret;
 use crate::config::ConfigError;
@@ -22,6 +23,8 @@ struct Inner {
     shutdown: AtomicBool,
     /// Set: every connection authenticates before anything but HELLO, PING and AUTH.
     secret: Option<Secret>,
+    /// Set: the client port speaks TLS only.
+    tls: Option<Arc<TlsAcceptor>>,
     /// Open connections per source address, for `max_connections_per_source`. Touched
     /// at accept and close only (the control plane), never per request.
     per_source: Mutex<HashMap<IpAddr, usize>>,
@@ -42,11 +45,26 @@ impl Server {
 
     /// A server whose connections authenticate with `secret` (protocol version 3).
     pub fn with_auth(config: ServerConfig, secret: Option<Secret>) -> Result<Server, ConfigError> {
+        Server::with_security(config, secret, None)
+    }
+
+    /// A server whose connections authenticate with `secret`, over TLS with `tls`.
+    /// Protected mode: beyond loopback, a secret or mutual TLS says who may come in (TLS
+    /// alone only hides what is said).
+    pub fn with_security(
+        config: ServerConfig,
+        secret: Option<Secret>,
+        tls: Option<Arc<TlsAcceptor>>,
+    ) -> Result<Server, ConfigError> {
         config.validate()?;
         let ip = config.listen.ip().to_canonical();
-        if config.protected_mode && secret.is_none() && !ip.is_loopback() {
+        let mutual_tls = tls
+            .as_ref()
+            .is_some_and(|t| t.requires_client_certificates());
+        if config.protected_mode && secret.is_none() && !mutual_tls && !ip.is_loopback() {
             return Err(ConfigError::ProtectedMode(format!(
-                "refusing to listen on {ip} without authentication"
+                "refusing to listen on {ip} without authentication (a secret, or TLS with \
+                 tls.client_ca_file)"
             )));
         }
         Ok(Server {
@@ -55,6 +73,7 @@ impl Server {
                 stats: Arc::new(ServerStats::default()),
                 shutdown: AtomicBool::new(false),
                 secret,
+                tls,
                 per_source: Mutex::new(HashMap::new()),
             }),
         })
@@ -62,6 +81,11 @@ impl Server {
 
     pub(crate) fn secret(&self) -> Option<&Secret> {
         self.inner.secret.as_ref()
+    }
+
+    /// With `[tls]`: the acceptor (its `reload` takes new certificate files).
+    pub fn tls(&self) -> Option<&Arc<TlsAcceptor>> {
+        self.inner.tls.as_ref()
     }
 
     /// Counts a connection from `ip` in; false (and nothing counted) when its source
@@ -150,4 +174,6 @@ pub(crate) struct ExecutorCtx {
     /// Open connections and connections being turned away, on this executor.
     pub(super) live: Cell<usize>,
     pub(super) rejecting: Cell<usize>,
+    /// With `[tls]`: this executor's handshake rate bound.
+    pub(super) handshakes: HandshakeTokens,
 }

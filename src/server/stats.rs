@@ -37,12 +37,19 @@ pub struct ServerStats {
     /// SEARCH_BATCH frames handed to the service, and the queries they carried.
     pub batches: AtomicU64,
     pub batch_queries: AtomicU64,
+    /// With `[tls]`: handshakes completed, failed (bad certificate, protocol error, the
+    /// peer gone), not done within the handshake timeout (or no handshake slot within
+    /// it), and plaintext clients told the port requires TLS.
+    pub tls_handshakes: AtomicU64,
+    pub tls_handshake_failures: AtomicU64,
+    pub tls_handshake_timeouts: AtomicU64,
+    pub tls_plaintext_refused: AtomicU64,
 }
 
 type Row = (&'static str, &'static str, fn(&ServerStats) -> &AtomicU64);
 
 /// Every counter but the one gauge, `server_connections_current`.
-const COUNTERS: [Row; 16] = [
+const COUNTERS: [Row; 20] = [
     (
         "server_connections_accepted",
         "Connections accepted.",
@@ -116,6 +123,24 @@ const COUNTERS: [Row; 16] = [
         "server_batch_queries",
         "Queries carried by the SEARCH_BATCH frames served.",
         |s| &s.batch_queries,
+    ),
+    ("server_tls_handshakes", "TLS handshakes completed.", |s| {
+        &s.tls_handshakes
+    }),
+    (
+        "server_tls_handshake_failures",
+        "TLS handshakes that failed (certificate refused, protocol error, peer gone).",
+        |s| &s.tls_handshake_failures,
+    ),
+    (
+        "server_tls_handshake_timeouts",
+        "Connections closed without a TLS handshake within tls.handshake_timeout_ms (waiting for a handshake slot included).",
+        |s| &s.tls_handshake_timeouts,
+    ),
+    (
+        "server_tls_plaintext_refused",
+        "Plaintext clients on the TLS port, told so in one plaintext error frame and closed.",
+        |s| &s.tls_plaintext_refused,
     ),
 ];
 

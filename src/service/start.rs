@@ -341,11 +341,28 @@ fn recall_floor(cfg: &Config, has_store: bool) -> Result<Floor, StartError> {
     })
 }
 
-/// The connection layer, with its secret. Before the backend threads, so a bad secret
-/// starts none.
+/// The connection layer, with its secret and TLS. Before the backend threads, so a bad
+/// secret or certificate starts none.
 fn server(cfg: &Config) -> Result<Server, StartError> {
     let secret = crate::auth::Secret::load(&cfg.auth).map_err(StartError::Config)?;
-    Server::with_auth(cfg.server.clone(), secret).map_err(StartError::Config)
+    let tls = match (&cfg.tls.cert_file, &cfg.tls.key_file) {
+        (Some(cert), Some(key)) => {
+            let files = crate::server::TlsFiles {
+                cert_file: cert.clone(),
+                key_file: key.clone(),
+                client_ca_file: cfg.tls.client_ca_file.clone(),
+            };
+            let acceptor = crate::server::TlsAcceptor::new(
+                files,
+                std::time::Duration::from_millis(cfg.tls.handshake_timeout_ms),
+                cfg.tls.handshakes_per_s_max,
+            )
+            .map_err(|e| StartError::Config(ConfigError::invalid("tls", e)))?;
+            Some(Arc::new(acceptor))
+        }
+        _ => None,
+    };
+    Server::with_security(cfg.server.clone(), secret, tls).map_err(StartError::Config)
 }
 
 /// The backend threads over `side`: the one place `BackendPool::start` is called.
