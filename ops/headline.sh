@@ -23,6 +23,8 @@
 #
 #   bash ops/headline.sh [ROUNDS (5)] [DURATION_S (30)] [WARMUP_S (20)]
 #   env: SETS ("0.99 0.30 hardware memory"), CONNS (4), DELTA (0), MEM_LIMIT_MB (100),
+#        MEM_WARMUP_S (120: the memory set's warm-up; with shared_buffers 128kB the
+#        database is ~3x slower even before the limit, so 20 s leave the cache cold),
 #        PGBENCH_OUT (target/pgbench), OUT (target/headline)
 #   python3 ops/headline_summary.py target/headline   # summary.md and headline.json
 set -euo pipefail
@@ -34,6 +36,7 @@ sets=" ${SETS:-0.99 0.30 hardware memory} "
 conns=${CONNS:-4}
 delta=${DELTA:-0}
 mem_mb=${MEM_LIMIT_MB:-100}
+mem_warm=${MEM_WARMUP_S:-120}
 src=${PGBENCH_OUT:-$PWD/target/pgbench}
 out=${OUT:-$PWD/target/headline}
 mkdir -p "$out"
@@ -85,6 +88,8 @@ quiesce() {
 metrics() { python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())" \
   "http://127.0.0.1:$((aport + 1))/metrics"; }
 
+# Each run's warm-up: WARMUP_S, the memory set's MEM_WARMUP_S.
+run_warm=$warm
 # The memory set's limit: lifted for a run's warm-up, applied (page cache dropped) 2 s
 # before it counts, so the cache is measured warm and the database cold.
 limited=
@@ -93,7 +98,7 @@ limit_later() {  # BYTES
   [ -n "$limited" ] || return 0
   echo -1 > "$cg/memory.limit_in_bytes"
   (
-    sleep $((warm - 2)); echo "$1" > "$cg/memory.limit_in_bytes"; sync
+    sleep $((run_warm - 2)); echo "$1" > "$cg/memory.limit_in_bytes"; sync
     echo 3 > /proc/sys/vm/drop_caches
     [ "$(cat "$cg/memory.limit_in_bytes")" -le "$1" ] || echo "limit $1 not applied" > "$out/LIMIT-FAILED"
   ) &
@@ -111,7 +116,7 @@ pg_run() {
   limit_later "${5:-0}"
   "${pin[@]}" ./target/release/aker-loadgen --pg "$url" --pg-password-file "$pw" --pg-table items \
     --pg-ef "$(cat "$src/ef-$skew")" --trace "$src/glove-$skew.trace" --closed --loop -c "$c" \
-    -w "${warm}s" -D "${dur}s" --json "$out/$name.json" > /dev/null
+    -w "${run_warm}s" -D "${dur}s" --json "$out/$name.json" > /dev/null
   limit_wait
   echo "$(date -u +%FT%TZ) $name done" >&2
 }
@@ -147,11 +152,11 @@ TOML
   local rss_empty_kb
   rss_empty_kb=$(awk '/VmRSS/{print $2}' "/proc/$akerd/status")
   limit_later "${5:-0}"
-  (sleep "$warm"; metrics > "$out/$name.metrics0") &
+  (sleep "$run_warm"; metrics > "$out/$name.metrics0") &
   local m0=$!
   local how=--flush
   [ "$mode" = cache ] || how=--bypass
-  "${pin[@]}" ./target/release/aker-loadgen -t "127.0.0.1:$aport" -c 8 -d 8 -w "${warm}s" \
+  "${pin[@]}" ./target/release/aker-loadgen -t "127.0.0.1:$aport" -c 8 -d 8 -w "${run_warm}s" \
     -D "${dur}s" -q --closed --trace "$src/glove-$skew.trace" --loop "$how" \
     --json "$out/$name.json" > /dev/null
   metrics > "$out/$name.metrics1"
@@ -165,7 +170,7 @@ TOML
 }
 
 git rev-parse --short HEAD > "$out/commit"
-{ echo "rounds=$rounds dur=$dur warm=$warm conns=$conns delta=$delta mem_mb=$mem_mb pool_objects=$pool_objects"
+{ echo "rounds=$rounds dur=$dur warm=$warm conns=$conns delta=$delta mem_mb=$mem_mb mem_warm=$mem_warm pool_objects=$pool_objects"
   echo "ef_0.99=$(cat "$src/ef-0.99") ef_0.30=$(cat "$src/ef-0.30")"; } > "$out/setup"
 
 # --- pinned, unconstrained: the pairs ----------------------------------------------------
@@ -199,6 +204,7 @@ if [[ $sets == *" memory "* ]]; then
   sync; echo 3 > /proc/sys/vm/drop_caches
   pg_start 128kB 0 "$cg"
   limited=1
+  run_warm=$mem_warm
   limit=$((mem_mb << 20))
   for r in 1 2 3; do
     quiesce; akerd_run "mem-cache-r$r" 0.99 cache 1 "$limit"
@@ -208,6 +214,7 @@ if [[ $sets == *" memory "* ]]; then
   done
   cat "$cg/memory.failcnt" > "$out/mem-cgroup-failcnt"
   limited=
+  run_warm=$warm
   echo -1 > "$cg/memory.limit_in_bytes"
   pg_stop
 fi

@@ -148,7 +148,7 @@ fn run(cli: &Cli) -> Result<ExitCode, ExitCode> {
     preflight(&cfg)?;
     huge_pages(&cfg)?;
     // Signals first, so a SIGTERM during the (possibly long) index build is not lost.
-    let term = install_signals()?;
+    let signals = install_signals()?;
     prefault(&cfg)?;
     let daemon = Daemon::start(&cfg).map_err(|e| {
         tracing::error!("cannot start: {e}");
@@ -160,7 +160,10 @@ fn run(cli: &Cli) -> Result<ExitCode, ExitCode> {
         admin = ?daemon.admin_addr(),
         "ready"
     );
-    while !term.load(Ordering::Acquire) {
+    while !signals.term.load(Ordering::Acquire) {
+        if signals.hup.swap(false, Ordering::AcqRel) {
+            reload_tls(&daemon);
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
     tracing::info!("signal received; shutting down");
@@ -235,10 +238,22 @@ fn preflight(cfg: &Config) -> Result<(), ExitCode> {
     Ok(())
 }
 
-/// SIGTERM / SIGINT set the returned flag; a second one while it is set exits at once
-/// (code 1).
-fn install_signals() -> Result<Arc<AtomicBool>, ExitCode> {
+/// SIGTERM / SIGINT set `term`; a second one while it is set exits at once (code 1).
+/// SIGHUP sets `hup` (the TLS files are read again).
+struct Signals {
+    term: Arc<AtomicBool>,
+    hup: Arc<AtomicBool>,
+}
+
+fn install_signals() -> Result<Signals, ExitCode> {
     let term = Arc::new(AtomicBool::new(false));
+    let hup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone()).map_err(|e| {
+        fail(
+            format!("cannot install a signal handler: {e}"),
+            ExitCode::FAILURE,
+        )
+    })?;
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         let _ = signal_hook::flag::register_conditional_shutdown(sig, 1, term.clone());
         signal_hook::flag::register(sig, term.clone()).map_err(|e| {
@@ -248,7 +263,19 @@ fn install_signals() -> Result<Arc<AtomicBool>, ExitCode> {
             )
         })?;
     }
-    Ok(term)
+    Ok(Signals { term, hup })
+}
+
+/// SIGHUP: the TLS certificate and key read again; a failure keeps the ones in force.
+fn reload_tls(daemon: &Daemon) {
+    let Some(tls) = daemon.server().tls() else {
+        tracing::info!("SIGHUP: no [tls] to reload");
+        return;
+    };
+    match tls.reload() {
+        Ok(()) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
+        Err(e) => tracing::error!("SIGHUP: TLS reload failed, the files in force stay: {e}"),
+    }
 }
 
 /// `cache.huge_pages`: off for a small pool, before the threads start touching memory.

@@ -54,6 +54,46 @@ pub struct Global {
     /// $AKER_SECRET when set).
     #[arg(long, global = true, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,
+    /// TLS to an akerd with [tls]: trust the CA certificates in this PEM file.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// The name the server's certificate must carry (default: --target's host).
+    #[arg(long, global = true, value_name = "NAME", requires = "tls_ca")]
+    pub tls_server_name: Option<String>,
+    /// Mutual TLS: this client certificate (PEM, then its chain) ...
+    #[arg(long, global = true, value_name = "FILE", requires_all = ["tls_ca", "tls_key"])]
+    pub tls_cert: Option<PathBuf>,
+    /// ... and its private key.
+    #[arg(long, global = true, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+/// `--tls-*` as the client's TLS settings (None without `--tls-ca`).
+fn tls_options(g: &Global) -> Result<Option<crate::client::ClientTls>> {
+    let Some(ca) = &g.tls_ca else {
+        return Ok(None);
+    };
+    let host = match &g.tls_server_name {
+        Some(n) => n.clone(),
+        None => {
+            // The host of HOST:PORT, brackets of an IPv6 literal dropped.
+            let host = g
+                .target
+                .rsplit_once(':')
+                .map_or(g.target.as_str(), |(h, _)| h);
+            host.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string()
+        }
+    };
+    let tls = crate::client::ClientTls::with_ca_file(ca, &host).map_err(|e| msg(e.to_string()))?;
+    match (&g.tls_cert, &g.tls_key) {
+        (Some(cert), Some(key)) => tls
+            .identity(cert, key)
+            .map(Some)
+            .map_err(|e| msg(e.to_string())),
+        _ => Ok(Some(tls)),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -228,6 +268,7 @@ impl Session {
             connect_timeout: timeout,
             io_timeout: Some(timeout),
             secret,
+            tls: tls_options(g)?,
             ..Default::default()
         };
         let target = g.target.clone();
@@ -292,6 +333,7 @@ fn describe(e: &ClientError, timeout: Duration) -> String {
             "connection refused (is akerd running there?)".into()
         }
         ClientError::Timeout => format!("timed out after {} ms", timeout.as_millis()),
+        ClientError::Tls(t) => format!("TLS: {t} (check --tls-ca, --tls-server-name, and --tls-cert / --tls-key for mutual TLS)"),
         ClientError::Server {
             status, message, ..
         } if message.is_empty() => format!("the server answered {status}"),

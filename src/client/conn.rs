@@ -6,6 +6,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use super::tls::{io_or_tls, Stream};
 use super::{ClientError, ClientOptions, Result};
 use crate::protocol::{self, ReplyFrame, RequestFrame};
 
@@ -14,7 +15,7 @@ use crate::protocol::{self, ReplyFrame, RequestFrame};
 const INITIAL_READ: usize = 16 * 1024;
 
 pub(crate) struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     rbuf: Vec<u8>,
     start: usize,
     end: usize,
@@ -53,8 +54,14 @@ impl Conn {
         })
     }
 
+    /// Over `stream`: TLS first (its handshake within the connect timeout) when
+    /// [`ClientOptions::tls`] says so.
     pub(crate) fn from_stream(stream: TcpStream, opts: &ClientOptions) -> Result<Conn> {
         stream.set_nodelay(opts.nodelay)?;
+        let stream = match &opts.tls {
+            None => Stream::Plain(stream),
+            Some(tls) => tls.connect(stream, opts.connect_timeout)?,
+        };
         Ok(Conn {
             stream,
             rbuf: vec![0; INITIAL_READ.min(opts.max_frame_bytes.max(protocol::HEADER_LEN))],
@@ -78,13 +85,21 @@ impl Conn {
                 "the connection has buffered bytes or is broken".into(),
             ));
         }
-        self.stream.set_read_timeout(None)?;
-        self.stream.set_write_timeout(None)?;
-        Ok(self.stream)
+        let stream = match self.stream {
+            Stream::Plain(s) => s,
+            Stream::Tls(_) => {
+                return Err(ClientError::Protocol(
+                    "a TLS connection has no plain stream to give back".into(),
+                ))
+            }
+        };
+        stream.set_read_timeout(None)?;
+        stream.set_write_timeout(None)?;
+        Ok(stream)
     }
 
     pub(crate) fn peer_addr(&self) -> Result<SocketAddr> {
-        Ok(self.stream.peer_addr()?)
+        Ok(self.stream.tcp().peer_addr()?)
     }
 
     pub(crate) fn set_io_timeout(&mut self, t: Option<Duration>) {
@@ -140,9 +155,15 @@ impl Conn {
         let mut written = 0;
         let result = loop {
             if written == self.wbuf.len() {
+                // TLS: records the socket has not taken yet are still in the session.
+                if self.stream.is_tls() {
+                    if let Err(e) = self.stream.flush() {
+                        break Err(io_or_tls(e));
+                    }
+                }
                 break Ok(());
             }
-            if let Err(e) = self.stream.set_write_timeout(remaining(deadline)?) {
+            if let Err(e) = self.stream.tcp().set_write_timeout(remaining(deadline)?) {
                 break Err(e.into());
             }
             match self.stream.write(&self.wbuf[written..]) {
@@ -151,7 +172,7 @@ impl Conn {
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) if is_timeout(&e) => break Err(ClientError::Timeout),
                 Err(e) if is_closed(&e) => break Err(ClientError::Closed),
-                Err(e) => break Err(e.into()),
+                Err(e) => break Err(io_or_tls(e)),
             }
         };
         if result.is_err() {
@@ -218,7 +239,7 @@ impl Conn {
             }
         }
         loop {
-            self.stream.set_read_timeout(remaining(deadline)?)?;
+            self.stream.tcp().set_read_timeout(remaining(deadline)?)?;
             match self.stream.read(&mut self.rbuf[self.end..]) {
                 Ok(0) => {
                     self.broken = true;
@@ -234,7 +255,14 @@ impl Conn {
                     self.broken = true;
                     return Err(ClientError::Closed);
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    // A TLS error (a bad record, an alert) leaves the session unusable.
+                    let e = io_or_tls(e);
+                    if matches!(e, ClientError::Tls(_)) {
+                        self.broken = true;
+                    }
+                    return Err(e);
+                }
             }
         }
     }

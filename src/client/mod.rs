@@ -55,9 +55,11 @@
 mod blocking;
 mod conn;
 mod pipeline;
+mod tls;
 
 pub use blocking::{Client, Deleted};
 pub use pipeline::Pipeline;
+pub use tls::ClientTls;
 
 use std::time::Duration;
 
@@ -82,6 +84,9 @@ pub struct ClientOptions {
     /// [`ClientError::ServerNotAuthentic`] against a server that does not ask for AUTH
     /// (version 3) or cannot prove it knows the secret.
     pub secret: Option<Secret>,
+    /// TLS to a server with `[tls]`: the CA to trust, the name to check, a client
+    /// certificate for mutual TLS. `None`: plaintext.
+    pub tls: Option<ClientTls>,
 }
 
 impl Default for ClientOptions {
@@ -93,6 +98,7 @@ impl Default for ClientOptions {
             nodelay: true,
             version: crate::protocol::VERSION,
             secret: None,
+            tls: None,
         }
     }
 }
@@ -135,6 +141,11 @@ pub enum ClientError {
     },
     #[error("protocol: {0}")]
     Protocol(String),
+    /// TLS refused or broken: the server's certificate not trusted or not for this
+    /// name, expired, the client's certificate refused (mutual TLS), a TLS client
+    /// against a plaintext port, a bad record.
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error(
         "the server requires authentication (protocol version 3 AUTH) and no secret was given"
     )]

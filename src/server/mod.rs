@@ -6,8 +6,10 @@
 //!                 one glommio executor (thread per core, !Send, SO_REUSEPORT listener)
 //!  ┌──────────────────────────────────────────────────────────────────────────────────┐
 //!  │ accept loop ── open connections >= max_connections? ──yes──► BUSY (id 0), close   │
-//!  │      │ no (global count, all executors)                                          │
+//!  │      │ no (global count, all executors)          (with [tls]: close, no frame)   │
 //!  │      ▼ one task per connection                                                   │
+//!  │  [tls]: handshake (tls.rs), bounded by its timeout and a per-executor rate;       │
+//!  │         the socket becomes a TLS session both tasks share (transport.rs)         │
 //!  │  reader: socket ─► read buffer (grows to max_frame_bytes, no further)             │
 //!  │      │  decode_request ──Framing err──► BAD_FRAME / TOO_LARGE, stop reading ─┐    │
 //!  │      │               ──Frame err────► error reply (same id), skip frame      │    │

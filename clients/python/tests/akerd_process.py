@@ -23,11 +23,13 @@ def akerd_binary() -> Path:
 
 
 def config_text(kind: str, data_file: str, secret_file: Optional[str] = None, k_max: int = 32, delta: int = 3,
-                max_inflight: int = 8, max_frame_bytes: int = 65536, max_batch: Optional[int] = None) -> str:
+                max_inflight: int = 8, max_frame_bytes: int = 65536, max_batch: Optional[int] = None,
+                tls: Optional[str] = None) -> str:
     """An akerd config: one executor (the CI machine has 2 cores), an exact store over
     ``data_file`` (or cache-aside with it as the routing sample), only exact cache hits
     (proximity policy with threshold 0: answers are checkable against numpy).
-    ``max_batch``: the server's (protocol v4), left to its default when ``None``."""
+    ``max_batch``: the server's (protocol v4), left to its default when ``None``.
+    ``tls``: the lines of a ``[tls]`` table."""
     recall = "recall_floor = 0.0\n"
     backend = (
         'kind = "embedded"\nindex = "exact"\nthreads = 1\n'
@@ -65,7 +67,9 @@ def config_text(kind: str, data_file: str, secret_file: Optional[str] = None, k_
         "\n[admin]\n"
         "enabled = false\n"
         "\n%s"
-    ) % (max_inflight, max_frame_bytes, batch, k_max, delta, recall, backend, data_file, auth)
+        "%s"
+    ) % (max_inflight, max_frame_bytes, batch, k_max, delta, recall, backend, data_file, auth,
+         "\n[tls]\n" + tls if tls else "")
 
 
 class Akerd:

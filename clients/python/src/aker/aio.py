@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ssl as _ssl
 import time
 from typing import Any, Deque, Dict, List, Optional, Tuple, Union
 
@@ -40,6 +41,7 @@ from .errors import (
     ProtocolError,
     StatusError,
     Timeout,
+    TLSError,
 )
 
 __all__ = ["AsyncClient", "AsyncPipeline", "AsyncPool"]
@@ -129,6 +131,8 @@ class AsyncClient:
         expect_dim: Optional[int] = None,
         expect_metric: Optional[Metric] = None,
         max_reply_bytes: int = 64 << 20,
+        ssl: Optional[_ssl.SSLContext] = None,
+        server_hostname: Optional[str] = None,
     ) -> "AsyncClient":
         key = load_secret(secret, secret_file)
         _check_window(window)
@@ -136,9 +140,19 @@ class AsyncClient:
             check_metric(expect_metric)
         t0 = time.monotonic()
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), connect_timeout)
+            if ssl is None:
+                opened = asyncio.open_connection(host, int(port))
+            else:
+                opened = asyncio.open_connection(host, int(port), ssl=ssl, server_hostname=server_hostname or host)
+            reader, writer = await asyncio.wait_for(opened, connect_timeout)
         except asyncio.TimeoutError:
             raise Timeout("connecting to %s:%d timed out after %s s" % (host, int(port), connect_timeout)) from None
+        except _ssl.SSLError as e:
+            raise TLSError("TLS handshake with %s:%d failed: %s" % (host, int(port), e)) from e
+        except ConnectionResetError as e:
+            if ssl is not None:
+                raise TLSError("TLS handshake with %s:%d failed: %s" % (host, int(port), e)) from e
+            raise AkerConnectionError("cannot connect to %s:%d: %s" % (host, int(port), e)) from e
         except OSError as e:
             raise AkerConnectionError("cannot connect to %s:%d: %s" % (host, int(port), e)) from e
         c = cls(reader, writer, timeout=timeout, max_reply_bytes=int(max_reply_bytes))

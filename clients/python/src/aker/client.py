@@ -15,6 +15,7 @@ import numbers
 import os
 import selectors
 import socket
+import ssl as _ssl
 import threading
 import time
 from contextlib import contextmanager
@@ -49,6 +50,7 @@ from .errors import (
     ProtocolError,
     StatusError,
     Timeout,
+    TLSError,
 )
 
 __all__ = ["Client", "Pipeline", "Pool", "Backend", "DEFAULT"]
@@ -83,6 +85,25 @@ DEFAULT: Any = _Default()
 _READ = 256 * 1024
 
 
+def _tls_handshake(
+    sock: socket.socket, ctx: _ssl.SSLContext, server_hostname: str, address: Tuple[str, int]
+) -> socket.socket:
+    """TLS over a connected socket (still blocking, with the connect timeout)."""
+    try:
+        return ctx.wrap_socket(sock, server_hostname=server_hostname)
+    except socket.timeout:
+        sock.close()
+        raise Timeout("TLS handshake with %s:%d timed out" % address) from None
+    except _ssl.SSLError as e:
+        sock.close()
+        raise TLSError("TLS handshake with %s:%d failed: %s" % (address + (e,))) from e
+    except OSError as e:
+        sock.close()
+        # A server that is not TLS (or refuses this client's certificate) often just
+        # closes: say it plainly.
+        raise TLSError("TLS handshake with %s:%d failed: %s" % (address + (e,))) from e
+
+
 class Client:
     """A blocking connection to akerd.
 
@@ -100,6 +121,10 @@ class Client:
         expect_dim, expect_metric: refuse a server with another dimension / metric
             (:class:`~aker.IncompatibleServer`).
         max_reply_bytes: largest reply frame accepted.
+        ssl: an :class:`ssl.SSLContext` for a server with ``[tls]`` (e.g.
+            ``ssl.create_default_context(cafile="ca.crt")``; for mutual TLS also
+            ``ctx.load_cert_chain("client.crt", "client.key")``). ``None``: plaintext.
+        server_hostname: the name the server's certificate must carry (default: ``host``).
 
     A client is safe to share between threads (calls are serialized); a :class:`Pool`
     gives threads connections of their own.
@@ -118,8 +143,11 @@ class Client:
         expect_dim: Optional[int] = None,
         expect_metric: Optional[Metric] = None,
         max_reply_bytes: int = 64 << 20,
+        ssl: Optional[_ssl.SSLContext] = None,
+        server_hostname: Optional[str] = None,
     ) -> None:
         self._secret = load_secret(secret, secret_file)
+        self._tls = ssl is not None
         _check_window(window)
         if expect_metric is not None:
             check_metric(expect_metric)
@@ -138,7 +166,7 @@ class Client:
         self._write_error: Optional[OSError] = None
         self._version = VERSIONS[0]
         self._window = 1
-        self._sock = self._connect(connect_timeout)
+        self._sock = self._connect(connect_timeout, ssl, server_hostname or host)
         self._events = selectors.EVENT_READ
         try:
             self._sel = selectors.DefaultSelector()
@@ -158,13 +186,17 @@ class Client:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _connect(self, connect_timeout: Optional[float]) -> socket.socket:
+    def _connect(
+        self, connect_timeout: Optional[float], ctx: Optional[_ssl.SSLContext], server_hostname: str
+    ) -> socket.socket:
         try:
             sock = socket.create_connection(self.address, timeout=connect_timeout)
         except socket.timeout:
             raise Timeout("connecting to %s:%d timed out after %s s" % (self.address + (connect_timeout,))) from None
         except OSError as e:
             raise AkerConnectionError("cannot connect to %s:%d: %s" % (self.address + (e,))) from e
+        if ctx is not None:
+            sock = _tls_handshake(sock, ctx, server_hostname, self.address)
         sock.setblocking(False)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -240,7 +272,7 @@ class Client:
                 try:
                     n = self._sock.send(self._wbuf)
                     del self._wbuf[:n]
-                except (BlockingIOError, InterruptedError):
+                except (BlockingIOError, InterruptedError, _ssl.SSLWantWriteError, _ssl.SSLWantReadError):
                     pass
                 except OSError as e:
                     # Keep reading: the server's last reply (and its close) may be there.
@@ -249,7 +281,12 @@ class Client:
             if ev & selectors.EVENT_READ:
                 try:
                     data = self._sock.recv(_READ)
-                except (BlockingIOError, InterruptedError):
+                    # TLS: records already decrypted wait in the SSL object, where
+                    # select() does not see them: take them now.
+                    while data and self._tls and self._sock.pending():  # type: ignore[attr-defined]
+                        data += self._sock.recv(self._sock.pending())  # type: ignore[attr-defined]
+                except (BlockingIOError, InterruptedError, _ssl.SSLWantReadError, _ssl.SSLWantWriteError):
+                    # TLS: a record not complete yet, or only a session ticket.
                     continue
                 except OSError as e:
                     if self._dead is not None:  # close() from another thread
@@ -395,8 +432,15 @@ class Client:
         if self._dead is not None or self._rbuf or self._wbuf:
             return False
         try:
+            if self._tls:
+                # No MSG_PEEK on TLS: a byte read here means the connection is not idle
+                # (it is not lent out again); nothing but a session ticket means it is.
+                if self._sock.pending():  # type: ignore[attr-defined]
+                    return False
+                self._rbuf += self._sock.recv(1)
+                return False
             self._sock.recv(1, socket.MSG_PEEK)
-        except (BlockingIOError, InterruptedError):
+        except (BlockingIOError, InterruptedError, _ssl.SSLWantReadError, _ssl.SSLWantWriteError):
             return True
         except OSError:
             return False

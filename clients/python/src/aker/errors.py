@@ -70,6 +70,7 @@ __all__ = [
     "InvalidSecret",
     "AkerConnectionError",
     "ConnectionClosed",
+    "TLSError",
     "Timeout",
     "ProtocolError",
     "IncompatibleServer",
@@ -254,6 +255,12 @@ class AkerConnectionError(AkerError, ConnectionError):
 
 class ConnectionClosed(AkerConnectionError):
     """The server closed the connection (or it was closed here)."""
+
+
+class TLSError(AkerConnectionError):
+    """The TLS handshake failed: the server's certificate is not trusted, expired or not
+    for the host name, the server refused this client's certificate (mutual TLS), or the
+    server does not speak TLS on that port."""
 
 
 class Timeout(AkerError, TimeoutError):

@@ -1,0 +1,207 @@
+//! TLS for the clients: which servers to trust, the name to check, and an optional
+//! client certificate (mutual TLS); and the stream the clients read and write, plain or
+//! TLS over `std::net::TcpStream`.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+
+use super::{ClientError, Result};
+use crate::server::tls::{load_certs, load_key, load_roots};
+
+/// TLS to a server with `[tls]` ([`super::ClientOptions::tls`]).
+///
+/// ```no_run
+/// # fn main() -> Result<(), aker::client::ClientError> {
+/// use aker::client::{Client, ClientOptions, ClientTls};
+///
+/// let tls = ClientTls::with_ca_file("ca.crt".as_ref(), "aker.example.com")?;
+/// // Mutual TLS: .identity("client.crt".as_ref(), "client.key".as_ref())?
+/// let opts = ClientOptions { tls: Some(tls), ..ClientOptions::default() };
+/// let mut c = Client::connect_with("aker.example.com:7700", opts)?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct ClientTls {
+    roots: Arc<RootCertStore>,
+    identity: Option<Arc<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>>,
+    server_name: ServerName<'static>,
+    config: Arc<ClientConfig>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("roots", &self.roots.len())
+            .field("client_certificate", &self.identity.is_some())
+            .field("server_name", &self.server_name)
+            .finish()
+    }
+}
+
+fn tls_err(e: impl std::fmt::Display) -> ClientError {
+    ClientError::Tls(e.to_string())
+}
+
+impl ClientTls {
+    /// Trusts the CA certificates in a PEM file, and checks the server's certificate
+    /// against `server_name` (a DNS name or an IP address in its subject alternative
+    /// names).
+    pub fn with_ca_file(ca_file: &Path, server_name: &str) -> Result<ClientTls> {
+        let roots = load_roots(ca_file).map_err(ClientError::Tls)?;
+        ClientTls::with_roots(roots, server_name)
+    }
+
+    /// Trusts `roots`.
+    pub fn with_roots(roots: RootCertStore, server_name: &str) -> Result<ClientTls> {
+        let server_name = ServerName::try_from(server_name.to_string()).map_err(tls_err)?;
+        let roots = Arc::new(roots);
+        let config = build(&roots, None)?;
+        Ok(ClientTls {
+            roots,
+            identity: None,
+            server_name,
+            config,
+        })
+    }
+
+    /// Presents this certificate (then its chain) and key: for a server with
+    /// `tls.client_ca_file` (mutual TLS).
+    pub fn identity(mut self, cert_file: &Path, key_file: &Path) -> Result<ClientTls> {
+        let certs = load_certs(cert_file).map_err(ClientError::Tls)?;
+        let key = load_key(key_file).map_err(ClientError::Tls)?;
+        let identity = Arc::new((certs, key));
+        self.config = build(&self.roots, Some(&identity))?;
+        self.identity = Some(identity);
+        Ok(self)
+    }
+
+    /// A rustls configuration of the caller's own (its own verifier, resumption, ...).
+    pub fn from_config(config: Arc<ClientConfig>, server_name: &str) -> Result<ClientTls> {
+        let server_name = ServerName::try_from(server_name.to_string()).map_err(tls_err)?;
+        Ok(ClientTls {
+            roots: Arc::new(RootCertStore::empty()),
+            identity: None,
+            server_name,
+            config,
+        })
+    }
+
+    /// Starts TLS over `tcp` and completes the handshake within `timeout`.
+    pub(crate) fn connect(&self, tcp: TcpStream, timeout: Duration) -> Result<Stream> {
+        let conn = ClientConnection::new(self.config.clone(), self.server_name.clone())
+            .map_err(tls_err)?;
+        let mut s = StreamOwned::new(conn, tcp);
+        let deadline = Instant::now() + timeout;
+        // Bounded by the deadline: each pass moves handshake bytes or times out.
+        while s.conn.is_handshaking() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ClientError::Timeout);
+            }
+            s.sock.set_read_timeout(Some(left))?;
+            s.sock.set_write_timeout(Some(left))?;
+            match s.conn.complete_io(&mut s.sock) {
+                Ok((0, 0)) if s.conn.is_handshaking() => return Err(ClientError::Closed),
+                Ok(_) => {}
+                Err(e) => return Err(io_or_tls(e)),
+            }
+        }
+        Ok(Stream::Tls(Box::new(s)))
+    }
+}
+
+fn build(
+    roots: &Arc<RootCertStore>,
+    identity: Option<&Arc<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>>,
+) -> Result<Arc<ClientConfig>> {
+    #[allow(deprecated)] // ring: no post-quantum key exchange (the server's the same)
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(tls_err)?
+        .with_root_certificates(roots.clone());
+    let config = match identity {
+        None => builder.with_no_client_auth(),
+        Some(id) => builder
+            .with_client_auth_cert(id.0.clone(), id.1.clone_key())
+            .map_err(tls_err)?,
+    };
+    Ok(Arc::new(config))
+}
+
+/// A TLS failure (a certificate refused, an alert) reads as [`ClientError::Tls`], a
+/// socket's as the I/O error it is.
+pub(crate) fn io_or_tls(e: io::Error) -> ClientError {
+    let tls = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .map(|t| t.to_string());
+    match tls {
+        Some(t) => ClientError::Tls(t),
+        None if matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ) =>
+        {
+            ClientError::Timeout
+        }
+        None => ClientError::Io(e),
+    }
+}
+
+/// What a client reads and writes.
+pub(crate) enum Stream {
+    Plain(TcpStream),
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
+}
+
+impl Stream {
+    /// The socket under it (timeouts, addresses).
+    pub(crate) fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => &s.sock,
+        }
+    }
+
+    pub(crate) fn is_tls(&self) -> bool {
+        matches!(self, Stream::Tls(_))
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => match s.read(buf) {
+                // TCP closed without close_notify: the end all the same (framing
+                // notices a cut frame).
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(0),
+                r => r,
+            },
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
