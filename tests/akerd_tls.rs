@@ -435,3 +435,213 @@ fn a_start_with_a_bad_certificate_file_fails_and_says_which() {
         .stop()
         .unwrap();
 }
+
+const AKERD: &str = env!("CARGO_BIN_EXE_akerd");
+const CLI: &str = env!("CARGO_BIN_EXE_aker-cli");
+
+#[test]
+fn aker_cli_speaks_tls() {
+    let pki = Pki::new("cli");
+    let ca = Ca::new("aker test CA");
+    let ca_file = pki.ca("ca.crt", &ca);
+    let (cert, key) = pki.pair("server", server_pair(&ca, false));
+    let d = common::start(&tls_config(&cert, &key, None));
+    let target = d.local_addr().to_string();
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(CLI)
+            .args(["--target", &target, "--timeout-ms", "5000"])
+            .args(extra)
+            .arg("ping")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let ca_arg = ca_file.to_str().unwrap();
+    let (ok, err) = run(&["--tls-ca", ca_arg, "--tls-server-name", "localhost"]);
+    assert!(ok, "{err}");
+    // Without TLS: the server's plaintext frame says why.
+    let (ok, err) = run(&[]);
+    assert!(!ok && err.contains("requires TLS"), "{err}");
+    // The target's host (127.0.0.1, in the certificate) is the default name.
+    let (ok, err) = run(&["--tls-ca", ca_arg]);
+    assert!(ok, "{err}");
+    d.stop().unwrap();
+}
+
+/// The daemon binary: SIGHUP reloads the files (a broken pair keeps the old one), and
+/// akerd keeps serving; SIGTERM still stops it cleanly.
+#[test]
+fn sighup_reloads_the_files_and_akerd_stays_up() {
+    let pki = Pki::new("sighup");
+    let ca1 = Ca::new("first CA");
+    let ca2 = Ca::new("second CA");
+    let ca1_file = pki.ca("ca1.crt", &ca1);
+    let ca2_file = pki.ca("ca2.crt", &ca2);
+    let (cert, key) = pki.pair("server", server_pair(&ca1, false));
+    let cfg = pki.write(
+        "akerd.toml",
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nexecutors = 1\nshutdown_poll_ms = 10\n\
+             [cache]\ncapacity_objects = 1000\n[backend]\nindex = \"exact\"\n\
+             data = {{ kind = \"synthetic\", n = 500, dim = {}, clusters = 4, seed = 1 }}\n\
+             [admin]\nenabled = false\n[tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+            common::DIM,
+            cert.display(),
+            key.display()
+        ),
+    );
+    let log = pki.dir.join("akerd.log");
+    let mut child = std::process::Command::new(AKERD)
+        .arg("--config")
+        .arg(&cfg)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let wait_log = |what: &str| -> String {
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains(what) {
+                return text;
+            }
+            assert!(Instant::now() < end, "no '{what}' in akerd's log:\n{text}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let text = wait_log("akerd: ready");
+    let addr: SocketAddr = text
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("listen="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let pid = child.id().to_string();
+    let signal = |sig: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+    tls_client(addr, trust(&ca1_file)).unwrap().ping().unwrap();
+
+    pki.pair("server", server_pair(&ca2, false));
+    signal("-HUP");
+    wait_log("TLS certificate and key reloaded");
+    tls_client(addr, trust(&ca2_file)).unwrap().ping().unwrap();
+    assert!(child.try_wait().unwrap().is_none(), "SIGHUP ended akerd");
+
+    std::fs::write(&cert, "not a certificate\n").unwrap();
+    signal("-HUP");
+    wait_log("TLS reload failed");
+    tls_client(addr, trust(&ca2_file)).unwrap().ping().unwrap();
+
+    signal("-TERM");
+    let end = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            panic!("akerd did not exit within 20 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+/// Replies that pile up while the client does not read (more than the sockets and the
+/// TLS session buffer hold): the writer waits on the socket, and once the client reads,
+/// every reply arrives, each once.
+#[test]
+fn a_client_that_reads_late_gets_every_reply_over_tls() {
+    let pki = Pki::new("late");
+    let ca = Ca::new("aker test CA");
+    let ca_file = pki.ca("ca.crt", &ca);
+    let (cert, key) = pki.pair("server", server_pair(&ca, false));
+    let d = common::start(&tls_config(&cert, &key, None));
+    let mut c = tls_client(d.local_addr(), trust(&ca_file)).unwrap();
+    let ds = common::dataset();
+    let n = 3_000u64;
+    let mut bytes = Vec::new();
+    for id in 1..=n {
+        let q = common::query_near(&ds, (id % 500) as usize, 0.0);
+        bytes.extend(common::encoded(
+            VERSION,
+            id,
+            Request::Search(SearchRequest::new(32, q)),
+        ));
+    }
+    c.send_raw(&bytes).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut seen = std::collections::HashSet::new();
+    let (mut ok, mut busy) = (0, 0);
+    while seen.len() < n as usize {
+        let f = c.recv_frame().expect("every reply arrives");
+        assert!(seen.insert(f.request_id), "reply {} twice", f.request_id);
+        match f.reply {
+            Reply::Search(s) => {
+                assert_eq!(s.neighbors.len(), 32);
+                ok += 1;
+            }
+            Reply::Error {
+                status: Status::Busy,
+                ..
+            } => busy += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(ok >= 64, "ok {ok}, busy {busy}");
+    c.ping().unwrap();
+    d.stop().unwrap();
+}
+
+/// A handshake still waiting (a stalled client) does not hold up shutdown, and a client
+/// that sends one byte of the magic and stalls is closed at the handshake timeout.
+#[test]
+fn stalled_handshakes_neither_hold_shutdown_nor_stay_open() {
+    let pki = Pki::new("stall");
+    let ca = Ca::new("aker test CA");
+    let (cert, key) = pki.pair("server", server_pair(&ca, false));
+    let mut cfg = tls_config(&cert, &key, None);
+    cfg.tls.handshake_timeout_ms = 600;
+    let d = common::start(&cfg);
+    let addr = d.local_addr();
+    let mut half_magic = TcpStream::connect(addr).unwrap();
+    half_magic.write_all(b"A").unwrap();
+    half_magic
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut b = [0u8; 16];
+    assert_eq!(
+        half_magic.read(&mut b).unwrap_or(0),
+        0,
+        "closed, nothing said"
+    );
+    wait_stat(&d, "server_tls_handshake_timeouts", 1.0);
+
+    let mut cfg = tls_config(&cert, &key, None);
+    cfg.tls.handshake_timeout_ms = 60_000;
+    cfg.server.shutdown_grace_ms = 30_000;
+    let d2 = common::start(&cfg);
+    let _stalled = {
+        let mut s = TcpStream::connect(d2.local_addr()).unwrap();
+        s.write_all(&[0x16, 0x03, 0x01]).unwrap();
+        s
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    d2.stop().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "shutdown took {:?}",
+        t.elapsed()
+    );
+    d.stop().unwrap();
+}

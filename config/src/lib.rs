@@ -78,7 +78,7 @@ impl Default for TlsSection {
             key_file: None,
             client_ca_file: None,
             handshake_timeout_ms: 10_000,
-            handshakes_per_s_max: 1_000,
+            handshakes_per_s_max: 250,
         }
     }
 }

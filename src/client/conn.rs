@@ -157,6 +157,9 @@ impl Conn {
             if written == self.wbuf.len() {
                 // TLS: records the socket has not taken yet are still in the session.
                 if self.stream.is_tls() {
+                    if let Err(e) = self.stream.tcp().set_write_timeout(remaining(deadline)?) {
+                        break Err(e.into());
+                    }
                     if let Err(e) = self.stream.flush() {
                         break Err(io_or_tls(e));
                     }

@@ -29,7 +29,8 @@ use crate::server::tls::{load_certs, load_key, load_roots};
 /// ```
 #[derive(Clone)]
 pub struct ClientTls {
-    roots: Arc<RootCertStore>,
+    /// `None` for a caller's own configuration (`from_config`).
+    roots: Option<Arc<RootCertStore>>,
     identity: Option<Arc<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>>,
     server_name: ServerName<'static>,
     config: Arc<ClientConfig>,
@@ -38,7 +39,7 @@ pub struct ClientTls {
 impl std::fmt::Debug for ClientTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientTls")
-            .field("roots", &self.roots.len())
+            .field("roots", &self.roots.as_ref().map(|r| r.len()))
             .field("client_certificate", &self.identity.is_some())
             .field("server_name", &self.server_name)
             .finish()
@@ -64,7 +65,7 @@ impl ClientTls {
         let roots = Arc::new(roots);
         let config = build(&roots, None)?;
         Ok(ClientTls {
-            roots,
+            roots: Some(roots),
             identity: None,
             server_name,
             config,
@@ -72,12 +73,20 @@ impl ClientTls {
     }
 
     /// Presents this certificate (then its chain) and key: for a server with
-    /// `tls.client_ca_file` (mutual TLS).
+    /// `tls.client_ca_file` (mutual TLS). Not for a configuration of the caller's own
+    /// (`from_config`): its client certificate belongs in it.
     pub fn identity(mut self, cert_file: &Path, key_file: &Path) -> Result<ClientTls> {
+        let Some(roots) = &self.roots else {
+            return Err(ClientError::Tls(
+                "identity() on a ClientTls::from_config: put the client certificate in that \
+                 rustls ClientConfig (with_client_auth_cert)"
+                    .into(),
+            ));
+        };
         let certs = load_certs(cert_file).map_err(ClientError::Tls)?;
         let key = load_key(key_file).map_err(ClientError::Tls)?;
         let identity = Arc::new((certs, key));
-        self.config = build(&self.roots, Some(&identity))?;
+        self.config = build(roots, Some(&identity))?;
         self.identity = Some(identity);
         Ok(self)
     }
@@ -86,7 +95,7 @@ impl ClientTls {
     pub fn from_config(config: Arc<ClientConfig>, server_name: &str) -> Result<ClientTls> {
         let server_name = ServerName::try_from(server_name.to_string()).map_err(tls_err)?;
         Ok(ClientTls {
-            roots: Arc::new(RootCertStore::empty()),
+            roots: None,
             identity: None,
             server_name,
             config,

@@ -169,32 +169,13 @@ pub(crate) async fn serve_connection(stream: TcpStream, peer: SocketAddr, ctx: R
     if cfg.write_timeout_ms > 0 {
         let _ = stream.set_write_timeout(Some(Duration::from_millis(cfg.write_timeout_ms)));
     }
+    let accepted_at = Instant::now();
     let io = match ctx.server.tls() {
         None => Io::new(stream),
-        Some(acceptor) => {
-            let stats = ctx.server.stats();
-            match tls::accept(acceptor, &ctx.handshakes, stream).await {
-                Accepted::Tls(s) => {
-                    ServerStats::inc(&stats.tls_handshakes);
-                    Io::tls(s)
-                }
-                Accepted::Plaintext => {
-                    ServerStats::inc(&stats.tls_plaintext_refused);
-                    tracing::debug!(%peer, "plaintext client on the TLS port; told and closed");
-                    return;
-                }
-                Accepted::TimedOut => {
-                    ServerStats::inc(&stats.tls_handshake_timeouts);
-                    tracing::debug!(%peer, "no TLS handshake within tls.handshake_timeout_ms");
-                    return;
-                }
-                Accepted::Failed(e) => {
-                    ServerStats::inc(&stats.tls_handshake_failures);
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-            }
-        }
+        Some(acceptor) => match tls_accept(acceptor, stream, peer, &ctx).await {
+            Some(io) => io,
+            None => return,
+        },
     };
     let conn = Rc::new(ConnState {
         out: RefCell::new(Vec::new()),
@@ -211,8 +192,10 @@ pub(crate) async fn serve_connection(stream: TcpStream, peer: SocketAddr, ctx: R
     });
     let writer = glommio::spawn_local(writer(conn.clone(), io.clone()));
     if conn.challenge.is_some() && cfg.auth_timeout_ms > 0 {
-        // Not authenticated in time: dropped, as a peer that stopped reading would be.
-        let (c, wait) = (conn.clone(), Duration::from_millis(cfg.auth_timeout_ms));
+        // Not authenticated in time (from accept, a TLS handshake included): dropped, as
+        // a peer that stopped reading would be.
+        let wait = Duration::from_millis(cfg.auth_timeout_ms).saturating_sub(accepted_at.elapsed());
+        let c = conn.clone();
         glommio::spawn_local(async move {
             Timer::new(wait).await;
             if !c.authenticated.get() && !c.dead.get() {
@@ -253,6 +236,44 @@ pub(crate) async fn serve_connection(stream: TcpStream, peer: SocketAddr, ctx: R
     {
         linger_close(&io).await;
     }
+}
+
+/// The TLS handshake of a connection, counted; `None`: closed (or shutting down).
+async fn tls_accept(
+    acceptor: &tls::TlsAcceptor,
+    stream: TcpStream,
+    peer: SocketAddr,
+    ctx: &Rc<ExecutorCtx>,
+) -> Option<Io> {
+    let stats = ctx.server.stats();
+    let accepted = future::or(
+        async { Some(tls::accept(acceptor, &ctx.handshakes, stream).await) },
+        async {
+            ctx.shutdown.wait().await;
+            None
+        },
+    )
+    .await;
+    match accepted? {
+        Accepted::Tls(s) => {
+            ServerStats::inc(&stats.tls_handshakes);
+            return Some(Io::tls(s));
+        }
+        Accepted::Plaintext => {
+            ServerStats::inc(&stats.tls_plaintext_refused);
+            tracing::debug!(%peer, "plaintext client on the TLS port; told and closed");
+        }
+        Accepted::Closed => tracing::debug!(%peer, "closed before a TLS handshake"),
+        Accepted::TimedOut => {
+            ServerStats::inc(&stats.tls_handshake_timeouts);
+            tracing::debug!(%peer, "no TLS handshake within tls.handshake_timeout_ms");
+        }
+        Accepted::Failed(e) => {
+            ServerStats::inc(&stats.tls_handshake_failures);
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+        }
+    }
+    None
 }
 
 /// Sends FIN after our last bytes, then discards input until the peer closes (bounded).

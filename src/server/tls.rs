@@ -166,97 +166,135 @@ impl TlsAcceptor {
     }
 }
 
-/// Per executor: new handshakes allowed now (a token bucket, one second's worth deep).
+/// Per executor: when the next handshake may start. Each waiter reserves its own slot
+/// (a generic cell rate: slots `1 / rate` apart, up to one second's worth at once after
+/// a quiet spell), so waiters start in arrival order with one timer wake each, and one
+/// whose slot falls past its deadline takes none.
 #[derive(Debug)]
 pub(crate) struct HandshakeTokens {
-    tokens: Cell<f64>,
-    at: Cell<Instant>,
+    interval: Duration,
+    /// The next free slot; at most `BURST` in the past.
+    next: Cell<Instant>,
 }
+
+/// How far behind `now` the next slot may fall: a second's worth of handshakes may
+/// start at once after a quiet spell.
+const BURST: Duration = Duration::from_secs(1);
 
 impl HandshakeTokens {
     pub(crate) fn new(per_s: u32) -> HandshakeTokens {
-        HandshakeTokens {
-            tokens: Cell::new(per_s as f64),
-            at: Cell::new(Instant::now()),
-        }
+        let interval = Duration::from_secs(1) / per_s.max(1);
+        let t = HandshakeTokens {
+            interval,
+            next: Cell::new(Instant::now()),
+        };
+        t.next.set(t.floor(Instant::now()));
+        t
     }
 
-    /// Waits for a token until `deadline`; false when none came in time.
-    async fn take(&self, per_s: u32, deadline: Instant) -> bool {
-        let rate = per_s.max(1) as f64;
-        // Bounded by the deadline: each pass sleeps until the next token is due.
-        loop {
-            let now = Instant::now();
-            let t = (self.tokens.get() + now.duration_since(self.at.get()).as_secs_f64() * rate)
-                .min(rate);
-            self.at.set(now);
-            if t >= 1.0 {
-                self.tokens.set(t - 1.0);
-                return true;
+    /// The earliest the next slot may be: `per_s` slots at or before `now`.
+    fn floor(&self, now: Instant) -> Instant {
+        now.checked_sub(BURST.saturating_sub(self.interval))
+            .unwrap_or(now)
+    }
+
+    /// The slot a handshake arriving at `now` gets, or `None` when it would fall after
+    /// `deadline` (nothing reserved then).
+    fn reserve(&self, now: Instant, deadline: Instant) -> Option<Instant> {
+        let floor = self.floor(now);
+        let slot = self.next.get().max(floor);
+        if slot > deadline {
+            return None;
+        }
+        self.next.set(slot + self.interval);
+        Some(slot)
+    }
+
+    /// Waits for this handshake's slot; false when none is free before `deadline`.
+    async fn take(&self, deadline: Instant) -> bool {
+        let now = Instant::now();
+        match self.reserve(now, deadline) {
+            None => false,
+            Some(slot) => {
+                if slot > now {
+                    Timer::new(slot - now).await;
+                }
+                true
             }
-            self.tokens.set(t);
-            let due = now + Duration::from_secs_f64((1.0 - t) / rate);
-            if due > deadline {
-                return false;
-            }
-            Timer::new(due - now).await;
         }
     }
 }
 
 /// How a TLS accept ended.
 pub(crate) enum Accepted {
-    Tls(TlsStream),
+    Tls(Box<TlsStream>),
     /// The peer spoke this protocol in clear: told so in one plaintext frame, closed.
     Plaintext,
-    /// No handshake token or no handshake within the timeout.
+    /// The peer closed before sending anything (a health check, a port scan).
+    Closed,
+    /// No handshake slot or no handshake within the timeout.
     TimedOut,
     Failed(io::Error),
 }
 
-/// The handshake of one accepted connection, bounded by the acceptor's timeout.
+/// `f`, unless `deadline` comes first.
+async fn within<T>(deadline: Instant, f: impl std::future::Future<Output = T>) -> Option<T> {
+    future::or(async { Some(f.await) }, async {
+        Timer::new(deadline.saturating_duration_since(Instant::now())).await;
+        None
+    })
+    .await
+}
+
+/// The first two bytes: a TLS record starts 0x16 0x03, this protocol's frames "AK".
+async fn first_bytes(tcp: &mut TcpStream) -> io::Result<[u8; 2]> {
+    let mut first = [0u8; 2];
+    let mut got = 0;
+    while got < first.len() {
+        match tcp.read(&mut first[got..]).await? {
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n => got += n,
+        }
+    }
+    Ok(first)
+}
+
+/// The handshake of one accepted connection, bounded by the acceptor's timeout. The
+/// first bytes are read before a handshake slot is taken: a connection that sends
+/// nothing, or speaks in clear, spends none.
 pub(crate) async fn accept(
     acceptor: &TlsAcceptor,
     tokens: &HandshakeTokens,
     mut tcp: TcpStream,
 ) -> Accepted {
     let deadline = Instant::now() + acceptor.handshake_timeout;
-    if !tokens.take(acceptor.handshakes_per_s_max, deadline).await {
+    let first = match within(deadline, first_bytes(&mut tcp)).await {
+        None => return Accepted::TimedOut,
+        Some(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return Accepted::Closed,
+        Some(Err(e)) => return Accepted::Failed(e),
+        Some(Ok(first)) => first,
+    };
+    if first == MAGIC.to_le_bytes() {
+        // Its own bounds (the socket's write timeout, a 500 ms linger), outside the
+        // handshake's: the frame should not be cut off by a deadline nearly spent.
+        tell_plaintext_client(&mut tcp).await;
+        return Accepted::Plaintext;
+    }
+    if !tokens.take(deadline).await {
         return Accepted::TimedOut;
     }
-    let left = deadline.saturating_duration_since(Instant::now());
-    let handshake = async {
-        // The first bytes: a TLS record starts 0x16 0x03, this protocol's frames "AK".
-        let mut first = [0u8; 2];
-        let mut got = 0;
-        while got < first.len() {
-            match tcp.read(&mut first[got..]).await {
-                Ok(0) => return Accepted::Failed(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => got += n,
-                Err(e) => return Accepted::Failed(e),
-            }
-        }
-        if first == MAGIC.to_le_bytes() {
-            tell_plaintext_client(&mut tcp).await;
-            return Accepted::Plaintext;
-        }
-        let mut session = match ServerConnection::new(acceptor.config()) {
-            Ok(s) => s,
-            Err(e) => return Accepted::Failed(io::Error::other(e)),
-        };
-        if let Err(e) = session.read_tls(&mut &first[..]) {
-            return Accepted::Failed(e);
-        }
-        match drive_handshake(&mut tcp, &mut session).await {
-            Ok(()) => Accepted::Tls(TlsStream::new(tcp, session)),
-            Err(e) => Accepted::Failed(e),
-        }
+    let mut session = match ServerConnection::new(acceptor.config()) {
+        Ok(s) => s,
+        Err(e) => return Accepted::Failed(io::Error::other(e)),
     };
-    future::or(handshake, async {
-        Timer::new(left).await;
-        Accepted::TimedOut
-    })
-    .await
+    if let Err(e) = session.read_tls(&mut &first[..]) {
+        return Accepted::Failed(e);
+    }
+    match within(deadline, drive_handshake(&mut tcp, &mut session)).await {
+        None => Accepted::TimedOut,
+        Some(Ok(())) => Accepted::Tls(Box::new(TlsStream::new(tcp, session))),
+        Some(Err(e)) => Accepted::Failed(e),
+    }
 }
 
 /// Reads and writes until the handshake is done (one task owns the socket here).
@@ -333,4 +371,45 @@ async fn tell_plaintext_client(tcp: &mut TcpStream) {
         },
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A second's worth at once after a quiet spell, then one slot per interval, in
+    /// order; a slot past the deadline is refused and reserves nothing.
+    #[test]
+    fn handshake_slots_are_spaced_by_the_rate_and_a_refusal_takes_none() {
+        let t = HandshakeTokens::new(10);
+        let now = Instant::now() + Duration::from_secs(5);
+        let far = now + Duration::from_secs(60);
+        for _ in 0..10 {
+            assert!(
+                t.reserve(now, far).unwrap() <= now,
+                "the burst starts at once"
+            );
+        }
+        let s11 = t.reserve(now, far).unwrap();
+        assert!(
+            s11 > now && s11 <= now + Duration::from_millis(100),
+            "{:?}",
+            s11 - now
+        );
+        let s12 = t.reserve(now, far).unwrap();
+        assert_eq!(s12 - s11, Duration::from_millis(100));
+        // A deadline before the next slot: refused, and the slot stays free.
+        assert!(t.reserve(now, now).is_none());
+        assert_eq!(
+            t.reserve(now, far).unwrap() - s12,
+            Duration::from_millis(100)
+        );
+        // After a quiet spell the burst is back, but no more than a second's worth.
+        let later = now + Duration::from_secs(30);
+        let burst = (0..50)
+            .take_while(|_| t.reserve(later, far).unwrap() <= later)
+            .count();
+        assert_eq!(burst, 10);
+        // (take_while consumed the 11th, the first in the future.)
+    }
 }

@@ -49,8 +49,8 @@ impl Io {
         Io(Rc::new(RefCell::new(Transport::Plain(stream))))
     }
 
-    pub(crate) fn tls(stream: TlsStream) -> Io {
-        Io(Rc::new(RefCell::new(Transport::Tls(Box::new(stream)))))
+    pub(crate) fn tls(stream: Box<TlsStream>) -> Io {
+        Io(Rc::new(RefCell::new(Transport::Tls(stream))))
     }
 
     /// TLS records are waiting to be sent that no write is sending (the reader's doing):

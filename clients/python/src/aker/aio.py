@@ -149,10 +149,6 @@ class AsyncClient:
             raise Timeout("connecting to %s:%d timed out after %s s" % (host, int(port), connect_timeout)) from None
         except _ssl.SSLError as e:
             raise TLSError("TLS handshake with %s:%d failed: %s" % (host, int(port), e)) from e
-        except ConnectionResetError as e:
-            if ssl is not None:
-                raise TLSError("TLS handshake with %s:%d failed: %s" % (host, int(port), e)) from e
-            raise AkerConnectionError("cannot connect to %s:%d: %s" % (host, int(port), e)) from e
         except OSError as e:
             raise AkerConnectionError("cannot connect to %s:%d: %s" % (host, int(port), e)) from e
         c = cls(reader, writer, timeout=timeout, max_reply_bytes=int(max_reply_bytes))

@@ -99,9 +99,12 @@ def _tls_handshake(
         raise TLSError("TLS handshake with %s:%d failed: %s" % (address + (e,))) from e
     except OSError as e:
         sock.close()
-        # A server that is not TLS (or refuses this client's certificate) often just
-        # closes: say it plainly.
-        raise TLSError("TLS handshake with %s:%d failed: %s" % (address + (e,))) from e
+        # Closed without a TLS alert: an akerd over connections_max closes TLS clients
+        # without a frame, a server without TLS may too: not a certificate problem.
+        raise AkerConnectionError(
+            "%s:%d closed the connection during the TLS handshake (overloaded, or not TLS on that port): %s"
+            % (address + (e,))
+        ) from e
 
 
 class Client:
@@ -148,6 +151,10 @@ class Client:
     ) -> None:
         self._secret = load_secret(secret, secret_file)
         self._tls = ssl is not None
+        #: TLS: a send that needs a read first (SSLWantReadError), or a recv that needs a
+        #: write (SSLWantWriteError): the selector waits for what the SSL layer needs.
+        self._send_needs_read = False
+        self._recv_needs_write = False
         _check_window(window)
         if expect_metric is not None:
             check_metric(expect_metric)
@@ -249,7 +256,8 @@ class Client:
     def _pump(self, deadline: Optional[float]) -> None:
         """Writes what is queued and reads what has come, until something was read."""
         self._check()
-        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if self._wbuf and self._write_error is None else 0)
+        writable = self._wbuf and self._write_error is None and not self._send_needs_read
+        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if writable or self._recv_needs_write else 0)
         if want != self._events:
             try:
                 self._sel.modify(self._sock, want)
@@ -268,12 +276,18 @@ class Client:
         if not ready:
             raise Timeout("no reply within the timeout")
         for _key, ev in ready:
-            if ev & selectors.EVENT_WRITE and self._wbuf:
+            if ev & selectors.EVENT_READ:
+                self._send_needs_read = False
+            if ev & selectors.EVENT_WRITE:
+                self._recv_needs_write = False
+            if ev & selectors.EVENT_WRITE and self._wbuf and not self._send_needs_read:
                 try:
                     n = self._sock.send(self._wbuf)
                     del self._wbuf[:n]
-                except (BlockingIOError, InterruptedError, _ssl.SSLWantWriteError, _ssl.SSLWantReadError):
+                except (BlockingIOError, InterruptedError, _ssl.SSLWantWriteError):
                     pass
+                except _ssl.SSLWantReadError:
+                    self._send_needs_read = True
                 except OSError as e:
                     # Keep reading: the server's last reply (and its close) may be there.
                     self._write_error = e
@@ -285,8 +299,11 @@ class Client:
                     # select() does not see them: take them now.
                     while data and self._tls and self._sock.pending():  # type: ignore[attr-defined]
                         data += self._sock.recv(self._sock.pending())  # type: ignore[attr-defined]
-                except (BlockingIOError, InterruptedError, _ssl.SSLWantReadError, _ssl.SSLWantWriteError):
+                except (BlockingIOError, InterruptedError, _ssl.SSLWantReadError):
                     # TLS: a record not complete yet, or only a session ticket.
+                    continue
+                except _ssl.SSLWantWriteError:
+                    self._recv_needs_write = True
                     continue
                 except OSError as e:
                     if self._dead is not None:  # close() from another thread
