@@ -111,7 +111,8 @@ fn start_akerd(a: &Args, dir: &Path, name: &str, tls: Option<(&Path, &Path)>) ->
     )
     .unwrap();
     let log = dir.join(format!("{name}.log"));
-    #[allow(clippy::zombie_processes)] // Akerd's Drop kills and waits; a panic below ends the example
+    #[allow(clippy::zombie_processes)]
+    // Akerd's Drop kills and waits; a panic below ends the example
     let child = Command::new(&a.akerd)
         .arg("--config")
         .arg(&cfg)

@@ -80,17 +80,7 @@ fn serves_from_a_config_file_and_exits_cleanly_on_sigterm() {
         .status()
         .unwrap()
         .success());
-    let end = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            panic!("akerd did not exit within 20 s of SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = common::exit_within(&mut child, Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
     let _ = std::fs::remove_file(cfg);
 }

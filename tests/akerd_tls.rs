@@ -542,17 +542,7 @@ fn sighup_reloads_the_files_and_akerd_stays_up() {
     tls_client(addr, trust(&ca2_file)).unwrap().ping().unwrap();
 
     signal("-TERM");
-    let end = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            panic!("akerd did not exit within 20 s of SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = common::exit_within(&mut child, Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
 }
 

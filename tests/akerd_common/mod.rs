@@ -164,6 +164,22 @@ pub fn tries(default: u64) -> u64 {
     })
 }
 
+/// The child's exit status once it exits (after a SIGTERM); killed, and the test
+/// failed, when it has not within `limit`.
+pub fn exit_within(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            panic!("akerd did not exit within {limit:?} of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// `name value` from a STATS text.
 pub fn stat(text: &str, name: &str) -> Option<f64> {
     text.lines()
