@@ -11,9 +11,12 @@ pub use aker_config::*;
 pub fn validate(cfg: &Config) -> Result<(), ConfigError> {
     cfg.validate()?;
     if let Some(pg) = &cfg.backend.pgvector {
-        pg.url
+        let bad = |e: String| ConfigError::invalid("backend.pgvector.url", e);
+        // sslmode / sslrootcert as libpq spells them; the rest as the driver reads it.
+        let split = crate::service::pgvector_url(&pg.url).map_err(bad)?;
+        split
             .parse::<tokio_postgres::Config>()
-            .map_err(|e| ConfigError::invalid("backend.pgvector.url", e.to_string()))?;
+            .map_err(|e| bad(e.to_string()))?;
     }
     Ok(())
 }

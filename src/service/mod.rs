@@ -69,6 +69,12 @@ pub use plan::StartPlan;
 
 /// `akerd --drop-slot`: removes this akerd's change-stream slot and publication from the
 /// database (an operator retiring it: a slot left behind holds WAL). What was dropped.
+/// The pgvector url as the driver (tokio-postgres) is to parse it: libpq's `sslmode`
+/// values and `sslrootcert` taken out (`pgvector/tls.rs`). For config checks.
+pub fn pgvector_url(url: &str) -> Result<String, String> {
+    pgvector::tls::split_url(url).map(|s| s.url)
+}
+
 pub fn drop_change_slot(cfg: &crate::config::Config) -> Result<String, StartError> {
     let section = cfg.backend.pgvector.as_ref().ok_or_else(|| {
         StartError::Config(crate::config::ConfigError::invalid(

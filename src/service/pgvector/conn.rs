@@ -360,6 +360,7 @@ impl PgConn {
             let bound = self
                 .target
                 .conn
+                .config
                 .get_connect_timeout()
                 .copied()
                 .unwrap_or(CLIENT_GRACE);
@@ -387,6 +388,7 @@ impl PgConn {
         // which another session may hold.
         let connect = t
             .conn
+            .config
             .get_connect_timeout()
             .copied()
             .unwrap_or(CLIENT_GRACE);

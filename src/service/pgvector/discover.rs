@@ -19,7 +19,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
 use super::sql::{describe, metric_of_opclass, opclass, operator, quote_ident};
-use super::{open, runtime, PgStats, PgTarget, Sql, BACKOFF_FIRST, CLIENT_GRACE};
+use super::{open, runtime, PgConnect, PgStats, PgTarget, Sql, BACKOFF_FIRST, CLIENT_GRACE};
 use crate::config::{ConfigError, PgvectorSection};
 use crate::service::data::Dataset;
 use crate::service::StartError;
@@ -32,12 +32,14 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
     }
 }
 
-/// The connection settings of `section`, with the password from its file or variable.
-pub(crate) fn connection_config(
-    section: &PgvectorSection,
-) -> Result<tokio_postgres::Config, StartError> {
+/// The connection settings of `section`, with the password from its file or variable and
+/// the TLS its url's `sslmode` / `sslrootcert` ask for.
+pub(crate) fn connection_config(section: &PgvectorSection) -> Result<PgConnect, StartError> {
     let cfg_err = |m: String| StartError::Config(ConfigError::invalid("backend.pgvector", m));
-    let mut c: tokio_postgres::Config = section
+    let split = super::tls::split_url(&section.url).map_err(|e| cfg_err(format!("url: {e}")))?;
+    let tls = super::tls::connector(split.mode, split.root_cert.as_deref())
+        .map_err(|e| cfg_err(format!("url: {e}")))?;
+    let mut c: tokio_postgres::Config = split
         .url
         .parse()
         .map_err(|e| cfg_err(format!("url: {e}")))?;
@@ -53,13 +55,13 @@ pub(crate) fn connection_config(
     }
     c.connect_timeout(Duration::from_millis(section.connect_timeout_ms));
     c.application_name("akerd");
-    Ok(c)
+    Ok(PgConnect { config: c, tls })
 }
 
 /// Connects at start, retrying what may be transient (refused, starting up) with
 /// backoff until `start_wait_ms` has passed; then refuses to start.
 async fn connect_at_start(
-    conn: &tokio_postgres::Config,
+    conn: &PgConnect,
     section: &PgvectorSection,
 ) -> Result<Client, StartError> {
     let t = Instant::now();

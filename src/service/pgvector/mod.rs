@@ -46,6 +46,7 @@ mod in_doubt;
 pub(crate) mod pgoutput;
 mod side;
 pub mod sql;
+pub(crate) mod tls;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -71,7 +72,7 @@ pub struct PgTarget {
     pub index: String,
     /// The table as PostgreSQL prints it (schema-qualified where needed, quoted).
     pub table: String,
-    conn: tokio_postgres::Config,
+    conn: PgConnect,
     sql: Sql,
     /// `BEGIN; SET LOCAL ...` of a search, before its `statement_timeout`.
     search_prelude: String,
@@ -137,12 +138,31 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// How to reach the database: the driver's settings and, unless `sslmode=disable`, the
+/// TLS connector (`tls.rs`).
+#[derive(Clone, Debug)]
+pub(crate) struct PgConnect {
+    pub(crate) config: tokio_postgres::Config,
+    tls: Option<tls::PgTls>,
+}
+
 /// Opens a connection, its driver spawned on the current runtime.
-async fn open(conn: &tokio_postgres::Config) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = conn.connect(NoTls).await?;
-    tokio::spawn(async move {
-        // Ends when the connection is lost or the client dropped; the client sees it.
-        let _ = connection.await;
-    });
-    Ok(client)
+async fn open(conn: &PgConnect) -> Result<Client, tokio_postgres::Error> {
+    // Ends when the connection is lost or the client dropped; the client sees it.
+    match &conn.tls {
+        None => {
+            let (client, connection) = conn.config.connect(NoTls).await?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            Ok(client)
+        }
+        Some(t) => {
+            let (client, connection) = conn.config.connect(t.clone()).await?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            Ok(client)
+        }
+    }
 }

@@ -40,7 +40,23 @@ pub fn opclass(metric: Metric) -> &'static str {
 pub fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{}: {}", db.severity(), db.message()),
-        None => e.to_string(),
+        None => {
+            // The driver's own words, then its causes ("error performing TLS handshake"
+            // alone does not say the certificate's issuer is unknown).
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            // Bounded: error chains are short; stop at 4 in any case.
+            for _ in 0..4 {
+                let Some(c) = cause else { break };
+                let more = c.to_string();
+                if !text.contains(&more) {
+                    text.push_str(": ");
+                    text.push_str(&more);
+                }
+                cause = c.source();
+            }
+            text
+        }
     }
 }
 

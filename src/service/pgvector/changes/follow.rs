@@ -11,7 +11,7 @@ use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
 
 use super::super::pgoutput::{self, lsn_text, Lsn, Message};
-use super::super::{open, runtime, PgTarget, BACKOFF_FIRST};
+use super::super::{open, runtime, PgConnect, PgTarget, BACKOFF_FIRST};
 use super::decode::{Change, Decoder, Kind};
 use super::setup::{self, SetupError, SlotFound};
 use super::{ChangeFeed, FeedState, FollowParts, Snap};
@@ -61,9 +61,10 @@ const SESSION_SETTINGS: &str =
 
 /// The pool's connection settings with TCP keepalives and a user timeout, so that a
 /// silent network is found in seconds, not the system's two hours.
-fn follower_conn(target: &PgTarget) -> tokio_postgres::Config {
+fn follower_conn(target: &PgTarget) -> PgConnect {
     let mut c = target.conn.clone();
-    c.keepalives(true)
+    c.config
+        .keepalives(true)
         .keepalives_idle(Duration::from_secs(10))
         .keepalives_interval(Duration::from_secs(5))
         .keepalives_retries(3)
