@@ -40,20 +40,13 @@ mem_warm=${MEM_WARMUP_S:-120}
 src=${PGBENCH_OUT:-$PWD/target/pgbench}
 out=${OUT:-$PWD/target/headline}
 mkdir -p "$out"
-SETS=none PGBENCH_OUT=$src bash ops/pgvector-bench.sh > "$out/prepare.log"
-# That script's server watcher stops the data directory's server within a second of its
-# exit: let it act before this script starts its own.
-sleep 2
+source ops/pgbench-lib.sh
+pgbench_prepare
 source ops/akerd-lib.sh
-data=$src/pgdata
-port=${PGPORT_BENCH:-55440}
 aport=7740
-url="postgresql://aker@127.0.0.1:$port/postgres"
-pw="$data.password"
 pool_objects=$((399000 * 5 / 100))
 v1=/sys/fs/cgroup/memory
 cg=$v1/aker-headline
-pgsql() { bash ops/pg.sh psql "$data" "$port" -qAt -c "$1"; }
 pg_start() {  # SHARED_BUFFERS CPUS(empty: not pinned) [GROUP]
   (
     if [ -n "${3:-}" ]; then echo $BASHPID > "$3/cgroup.procs"; fi
@@ -78,13 +71,6 @@ cleanup() {
   rmdir "$cg" 2>/dev/null || true
 }
 trap cleanup EXIT
-# The same state before every round, for both sides.
-quiesce() {
-  pgsql "VACUUM (ANALYZE) items" > /dev/null
-  pgsql "CHECKPOINT" > /dev/null
-  pgsql "SELECT sum(pg_prewarm(c.oid)) FROM pg_class c WHERE c.oid = 'items'::regclass
-         OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'items'::regclass)" > /dev/null
-}
 metrics() { python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())" \
   "http://127.0.0.1:$((aport + 1))/metrics"; }
 

@@ -35,20 +35,13 @@ variants=${VARIANTS:-nice10 nice0}
 src=${PGBENCH_OUT:-$PWD/target/pgbench}
 out=${OUT:-$PWD/target/miss-parity}
 mkdir -p "$out"
-SETS=none PGBENCH_OUT=$src bash ops/pgvector-bench.sh > "$out/prepare.log"
-# That script's server watcher stops the data directory's server within a second of the
-# script's exit: let it act before this script starts its own.
-sleep 2
+source ops/pgbench-lib.sh
+pgbench_prepare
 source ops/akerd-lib.sh
-data=$src/pgdata
-port=${PGPORT_BENCH:-55440}
 aport=7730
-url="postgresql://aker@127.0.0.1:$port/postgres"
-pw="$data.password"
 ef=$(cat "$src/ef-$skew")
 trace=$src/glove-$skew.trace
 lg() { taskset -c 1 ./target/release/aker-loadgen "$@"; }
-pgsql() { bash ops/pg.sh psql "$data" "$port" -qAt -c "$1"; }
 v1=/sys/fs/cgroup/memory
 cg=$v1/aker-miss-parity
 moved=
@@ -153,15 +146,6 @@ run() {  # NAME ROUND
   echo "{\"runq_ns\": $((runq1 - runq0)), \"cpu0_busy\": $(python3 -c "print(round(($b1 - $b0) / max(1, $a1 - $a0), 4))")}" \
     > "$out/$name-r$r.extra.json"
   echo "$(date -u +%FT%TZ) $name round $r done" >&2
-}
-# The same state before every round, for both sides: the table vacuumed and analyzed
-# (autovacuum is off, so nothing starts mid-run), a checkpoint written, table and index
-# in shared buffers.
-quiesce() {
-  pgsql "VACUUM (ANALYZE) items" > /dev/null
-  pgsql "CHECKPOINT" > /dev/null
-  pgsql "SELECT sum(pg_prewarm(c.oid)) FROM pg_class c WHERE c.oid = 'items'::regclass
-         OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'items'::regclass)" > /dev/null
 }
 for r in $(seq "$rounds"); do
   quiesce
