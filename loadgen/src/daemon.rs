@@ -64,9 +64,12 @@ impl Daemon {
             if let Some(status) = d.exited() {
                 return Err(format!("akerd exited during start: {status}"));
             }
-            // Answering HELLO is ready (asking for AUTH too: the tool brings a secret).
-            match connect(target, Duration::from_secs(2), None) {
-                Ok(_) | Err(ClientError::AuthRequired) => return Ok(d),
+            // Answering HELLO is ready (asking for AUTH too: the tool brings a secret; a
+            // TLS port's plaintext refusal too: the tool brings its TLS).
+            match connect(target, Duration::from_secs(2), None, None) {
+                Ok(_) | Err(ClientError::AuthRequired) | Err(ClientError::Server { .. }) => {
+                    return Ok(d)
+                }
                 Err(_) => {}
             }
             if Instant::now() >= deadline {
@@ -152,6 +155,18 @@ pub struct DaemonArgs {
     /// (otherwise $AKER_SECRET when set).
     #[arg(long, value_name = "FILE")]
     pub secret_file: Option<std::path::PathBuf>,
+    /// TLS to an akerd with [tls]: trust the CA certificates in this PEM file.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// The name the server's certificate must carry (default: the target's address).
+    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    pub tls_server_name: Option<String>,
+    /// Mutual TLS: this client certificate (PEM, then its chain) ...
+    #[arg(long, value_name = "FILE", requires_all = ["tls_ca", "tls_key"])]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// ... and its private key.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
     /// How long a started akerd may take to answer.
     #[arg(long, value_parser = crate::parse_duration, default_value = "120s")]
     pub ready_within: Duration,
@@ -178,13 +193,30 @@ impl DaemonArgs {
     pub fn secret(&self) -> Result<Option<Secret>, String> {
         crate::load_secret(self.secret_file.as_deref())
     }
+
+    /// `--tls-*` as the connections' TLS (None without `--tls-ca`).
+    pub fn tls(&self, target: SocketAddr) -> Result<Option<aker::client::ClientTls>, String> {
+        let Some(ca) = &self.tls_ca else {
+            return Ok(None);
+        };
+        let name = self
+            .tls_server_name
+            .clone()
+            .unwrap_or_else(|| target.ip().to_string());
+        let identity = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
+        aker::client::ClientTls::from_files(ca, &name, identity)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
 }
 
-/// A connected client that has said HELLO (and AUTH, when the server requires it).
+/// A connected client that has said HELLO (and AUTH, when the server requires it), over
+/// TLS with `tls`.
 pub fn connect(
     target: SocketAddr,
     io_timeout: Duration,
     secret: Option<&Secret>,
+    tls: Option<&aker::client::ClientTls>,
 ) -> aker::client::Result<Client> {
     let mut c = Client::connect_with(
         target,
@@ -192,6 +224,7 @@ pub fn connect(
             connect_timeout: io_timeout,
             io_timeout: Some(io_timeout),
             secret: secret.cloned(),
+            tls: tls.cloned(),
             ..Default::default()
         },
     )?;

@@ -33,6 +33,18 @@ struct Cli {
     /// (otherwise $AKER_SECRET when set).
     #[arg(long, value_name = "FILE")]
     secret_file: Option<PathBuf>,
+    /// TLS to an akerd with [tls]: trust the CA certificates in this PEM file.
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// The name the server's certificate must carry (default: --target's host).
+    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    tls_server_name: Option<String>,
+    /// Mutual TLS: this client certificate (PEM, then its chain) ...
+    #[arg(long, value_name = "FILE", requires_all = ["tls_ca", "tls_key"])]
+    tls_cert: Option<PathBuf>,
+    /// ... and its private key.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 
     /// Open loop: requests per second over all connections (2000, 2.5k).
     #[arg(short, long, value_parser = parse_rate, default_value = "1000",
@@ -321,10 +333,36 @@ fn run_pg(cli: &Cli) -> Res<()> {
     write_json(r.to_json(cli.pg_ef))
 }
 
-fn control(addr: SocketAddr, secret: Option<aker::auth::Secret>) -> Res<Client> {
+/// `--tls-*` as the connections' TLS (None without `--tls-ca`).
+fn tls_options(cli: &Cli) -> Res<Option<aker::client::ClientTls>> {
+    let Some(ca) = &cli.tls_ca else {
+        return Ok(None);
+    };
+    let host = match &cli.tls_server_name {
+        Some(n) => n.clone(),
+        None => {
+            let h = cli
+                .target
+                .rsplit_once(':')
+                .map_or(cli.target.as_str(), |(h, _)| h);
+            h.trim_start_matches('[').trim_end_matches(']').to_string()
+        }
+    };
+    let identity = cli.tls_cert.as_deref().zip(cli.tls_key.as_deref());
+    aker::client::ClientTls::from_files(ca, &host, identity)
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+fn control(
+    addr: SocketAddr,
+    secret: Option<aker::auth::Secret>,
+    tls: Option<aker::client::ClientTls>,
+) -> Res<Client> {
     let opts = ClientOptions {
         io_timeout: Some(Duration::from_secs(10)),
         secret,
+        tls,
         ..ClientOptions::default()
     };
     Client::connect_with(addr, opts).map_err(|e| format!("cannot connect to {addr}: {e}"))
@@ -412,10 +450,11 @@ fn run(cli: &Cli) -> Res<()> {
         .next()
         .ok_or_else(|| format!("{} resolves to nothing", cli.target))?;
     let secret = loadgen::load_secret(cli.secret_file.as_deref())?;
-    let mut ctl = control(target, secret.clone())?;
+    let tls = tls_options(cli)?;
+    let mut ctl = control(target, secret.clone(), tls.clone())?;
     let hello = ctl.hello().map_err(|e| format!("HELLO to {target}: {e}"))?;
     let workload = Arc::new(build_workload(cli, &hello)?);
-    let cfg = engine_config(cli, target, &hello, secret, &workload)?;
+    let cfg = engine_config(cli, target, &hello, secret, tls, &workload)?;
     println!(
         "target {target}: dim {}, {}, k_max {}, max_inflight {}, {} executors, {} shards",
         hello.dim, hello.metric, hello.k_max, hello.max_inflight, hello.executors, hello.shards
@@ -450,6 +489,7 @@ fn engine_config(
     target: SocketAddr,
     hello: &HelloReply,
     secret: Option<aker::auth::Secret>,
+    tls: Option<aker::client::ClientTls>,
     workload: &Workload,
 ) -> Res<EngineConfig> {
     let batch = match cli.batch {
@@ -494,6 +534,7 @@ fn engine_config(
         spin: cli.spin,
         seed: cli.seed,
         secret,
+        tls,
         batch,
     })
 }

@@ -81,6 +81,8 @@ pub struct OverloadConfig {
     /// For a server that requires AUTH (every connection, the idle ones too; the clients
     /// that never read do not authenticate: their PINGs need none).
     pub secret: Option<aker::auth::Secret>,
+    /// For a server with `[tls]`: every connection, the never-readers' too.
+    pub tls: Option<aker::client::ClientTls>,
 }
 
 /// One phase's numbers from the load generator.
@@ -293,6 +295,7 @@ fn engine(cfg: &OverloadConfig, mode: Mode, connections: usize, secs: Duration) 
         spin: Duration::ZERO,
         seed: cfg.seed,
         secret: cfg.secret.clone(),
+        tls: cfg.tls.clone(),
         batch: None,
     }
 }
@@ -323,8 +326,13 @@ fn run_engine(
 
 /// Searches every hit query until each answers EXACT.
 fn cache_hit_set(cfg: &OverloadConfig, v: &Vectors) -> Result<(), String> {
-    let mut c = daemon::connect(cfg.target, cfg.io_timeout, cfg.secret.as_ref())
-        .map_err(|e| e.to_string())?;
+    let mut c = daemon::connect(
+        cfg.target,
+        cfg.io_timeout,
+        cfg.secret.as_ref(),
+        cfg.tls.as_ref(),
+    )
+    .map_err(|e| e.to_string())?;
     for round in 0..SETUP_ROUNDS_MAX {
         let mut exact = 0;
         for q in v.hits.chunks_exact(v.dim) {
@@ -350,23 +358,27 @@ fn cache_hit_set(cfg: &OverloadConfig, v: &Vectors) -> Result<(), String> {
 /// frames, resumed where a write stopped) and never reads their replies; once the server
 /// drops it, it connects again. Returns the bytes written and how many times the server
 /// dropped it.
-fn never_reader(target: SocketAddr, stop: &AtomicBool) -> (usize, usize) {
+fn never_reader(
+    target: SocketAddr,
+    tls: Option<&aker::client::ClientTls>,
+    stop: &AtomicBool,
+) -> (usize, usize) {
     let mut frame = Vec::new();
     let ping = RequestFrame::new(1, Request::Ping(vec![7; HOG_PING_BYTES]));
     encode_request(&ping, &mut frame).expect("a PING encodes");
     let (mut written, mut dropped) = (0usize, 0usize);
     while !stop.load(Ordering::Relaxed) && written < HOG_WRITE_MAX {
-        let Ok(mut s) = TcpStream::connect(target) else {
+        let Some((mut w, sock)) = hog_connection(target, tls) else {
             std::thread::sleep(Duration::from_millis(100));
             continue;
         };
-        let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+        let _ = sock.set_write_timeout(Some(Duration::from_millis(200)));
         let mut at = 0;
         let closed = loop {
             if stop.load(Ordering::Relaxed) || written >= HOG_WRITE_MAX {
                 break false;
             }
-            match s.write(&frame[at..]) {
+            match w.write(&frame[at..]) {
                 Ok(0) => break true,
                 Ok(n) => {
                     written += n;
@@ -377,8 +389,21 @@ fn never_reader(target: SocketAddr, stop: &AtomicBool) -> (usize, usize) {
                     if e.kind() == std::io::ErrorKind::WouldBlock
                         || e.kind() == std::io::ErrorKind::TimedOut =>
                 {
-                    if peer_closed(&s) {
+                    if peer_closed(&sock) {
                         break true;
+                    }
+                    if tls.is_some() {
+                        // Part of a TLS record may be out: writing on would corrupt the
+                        // session, so wait for the server to drop the connection.
+                        break loop {
+                            if stop.load(Ordering::Relaxed) {
+                                break false;
+                            }
+                            if peer_closed(&sock) {
+                                break true;
+                            }
+                            std::thread::sleep(Duration::from_millis(50));
+                        };
                     }
                 }
                 Err(_) => break true,
@@ -387,6 +412,27 @@ fn never_reader(target: SocketAddr, stop: &AtomicBool) -> (usize, usize) {
         dropped += usize::from(closed);
     }
     (written, dropped)
+}
+
+/// A never-reader's connection: its writing half (TLS done first with `tls`) and the
+/// socket.
+fn hog_connection(
+    target: SocketAddr,
+    tls: Option<&aker::client::ClientTls>,
+) -> Option<(aker::client::SplitWrite, TcpStream)> {
+    let s = TcpStream::connect(target).ok()?;
+    match tls {
+        None => Some((aker::client::SplitWrite::Plain(s.try_clone().ok()?), s)),
+        Some(tls) => {
+            let opts = aker::client::ClientOptions {
+                tls: Some(tls.clone()),
+                ..Default::default()
+            };
+            let c = Client::from_stream(s, opts).ok()?;
+            let (_, w, sock) = c.into_split().ok()?;
+            Some((w, sock))
+        }
+    }
 }
 
 /// Whether the peer has closed or reset `s`, without reading from it (its unread
@@ -423,7 +469,12 @@ fn overload_phase(
 ) -> Result<Overloaded, String> {
     let mut idle: Vec<Client> = Vec::with_capacity(cfg.idle_connections);
     for _ in 0..cfg.idle_connections {
-        match daemon::connect(cfg.target, cfg.io_timeout, cfg.secret.as_ref()) {
+        match daemon::connect(
+            cfg.target,
+            cfg.io_timeout,
+            cfg.secret.as_ref(),
+            cfg.tls.as_ref(),
+        ) {
             Ok(c) => idle.push(c),
             Err(_) => break, // at the server's limit: what it holds is what counts
         }
@@ -436,7 +487,7 @@ fn overload_phase(
     let misses_end = Instant::now() + cfg.warmup + secs;
     std::thread::scope(|s| {
         let hogs: Vec<_> = (0..cfg.never_readers)
-            .map(|_| s.spawn(|| never_reader(cfg.target, &stop)))
+            .map(|_| s.spawn(|| never_reader(cfg.target, cfg.tls.as_ref(), &stop)))
             .collect();
         let miss = s.spawn(|| {
             let e = engine(cfg, open(miss_rate), cfg.miss_connections, secs);
@@ -464,8 +515,13 @@ fn overload_phase(
 
 /// A fresh miss every 20 ms until one is answered; seconds it took.
 fn recovery(cfg: &OverloadConfig, v: &mut Vectors, from: Instant) -> Result<f64, String> {
-    let mut c = daemon::connect(cfg.target, cfg.io_timeout, cfg.secret.as_ref())
-        .map_err(|e| e.to_string())?;
+    let mut c = daemon::connect(
+        cfg.target,
+        cfg.io_timeout,
+        cfg.secret.as_ref(),
+        cfg.tls.as_ref(),
+    )
+    .map_err(|e| e.to_string())?;
     while from.elapsed() < RECOVERY_MAX {
         let q = v.fresh(cfg.miss_spread);
         match c.search_with(SearchRequest::new(cfg.k, q)) {
@@ -473,8 +529,13 @@ fn recovery(cfg: &OverloadConfig, v: &mut Vectors, from: Instant) -> Result<f64,
             Ok(_) => {}
             Err(_) if !c.is_broken() => {}
             Err(_) => {
-                c = daemon::connect(cfg.target, cfg.io_timeout, cfg.secret.as_ref())
-                    .map_err(|e| e.to_string())?
+                c = daemon::connect(
+                    cfg.target,
+                    cfg.io_timeout,
+                    cfg.secret.as_ref(),
+                    cfg.tls.as_ref(),
+                )
+                .map_err(|e| e.to_string())?
             }
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -493,8 +554,13 @@ pub fn run(
     dim: usize,
     on_line: &(dyn Fn(&str) + Sync),
 ) -> Result<OverloadReport, String> {
-    let mut hello = daemon::connect(cfg.target, cfg.io_timeout, cfg.secret.as_ref())
-        .map_err(|e| e.to_string())?;
+    let mut hello = daemon::connect(
+        cfg.target,
+        cfg.io_timeout,
+        cfg.secret.as_ref(),
+        cfg.tls.as_ref(),
+    )
+    .map_err(|e| e.to_string())?;
     let info = hello.server_info().cloned().ok_or("no HELLO reply")?;
     if info.dim as usize != dim {
         return Err(format!("the data has dimension {dim}, akerd {}", info.dim));

@@ -70,6 +70,8 @@ pub struct SoakConfig {
     pub seed: u64,
     /// For a server that requires AUTH.
     pub secret: Option<aker::auth::Secret>,
+    /// For a server with `[tls]`.
+    pub tls: Option<aker::client::ClientTls>,
 }
 
 /// A reply that carried an id after its delete was acknowledged.
@@ -366,6 +368,7 @@ pub fn run(
         shared.cfg.target,
         shared.cfg.io_timeout,
         shared.cfg.secret.as_ref(),
+        shared.cfg.tls.as_ref(),
     )
     .ok();
     while next <= end {
@@ -470,6 +473,7 @@ fn sample(
             shared.cfg.target,
             shared.cfg.io_timeout,
             shared.cfg.secret.as_ref(),
+            shared.cfg.tls.as_ref(),
         )
         .ok();
     }
@@ -498,7 +502,7 @@ fn sample(
         write_p99_ms: ms(&w.write_us, 0.99),
         violations_total: shared.checker.violations(),
         connections,
-        fresh_connection_ok: daemon::connect(target, timeout, secret)
+        fresh_connection_ok: daemon::connect(target, timeout, secret, shared.cfg.tls.as_ref())
             .and_then(|mut c| c.ping())
             .is_ok(),
     }
@@ -543,7 +547,12 @@ fn client_loop(shared: &Shared, index: usize) -> Vec<(u64, Vec<f32>)> {
         std::thread::sleep(due.saturating_duration_since(Instant::now()));
         due = (due + spacing).max(Instant::now() - spacing * 4);
         if st.conn.is_none() {
-            match daemon::connect(cfg.target, cfg.io_timeout, cfg.secret.as_ref()) {
+            match daemon::connect(
+                cfg.target,
+                cfg.io_timeout,
+                cfg.secret.as_ref(),
+                cfg.tls.as_ref(),
+            ) {
                 Ok(c) => st.conn = Some(c),
                 Err(e) => {
                     note_error(shared, &e);
@@ -749,6 +758,7 @@ fn check_live_inserts(
         shared.cfg.target,
         shared.cfg.io_timeout,
         shared.cfg.secret.as_ref(),
+        shared.cfg.tls.as_ref(),
     )
     .map_err(|e| format!("the final check cannot connect: {e}"))?;
     let mut checked = 0;
@@ -929,6 +939,7 @@ mod tests {
                 id_base: 0,
                 seed: 0,
                 secret: None,
+                tls: None,
             },
             queries: vec![vec![0.0], vec![1.0]],
             zipf: ZipfianGenerator::new(2, 0.5),

@@ -30,6 +30,8 @@
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
+
+use aker::client::{SplitRead, SplitWrite};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
@@ -81,6 +83,9 @@ pub struct EngineConfig {
     /// For a server that requires AUTH: every connection authenticates before the clock
     /// starts.
     pub secret: Option<aker::auth::Secret>,
+    /// For a server with `[tls]`: every connection does its TLS handshake before the
+    /// clock starts, and its reading and writing threads share the session.
+    pub tls: Option<aker::client::ClientTls>,
     /// Closed loop: SEARCHes go out as SEARCH_BATCH frames (protocol version 4) of this
     /// many queries; `depth` then counts frames. `None`: one SEARCH per frame.
     pub batch: Option<usize>,
@@ -229,7 +234,9 @@ impl Shared {
 
 /// The sending half of one connection.
 struct SendConn {
-    stream: TcpStream,
+    stream: SplitWrite,
+    /// The socket, to shut down when a write fails.
+    closer: TcpStream,
     shared: Arc<ConnShared>,
     wbuf: Vec<u8>,
     next_id: u64,
@@ -304,7 +311,7 @@ impl SendConn {
             // Part of a frame may be on the wire: the connection is unusable. Shutting
             // it down wakes the receiver, which fails what is pending.
             self.shared.dead.store(true, Ordering::SeqCst);
-            let _ = self.stream.shutdown(Shutdown::Both);
+            let _ = self.closer.shutdown(Shutdown::Both);
         }
         self.wbuf.clear();
     }
@@ -552,14 +559,13 @@ fn set_fine_timer_slack() {
 
 /// The receiving half of one connection.
 fn receive(
-    mut stream: TcpStream,
+    mut stream: SplitRead,
+    closer: TcpStream,
     conn: Arc<ConnShared>,
     workload: Arc<Workload>,
     shared: Arc<Shared>,
     max_frame: usize,
 ) {
-    // The timeout only bounds how long a quiet connection takes to notice the end.
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(50)));
     let mut buf = vec![0u8; 64 * 1024];
     let (mut start, mut end) = (0usize, 0usize);
     loop {
@@ -614,12 +620,12 @@ fn receive(
                         // Connection-level (BUSY over max_connections, SHUTTING_DOWN):
                         // the server closes after it.
                         conn.fail_all(&format!("{} (connection)", frame.reply.status()));
-                        let _ = stream.shutdown(Shutdown::Both);
+                        let _ = closer.shutdown(Shutdown::Both);
                         return;
                     }
                     if !complete(&conn, &workload, frame.request_id, Ok(frame.reply), now) {
                         conn.fail_all("reply to a request not in flight");
-                        let _ = stream.shutdown(Shutdown::Both);
+                        let _ = closer.shutdown(Shutdown::Both);
                         return;
                     }
                 }
@@ -633,7 +639,7 @@ fn receive(
                     }
                     None => {
                         conn.fail_all("reply framing lost");
-                        let _ = stream.shutdown(Shutdown::Both);
+                        let _ = closer.shutdown(Shutdown::Both);
                         return;
                     }
                 },
@@ -818,36 +824,52 @@ pub fn run(
     })
 }
 
-fn connect_all(cfg: &EngineConfig, connections: usize) -> std::io::Result<Vec<TcpStream>> {
-    let mut streams = Vec::with_capacity(connections);
+fn connect_all(cfg: &EngineConfig, connections: usize) -> std::io::Result<Vec<Connected>> {
+    let mut conns = Vec::with_capacity(connections);
     for _ in 0..connections {
         let s = TcpStream::connect_timeout(&cfg.target, cfg.connect_timeout)?;
         s.set_nodelay(true)?;
-        let s = match &cfg.secret {
-            Some(secret) => authenticate(s, cfg, secret)?,
-            None => s,
+        let c = if cfg.secret.is_some() || cfg.tls.is_some() {
+            handshake(s, cfg)?
+        } else {
+            Connected {
+                read: SplitRead::Plain(s.try_clone()?),
+                write: SplitWrite::Plain(s.try_clone()?),
+                sock: s,
+            }
         };
-        s.set_write_timeout(Some(cfg.write_timeout.max(Duration::from_millis(1))))?;
-        streams.push(s);
+        c.sock
+            .set_write_timeout(Some(cfg.write_timeout.max(Duration::from_millis(1))))?;
+        conns.push(c);
     }
-    Ok(streams)
+    Ok(conns)
 }
 
-/// HELLO and AUTH on a fresh socket, which then carries the run's requests.
-fn authenticate(
-    s: TcpStream,
-    cfg: &EngineConfig,
-    secret: &aker::auth::Secret,
-) -> std::io::Result<TcpStream> {
+/// One connection, ready for its reading and its writing thread.
+struct Connected {
+    read: SplitRead,
+    write: SplitWrite,
+    /// The socket, for its timeouts and the shutdown that ends the run.
+    sock: TcpStream,
+}
+
+/// TLS (with `cfg.tls`) and HELLO + AUTH (with a secret) on a fresh socket, which then
+/// carries the run's requests.
+fn handshake(s: TcpStream, cfg: &EngineConfig) -> std::io::Result<Connected> {
     let opts = aker::client::ClientOptions {
+        connect_timeout: cfg.connect_timeout,
         io_timeout: Some(cfg.connect_timeout),
-        secret: Some(secret.clone()),
+        secret: cfg.secret.clone(),
+        tls: cfg.tls.clone(),
         ..Default::default()
     };
     let mut c = aker::client::Client::from_stream(s, opts).map_err(std::io::Error::other)?;
-    c.hello()
-        .map_err(|e| std::io::Error::other(format!("HELLO / AUTH: {e}")))?;
-    c.into_stream().map_err(std::io::Error::other)
+    if cfg.secret.is_some() {
+        c.hello()
+            .map_err(|e| std::io::Error::other(format!("HELLO / AUTH: {e}")))?;
+    }
+    let (read, write, sock) = c.into_split().map_err(std::io::Error::other)?;
+    Ok(Connected { read, write, sock })
 }
 
 /// One run's threads and what they share: a recorder and a wake-up per sender thread.
@@ -874,7 +896,7 @@ type SenderHandle = thread::JoinHandle<(StopReason, Instant)>;
 
 impl Load<'_> {
     /// Connection `i` goes to sender thread `i % threads`; each gets a receiver thread.
-    fn wire(&self, streams: Vec<TcpStream>) -> std::io::Result<Wired> {
+    fn wire(&self, streams: Vec<Connected>) -> std::io::Result<Wired> {
         let n = streams.len();
         let mut w = Wired {
             per_thread: (0..self.threads).map(|_| Vec::new()).collect(),
@@ -891,8 +913,16 @@ impl Load<'_> {
                 notify: self.notifies[t].clone(),
                 recorder: self.recorders[t].clone(),
             });
-            let read_half = stream.try_clone()?;
-            w.closers.push(stream.try_clone()?);
+            let Connected {
+                read: read_half,
+                write: stream,
+                sock,
+            } = stream;
+            // The timeout only bounds how long a quiet connection takes to notice the end.
+            sock.set_read_timeout(Some(Duration::from_millis(50)))?;
+            let closer = sock.try_clone()?;
+            let recv_closer = sock.try_clone()?;
+            w.closers.push(sock);
             let (c, wl, s, mf) = (
                 cs.clone(),
                 self.workload.clone(),
@@ -902,10 +932,11 @@ impl Load<'_> {
             w.receivers.push(
                 thread::Builder::new()
                     .name(format!("loadgen-recv-{i}"))
-                    .spawn(move || receive(read_half, c, wl, s, mf))?,
+                    .spawn(move || receive(read_half, recv_closer, c, wl, s, mf))?,
             );
             w.per_thread[t].push(SendConn {
                 stream,
+                closer,
                 shared: cs.clone(),
                 wbuf: Vec::new(),
                 next_id: 1,

@@ -55,6 +55,7 @@ fn config(addr: SocketAddr, mode: Mode) -> EngineConfig {
         spin: Duration::ZERO,
         seed: 3,
         secret: None,
+        tls: None,
         batch: None,
     }
 }

@@ -109,6 +109,7 @@ fn sigstop_stall_is_counted_from_the_intended_time() {
         spin: Duration::ZERO,
         seed: 1,
         secret: None,
+        tls: None,
         batch: None,
     };
 

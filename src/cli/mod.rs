@@ -86,14 +86,10 @@ fn tls_options(g: &Global) -> Result<Option<crate::client::ClientTls>> {
                 .to_string()
         }
     };
-    let tls = crate::client::ClientTls::with_ca_file(ca, &host).map_err(|e| msg(e.to_string()))?;
-    match (&g.tls_cert, &g.tls_key) {
-        (Some(cert), Some(key)) => tls
-            .identity(cert, key)
-            .map(Some)
-            .map_err(|e| msg(e.to_string())),
-        _ => Ok(Some(tls)),
-    }
+    let identity = g.tls_cert.as_deref().zip(g.tls_key.as_deref());
+    crate::client::ClientTls::from_files(ca, &host, identity)
+        .map(Some)
+        .map_err(|e| msg(e.to_string()))
 }
 
 #[derive(Subcommand, Debug)]

@@ -55,6 +55,13 @@ impl Client {
         self.conn.into_stream()
     }
 
+    /// A half to read replies with and a half to write requests with, for two threads
+    /// (plain or TLS alike), and a clone of the socket for its timeouts and shutdown;
+    /// only once nothing is buffered (after HELLO, say).
+    pub fn into_split(self) -> Result<(super::SplitRead, super::SplitWrite, std::net::TcpStream)> {
+        self.conn.into_split()
+    }
+
     pub fn peer_addr(&self) -> Result<SocketAddr> {
         self.conn.peer_addr()
     }

@@ -98,6 +98,20 @@ impl Conn {
         Ok(stream)
     }
 
+    /// A reading and a writing half, once nothing is buffered and the stream is sound
+    /// (`tls::split`); the socket's timeouts cleared.
+    pub(crate) fn into_split(self) -> Result<(super::SplitRead, super::SplitWrite, TcpStream)> {
+        if self.broken || self.start != self.end || !self.wbuf.is_empty() {
+            return Err(ClientError::Protocol(
+                "the connection has buffered bytes or is broken".into(),
+            ));
+        }
+        let (r, w, sock) = super::tls::split(self.stream)?;
+        sock.set_read_timeout(None)?;
+        sock.set_write_timeout(None)?;
+        Ok((r, w, sock))
+    }
+
     pub(crate) fn peer_addr(&self) -> Result<SocketAddr> {
         Ok(self.stream.tcp().peer_addr()?)
     }

@@ -59,7 +59,7 @@ mod tls;
 
 pub use blocking::{Client, Deleted};
 pub use pipeline::Pipeline;
-pub use tls::ClientTls;
+pub use tls::{ClientTls, SplitRead, SplitWrite, TlsReadHalf, TlsWriteHalf};
 
 use std::time::Duration;
 

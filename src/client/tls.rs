@@ -59,6 +59,19 @@ impl ClientTls {
         ClientTls::with_roots(roots, server_name)
     }
 
+    /// What the tools' flags give (`--tls-ca`, a server name, `--tls-cert` / `--tls-key`).
+    pub fn from_files(
+        ca_file: &Path,
+        server_name: &str,
+        identity: Option<(&Path, &Path)>,
+    ) -> Result<ClientTls> {
+        let tls = ClientTls::with_ca_file(ca_file, server_name)?;
+        match identity {
+            Some((cert, key)) => tls.identity(cert, key),
+            None => Ok(tls),
+        }
+    }
+
     /// Trusts `roots`.
     pub fn with_roots(roots: RootCertStore, server_name: &str) -> Result<ClientTls> {
         let server_name = ServerName::try_from(server_name.to_string()).map_err(tls_err)?;
@@ -211,6 +224,146 @@ impl Write for Stream {
         match self {
             Stream::Plain(s) => s.flush(),
             Stream::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// A connection split for a thread that reads and a thread that writes (the load
+/// generator's shape), each on its own clone of the socket ([`super::Client::into_split`]).
+/// With TLS both halves share the one session behind a mutex; socket reads happen outside
+/// it, and only the writing half ever writes the socket (what the reading half's records
+/// produce to send waits for the next write), so neither half blocks on the socket while
+/// holding the session.
+pub enum SplitRead {
+    Plain(TcpStream),
+    Tls(TlsReadHalf),
+}
+
+/// The writing half (see [`SplitRead`]).
+pub enum SplitWrite {
+    Plain(TcpStream),
+    Tls(TlsWriteHalf),
+}
+
+type SharedSession = Arc<std::sync::Mutex<ClientConnection>>;
+
+fn session(s: &SharedSession) -> std::sync::MutexGuard<'_, ClientConnection> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub struct TlsReadHalf {
+    tcp: TcpStream,
+    session: SharedSession,
+    raw: Vec<u8>,
+}
+
+pub struct TlsWriteHalf {
+    tcp: TcpStream,
+    session: SharedSession,
+    out: Vec<u8>,
+}
+
+/// Splits a connected stream (nothing buffered in the client): the halves and a clone of
+/// the socket for timeouts and shutdown.
+pub(crate) fn split(stream: Stream) -> io::Result<(SplitRead, SplitWrite, TcpStream)> {
+    match stream {
+        Stream::Plain(s) => Ok((
+            SplitRead::Plain(s.try_clone()?),
+            SplitWrite::Plain(s.try_clone()?),
+            s,
+        )),
+        Stream::Tls(owned) => {
+            let StreamOwned { mut conn, sock } = *owned;
+            // The writing half drains every record it makes at once: no limit needed,
+            // and a full buffer would turn a large write into a partial one.
+            conn.set_buffer_limit(None);
+            let shared = Arc::new(std::sync::Mutex::new(conn));
+            Ok((
+                SplitRead::Tls(TlsReadHalf {
+                    tcp: sock.try_clone()?,
+                    session: shared.clone(),
+                    raw: vec![0; 16 * 1024],
+                }),
+                SplitWrite::Tls(TlsWriteHalf {
+                    tcp: sock.try_clone()?,
+                    session: shared,
+                    out: Vec::new(),
+                }),
+                sock,
+            ))
+        }
+    }
+}
+
+impl Read for TlsReadHalf {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        // Bounded: each pass returns, or takes bytes off the socket (whose read timeout
+        // and end of stream end the wait).
+        loop {
+            match session(&self.session).reader().read(buf) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
+                Err(e) => return Err(e),
+            }
+            let n = self.tcp.read(&mut self.raw)?;
+            if n == 0 {
+                return Ok(0);
+            }
+            let mut s = session(&self.session);
+            let mut chunk = &self.raw[..n];
+            while !chunk.is_empty() {
+                if s.read_tls(&mut chunk)? == 0 {
+                    return Err(io::Error::other("TLS session took no more bytes"));
+                }
+                s.process_new_packets()
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            }
+        }
+    }
+}
+
+impl Write for TlsWriteHalf {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.out.clear();
+        {
+            let mut s = session(&self.session);
+            s.writer().write_all(buf)?;
+            while s.wants_write() {
+                s.write_tls(&mut self.out)?;
+            }
+        }
+        // Outside the session: the reading half is never held up by a full socket.
+        self.tcp.write_all(&self.out)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Read for SplitRead {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            SplitRead::Plain(s) => s.read(buf),
+            SplitRead::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl Write for SplitWrite {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            SplitWrite::Plain(s) => s.write(buf),
+            SplitWrite::Tls(t) => t.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            SplitWrite::Plain(s) => s.flush(),
+            SplitWrite::Tls(t) => t.flush(),
         }
     }
 }

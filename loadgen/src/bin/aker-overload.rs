@@ -127,6 +127,7 @@ fn run(cli: &Cli) -> Result<bool, String> {
         io_timeout: cli.io_timeout,
         seed: cli.seed,
         secret: cli.daemon.secret()?,
+        tls: cli.daemon.tls(cli.target)?,
     };
     let r = overload::run(&cfg, &daemon, rows.data, rows.dim, &|l| println!("{l}"))?;
     let stopped = daemon.stop()?;

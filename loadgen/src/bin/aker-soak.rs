@@ -116,6 +116,7 @@ fn run(cli: &Cli) -> Result<bool, String> {
         id_base: cli.id_base,
         seed: cli.seed,
         secret: cli.daemon.secret()?,
+        tls: cli.daemon.tls(cli.target)?,
     };
     println!(
         "soak {:?}: {} clients x {} ops/s, mix search/insert/delete {:?}, FLUSH every {:?}, akerd pid {}",
