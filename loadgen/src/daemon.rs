@@ -67,9 +67,12 @@ impl Daemon {
             // Answering HELLO is ready (asking for AUTH too: the tool brings a secret; a
             // TLS port's plaintext refusal too: the tool brings its TLS).
             match connect(target, Duration::from_secs(2), None, None) {
-                Ok(_) | Err(ClientError::AuthRequired) | Err(ClientError::Server { .. }) => {
-                    return Ok(d)
-                }
+                Ok(_) | Err(ClientError::AuthRequired) => return Ok(d),
+                Err(ClientError::Server {
+                    request_id: 0,
+                    status: aker::protocol::Status::BadRequest,
+                    message,
+                }) if message.contains("requires TLS") => return Ok(d),
                 Err(_) => {}
             }
             if Instant::now() >= deadline {

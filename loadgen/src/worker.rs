@@ -235,8 +235,6 @@ impl Shared {
 /// The sending half of one connection.
 struct SendConn {
     stream: SplitWrite,
-    /// The socket, to shut down when a write fails.
-    closer: TcpStream,
     shared: Arc<ConnShared>,
     wbuf: Vec<u8>,
     next_id: u64,
@@ -311,7 +309,7 @@ impl SendConn {
             // Part of a frame may be on the wire: the connection is unusable. Shutting
             // it down wakes the receiver, which fails what is pending.
             self.shared.dead.store(true, Ordering::SeqCst);
-            let _ = self.closer.shutdown(Shutdown::Both);
+            let _ = self.stream.shutdown();
         }
         self.wbuf.clear();
     }
@@ -560,7 +558,6 @@ fn set_fine_timer_slack() {
 /// The receiving half of one connection.
 fn receive(
     mut stream: SplitRead,
-    closer: TcpStream,
     conn: Arc<ConnShared>,
     workload: Arc<Workload>,
     shared: Arc<Shared>,
@@ -620,12 +617,12 @@ fn receive(
                         // Connection-level (BUSY over max_connections, SHUTTING_DOWN):
                         // the server closes after it.
                         conn.fail_all(&format!("{} (connection)", frame.reply.status()));
-                        let _ = closer.shutdown(Shutdown::Both);
+                        let _ = stream.shutdown();
                         return;
                     }
                     if !complete(&conn, &workload, frame.request_id, Ok(frame.reply), now) {
                         conn.fail_all("reply to a request not in flight");
-                        let _ = closer.shutdown(Shutdown::Both);
+                        let _ = stream.shutdown();
                         return;
                     }
                 }
@@ -639,7 +636,7 @@ fn receive(
                     }
                     None => {
                         conn.fail_all("reply framing lost");
-                        let _ = closer.shutdown(Shutdown::Both);
+                        let _ = stream.shutdown();
                         return;
                     }
                 },
@@ -920,8 +917,6 @@ impl Load<'_> {
             } = stream;
             // The timeout only bounds how long a quiet connection takes to notice the end.
             sock.set_read_timeout(Some(Duration::from_millis(50)))?;
-            let closer = sock.try_clone()?;
-            let recv_closer = sock.try_clone()?;
             w.closers.push(sock);
             let (c, wl, s, mf) = (
                 cs.clone(),
@@ -932,11 +927,10 @@ impl Load<'_> {
             w.receivers.push(
                 thread::Builder::new()
                     .name(format!("loadgen-recv-{i}"))
-                    .spawn(move || receive(read_half, recv_closer, c, wl, s, mf))?,
+                    .spawn(move || receive(read_half, c, wl, s, mf))?,
             );
             w.per_thread[t].push(SendConn {
                 stream,
-                closer,
                 shared: cs.clone(),
                 wbuf: Vec::new(),
                 next_id: 1,

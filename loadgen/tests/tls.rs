@@ -55,8 +55,14 @@ fn the_load_generator_runs_over_tls() {
     assert!(!out.status.success(), "{out:?}");
     assert!(stderr.contains("requires TLS"), "{stderr}");
 
-    // Open loop, then closed loop with 16 in flight per connection through one session.
-    for mode in [&["--rate", "500"][..], &["--closed", "--depth", "16"][..]] {
+    // Open loop, closed loop with 16 in flight per connection through one session, and
+    // batches (many replies per server write: records of up to 16 KiB, more than
+    // rustls holds unread at once).
+    for mode in [
+        &["--rate", "500"][..],
+        &["--closed", "--depth", "16"][..],
+        &["--closed", "--depth", "32", "--batch", "64"][..],
+    ] {
         let out = run(true, mode);
         assert!(out.status.success(), "{mode:?}: {out:?}");
         let doc: serde_json::Value =

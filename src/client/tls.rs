@@ -254,13 +254,19 @@ fn session(s: &SharedSession) -> std::sync::MutexGuard<'_, ClientConnection> {
 pub struct TlsReadHalf {
     tcp: TcpStream,
     session: SharedSession,
+    /// Bytes read off the socket; `raw[pos..len]` not yet taken by the session.
     raw: Vec<u8>,
+    pos: usize,
+    len: usize,
 }
 
 pub struct TlsWriteHalf {
     tcp: TcpStream,
     session: SharedSession,
     out: Vec<u8>,
+    /// A write failed part way: the session is ahead of the socket, so every later
+    /// write fails too.
+    poisoned: bool,
 }
 
 /// Splits a connected stream (nothing buffered in the client): the halves and a clone of
@@ -283,11 +289,14 @@ pub(crate) fn split(stream: Stream) -> io::Result<(SplitRead, SplitWrite, TcpStr
                     tcp: sock.try_clone()?,
                     session: shared.clone(),
                     raw: vec![0; 16 * 1024],
+                    pos: 0,
+                    len: 0,
                 }),
                 SplitWrite::Tls(TlsWriteHalf {
                     tcp: sock.try_clone()?,
                     session: shared,
                     out: Vec::new(),
+                    poisoned: false,
                 }),
                 sock,
             ))
@@ -297,8 +306,9 @@ pub(crate) fn split(stream: Stream) -> io::Result<(SplitRead, SplitWrite, TcpStr
 
 impl Read for TlsReadHalf {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        // Bounded: each pass returns, or takes bytes off the socket (whose read timeout
-        // and end of stream end the wait).
+        // Bounded: each pass returns plaintext, feeds the session bytes it has not
+        // taken yet, or reads the socket (whose read timeout and end of stream end the
+        // wait).
         loop {
             match session(&self.session).reader().read(buf) {
                 Ok(n) => return Ok(n),
@@ -306,25 +316,38 @@ impl Read for TlsReadHalf {
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
                 Err(e) => return Err(e),
             }
+            if self.pos < self.len {
+                // Only with no plaintext waiting: rustls refuses more bytes once 16 KiB
+                // of plaintext are unread, so what it does not take stays here.
+                let mut s = session(&self.session);
+                let mut chunk = &self.raw[self.pos..self.len];
+                let before = chunk.len();
+                match s.read_tls(&mut chunk)? {
+                    // close_notify came: nothing after it counts.
+                    0 => self.pos = self.len,
+                    _ => self.pos += before - chunk.len(),
+                }
+                s.process_new_packets()
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                continue;
+            }
             let n = self.tcp.read(&mut self.raw)?;
             if n == 0 {
                 return Ok(0);
             }
-            let mut s = session(&self.session);
-            let mut chunk = &self.raw[..n];
-            while !chunk.is_empty() {
-                if s.read_tls(&mut chunk)? == 0 {
-                    return Err(io::Error::other("TLS session took no more bytes"));
-                }
-                s.process_new_packets()
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-            }
+            (self.pos, self.len) = (0, n);
         }
     }
 }
 
 impl Write for TlsWriteHalf {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.poisoned {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "an earlier write failed part way: the TLS session is unusable",
+            ));
+        }
         self.out.clear();
         {
             let mut s = session(&self.session);
@@ -334,12 +357,37 @@ impl Write for TlsWriteHalf {
             }
         }
         // Outside the session: the reading half is never held up by a full socket.
-        self.tcp.write_all(&self.out)?;
+        // (Records the reading half's processing produced, an alert say, go out here
+        // too, in order: they were queued under the same lock.)
+        if let Err(e) = self.tcp.write_all(&self.out) {
+            self.poisoned = true;
+            return Err(e);
+        }
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+impl SplitRead {
+    /// Shuts the socket down both ways (wakes a blocked reader or writer).
+    pub fn shutdown(&self) -> io::Result<()> {
+        match self {
+            SplitRead::Plain(s) => s.shutdown(std::net::Shutdown::Both),
+            SplitRead::Tls(t) => t.tcp.shutdown(std::net::Shutdown::Both),
+        }
+    }
+}
+
+impl SplitWrite {
+    /// Shuts the socket down both ways (wakes a blocked reader or writer).
+    pub fn shutdown(&self) -> io::Result<()> {
+        match self {
+            SplitWrite::Plain(s) => s.shutdown(std::net::Shutdown::Both),
+            SplitWrite::Tls(t) => t.tcp.shutdown(std::net::Shutdown::Both),
+        }
     }
 }
 
