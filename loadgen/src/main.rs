@@ -339,17 +339,11 @@ fn tls_options(cli: &Cli) -> Res<Option<aker::client::ClientTls>> {
         return Ok(None);
     };
     let host = match &cli.tls_server_name {
-        Some(n) => n.clone(),
-        None => {
-            let h = cli
-                .target
-                .rsplit_once(':')
-                .map_or(cli.target.as_str(), |(h, _)| h);
-            h.trim_start_matches('[').trim_end_matches(']').to_string()
-        }
+        Some(n) => n.as_str(),
+        None => aker::client::ClientTls::host_of(&cli.target),
     };
     let identity = cli.tls_cert.as_deref().zip(cli.tls_key.as_deref());
-    aker::client::ClientTls::from_files(ca, &host, identity)
+    aker::client::ClientTls::from_files(ca, host, identity)
         .map(Some)
         .map_err(|e| e.to_string())
 }

@@ -85,6 +85,18 @@ pub struct OverloadConfig {
     pub tls: Option<aker::client::ClientTls>,
 }
 
+impl OverloadConfig {
+    /// A connection to the target that has said HELLO, with the run's secret and TLS.
+    pub fn connect(&self) -> aker::client::Result<aker::client::Client> {
+        daemon::connect(
+            self.target,
+            self.io_timeout,
+            self.secret.as_ref(),
+            self.tls.as_ref(),
+        )
+    }
+}
+
 /// One phase's numbers from the load generator.
 #[derive(Clone, Debug, Serialize)]
 pub struct PhaseReport {
@@ -326,13 +338,7 @@ fn run_engine(
 
 /// Searches every hit query until each answers EXACT.
 fn cache_hit_set(cfg: &OverloadConfig, v: &Vectors) -> Result<(), String> {
-    let mut c = daemon::connect(
-        cfg.target,
-        cfg.io_timeout,
-        cfg.secret.as_ref(),
-        cfg.tls.as_ref(),
-    )
-    .map_err(|e| e.to_string())?;
+    let mut c = cfg.connect().map_err(|e| e.to_string())?;
     for round in 0..SETUP_ROUNDS_MAX {
         let mut exact = 0;
         for q in v.hits.chunks_exact(v.dim) {
@@ -469,12 +475,7 @@ fn overload_phase(
 ) -> Result<Overloaded, String> {
     let mut idle: Vec<Client> = Vec::with_capacity(cfg.idle_connections);
     for _ in 0..cfg.idle_connections {
-        match daemon::connect(
-            cfg.target,
-            cfg.io_timeout,
-            cfg.secret.as_ref(),
-            cfg.tls.as_ref(),
-        ) {
+        match cfg.connect() {
             Ok(c) => idle.push(c),
             Err(_) => break, // at the server's limit: what it holds is what counts
         }
@@ -515,28 +516,14 @@ fn overload_phase(
 
 /// A fresh miss every 20 ms until one is answered; seconds it took.
 fn recovery(cfg: &OverloadConfig, v: &mut Vectors, from: Instant) -> Result<f64, String> {
-    let mut c = daemon::connect(
-        cfg.target,
-        cfg.io_timeout,
-        cfg.secret.as_ref(),
-        cfg.tls.as_ref(),
-    )
-    .map_err(|e| e.to_string())?;
+    let mut c = cfg.connect().map_err(|e| e.to_string())?;
     while from.elapsed() < RECOVERY_MAX {
         let q = v.fresh(cfg.miss_spread);
         match c.search_with(SearchRequest::new(cfg.k, q)) {
             Ok(r) if r.hit == HitKind::Miss => return Ok(from.elapsed().as_secs_f64()),
             Ok(_) => {}
             Err(_) if !c.is_broken() => {}
-            Err(_) => {
-                c = daemon::connect(
-                    cfg.target,
-                    cfg.io_timeout,
-                    cfg.secret.as_ref(),
-                    cfg.tls.as_ref(),
-                )
-                .map_err(|e| e.to_string())?
-            }
+            Err(_) => c = cfg.connect().map_err(|e| e.to_string())?,
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -554,13 +541,7 @@ pub fn run(
     dim: usize,
     on_line: &(dyn Fn(&str) + Sync),
 ) -> Result<OverloadReport, String> {
-    let mut hello = daemon::connect(
-        cfg.target,
-        cfg.io_timeout,
-        cfg.secret.as_ref(),
-        cfg.tls.as_ref(),
-    )
-    .map_err(|e| e.to_string())?;
+    let mut hello = cfg.connect().map_err(|e| e.to_string())?;
     let info = hello.server_info().cloned().ok_or("no HELLO reply")?;
     if info.dim as usize != dim {
         return Err(format!("the data has dimension {dim}, akerd {}", info.dim));

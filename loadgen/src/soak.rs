@@ -74,6 +74,18 @@ pub struct SoakConfig {
     pub tls: Option<aker::client::ClientTls>,
 }
 
+impl SoakConfig {
+    /// A connection to the target that has said HELLO, with the run's secret and TLS.
+    pub fn connect(&self) -> aker::client::Result<aker::client::Client> {
+        daemon::connect(
+            self.target,
+            self.io_timeout,
+            self.secret.as_ref(),
+            self.tls.as_ref(),
+        )
+    }
+}
+
 /// A reply that carried an id after its delete was acknowledged.
 #[derive(Clone, Debug, Serialize)]
 pub struct Violation {
@@ -364,13 +376,7 @@ pub fn run(
     let mut totals = Window::default();
     let end = shared.t0 + shared.cfg.duration;
     let mut next = shared.t0 + shared.cfg.sample_every;
-    let mut stats_client = daemon::connect(
-        shared.cfg.target,
-        shared.cfg.io_timeout,
-        shared.cfg.secret.as_ref(),
-        shared.cfg.tls.as_ref(),
-    )
-    .ok();
+    let mut stats_client = shared.cfg.connect().ok();
     while next <= end {
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
         if let Some(status) = daemon.exited() {
@@ -469,17 +475,9 @@ fn sample(
         .and_then(|t| daemon::stat(&t, "server_connections_current"));
     if connections.is_none() {
         // Reconnect for the next sample.
-        *stats_client = daemon::connect(
-            shared.cfg.target,
-            shared.cfg.io_timeout,
-            shared.cfg.secret.as_ref(),
-            shared.cfg.tls.as_ref(),
-        )
-        .ok();
+        *stats_client = shared.cfg.connect().ok();
     }
     let ops = w.searches + w.inserts + w.deletes + w.deletes_absent + w.flushes;
-    let (target, timeout) = (shared.cfg.target, shared.cfg.io_timeout);
-    let secret = shared.cfg.secret.as_ref();
     Sample {
         t_s: shared.t0.elapsed().as_secs_f64(),
         rss_mib: daemon.rss_bytes().map(|b| b as f64 / (1u64 << 20) as f64),
@@ -502,9 +500,7 @@ fn sample(
         write_p99_ms: ms(&w.write_us, 0.99),
         violations_total: shared.checker.violations(),
         connections,
-        fresh_connection_ok: daemon::connect(target, timeout, secret, shared.cfg.tls.as_ref())
-            .and_then(|mut c| c.ping())
-            .is_ok(),
+        fresh_connection_ok: shared.cfg.connect().and_then(|mut c| c.ping()).is_ok(),
     }
 }
 
@@ -547,12 +543,7 @@ fn client_loop(shared: &Shared, index: usize) -> Vec<(u64, Vec<f32>)> {
         std::thread::sleep(due.saturating_duration_since(Instant::now()));
         due = (due + spacing).max(Instant::now() - spacing * 4);
         if st.conn.is_none() {
-            match daemon::connect(
-                cfg.target,
-                cfg.io_timeout,
-                cfg.secret.as_ref(),
-                cfg.tls.as_ref(),
-            ) {
+            match cfg.connect() {
                 Ok(c) => st.conn = Some(c),
                 Err(e) => {
                     note_error(shared, &e);
@@ -754,13 +745,10 @@ fn check_live_inserts(
     shared: &Shared,
     live: &[Vec<(u64, Vec<f32>)>],
 ) -> Result<(usize, Vec<u64>), String> {
-    let mut conn = daemon::connect(
-        shared.cfg.target,
-        shared.cfg.io_timeout,
-        shared.cfg.secret.as_ref(),
-        shared.cfg.tls.as_ref(),
-    )
-    .map_err(|e| format!("the final check cannot connect: {e}"))?;
+    let mut conn = shared
+        .cfg
+        .connect()
+        .map_err(|e| format!("the final check cannot connect: {e}"))?;
     let mut checked = 0;
     let mut missing = Vec::new();
     for list in live {

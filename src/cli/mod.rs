@@ -74,20 +74,11 @@ fn tls_options(g: &Global) -> Result<Option<crate::client::ClientTls>> {
         return Ok(None);
     };
     let host = match &g.tls_server_name {
-        Some(n) => n.clone(),
-        None => {
-            // The host of HOST:PORT, brackets of an IPv6 literal dropped.
-            let host = g
-                .target
-                .rsplit_once(':')
-                .map_or(g.target.as_str(), |(h, _)| h);
-            host.trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_string()
-        }
+        Some(n) => n.as_str(),
+        None => crate::client::ClientTls::host_of(&g.target),
     };
     let identity = g.tls_cert.as_deref().zip(g.tls_key.as_deref());
-    crate::client::ClientTls::from_files(ca, &host, identity)
+    crate::client::ClientTls::from_files(ca, host, identity)
         .map(Some)
         .map_err(|e| msg(e.to_string()))
 }

@@ -59,6 +59,13 @@ impl ClientTls {
         ClientTls::with_roots(roots, server_name)
     }
 
+    /// The host part of a `HOST:PORT` target (an IPv6 literal's brackets dropped): the
+    /// name the tools check the certificate against when none is given.
+    pub fn host_of(target: &str) -> &str {
+        let host = target.rsplit_once(':').map_or(target, |(h, _)| h);
+        host.trim_start_matches('[').trim_end_matches(']')
+    }
+
     /// What the tools' flags give (`--tls-ca`, a server name, `--tls-cert` / `--tls-key`).
     pub fn from_files(
         ca_file: &Path,
@@ -143,10 +150,8 @@ fn build(
     roots: &Arc<RootCertStore>,
     identity: Option<&Arc<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>>,
 ) -> Result<Arc<ClientConfig>> {
-    #[allow(deprecated)] // ring: no post-quantum key exchange (the server's the same)
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+    let builder = ClientConfig::builder_with_provider(crate::server::tls::provider())
+        .with_protocol_versions(crate::server::tls::VERSIONS)
         .map_err(tls_err)?
         .with_root_certificates(roots.clone());
     let config = match identity {

@@ -61,11 +61,16 @@ impl std::fmt::Debug for TlsAcceptor {
 }
 
 /// rustls with its `ring` provider (aws-lc-rs needs cmake and builds slowly): its
-/// classical key exchanges (X25519, P-256, P-384), no post-quantum hybrid.
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+/// classical key exchanges (X25519, P-256, P-384), no post-quantum hybrid. Every TLS
+/// akerd speaks uses it: the client port, the clients, PostgreSQL.
+pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     #[allow(deprecated)] // the note says: no post-quantum key exchange with ring
     Arc::new(rustls::crypto::ring::default_provider())
 }
+
+/// TLS 1.3 and 1.2, everywhere akerd speaks TLS.
+pub(crate) const VERSIONS: &[&rustls::SupportedProtocolVersion] =
+    &[&rustls::version::TLS13, &rustls::version::TLS12];
 
 fn read_err(path: &Path, what: &str, e: impl std::fmt::Display) -> String {
     format!("{what} {}: {e}", path.display())
@@ -105,7 +110,7 @@ impl TlsFiles {
         let certs = load_certs(&self.cert_file)?;
         let key = load_key(&self.key_file)?;
         let builder = ServerConfig::builder_with_provider(provider())
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .with_protocol_versions(VERSIONS)
             .map_err(|e| format!("TLS versions: {e}"))?;
         let builder = match &self.client_ca_file {
             None => builder.with_no_client_auth(),

@@ -148,21 +148,21 @@ pub(crate) struct PgConnect {
 
 /// Opens a connection, its driver spawned on the current runtime.
 async fn open(conn: &PgConnect) -> Result<Client, tokio_postgres::Error> {
-    // Ends when the connection is lost or the client dropped; the client sees it.
-    match &conn.tls {
-        None => {
-            let (client, connection) = conn.config.connect(NoTls).await?;
-            tokio::spawn(async move {
-                let _ = connection.await;
-            });
-            Ok(client)
-        }
-        Some(t) => {
-            let (client, connection) = conn.config.connect(t.clone()).await?;
-            tokio::spawn(async move {
-                let _ = connection.await;
-            });
-            Ok(client)
-        }
-    }
+    Ok(match &conn.tls {
+        None => drive(conn.config.connect(NoTls).await?),
+        Some(t) => drive(conn.config.connect(t.clone()).await?),
+    })
+}
+
+/// Spawns a connection's driver: it ends when the connection is lost or the client
+/// dropped, and the client sees it.
+fn drive<S, T>((client, connection): (Client, tokio_postgres::Connection<S, T>)) -> Client
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
 }

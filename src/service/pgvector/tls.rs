@@ -23,6 +23,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::server::tls::provider;
+
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
@@ -149,11 +151,6 @@ fn percent_decode(v: &str) -> Result<String, String> {
     String::from_utf8(out).map_err(|_| format!("{v:?} is not UTF-8 once unescaped"))
 }
 
-#[allow(deprecated)] // ring: no post-quantum key exchange (as the client port)
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
 /// The connector for `mode` (`None`: disable). `verify-*` needs `root_cert` (libpq's
 /// default, `~/.postgresql/root.crt`, is used when it exists).
 pub(crate) fn connector(mode: SslMode, root_cert: Option<&Path>) -> Result<Option<PgTls>, String> {
@@ -180,7 +177,7 @@ pub(crate) fn connector(mode: SslMode, root_cert: Option<&Path>) -> Result<Optio
         }
     };
     let config = ClientConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .with_protocol_versions(crate::server::tls::VERSIONS)
         .map_err(|e| e.to_string())?
         .dangerous()
         .with_custom_certificate_verifier(verifier)
