@@ -11,6 +11,11 @@
 #       so a test binary that dies never leaves a server behind.
 #       Extra server settings: PG_SETTINGS="-c fsync=off -c shared_buffers=16MB".
 #       PG_CPUS="0": pin the server (taskset -c) to those cores.
+#   ops/pg.sh standby PRIMARY_DATADIR PRIMARY_PORT DATADIR PORT [WATCH_PID]
+#       a streaming replica (hot standby) of the server at PRIMARY_DATADIR, if DATADIR is
+#       new: pg_basebackup -R over the primary's socket (trust, as "aker") with a
+#       physical slot of its own (aker_standby_PORT), the primary's password file
+#       copied (same roles); then started like `start` on 127.0.0.1:PORT.
 #   ops/pg.sh stop DATADIR                 # fast shutdown (immediate with MODE=immediate)
 #   ops/pg.sh psql DATADIR PORT [ARGS...]  # psql as "aker" on that server
 #
@@ -102,6 +107,16 @@ start() {
         [[ $(id -u) -eq 0 ]] && chown root "$pwfile"
         chmod 600 "$pwfile"
     fi
+    serve "$bin" "$data" "$port"
+    PGOPTIONS="-c client_min_messages=warning" as_pg "$bin/psql" -h "$data" -p "$port" -U aker -d postgres -qAt \
+        -c "CREATE EXTENSION IF NOT EXISTS vector" >/dev/null
+    watch_for "$bin" "$data" "$watch"
+    echo "postgresql://aker@127.0.0.1:$port/postgres"
+}
+
+# Starts the server of DATA on 127.0.0.1:PORT and waits until it accepts connections.
+serve() {
+    local bin="$1" data="$2" port="$3"
     # The socket lives in the data directory: /run/postgresql may not exist or be ours.
     local pin=()
     [[ -n "${PG_CPUS:-}" ]] && pin=(taskset -c "$PG_CPUS")
@@ -109,14 +124,53 @@ start() {
     as_pg "${pin[@]}" "$bin/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 start -o \
         "-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories=$data ${PG_SETTINGS:-}" \
         >/dev/null || { tail -n 20 "$data/server.log" >&2; die "server did not start"; }
-    PGOPTIONS="-c client_min_messages=warning" as_pg "$bin/psql" -h "$data" -p "$port" -U aker -d postgres -qAt \
-        -c "CREATE EXTENSION IF NOT EXISTS vector" >/dev/null
+}
+
+# WATCH_PID given: a watcher stops the server of DATA once that process has exited.
+watch_for() {
+    local bin="$1" data="$2" watch="$3"
     if [[ -n "$watch" ]]; then
         # Detached from our caller's process group and output, so it outlives this script.
         setsid bash -c "while kill -0 $watch 2>/dev/null; do sleep 1; done; \
             $(declare -f as_pg); pg_user=$pg_user; \
             as_pg '$bin/pg_ctl' -D '$data' -m immediate stop" </dev/null >/dev/null 2>&1 &
     fi
+}
+
+# A new data directory the server's user owns, every folder above it traversable.
+own_dir() {
+    local data="$1"
+    mkdir -p "$data"
+    if [[ $(id -u) -eq 0 ]]; then
+        chown "$pg_user" "$data"
+        local d="$data"
+        while d="$(dirname "$d")" && [[ "$d" != / ]]; do chmod o+x "$d" 2>/dev/null || true; done
+    fi
+    chmod 700 "$data"
+}
+
+standby() {
+    local primary="$1" pport="$2" data="$3" port="$4" watch="${5:-}"
+    [[ -n "$primary" && -n "$pport" && -n "$data" && -n "$port" ]] \
+        || die "usage: pg.sh standby PRIMARY_DATADIR PRIMARY_PORT DATADIR PORT [WATCH_PID]"
+    local bin
+    bin="$(install)"
+    ensure_user
+    primary="$(realpath -m "$primary")"
+    data="$(realpath -m "$data")"
+    if [[ ! -s "$data/PG_VERSION" ]]; then
+        own_dir "$data"
+        # -R: standby.signal and primary_conninfo (the primary's socket); -C -S: a
+        # physical slot, so the primary keeps the WAL a paused or slow standby needs.
+        # (Its warnings about the primary's socket in the data directory are noise.)
+        local out
+        out="$(as_pg "$bin/pg_basebackup" -h "$primary" -p "$pport" -U aker -D "$data" \
+            -R -X stream -C -S "aker_standby_$port" --checkpoint=fast 2>&1)" \
+            || { echo "$out" >&2; die "pg_basebackup from $primary failed"; }
+        cp -p "$primary.password" "$data.password"
+    fi
+    serve "$bin" "$data" "$port"
+    watch_for "$bin" "$data" "$watch"
     echo "postgresql://aker@127.0.0.1:$port/postgres"
 }
 
@@ -134,9 +188,10 @@ shift || true
 case "$cmd" in
     install) install ;;
     start) start "$@" ;;
+    standby) standby "$@" ;;
     stop) stop "$@" ;;
     psql)
         data="$(realpath -m "$1")"; port="$2"; shift 2
         as_pg "$(bindir)/psql" -h "$data" -p "$port" -U aker -d postgres "$@" ;;
-    *) die "usage: pg.sh install | start DATADIR PORT [WATCH_PID] | stop DATADIR | psql DATADIR PORT [ARGS]" ;;
+    *) die "usage: pg.sh install | start DATADIR PORT [WATCH_PID] | standby PRIMARY_DATADIR PRIMARY_PORT DATADIR PORT [WATCH_PID] | stop DATADIR | psql DATADIR PORT [ARGS]" ;;
 esac

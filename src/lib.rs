@@ -11,6 +11,8 @@
 //! - [`auth`]: the shared secret and the challenge-response of protocol version 3.
 //! - [`config`]: the daemon's TOML file; [`demo`]: `akerd --demo`.
 //! - [`cli`]: `aker-cli`, the operator's command line (ping, stats, search, flush, watch).
+//! - [`cluster`]: a tier of nodes coordinated through PostgreSQL: who owns which
+//!   centroid (what [`client::Cluster`] routes by) and the node's side of it.
 //!
 //! That is the API. The rest is `pub(crate)`: `durable` (the embedded store's log,
 //! checkpoints and the cache snapshot), `metrics` (histograms, STATS and Prometheus), the
@@ -24,6 +26,7 @@
 pub mod auth;
 pub mod cli;
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod demo;
 mod durable;

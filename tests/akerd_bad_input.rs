@@ -184,8 +184,8 @@ fn rows() -> Vec<Row> {
             true,
         ),
         row(
-            "version 6",
-            frame(6, 0x02, 0, 0, 7, &ping),
+            "version 7",
+            frame(7, 0x02, 0, 0, 7, &ping),
             BadVersion,
             7,
             true,

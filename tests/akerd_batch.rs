@@ -46,7 +46,7 @@ fn a_batch_answers_each_query_as_its_search_would() {
     let ds = dataset();
     let d = Daemon::start_plan(&config(), StartPlan::with_data(ds.clone())).unwrap();
     let mut c = client(d.local_addr());
-    assert_eq!(c.version(), 5);
+    assert_eq!(c.version(), aker::protocol::VERSION);
     assert_eq!(c.server_info().unwrap().max_batch, Some(64));
     let qs = queries(&ds, 40, 0.01);
     let first = c.search_batch(K, &qs).unwrap();

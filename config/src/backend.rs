@@ -123,6 +123,11 @@ pub struct PgvectorSection {
     /// Unset: hits are served however far behind. While the database cannot be reached,
     /// hits are served whatever this says (docs/PGVECTOR.md).
     pub max_staleness_ms: Option<u64>,
+    /// Streaming read replicas of the primary in `url` (same password source and
+    /// `sslmode` handling): a miss may be answered by one that has replayed at least
+    /// what the cache has applied from the change stream (docs/PGVECTOR.md, "Read
+    /// replicas"). Writes, the change stream and in-doubt checks use `url` only.
+    pub replica_urls: Vec<String>,
 }
 
 impl Default for PgvectorSection {
@@ -146,6 +151,7 @@ impl Default for PgvectorSection {
             changes_poll_ms: 10,
             instance: None,
             max_staleness_ms: None,
+            replica_urls: Vec::new(),
         }
     }
 }
@@ -274,6 +280,35 @@ impl PgvectorSection {
         if let Some(name) = &self.instance {
             if let Err(why) = check_instance_name(name) {
                 return bad("instance", why);
+            }
+        }
+        self.validate_replicas()
+    }
+
+    /// `replica_urls`: each like `url` (no password in it), none the primary's own, and
+    /// a change stream to hold them to (a replica may answer only once it has replayed
+    /// what the stream has applied).
+    fn validate_replicas(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::invalid("backend.pgvector.replica_urls", m));
+        if !self.replica_urls.is_empty() && self.changes == ChangesMode::Off {
+            return bad(
+                "a replica is used only once it has replayed what the change stream has \
+                 applied: it needs changes = \"auto\" or \"follow\""
+                    .into(),
+            );
+        }
+        for (i, u) in self.replica_urls.iter().enumerate() {
+            if u.trim().is_empty() {
+                return bad(format!("[{i}] is empty"));
+            }
+            if url_has_password(u) {
+                return bad(format!(
+                    "[{i}] holds a password; the replicas use password_file or password_env \
+                     (the url is printed by --print-config)"
+                ));
+            }
+            if u.trim() == self.url.trim() {
+                return bad(format!("[{i}] is the primary's url"));
             }
         }
         Ok(())
@@ -457,5 +492,35 @@ impl BackendSection {
             (_, DataSource::None { dim: 0 }) => bad("backend.data", "dim must be positive"),
             _ => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_replicas(urls: &[&str]) -> PgvectorSection {
+        PgvectorSection {
+            url: "postgresql://aker@primary:5432/postgres".into(),
+            table: "items".into(),
+            replica_urls: urls.iter().map(|u| u.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn replica_urls_are_checked_like_the_primarys() {
+        let ok = with_replicas(&["postgresql://aker@replica:5432/postgres?sslmode=disable"]);
+        assert!(ok.validate(10, 10).is_ok());
+        let why = |s: PgvectorSection| s.validate(10, 10).unwrap_err().to_string();
+        let leaky = why(with_replicas(&["postgresql://aker:pw@replica/postgres"]));
+        assert!(leaky.contains("replica_urls") && leaky.contains("password"), "{leaky}");
+        assert!(why(with_replicas(&["host=r password=x"])).contains("password"));
+        assert!(why(with_replicas(&[" "])).contains("empty"));
+        let same = why(with_replicas(&["postgresql://aker@primary:5432/postgres"]));
+        assert!(same.contains("primary"), "{same}");
+        let mut off = ok.clone();
+        off.changes = ChangesMode::Off;
+        assert!(why(off).contains("changes"));
     }
 }

@@ -14,6 +14,7 @@
 //! [admin]     # Prometheus text endpoint (GET /metrics), 127.0.0.1 by default
 //! [auth]      # where protocol version 3's shared secret comes from
 //! [tls]       # TLS on the client port: certificate, key, client CA (mutual TLS)
+//! [cluster]   # a tier of nodes coordinated through PostgreSQL: name, advertise, lease
 //! ```
 //!
 //! Errors are a [`ConfigError`]; keys renamed since (`keys::RENAMED`) still load, each
@@ -26,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 mod backend;
 mod cache;
+mod cluster;
 mod error;
 pub mod keys;
 mod server;
@@ -37,6 +39,7 @@ pub use backend::{
 pub use cache::{
     daemon_defaults, CacheSection, HugePages, DEFAULT_CAPACITY_BYTES, HUGE_PAGES_AUTO_BYTES,
 };
+pub use cluster::{cluster_fingerprint, Balance, ClusterSection, CLUSTER_NAME_LEN_MAX};
 pub use error::{ConfigError, Deprecation};
 pub use server::{ServerConfig, FRAME_BYTES_MIN};
 
@@ -50,6 +53,7 @@ pub struct Config {
     pub admin: AdminSection,
     pub auth: AuthSection,
     pub tls: TlsSection,
+    pub cluster: ClusterSection,
 }
 
 /// TLS on the client port: with `cert_file` and `key_file` set, it speaks TLS (1.2 and
@@ -296,6 +300,9 @@ impl Config {
         let mut shown = self.clone();
         if let Some(pg) = &mut shown.backend.pgvector {
             pg.url = redact_password(&pg.url);
+            for u in &mut pg.replica_urls {
+                *u = redact_password(u);
+            }
         }
         toml::to_string_pretty(&shown).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
     }
@@ -304,6 +311,14 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.server.validate()?;
         self.tls.validate()?;
+        self.cluster.validate()?;
+        if self.cluster.enabled() && !matches!(self.backend.kind, BackendKind::Pgvector) {
+            return Err(ConfigError::invalid(
+                "cluster",
+                "needs backend.kind = \"pgvector\": PostgreSQL holds the routing state \
+                 and the membership",
+            ));
+        }
         self.protected_mode()?;
         // The dimension is not known yet; 1 stands in to check the rest.
         self.cache.engine_config(1)?;

@@ -67,6 +67,7 @@ impl Service for FixedService {
             Ok(match req {
                 Request::Search(s) => Reply::Search(SearchReply {
                     token: None,
+                    routing_version: 0,
                     hit: if s.bypass_cache {
                         HitKind::Miss
                     } else if s.vector.first().is_some_and(|&x| x < 0.0) {

@@ -45,6 +45,21 @@ fn routing_metric(metric: Metric) -> Metric {
     }
 }
 
+/// The index of the centroid (row-major `centroids`, `dim` each) nearest to `q` under
+/// `metric`'s routing metric (by angle for inner product), as a router finds it. 0 when
+/// there is none.
+pub fn nearest_centroid(centroids: &[f32], dim: usize, metric: Metric, q: &[f32]) -> usize {
+    let m = routing_metric(metric);
+    let mut best = (f32::INFINITY, 0usize);
+    for (j, c) in centroids.chunks_exact(dim.max(1)).enumerate() {
+        let d = m.distance(q, c);
+        if d < best.0 {
+            best = (d, j);
+        }
+    }
+    best.1
+}
+
 /// A centroid re-assigned by [`Router::rebalance`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Move {
@@ -60,6 +75,8 @@ pub struct Move {
 pub struct Probes {
     shards: [usize; 4],
     len: usize,
+    /// The query's nearest centroid.
+    centroid: usize,
 }
 
 impl Probes {
@@ -77,6 +94,11 @@ impl Probes {
     /// Where a miss is admitted.
     pub fn first(&self) -> usize {
         self.shards[0]
+    }
+
+    /// The query's nearest centroid (a cluster's owner is chosen by it).
+    pub fn centroid(&self) -> usize {
+        self.centroid
     }
 }
 
@@ -209,6 +231,16 @@ impl Router {
         self.assignment.len()
     }
 
+    /// The centroids, row-major (`centroids() x dim`).
+    pub fn centroid_vectors(&self) -> &[f32] {
+        &self.centroids
+    }
+
+    /// Searches routed to each centroid since start (running totals).
+    pub fn centroid_loads(&self) -> Vec<u64> {
+        self.load.iter().map(Counter::get).collect()
+    }
+
     pub fn rebalances(&self) -> u64 {
         self.rebalances.load(Ordering::Relaxed)
     }
@@ -252,6 +284,7 @@ impl Router {
         let mut p = Probes {
             shards: [s1; 4],
             len: 1,
+            centroid: j1,
         };
         p.push(s2);
         for j in std::iter::once(j1).chain(j2) {

@@ -61,6 +61,10 @@ struct Cli {
     /// akerd retired for good; a slot left behind holds WAL).
     #[arg(long)]
     drop_slot: bool,
+    /// [cluster]: train new routing centroids on a fresh sample of the table, publish
+    /// them as the cluster's next version, and exit (nodes switch while they run).
+    #[arg(long)]
+    cluster_retrain: bool,
 }
 
 fn parse_cpus(s: &str) -> Result<Vec<usize>, String> {
@@ -135,6 +139,15 @@ fn run(cli: &Cli) -> Result<ExitCode, ExitCode> {
     if cli.demo {
         keep_freed_memory();
         return Ok(run_demo(cli, &cfg));
+    }
+    if cli.cluster_retrain {
+        return match aker::service::cluster_retrain(&cfg) {
+            Ok(done) => {
+                println!("{done}");
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(e) => Err(fail(e, ExitCode::FAILURE)),
+        };
     }
     if cli.drop_slot {
         return match aker::service::drop_change_slot(&cfg) {

@@ -108,6 +108,9 @@ pub enum Command {
     },
     /// Drop every cache entry (the backend is untouched).
     Flush,
+    /// The cluster this node is in (protocol version 6): its nodes, which are live, how
+    /// many centroids each owns, the routing versions.
+    Cluster,
     /// STATS every interval: request rate, hit ratios, p99 per hit kind, recall.
     Watch {
         #[arg(long, value_name = "MS", default_value_t = 1000)]
@@ -227,6 +230,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<()> {
         Command::Insert(args) => insert(g, args, out),
         Command::Delete { id } => delete(g, *id, out),
         Command::Flush => flush(g, out),
+        Command::Cluster => cluster(g, out),
         Command::Watch { interval_ms, count } => {
             watch(g, Duration::from_millis(*interval_ms), *count, out)
         }
@@ -354,6 +358,46 @@ fn stats_cmd(g: &Global, json: bool, raw: bool, out: &mut dyn Write) -> Result<(
     } else {
         let stats = Stats::parse(&text);
         out.write_all(stats::table(&stats, &s.hello, &s.target).as_bytes())?;
+    }
+    Ok(())
+}
+
+fn cluster(g: &Global, out: &mut dyn Write) -> Result<()> {
+    let mut s = Session::open(g)?;
+    let c = s.client.cluster().map_err(|e| s.error("CLUSTER", e))?;
+    let n = c.centroids.len() / c.dim.max(1) as usize;
+    let mut owned = std::collections::HashMap::<u64, usize>::new();
+    for j in 0..n as u32 {
+        if let Some(o) = crate::cluster::owner(&c, j) {
+            *owned.entry(o).or_default() += 1;
+        }
+    }
+    writeln!(
+        out,
+        "cluster {} (asked {}): {} nodes, {} live; {} centroids (version {}), {} overrides \
+         (epoch {}), routing version {:016x}, lease {} ms",
+        c.name,
+        s.target,
+        c.nodes.len(),
+        c.nodes.iter().filter(|x| x.live).count(),
+        n,
+        c.centroids_version,
+        c.overrides.len(),
+        c.balance_epoch,
+        c.routing_version,
+        c.lease_ms
+    )?;
+    writeln!(out, "{:<18} {:<5} {:>9}  advertise", "node", "live", "centroids")?;
+    for x in &c.nodes {
+        let me = if x.node_id == c.self_id { "  (this node)" } else { "" };
+        writeln!(
+            out,
+            "{:016x}   {:<5} {:>9}  {}{me}",
+            x.node_id,
+            if x.live { "yes" } else { "no" },
+            owned.get(&x.node_id).copied().unwrap_or(0),
+            x.advertise
+        )?;
     }
     Ok(())
 }

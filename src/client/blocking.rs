@@ -177,6 +177,15 @@ impl Client {
         }
     }
 
+    /// CLUSTER (version 6): the routing state of the cluster this node is in
+    /// (`Status::Unsupported` from a node in none). [`super::Cluster`] routes by it.
+    pub fn cluster(&mut self) -> Result<crate::protocol::ClusterReply> {
+        match self.call(Request::Cluster)? {
+            Reply::Cluster(c) => Ok(c),
+            other => Err(server_error(self.next_id - 1, other)),
+        }
+    }
+
     /// SEARCH in collection 0 with no flags and no deadline.
     pub fn search(&mut self, k: u32, vector: &[f32]) -> Result<SearchReply> {
         self.search_with(SearchRequest::new(k, vector.to_vec()))

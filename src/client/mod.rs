@@ -3,6 +3,8 @@
 //! - [`Client`]: blocking, one request at a time, typed helpers (`search`, `insert`, ...).
 //! - [`Pipeline`]: many requests in flight (a bounded window), replies in any order,
 //!   matched by request id.
+//! - [`Cluster`]: a tier of nodes (protocol version 6): each search to its centroid's
+//!   owner, retries on the next node, positions carried across nodes.
 //!
 //! Both use overall I/O timeouts ([`ClientOptions::io_timeout`]). A read timeout keeps the
 //! bytes read so far, so a slow reply can still be collected by a later call; a failed or
@@ -53,11 +55,13 @@
 //! ```
 
 mod blocking;
+mod cluster;
 mod conn;
 mod pipeline;
 mod tls;
 
 pub use blocking::{Client, Deleted};
+pub use cluster::{Cluster, ClusterCounters, ClusterRouting, ATTEMPTS_MAX};
 pub use pipeline::Pipeline;
 pub use tls::{ClientTls, SplitRead, SplitWrite, TlsReadHalf, TlsWriteHalf};
 

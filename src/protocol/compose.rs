@@ -39,6 +39,8 @@ pub enum EncodeError {
     },
     #[error("version {0} is not spoken here")]
     Version(u8),
+    #[error("{0} is over the protocol's limits")]
+    TooLarge(&'static str),
 }
 
 fn count(what: &'static str, n: usize) -> Result<u32, EncodeError> {
@@ -138,7 +140,7 @@ pub fn encode_request(f: &RequestFrame, out: &mut Vec<u8>) -> Result<usize, Enco
     };
     frame(out, f.version, op, flags, 0, f.request_id, |out| {
         match &f.request {
-            Request::Hello | Request::Flush | Request::Stats => {}
+            Request::Hello | Request::Flush | Request::Stats | Request::Cluster => {}
             Request::Auth(a) => {
                 out.extend_from_slice(&a.nonce);
                 out.extend_from_slice(&a.proof);
@@ -281,8 +283,12 @@ fn put_reply_body(out: &mut Vec<u8>, reply: &Reply, version: u8) -> Result<(), E
             out.push(search_flags(s, v2));
             put_u16(out, 0);
             put_answer(out, s, v2)?;
+            if version >= 6 {
+                put_u64(out, s.routing_version);
+            }
         }
-        Reply::SearchBatch(items) => put_batch(out, items, v2)?,
+        Reply::SearchBatch(items) => put_batch(out, items, version)?,
+        Reply::Cluster(c) => put_cluster(out, c)?,
         Reply::Flushed => {}
         // Version 5 adds the position; an older peer gets the older body.
         Reply::Inserted { position } => {
@@ -335,8 +341,13 @@ fn put_hello(out: &mut Vec<u8>, h: &HelloReply, version: u8) {
 
 /// A SEARCH_BATCH reply's body: the item count, then per item its status and SEARCH
 /// answer, or zeros for a failed query.
-fn put_batch(out: &mut Vec<u8>, items: &[BatchItem], v2: bool) -> Result<(), EncodeError> {
+fn put_batch(out: &mut Vec<u8>, items: &[BatchItem], version: u8) -> Result<(), EncodeError> {
+    let v2 = version >= 2;
     put_u32(out, count("items", items.len())?);
+    if version >= 6 {
+        let routing = items.iter().flatten().map(|s| s.routing_version).max();
+        put_u64(out, routing.unwrap_or(0));
+    }
     for item in items {
         match item {
             Ok(s) => {
@@ -381,5 +392,44 @@ fn put_answer(out: &mut Vec<u8>, s: &SearchReply, v2: bool) -> Result<(), Encode
     if let Some(t) = s.token.filter(|_| v2) {
         put_u64(out, t);
     }
+    Ok(())
+}
+
+/// A CLUSTER reply's body (version 6): the header fields, the centroids, the nodes, the
+/// overrides, the name.
+fn put_cluster(out: &mut Vec<u8>, c: &ClusterReply) -> Result<(), EncodeError> {
+    let dim = c.dim.max(1) as usize;
+    let too_many = c.nodes.len() > CLUSTER_NODES_MAX
+        || c.overrides.len() > CLUSTER_NODES_MAX
+        || c.centroids.len() % dim != 0
+        || c.name.len() > CLUSTER_NAME_BYTES_MAX
+        || c.nodes.iter().any(|n| n.advertise.len() > CLUSTER_NAME_BYTES_MAX);
+    if too_many {
+        return Err(EncodeError::TooLarge("cluster state"));
+    }
+    put_u64(out, c.routing_version);
+    put_u64(out, c.centroids_version);
+    put_u64(out, c.balance_epoch);
+    put_u64(out, c.self_id);
+    put_u32(out, c.lease_ms);
+    out.extend_from_slice(&[c.metric.code(), 0, 0, 0]);
+    put_u32(out, c.dim);
+    put_u32(out, count("centroids", c.centroids.len() / dim)?);
+    put_f32s(out, &c.centroids);
+    put_u32(out, c.nodes.len() as u32);
+    for n in &c.nodes {
+        put_u64(out, n.node_id);
+        out.push(n.live as u8);
+        out.push(0);
+        put_u16(out, n.advertise.len() as u16);
+        out.extend_from_slice(n.advertise.as_bytes());
+    }
+    put_u32(out, c.overrides.len() as u32);
+    for &(centroid, node) in &c.overrides {
+        put_u32(out, centroid);
+        put_u64(out, node);
+    }
+    put_u16(out, c.name.len() as u16);
+    out.extend_from_slice(c.name.as_bytes());
     Ok(())
 }

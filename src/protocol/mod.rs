@@ -1,4 +1,4 @@
-//! The aker wire protocol, versions 1 to 5 (byte layouts and the changelog:
+//! The aker wire protocol, versions 1 to 6 (byte layouts and the changelog:
 //! `PROTOCOL.md` at the repository root). A frame carries its version; the server
 //! answers in the version of the request, so a version 1 client keeps working.
 //!
@@ -38,7 +38,7 @@ use shards::Metric;
 /// `"AK"` on the wire (bytes `0x41 0x4B`), read as a little-endian u16.
 pub const MAGIC: u16 = 0x4B41;
 /// The newest protocol version this build speaks (what the clients send).
-pub const VERSION: u8 = 5;
+pub const VERSION: u8 = 6;
 /// Oldest version this build accepts (the header layout is frozen across versions, so a
 /// peer speaking another version gets a per-request `BAD_VERSION`, not a closed socket).
 /// Connection-level replies go out in it: every client decodes them.
@@ -104,10 +104,12 @@ pub enum Opcode {
     Auth = 0x09,
     /// Version 4: many queries of one k in one frame.
     SearchBatch = 0x0A,
+    /// Version 6: the cluster's routing state (`crate::cluster`).
+    Cluster = 0x0B,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 10] = [
+    pub const ALL: [Opcode; 11] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::Search,
@@ -118,6 +120,7 @@ impl Opcode {
         Opcode::Stats,
         Opcode::Auth,
         Opcode::SearchBatch,
+        Opcode::Cluster,
     ];
 
     pub fn code(self) -> u8 {
@@ -134,6 +137,7 @@ impl Opcode {
         match self {
             Opcode::Auth => 3,
             Opcode::SearchBatch => 4,
+            Opcode::Cluster => 6,
             _ => 1,
         }
     }
@@ -150,6 +154,7 @@ impl Opcode {
             Opcode::Stats => "STATS",
             Opcode::Auth => "AUTH",
             Opcode::SearchBatch => "SEARCH_BATCH",
+            Opcode::Cluster => "CLUSTER",
         }
     }
 }
@@ -511,6 +516,8 @@ pub enum Request {
     Stats,
     Auth(AuthRequest),
     SearchBatch(SearchBatchRequest),
+    /// Version 6: the cluster's routing state.
+    Cluster,
 }
 
 impl Request {
@@ -526,6 +533,7 @@ impl Request {
             Request::Stats => Opcode::Stats,
             Request::Auth(_) => Opcode::Auth,
             Request::SearchBatch(_) => Opcode::SearchBatch,
+            Request::Cluster => Opcode::Cluster,
         }
     }
 }
@@ -590,7 +598,52 @@ pub struct SearchReply {
     pub neighbors: Vec<Neighbor>,
     /// Version 2, a cache-aside MISS: the token its FILL presents.
     pub token: Option<u64>,
+    /// Version 6: the version of the cluster's routing state the node holds (0: not in a
+    /// cluster, and below version 6). A client holding an older one fetches CLUSTER again.
+    pub routing_version: u64,
 }
+
+/// A node of a [`ClusterReply`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterNode {
+    /// Stable across restarts (not the address); the rendezvous hash's input.
+    pub node_id: u64,
+    /// Its lease is held (judged on PostgreSQL's clock by the node that answered).
+    pub live: bool,
+    /// `host:port` clients reach it at (`cluster.advertise`).
+    pub advertise: String,
+}
+
+/// CLUSTER reply (version 6): what a client routes by (`crate::cluster`, PROTOCOL.md
+/// "Clusters"). Owner of centroid `c`: `overrides`' node for `c` when live, else the live
+/// node with the highest [`crate::cluster::rendezvous_score`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterReply {
+    pub name: String,
+    /// A digest of everything below that routing depends on (centroids version,
+    /// overrides, live nodes): what SEARCH replies carry. Compared for equality; never 0.
+    pub routing_version: u64,
+    /// The centroids' version; bumped by a retrain.
+    pub centroids_version: u64,
+    /// The load-aware overrides' version; bumped at each publication.
+    pub balance_epoch: u64,
+    /// The node that answered.
+    pub self_id: u64,
+    pub lease_ms: u32,
+    pub metric: Metric,
+    pub dim: u32,
+    /// Row-major, `centroids.len() / dim` centroids.
+    pub centroids: Vec<f32>,
+    pub nodes: Vec<ClusterNode>,
+    /// `(centroid, node_id)`: a hot centroid given to a node other than its rendezvous
+    /// owner, to balance load.
+    pub overrides: Vec<(u32, u64)>,
+}
+
+/// The most nodes and overrides a CLUSTER reply may carry (a decoder refuses more).
+pub const CLUSTER_NODES_MAX: usize = 1024;
+/// The longest `advertise` or cluster name, in bytes.
+pub const CLUSTER_NAME_BYTES_MAX: usize = 255;
 
 /// One query's answer in a SEARCH_BATCH reply: its SEARCH reply, or the status it failed
 /// with (never `Ok`; an item carries no message).
@@ -624,8 +677,11 @@ pub enum Reply {
     Authenticated {
         server_proof: [u8; crate::auth::PROOF_LEN],
     },
-    /// Version 4: one item per query of the SEARCH_BATCH, in its order.
+    /// Version 4: one item per query of the SEARCH_BATCH, in its order. On the wire
+    /// (version 6) the batch carries one routing version: the largest of its items'.
     SearchBatch(Vec<BatchItem>),
+    /// Version 6: the cluster's routing state.
+    Cluster(ClusterReply),
     /// Any non-OK status. `op` is the request opcode byte the error answers (without
     /// [`REPLY_BIT`]; [`CONNECTION_OP`] for connection-level replies). `status` is never `Ok`.
     Error {
@@ -657,6 +713,7 @@ impl Reply {
             Reply::Stats(_) => Opcode::Stats.code(),
             Reply::Authenticated { .. } => Opcode::Auth.code(),
             Reply::SearchBatch(_) => Opcode::SearchBatch.code(),
+            Reply::Cluster(_) => Opcode::Cluster.code(),
             Reply::Error { op, .. } => *op & !REPLY_BIT,
         }
     }

@@ -445,6 +445,7 @@ fn parse_request_body(op: Opcode, flags: u16, body: &[u8]) -> Parse<Request> {
         Opcode::Fill => Request::Fill(fill_request(&mut c, flags)?),
         Opcode::Flush => Request::Flush,
         Opcode::Stats => Request::Stats,
+        Opcode::Cluster => Request::Cluster,
         Opcode::Auth => {
             let nonce = c.take(NONCE_LEN, "nonce")?.try_into().expect("16 bytes");
             let proof = c.take(PROOF_LEN, "proof")?.try_into().expect("32 bytes");
@@ -641,7 +642,10 @@ fn parse_reply_body(op: Opcode, version: u8, body: &[u8]) -> Parse<Reply> {
             if c.u16("reserved")? != 0 {
                 return Err("reserved field must be 0".into());
             }
-            let reply = search_answer(&mut c, version, hit, flags)?;
+            let mut reply = search_answer(&mut c, version, hit, flags)?;
+            if version >= 6 {
+                reply.routing_version = c.u64("routing version")?;
+            }
             if !c.buf.is_empty() {
                 return Err(format!("{} bytes after the neighbours", c.buf.len()));
             }
@@ -649,16 +653,31 @@ fn parse_reply_body(op: Opcode, version: u8, body: &[u8]) -> Parse<Reply> {
         }
         Opcode::SearchBatch => {
             let count = c.u32("count")?;
+            let routing = if version >= 6 {
+                c.u64("routing version")?
+            } else {
+                0
+            };
             // An item is at least 8 bytes: a count the body cannot hold allocates nothing.
             if count as usize > c.buf.len() / 8 {
                 return Err(format!("{count} items cannot fit in {} bytes", c.buf.len()));
             }
             let mut items = Vec::with_capacity(count as usize);
             for i in 0..count {
-                items.push(batch_item(&mut c, version).map_err(|e| format!("item {i}: {e}"))?);
+                let mut item =
+                    batch_item(&mut c, version).map_err(|e| format!("item {i}: {e}"))?;
+                if let Ok(s) = &mut item {
+                    s.routing_version = routing;
+                }
+                items.push(item);
+            }
+            // The encoder writes the largest of the answered items' versions.
+            if routing != 0 && !items.iter().any(|i| i.is_ok()) {
+                return Err("a batch with no answered query carries routing version 0".into());
             }
             Reply::SearchBatch(items)
         }
+        Opcode::Cluster => Reply::Cluster(cluster_reply(&mut c)?),
         Opcode::Insert => Reply::Inserted {
             position: position(&mut c, version)?,
         },
@@ -732,7 +751,84 @@ fn search_answer(c: &mut Cursor<'_>, version: u8, hit: u8, flags: u8) -> Parse<S
         distances_to_query: flags & REPLY_DISTANCES_TO_QUERY != 0,
         neighbors,
         token,
+        routing_version: 0,
     })
+}
+
+/// A CLUSTER reply's body (version 6; PROTOCOL.md "CLUSTER").
+fn cluster_reply(c: &mut Cursor<'_>) -> Parse<ClusterReply> {
+    let routing_version = c.u64("routing version")?;
+    let centroids_version = c.u64("centroids version")?;
+    let balance_epoch = c.u64("balance epoch")?;
+    let self_id = c.u64("self id")?;
+    let lease_ms = c.u32("lease_ms")?;
+    let code = c.u8("metric")?;
+    let metric = Metric::from_code(code).ok_or_else(|| format!("unknown metric code {code}"))?;
+    if c.take(3, "reserved")? != [0, 0, 0] {
+        return Err("reserved bytes must be 0".into());
+    }
+    let dim = c.u32("dim")?;
+    let n = c.u32("centroids")?;
+    let floats = dim as u64 * n as u64;
+    if dim == 0 || floats * 4 > c.buf.len() as u64 {
+        return Err(format!("{n} centroids of dimension {dim} do not fit the body"));
+    }
+    let centroids = c.f32s(floats as u32, "centroids")?;
+    if centroids.iter().any(|x| !x.is_finite()) {
+        return Err("a centroid is not finite".into());
+    }
+    let n_nodes = c.u32("nodes")? as usize;
+    if n_nodes > CLUSTER_NODES_MAX {
+        return Err(format!("{n_nodes} nodes (at most {CLUSTER_NODES_MAX})"));
+    }
+    let mut nodes = Vec::with_capacity(n_nodes);
+    for _ in 0..n_nodes {
+        let node_id = c.u64("node id")?;
+        let live = c.bool("live")?;
+        if c.u8("reserved")? != 0 {
+            return Err("reserved byte must be 0".into());
+        }
+        let advertise = text(c, "advertise")?;
+        nodes.push(ClusterNode {
+            node_id,
+            live,
+            advertise,
+        });
+    }
+    let n_over = c.u32("overrides")? as usize;
+    if n_over > CLUSTER_NODES_MAX {
+        return Err(format!("{n_over} overrides (at most {CLUSTER_NODES_MAX})"));
+    }
+    let mut overrides = Vec::with_capacity(n_over);
+    for _ in 0..n_over {
+        overrides.push((c.u32("centroid")?, c.u64("node id")?));
+    }
+    let name = text(c, "name")?;
+    Ok(ClusterReply {
+        name,
+        routing_version,
+        centroids_version,
+        balance_epoch,
+        self_id,
+        lease_ms,
+        metric,
+        dim,
+        centroids,
+        nodes,
+        overrides,
+    })
+}
+
+/// A u16 length and that many bytes of UTF-8, at most [`CLUSTER_NAME_BYTES_MAX`].
+fn text(c: &mut Cursor<'_>, what: &str) -> Parse<String> {
+    let len = c.u16(what)? as usize;
+    if len > CLUSTER_NAME_BYTES_MAX {
+        return Err(format!("{what} of {len} bytes (at most {CLUSTER_NAME_BYTES_MAX})"));
+    }
+    let bytes = c.take(len, what)?;
+    std::str::from_utf8(bytes)
+        .map(str::to_owned)
+        .map_err(|_| format!("{what} is not UTF-8"))
 }
 
 /// One SEARCH_BATCH reply item: a status, then a SEARCH answer, or zeros when the status

@@ -252,6 +252,7 @@ fn batch_replies() -> Vec<Reply> {
         Reply::SearchBatch(vec![
             Ok(SearchReply {
                 token: None,
+                routing_version: 0,
                 hit: HitKind::Exact,
                 distances_to_query: true,
                 neighbors: vec![Neighbor {
@@ -262,6 +263,7 @@ fn batch_replies() -> Vec<Reply> {
             Err(Status::NonFinite),
             Ok(SearchReply {
                 token: Some(77),
+                routing_version: 0,
                 hit: HitKind::Miss,
                 distances_to_query: true,
                 neighbors: vec![],
@@ -269,6 +271,7 @@ fn batch_replies() -> Vec<Reply> {
             Err(Status::DeadlineExceeded),
             Ok(SearchReply {
                 token: None,
+                routing_version: 0,
                 hit: HitKind::Approximate,
                 distances_to_query: false,
                 neighbors: (0..3)
@@ -293,12 +296,14 @@ fn short_replies() -> Vec<Reply> {
         Reply::Pong(vec![1, 2, 3]),
         Reply::Search(SearchReply {
             token: None,
+            routing_version: 0,
             hit: HitKind::Miss,
             distances_to_query: true,
             neighbors: vec![],
         }),
         Reply::Search(SearchReply {
             token: Some(u64::MAX - 3),
+            routing_version: 0,
             hit: HitKind::Miss,
             distances_to_query: true,
             neighbors: vec![],
@@ -339,6 +344,7 @@ fn search_replies() -> Vec<Reply> {
         .map(|hit| {
             Reply::Search(SearchReply {
                 token: None,
+                routing_version: 0,
                 hit,
                 distances_to_query: hit != HitKind::Approximate,
                 neighbors: (0..5)
@@ -522,7 +528,8 @@ fn version_4_frames_round_trip_without_version_5_fields() {
 #[test]
 fn version_5_layouts_are_the_documented_ones() {
     let position = 0x0102_0304_0506_0708u64;
-    let search = enc_req(
+    let search = enc_req_in(
+        5,
         1,
         Request::Search(SearchRequest {
             at_position: Some(position),
@@ -814,7 +821,8 @@ fn pipelined_frames_decode_in_sequence() {
 
 #[test]
 fn header_layout_is_the_documented_one() {
-    let bytes = enc_req(
+    let bytes = enc_req_in(
+        5,
         0x1122_3344_5566_7788,
         Request::Delete(DeleteRequest {
             id: 5,
@@ -1083,7 +1091,7 @@ fn bad_frame_cases() -> Vec<Case> {
     let m = MAGIC;
     vec![
         ("bad version 0", raw(m, 0, 0x02, 0, 0, 11, &[]), rejected(BadVersion, 11, false)),
-        ("bad version 6", raw(m, 6, 0x03, 0, 0, 12, &search_body(1, &v4())), rejected(BadVersion, 12, false)),
+        ("bad version 7", raw(m, 7, 0x03, 0, 0, 12, &search_body(1, &v4())), rejected(BadVersion, 12, false)),
         ("version 1 search", raw(m, 1, 0x03, 0, 0, 61, &search_body(1, &v4())), Outcome::Accepted),
         ("fill token flag in version 1", raw(m, 1, 0x06, FLAG_FILL_TOKEN, 0, 62, &[0; 24]), rejected(BadRequest, 62, false)),
         ("unknown opcode", raw(m, 1, 0x42, 0, 0, 13, b"xyz"), rejected(UnknownOp, 13, false)),
@@ -1325,7 +1333,8 @@ fn status_and_kind_codes_are_dense_and_stable() {
     assert_eq!(Opcode::from_code(0), None);
     assert_eq!(Opcode::from_code(0x09), Some(Opcode::Auth));
     assert_eq!(Opcode::from_code(0x0A), Some(Opcode::SearchBatch));
-    assert_eq!(Opcode::from_code(0x0B), None);
+    assert_eq!(Opcode::from_code(0x0B), Some(Opcode::Cluster));
+    assert_eq!(Opcode::from_code(0x0C), None);
     assert_eq!(Status::Unauthenticated.code(), 17);
 }
 
@@ -1428,6 +1437,7 @@ fn protocol_md_example_is_exact() {
         7,
         Reply::Search(SearchReply {
             token: None,
+            routing_version: 0,
             hit: HitKind::Exact,
             distances_to_query: true,
             neighbors: vec![
@@ -1473,6 +1483,7 @@ fn protocol_md_example_is_exact() {
         Reply::SearchBatch(vec![
             Ok(SearchReply {
                 token: None,
+                routing_version: 0,
                 hit: HitKind::Exact,
                 distances_to_query: true,
                 neighbors: vec![Neighbor {
@@ -1493,7 +1504,8 @@ fn protocol_md_example_is_exact() {
     ];
     assert_eq!(reply, want_reply);
     // Version 5: the first example's SEARCH AT_POSITION 16/B374D848, id 9.
-    let req = enc_req(
+    let req = enc_req_in(
+        5,
         9,
         Request::Search(SearchRequest {
             at_position: Some(0x16_B374_D848),
@@ -1509,7 +1521,8 @@ fn protocol_md_example_is_exact() {
     ];
     assert_eq!(req, want_req);
     // A DELETE's reply in version 5: existed, position 16/B374D848.
-    let reply = enc_reply(
+    let reply = enc_reply_in(
+        5,
         10,
         Reply::Deleted {
             existed: true,
@@ -1551,4 +1564,59 @@ fn batch_count_max_counts_the_position() {
         assert!(bytes.len() <= hello.max_frame_bytes as usize);
         assert!(bytes.len() + 4 * 32 > hello.max_frame_bytes as usize);
     }
+}
+
+/// Version 6: CLUSTER round-trips; a SEARCH reply ends with its routing version and a
+/// batch carries one after its count; older versions get neither.
+#[test]
+fn version_6_cluster_and_routing_version_round_trip() {
+    let state = ClusterReply {
+        name: "tier".into(),
+        routing_version: 0xABCD,
+        centroids_version: 2,
+        balance_epoch: 3,
+        self_id: 0x1122_3344_5566_7788,
+        lease_ms: 5000,
+        metric: Metric::Cosine,
+        dim: 2,
+        centroids: vec![1.0, 0.0, 0.0, 1.0],
+        nodes: vec![
+            ClusterNode { node_id: 1, live: true, advertise: "10.0.0.1:7700".into() },
+            ClusterNode { node_id: 2, live: false, advertise: "10.0.0.2:7700".into() },
+        ],
+        overrides: vec![(1, 2)],
+    };
+    let bytes = enc_reply(4, Reply::Cluster(state.clone()));
+    let back = decode_reply(&bytes, 1 << 20).unwrap().unwrap();
+    assert_eq!(back.0.reply, Reply::Cluster(state.clone()));
+    // 48 fixed bytes, 16 of centroids, two nodes of 12 + 13, one override of 12, the name.
+    assert_eq!(bytes.len(), HEADER_LEN + 48 + 16 + 4 + 2 * (12 + 13) + 4 + 12 + 2 + 4);
+    // A version 5 frame cannot carry CLUSTER.
+    let mut out = Vec::new();
+    let v5 = ReplyFrame { version: 5, request_id: 4, reply: Reply::Cluster(state) };
+    assert!(encode_reply(&v5, &mut out).is_err());
+    let r = SearchReply {
+        hit: HitKind::Exact,
+        distances_to_query: true,
+        neighbors: vec![Neighbor { id: 7, distance: 0.5 }],
+        token: None,
+        routing_version: 0x0102_0304_0506_0708,
+    };
+    let v6 = enc_reply(5, Reply::Search(r.clone()));
+    assert_eq!(&v6[v6.len() - 8..], &0x0102_0304_0506_0708u64.to_le_bytes());
+    let v5 = enc_reply_in(5, 5, Reply::Search(r.clone()));
+    assert_eq!(v6.len(), v5.len() + 8);
+    let back5 = decode_reply(&v5, 1 << 20).unwrap().unwrap().0.reply;
+    assert_eq!(back5, Reply::Search(SearchReply { routing_version: 0, ..r.clone() }));
+    let batch = enc_reply(6, Reply::SearchBatch(vec![Ok(r.clone()), Err(Status::Busy)]));
+    assert_eq!(&batch[HEADER_LEN + 4..HEADER_LEN + 12], &r.routing_version.to_le_bytes());
+    let items = match decode_reply(&batch, 1 << 20).unwrap().unwrap().0.reply {
+        Reply::SearchBatch(items) => items,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(items, vec![Ok(r), Err(Status::Busy)]);
+    // Limits: a state with a non-finite centroid or too long a name is refused.
+    let mut bad = bytes.clone();
+    bad[HEADER_LEN + 48..HEADER_LEN + 52].copy_from_slice(&f32::NAN.to_le_bytes());
+    assert!(decode_reply(&bad, 1 << 20).is_err());
 }

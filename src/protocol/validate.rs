@@ -121,7 +121,8 @@ pub fn validate(req: &Request, limits: &Limits) -> Result<(), Rejection> {
         | Request::Auth(_)
         | Request::Delete(_)
         | Request::Flush
-        | Request::Stats => Ok(()),
+        | Request::Stats
+        | Request::Cluster => Ok(()),
         Request::Search(s) => {
             vector(&s.vector, limits, "vector")?;
             k(s.k, limits)

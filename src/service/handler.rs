@@ -156,6 +156,7 @@ fn wire_kind(k: shards::HitKind) -> HitKind {
 fn miss_reply(answer: &[Candidate], k: usize) -> Reply {
     Reply::Search(SearchReply {
         token: None,
+        routing_version: 0,
         hit: HitKind::Miss,
         distances_to_query: true,
         neighbors: answer
@@ -179,7 +180,31 @@ impl AkerService {
         }
     }
 
+    /// CLUSTER (version 6): the routing state as this node sees it.
+    fn cluster(&self) -> ServiceResult {
+        match &self.shared.cluster {
+            Some(c) => Ok(Reply::Cluster((*c.view()).clone())),
+            None => Err(rejection(
+                Status::Unsupported,
+                "this akerd is not in a cluster ([cluster] name is unset)",
+            )),
+        }
+    }
+
+    /// The routing version SEARCH replies carry (version 6): 0 outside a cluster.
+    fn routing_version(&self) -> u64 {
+        self.shared.cluster.as_ref().map_or(0, |c| c.routing_version())
+    }
+
     async fn search(&self, s: SearchRequest, ctx: &RequestContext) -> ServiceResult {
+        let mut reply = self.search_inner(s, ctx).await?;
+        if let Reply::Search(r) = &mut reply {
+            r.routing_version = self.routing_version();
+        }
+        Ok(reply)
+    }
+
+    async fn search_inner(&self, s: SearchRequest, ctx: &RequestContext) -> ServiceResult {
         check_collection(s.collection)?;
         let sh = &*self.shared;
         let k = s.k as usize;
@@ -205,11 +230,16 @@ impl AkerService {
             if s.bypass_cache {
                 self.metrics.count(|c| c.searches_bypass += 1);
             }
-            let answer = self.backend_search(s.vector.into(), k, ctx).await?;
+            let answer = self
+                .backend_search(s.vector.into(), k, s.at_position, ctx)
+                .await?;
             return Ok(miss_reply(&answer.candidates, k));
         }
         let q = &s.vector[..];
         let probes = sh.router.route_probes(q);
+        if let Some(c) = &sh.cluster {
+            c.observe(probes.centroid(), q);
+        }
         let s1 = probes.first();
         if s.refresh_entry {
             self.metrics.count(|c| c.searches_refresh += 1);
@@ -246,6 +276,7 @@ impl AkerService {
                 }
                 Ok(Reply::Search(SearchReply {
                     token: None,
+                    routing_version: 0,
                     hit: wire_kind(hit.kind),
                     distances_to_query: hit.exact_distances,
                     // Same layout: the collect reuses the engine's allocation.
@@ -325,7 +356,9 @@ impl AkerService {
         }
         let k = ticket.k;
         let answer = self
-            .backend_search(ticket.query.clone(), k + sh.cache_cfg.delta, ctx)
+            // No position: the cache has applied the request's, if any (a read replica
+            // is held to what the cache has applied).
+            .backend_search(ticket.query.clone(), k + sh.cache_cfg.delta, None, ctx)
             .await?;
         let reply = miss_reply(&answer.candidates, reply_k.min(k));
         if answer.complete {
@@ -342,10 +375,12 @@ impl AkerService {
         Ok(reply)
     }
 
+    /// `at_position`: the answer must hold it (pgvector's read replicas).
     async fn backend_search(
         &self,
         query: Arc<[f32]>,
         n: usize,
+        at_position: Option<u64>,
         ctx: &RequestContext,
     ) -> Result<BackendAnswer, Rejection> {
         if !self.shared.backend.has_store() {
@@ -359,6 +394,7 @@ impl AkerService {
             query,
             n,
             deadline: ctx.deadline,
+            at_position,
             reply: tx,
         };
         if let Err(e) = self.shared.backend.submit(job) {
@@ -544,6 +580,7 @@ impl Service for AkerService {
                 Request::Fill(f) => (Op::Fill, self.fill(f).await),
                 Request::Flush => (Op::Flush, self.flush().await),
                 Request::Stats => (Op::Stats, Ok(Reply::Stats(self.shared.stats_text()))),
+                Request::Cluster => (Op::Stats, self.cluster()),
                 Request::Hello | Request::Ping(_) | Request::Auth(_) | Request::SearchBatch(_) => {
                     return Err(rejection(
                         Status::Internal,

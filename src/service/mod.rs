@@ -75,6 +75,12 @@ pub fn pgvector_url(url: &str) -> Result<String, String> {
     pgvector::tls::split_url(url).map(|s| s.url)
 }
 
+/// `akerd --cluster-retrain`: new centroids for the cluster, published as its next
+/// version (`crate::cluster`). What was published.
+pub fn cluster_retrain(cfg: &crate::config::Config) -> Result<String, StartError> {
+    crate::cluster::start::retrain(cfg)
+}
+
 pub fn drop_change_slot(cfg: &crate::config::Config) -> Result<String, StartError> {
     let section = cfg.backend.pgvector.as_ref().ok_or_else(|| {
         StartError::Config(crate::config::ConfigError::invalid(

@@ -44,4 +44,6 @@ pub(crate) struct Shared {
     pub(crate) durable: Option<Arc<crate::durable::Durable>>,
     /// The cache's warm-restart snapshot (`warm.rs`): with the durable store only.
     pub(crate) snapshots: Option<Arc<warm::SnapshotState>>,
+    /// This node's side of a cluster (`crate::cluster`): `None` when not in one.
+    pub(crate) cluster: Option<Arc<crate::cluster::ClusterState>>,
 }

@@ -14,6 +14,7 @@ use shards::read::Counters;
 
 use super::owner::ShardGauges;
 use super::pgvector::changes::{ChangeStats, FeedState};
+use super::pgvector::replica::ReplicaStats;
 use super::pgvector::PgStats;
 use super::recall::RecallChecks;
 use super::Shared;
@@ -323,6 +324,37 @@ const CHANGES: [Row<ChangeStats>; 16] = [
     ),
 ];
 
+/// The pgvector backend's read replicas (`pgvector/replica.rs`).
+const REPLICAS: [Row<ReplicaStats>; 5] = [
+    (
+        "pg_replica_searches",
+        "pgvector: misses a read replica answered.",
+        |r| count(&r.searches),
+    ),
+    (
+        "pg_replica_behind",
+        "pgvector: replica answers discarded (the replica had not replayed what the cache \
+         holds, or was not in recovery) and run on the primary.",
+        |r| count(&r.behind),
+    ),
+    (
+        "pg_replica_conflicts",
+        "pgvector: replica searches cancelled by a recovery conflict, run on the primary.",
+        |r| count(&r.conflicts),
+    ),
+    (
+        "pg_replica_lag_bytes",
+        "pgvector: the change stream's applied position minus a replica's replayed one, \
+         at the last replica search (0 when the replica was ahead).",
+        |r| gauge(&r.lag_bytes),
+    ),
+    (
+        "pg_replica_up",
+        "pgvector: read replica connections up, over every backend thread.",
+        |r| gauge(&r.up),
+    ),
+];
+
 const PER_SHARD: [ShardRow; 15] = [
     (
         "shard_pool_objects",
@@ -426,11 +458,13 @@ impl Shared {
         read(&mut s, self, &OWNERS);
         self.recall_metrics(&mut s);
         self.durable_metrics(&mut s);
+        self.cluster_metrics(&mut s);
         let recorded = metrics::merge_all(self.metrics.iter().map(|m| &**m));
         service_counters(&mut s, &recorded.counters);
         if let Some(pg) = self.backend.pgvector() {
             read(&mut s, &pg.stats, &PG);
             read(&mut s, &pg.changes.stats, &CHANGES);
+            read(&mut s, &pg.replicas.stats, &REPLICAS);
         }
         self.per_shard(&mut s);
         latencies(&mut s, recorded);
@@ -519,6 +553,24 @@ impl Shared {
             "Entries restored from a snapshot at start (0: a cold start).",
             get(&w.restored) as f64,
         );
+    }
+
+    /// This node's side of a cluster (`crate::cluster`); nothing outside one.
+    fn cluster_metrics(&self, s: &mut Snapshot) {
+        let Some(c) = &self.cluster else { return };
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let view = c.view();
+        s.gauge("cluster_routing_version", "The routing state's stamp SEARCH replies carry (changes with centroids, overrides, live nodes).", view.routing_version as f64);
+        s.gauge("cluster_centroids_version", "The cluster's centroids version (a retrain bumps it).", view.centroids_version as f64);
+        s.gauge("cluster_balance_epoch", "The load-aware overrides' version (0: none published).", view.balance_epoch as f64);
+        s.gauge("cluster_live_nodes", "Nodes whose lease holds, this one included when renewing.", get(&c.live_nodes) as f64);
+        s.gauge("cluster_owned_centroids", "Centroids this node owns (override or rendezvous).", c.owned_centroids() as f64);
+        s.gauge("cluster_owned_load_per_s", "Searches per second this node counted on the centroids it owns (smoothed).", get(&c.owned_load_per_s) as f64);
+        s.counter("cluster_foreign_searches", "Searches whose nearest centroid another node owns (a client with an old routing state, or none).", c.foreign_searches.get());
+        s.counter("cluster_lease_renewals", "Lease renewals that succeeded.", get(&c.renewals));
+        s.counter("cluster_lease_failures", "Lease renewals that failed or timed out (the lease lapses after lease_ms).", get(&c.renew_failures));
+        s.counter("cluster_balance_publications", "Load-aware assignments this node published (as the balancing node).", get(&c.balance_publications));
+        s.counter("cluster_slots_dropped", "Replication slots of long-gone nodes this node dropped.", get(&c.slots_dropped));
     }
 
     /// The recall floor's estimate and checks (`recall.rs`); its state alone when off.

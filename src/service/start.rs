@@ -84,12 +84,20 @@ impl Daemon {
         let mut set = build_shards(cfg, &cache_cfg, sample)?;
         let info = service_info(cfg, &cache_cfg);
         let snapshots = warm.map(|w| restore(&mut set, w, &info, &side));
+        let restored = snapshots
+            .as_ref()
+            .is_some_and(|s| s.restored.load(Ordering::Relaxed) > 0);
+        let joined = join_cluster(cfg, &side, &mut set.router, restored)?;
         let owners = owners(set.caches, cfg);
         let floor = recall_floor(cfg, has_store)?;
         let server = server(cfg)?;
         let backend_stop = Arc::new(AtomicBool::new(false));
         let router = Arc::new(set.router);
         let follower = follow_changes(cfg, &side, &owners.handles, &router, &backend_stop)?;
+        let pg_target = match &side {
+            StoreSide::Pgvector(t) => Some(t.clone()),
+            _ => None,
+        };
         let pool = backend_pool(
             cfg,
             side,
@@ -102,6 +110,10 @@ impl Daemon {
             backend_stop.store(true, Ordering::Release);
         })?;
         backend_threads.extend(follower);
+        if let (Some(j), Some(t)) = (&joined, &pg_target) {
+            let lease = crate::cluster::start::start_lease(j, cfg, t, &router, &backend_stop);
+            backend_threads.push(lease.inspect_err(|_| backend_stop.store(true, Ordering::Release))?);
+        }
         let shared = Arc::new(Shared {
             info,
             cache_cfg,
@@ -121,6 +133,7 @@ impl Daemon {
             recall_unavailable: floor.unavailable,
             durable,
             snapshots,
+            cluster: joined.map(|j| j.state),
         });
         // From here on, a failure must stop the backend threads: the daemon's drop does it.
         let mut daemon = Daemon {
@@ -219,6 +232,21 @@ fn follow_changes(
         instance,
     };
     changes::start(target.clone(), section, parts)
+}
+
+/// Joins `[cluster]` when set (pgvector only: the config check refuses the others).
+fn join_cluster(
+    cfg: &Config,
+    side: &StoreSide,
+    router: &mut shards::router::Router,
+    restored: bool,
+) -> Result<Option<crate::cluster::start::Joined>, StartError> {
+    match side {
+        StoreSide::Pgvector(t) if cfg.cluster.enabled() => {
+            crate::cluster::start::join(cfg, t, router, restored).map(Some)
+        }
+        _ => Ok(None),
+    }
 }
 
 /// The shards, the router trained on `sample` and the pool budget.

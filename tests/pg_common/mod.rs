@@ -41,6 +41,8 @@ pub struct PgServer {
     pub port: u16,
     /// Server settings beyond the tests' defaults (`-c name=value ...`).
     settings: String,
+    /// A streaming replica: its primary's data directory and port.
+    primary: Option<(PathBuf, u16)>,
     /// Keeps the folder alive as long as the server.
     _dir: tempdir::Dir,
 }
@@ -83,10 +85,30 @@ impl PgServer {
             data: dir.0.join("data"),
             port: free_port(),
             settings: settings.to_string(),
+            primary: None,
             _dir: dir,
         };
-        match s.run_start() {
-            Ok(()) => Some(s),
+        s.started()
+    }
+
+    /// A streaming replica (hot standby) of this server with the same settings
+    /// (`ops/pg.sh standby`: pg_basebackup, a physical slot), or `None` as `start`.
+    pub fn standby(&self, tag: &str) -> Option<PgServer> {
+        let dir = tempdir::Dir::new(tag);
+        let s = PgServer {
+            data: dir.0.join("data"),
+            port: free_port(),
+            settings: self.settings.clone(),
+            primary: Some((self.data.clone(), self.port)),
+            _dir: dir,
+        };
+        s.started()
+    }
+
+    /// `self` once started, or `None` (printed) when it cannot start outside CI.
+    fn started(self) -> Option<PgServer> {
+        match self.run_start() {
+            Ok(()) => Some(self),
             Err(e) if std::env::var_os("CI").is_some() => panic!("PostgreSQL: {e}"),
             Err(e) => {
                 eprintln!("SKIPPED: no PostgreSQL for this test ({e})");
@@ -96,9 +118,13 @@ impl PgServer {
     }
 
     fn run_start(&self) -> Result<(), String> {
-        let out = Command::new("bash")
-            .arg(script())
-            .arg("start")
+        let mut cmd = Command::new("bash");
+        cmd.arg(script());
+        match &self.primary {
+            None => cmd.arg("start"),
+            Some((data, port)) => cmd.arg("standby").arg(data).arg(port.to_string()),
+        };
+        let out = cmd
             .arg(&self.data)
             .arg(self.port.to_string())
             .arg(std::process::id().to_string())

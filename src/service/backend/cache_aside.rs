@@ -43,6 +43,7 @@ impl Side for CacheAside {
         _q: &[f32],
         _n: usize,
         _deadline: Option<Instant>,
+        _at_position: Position,
     ) -> Result<BackendAnswer, Rejection> {
         Ok(BackendAnswer {
             candidates: Vec::new(),

@@ -88,6 +88,7 @@ impl Side for Embedded {
         q: &[f32],
         n: usize,
         _deadline: Option<Instant>,
+        _at_position: Position,
     ) -> Result<BackendAnswer, Rejection> {
         let store = self.store.read().unwrap_or_else(|e| e.into_inner());
         let candidates = store.search(q, n)?;

@@ -85,6 +85,9 @@ pub(crate) enum Job {
         query: Arc<[f32]>,
         n: usize,
         deadline: Option<Instant>,
+        /// A SEARCH AT_POSITION the cache could not answer yet: the answer must hold
+        /// that position (pgvector: a read replica must have replayed it).
+        at_position: Position,
         reply: flume::Sender<Result<BackendAnswer, Rejection>>,
     },
     Insert {
@@ -154,12 +157,15 @@ pub(crate) trait Side: SideInfo + 'static {
     /// The thread has had no job for a poll interval (pgvector: reconnect if due).
     fn idle(&self, _conn: &mut Self::Conn) {}
 
+    /// The `n` nearest to `q`; an answer that holds at least `at_position` when set
+    /// (pgvector's read replicas; every other store holds every acknowledged write).
     fn search(
         &self,
         conn: &mut Self::Conn,
         q: &[f32],
         n: usize,
         deadline: Option<Instant>,
+        at_position: Position,
     ) -> Result<BackendAnswer, Rejection>;
 
     /// The acks, and the write's [`Position`].
@@ -512,6 +518,7 @@ impl<S: Side> Worker<S> {
                 query,
                 n,
                 deadline,
+                at_position,
                 reply,
             } => {
                 // The request was dropped: skip the work.
@@ -524,7 +531,7 @@ impl<S: Side> Worker<S> {
                     let _ = reply.send(Err(deadline_passed()));
                     return;
                 }
-                let _ = reply.send(self.side.search(conn, &query, n, deadline));
+                let _ = reply.send(self.side.search(conn, &query, n, deadline, at_position));
             }
             Job::Insert {
                 id,
@@ -580,7 +587,7 @@ impl<S: Side> Worker<S> {
             return;
         }
         let deadline = Some(Instant::now() + CHECK_DEADLINE);
-        let answer = match self.side.search(conn, &c.query, c.n, deadline) {
+        let answer = match self.side.search(conn, &c.query, c.n, deadline, None) {
             Ok(a) => a,
             Err(_) => {
                 counters.failed.fetch_add(1, Ordering::Relaxed);

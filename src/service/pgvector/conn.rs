@@ -45,7 +45,7 @@ pub struct PgAnswer {
 /// Whether `e` means the connection is gone (closed, broken, or ended by the server:
 /// a FATAL error, an operator's shutdown, a connection exception), as opposed to an
 /// error the server answered on a connection that is still good.
-fn connection_gone(e: &tokio_postgres::Error) -> bool {
+pub(super) fn connection_gone(e: &tokio_postgres::Error) -> bool {
     if e.is_closed() {
         return true;
     }
@@ -56,6 +56,16 @@ fn connection_gone(e: &tokio_postgres::Error) -> bool {
         .as_db_error()
         .is_some_and(|d| matches!(d.severity(), "FATAL" | "PANIC"));
     fatal || code.code().starts_with("08") || code.code().starts_with("57P")
+}
+
+/// Whether the server no longer knows a prepared statement (a pooler's new session, or
+/// the table changed shape): the connection is reopened to prepare again.
+pub(super) fn stale_statement(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        *c == SqlState::INVALID_SQL_STATEMENT_NAME
+            || (*c == SqlState::FEATURE_NOT_SUPPORTED
+                && describe(e).contains("cached plan must not change result type"))
+    })
 }
 
 /// Statements prepared on one connection.
@@ -138,17 +148,22 @@ pub(super) struct Failure {
 
 /// A statement of the pipeline, with its parameters; `Out` is what it answers (a
 /// search its rows, a write its row count).
-trait Piped {
+pub(super) trait Piped {
     type Out;
+    async fn run(&self, c: &Client, st: &Statement) -> Result<Self::Out, tokio_postgres::Error>;
+    /// Whether the pipeline reads the WAL position after its COMMIT (writes: the
+    /// change stream has applied the write once it has passed that position).
+    const POSITION: bool = false;
+}
+
+/// Where a [`Piped`] statement is prepared on the primary's connection ([`Live`]); a
+/// replica keeps its own (`replica.rs`).
+trait OnLive: Piped {
     /// The statement prepared for it on `live`, or, not prepared there yet (a search
     /// limit's first use on this connection), the text to prepare.
     fn statement(&self, live: &Live, sql: &Sql) -> Result<Statement, String>;
     /// Keeps the statement prepared from the text `statement` returned.
     fn keep(&self, _live: &mut Live, _prepared: Statement) {}
-    async fn run(&self, c: &Client, st: &Statement) -> Result<Self::Out, tokio_postgres::Error>;
-    /// Whether the pipeline reads the WAL position after its COMMIT (writes: the
-    /// change stream has applied the write once it has passed that position).
-    const POSITION: bool = false;
 }
 
 /// The `n` nearest rows to `query`.
@@ -160,6 +175,12 @@ struct Search<'a> {
 impl Piped for Search<'_> {
     type Out = Vec<Row>;
 
+    async fn run(&self, c: &Client, st: &Statement) -> Result<Vec<Row>, tokio_postgres::Error> {
+        c.query(st, &[self.query]).await
+    }
+}
+
+impl OnLive for Search<'_> {
     fn statement(&self, live: &Live, sql: &Sql) -> Result<Statement, String> {
         live.search
             .get(&self.n)
@@ -170,10 +191,6 @@ impl Piped for Search<'_> {
     fn keep(&self, live: &mut Live, prepared: Statement) {
         live.search.insert(self.n, prepared);
     }
-
-    async fn run(&self, c: &Client, st: &Statement) -> Result<Vec<Row>, tokio_postgres::Error> {
-        c.query(st, &[self.query]).await
-    }
 }
 
 /// Upserts a row (with its payload when the table has a payload column).
@@ -183,13 +200,15 @@ struct Insert<'a> {
     payload: Option<&'a [u8]>,
 }
 
-impl Piped for Insert<'_> {
-    type Out = u64;
-    const POSITION: bool = true;
-
+impl OnLive for Insert<'_> {
     fn statement(&self, live: &Live, _: &Sql) -> Result<Statement, String> {
         Ok(live.insert.clone())
     }
+}
+
+impl Piped for Insert<'_> {
+    type Out = u64;
+    const POSITION: bool = true;
 
     async fn run(&self, c: &Client, st: &Statement) -> Result<u64, tokio_postgres::Error> {
         match self.payload {
@@ -202,13 +221,15 @@ impl Piped for Insert<'_> {
 /// Deletes a row by id.
 struct Delete(i64);
 
-impl Piped for Delete {
-    type Out = u64;
-    const POSITION: bool = true;
-
+impl OnLive for Delete {
     fn statement(&self, live: &Live, _: &Sql) -> Result<Statement, String> {
         Ok(live.delete.clone())
     }
+}
+
+impl Piped for Delete {
+    type Out = u64;
+    const POSITION: bool = true;
 
     async fn run(&self, c: &Client, st: &Statement) -> Result<u64, tokio_postgres::Error> {
         c.execute(st, &[&self.0]).await
@@ -217,11 +238,11 @@ impl Piped for Delete {
 
 /// What preparing a search inside its transaction left behind.
 #[derive(Default)]
-struct Prepared {
+pub(super) struct Prepared {
     /// The statement prepared, for the connection to keep.
-    statement: Option<Statement>,
+    pub(super) statement: Option<Statement>,
     /// The PREPARE failed and so did the ROLLBACK after it: the connection is unusable.
-    rollback_failed: bool,
+    pub(super) rollback_failed: bool,
 }
 
 /// The WAL's insert position after a write's COMMIT: at or past the commit's end.
@@ -234,7 +255,7 @@ async fn position(c: &Client) -> Result<Option<Lsn>, tokio_postgres::Error> {
 
 /// The pipeline of one statement on `c` (see [`PgConn::pipelined`]), with the WAL
 /// position after its COMMIT where `S::POSITION` asks for it.
-async fn send<S: Piped>(
+pub(super) async fn send<S: Piped>(
     c: &Client,
     prelude: &str,
     timeout: Duration,
@@ -452,7 +473,7 @@ impl PgConn {
 
     /// The statement timeout for a request with `deadline`; `None` once it has passed.
     /// `statement_timeout`, shortened to what is left of the request's deadline.
-    fn timeout_for(&self, deadline: Option<Instant>) -> Option<Duration> {
+    pub(super) fn timeout_for(&self, deadline: Option<Instant>) -> Option<Duration> {
         let longest = self.target.statement_timeout;
         match deadline {
             None => Some(longest),
@@ -476,12 +497,7 @@ impl PgConn {
             PgStats::bump(&self.target.stats.statement_timeouts);
             return fail(deadline_exceeded(), FailKind::RolledBack);
         }
-        let stale = e.code().is_some_and(|c| {
-            *c == SqlState::INVALID_SQL_STATEMENT_NAME
-                || (*c == SqlState::FEATURE_NOT_SUPPORTED
-                    && describe(&e).contains("cached plan must not change result type"))
-        });
-        if stale {
+        if stale_statement(&e) {
             // This connection's statements only: the others are not suspect.
             let why = describe(&e);
             self.drop_connection(&why);
@@ -503,7 +519,7 @@ impl PgConn {
     /// trip, bounded by the statement timeout plus a grace period. A search limit not
     /// prepared on this connection yet is prepared inside the same transaction (under
     /// its statement_timeout: preparing takes a lock on the table), one round trip more.
-    fn pipelined<S: Piped>(
+    fn pipelined<S: OnLive>(
         &mut self,
         prelude: String,
         timeout: Duration,
@@ -590,7 +606,30 @@ impl PgConn {
         }
     }
 
-    fn answer(&self, rows: Vec<Row>, n: usize) -> PgAnswer {
+    /// The primary's WAL insert position now, on this thread's connection (read-replica
+    /// choice after a write through akerd whose position is unknown: `replica.rs`);
+    /// `None` when there is no connection or no answer within the statement timeout.
+    pub(super) fn wal_insert_position(&mut self) -> Option<Lsn> {
+        self.reconnect_if_due(true);
+        let live = self.live.as_ref()?;
+        let bound = self.target.statement_timeout;
+        let r = self
+            .rt
+            .block_on(async { tokio::time::timeout(bound, position(&live.client)).await });
+        match r {
+            Ok(Ok(at)) => at,
+            Ok(Err(e)) => {
+                let _ = self.statement_error(e);
+                None
+            }
+            Err(_) => {
+                self.lost("no answer to a WAL position read");
+                None
+            }
+        }
+    }
+
+    pub(super) fn answer(&self, rows: Vec<Row>, n: usize) -> PgAnswer {
         let t = &*self.target;
         let mut complete = rows.len() >= n;
         let mut candidates = Vec::with_capacity(rows.len());
@@ -673,7 +712,7 @@ impl PgConn {
 
     /// A write's pipeline; a write in doubt has its server session settled before
     /// this returns (`in_doubt.rs`).
-    fn write<S: Piped<Out = u64>>(
+    fn write<S: OnLive<Out = u64>>(
         &mut self,
         timeout: Duration,
         stmt: &S,

@@ -19,6 +19,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
 use super::sql::{describe, metric_of_opclass, opclass, operator, quote_ident};
+use super::replica::Replicas;
 use super::{open, runtime, PgConnect, PgStats, PgTarget, Sql, BACKOFF_FIRST, CLIENT_GRACE};
 use crate::config::{ConfigError, PgvectorSection};
 use crate::service::data::Dataset;
@@ -35,14 +36,30 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
 /// The connection settings of `section`, with the password from its file or variable and
 /// the TLS its url's `sslmode` / `sslrootcert` ask for.
 pub(crate) fn connection_config(section: &PgvectorSection) -> Result<PgConnect, StartError> {
+    connect_to(section, &section.url, "url")
+}
+
+/// Each of `replica_urls` as configured, with its settings: parsed as `url` is, the same
+/// password, its own `sslmode` / `sslrootcert`.
+pub(crate) fn replica_configs(
+    section: &PgvectorSection,
+) -> Result<Vec<(String, PgConnect)>, StartError> {
+    let each = |(i, u): (usize, &String)| {
+        connect_to(section, u, &format!("replica_urls[{i}]")).map(|c| (u.clone(), c))
+    };
+    section.replica_urls.iter().enumerate().map(each).collect()
+}
+
+/// The settings of `url` (the config's key `key`, for errors), as [`connection_config`].
+fn connect_to(section: &PgvectorSection, url: &str, key: &str) -> Result<PgConnect, StartError> {
     let cfg_err = |m: String| StartError::Config(ConfigError::invalid("backend.pgvector", m));
-    let split = super::tls::split_url(&section.url).map_err(|e| cfg_err(format!("url: {e}")))?;
+    let split = super::tls::split_url(url).map_err(|e| cfg_err(format!("{key}: {e}")))?;
     let tls = super::tls::connector(split.mode, split.root_cert.as_deref())
-        .map_err(|e| cfg_err(format!("url: {e}")))?;
+        .map_err(|e| cfg_err(format!("{key}: {e}")))?;
     let mut c: tokio_postgres::Config = split
         .url
         .parse()
-        .map_err(|e| cfg_err(format!("url: {e}")))?;
+        .map_err(|e| cfg_err(format!("{key}: {e}")))?;
     if let Some(path) = &section.password_file {
         let text = std::fs::read_to_string(path)
             .map_err(|e| cfg_err(format!("password_file {}: {e}", path.display())))?;
@@ -101,6 +118,7 @@ pub fn start(
     sample_rows: usize,
 ) -> Result<(PgTarget, Option<Dataset>), StartError> {
     let conn = connection_config(section)?;
+    let replicas = Replicas::new(replica_configs(section)?);
     let rt = runtime()?;
     let client = rt.block_on(connect_at_start(&conn, section))?;
     // Every start-up query is bounded: a migration's lock on the table must not hang the
@@ -140,6 +158,7 @@ pub fn start(
             has_payload: section.payload_column.is_some(),
             stats: PgStats::default(),
             changes: Default::default(),
+            replicas,
         };
         let sample = sample(&client, &target, section, sample_rows).await?;
         if let Some(s) = &sample {
@@ -147,7 +166,8 @@ pub fn start(
         }
         tracing::info!(table = %target.table, dim = target.dim, metric = %target.metric,
             index = %target.index, ef_search = ef,
-            iterative_scan = section.iterative_scan.as_sql(), "pgvector backend ready");
+            iterative_scan = section.iterative_scan.as_sql(),
+            replicas = target.replicas.len(), "pgvector backend ready");
         Ok((target, sample))
     };
     rt.block_on(async { tokio::time::timeout(budget, work).await })

@@ -35,6 +35,8 @@
 //!    changes/     the change stream: the table's committed changes, applied in commit
 //!                 order (its own thread and connections)
 //!    pgoutput.rs  the decoder of the stream's messages
+//!    replica.rs   misses to read replicas (`replica_urls`), once they have replayed
+//!                 what the cache holds
 //! ```
 //!
 //! Whatever else talks to the database grows as a file beside these.
@@ -44,6 +46,7 @@ pub(crate) mod conn;
 pub(crate) mod discover;
 mod in_doubt;
 pub(crate) mod pgoutput;
+pub(crate) mod replica;
 mod side;
 pub mod sql;
 pub(crate) mod tls;
@@ -72,7 +75,7 @@ pub struct PgTarget {
     pub index: String,
     /// The table as PostgreSQL prints it (schema-qualified where needed, quoted).
     pub table: String,
-    conn: PgConnect,
+    pub(crate) conn: PgConnect,
     sql: Sql,
     /// `BEGIN; SET LOCAL ...` of a search, before its `statement_timeout`.
     search_prelude: String,
@@ -83,6 +86,8 @@ pub struct PgTarget {
     pub(crate) stats: PgStats,
     /// The change stream's applied position and counters (`changes/`).
     pub(crate) changes: changes::ChangeFeed,
+    /// The read replicas misses may go to (`replica.rs`; none unless `replica_urls`).
+    pub(crate) replicas: replica::Replicas,
 }
 
 /// The text of the statements every connection prepares.
@@ -147,7 +152,7 @@ pub(crate) struct PgConnect {
 }
 
 /// Opens a connection, its driver spawned on the current runtime.
-async fn open(conn: &PgConnect) -> Result<Client, tokio_postgres::Error> {
+pub(crate) async fn open(conn: &PgConnect) -> Result<Client, tokio_postgres::Error> {
     Ok(match &conn.tls {
         None => drive(conn.config.connect(NoTls).await?),
         Some(t) => drive(conn.config.connect(t.clone()).await?),

@@ -1,10 +1,12 @@
 //! The backend pool's pgvector side: each backend thread holds its own connection
-//! (`PgConn`), so a search or write always has one; writes go through the in-doubt
+//! (`PgConn`), so a search or write always has one, and its connections to the read
+//! replicas (`Standbys`, none without `replica_urls`); writes go through the in-doubt
 //! protocol (`in_doubt.rs`) under their id's stripe.
 //!
 //! ```text
-//!  thread i ── PgConn ──► search ──────────────► rows ─► BackendAnswer
-//!                    └──► insert / delete ──► WriteOrder (stripe, settle, strip)
+//!  thread i ── PgThread ──► search ── a replica that may, else PgConn ─► BackendAnswer
+//!                      └──► insert / delete (PgConn) ──► WriteOrder (stripe, settle, strip)
+//!                                  position noted for the replicas ─┘
 //!                                                └─ committed ─► queue to owners
 //! ```
 
@@ -12,8 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::changes::Waited;
-use super::in_doubt::{strip, WriteOrder};
+use super::in_doubt::{strip, WriteError, WriteOrder};
 use super::pgoutput::{lsn_text, Lsn};
+use super::replica::{self, Standbys};
 use super::{PgConn, PgTarget};
 use crate::protocol::{Rejection, Status};
 use crate::service::backend::{
@@ -32,6 +35,12 @@ impl PgSide {
             order: WriteOrder::new(),
         }
     }
+}
+
+/// One backend thread's connections: the primary's, and one per read replica.
+pub(crate) struct PgThread {
+    pg: PgConn,
+    standbys: Standbys,
 }
 
 /// Longest wait of a write without a deadline for the change stream to apply it.
@@ -95,6 +104,26 @@ impl PgSide {
     }
 }
 
+impl PgSide {
+    /// A write's outcome (`at`: its position, `None` when unread), noted for the read
+    /// replicas before the write reaches the cache or its id leaves it: a replica must
+    /// have replayed it before answering a miss. One in doubt may have committed where
+    /// no one knows.
+    fn noted<T>(
+        &self,
+        r: Result<T, WriteError>,
+        at: impl FnOnce(&T) -> Option<Lsn>,
+    ) -> Result<T, WriteError> {
+        let replicas = &self.target.replicas;
+        match &r {
+            Ok(done) => replicas.wrote(at(done)),
+            Err(e) if e.in_doubt => replicas.position_unknown(),
+            Err(_) => {}
+        }
+        r
+    }
+}
+
 impl SideInfo for PgSide {
     fn pgvector(&self) -> Option<&PgTarget> {
         Some(&self.target)
@@ -102,11 +131,14 @@ impl SideInfo for PgSide {
 }
 
 impl Side for PgSide {
-    type Conn = PgConn;
+    type Conn = PgThread;
 
-    fn connect(&self) -> Option<PgConn> {
+    fn connect(&self) -> Option<PgThread> {
         match PgConn::new(self.target.clone()) {
-            Ok(c) => Some(c),
+            Ok(pg) => Some(PgThread {
+                standbys: Standbys::new(self.target.clone(), &pg.rt),
+                pg,
+            }),
             Err(e) => {
                 tracing::error!(error = %e, "backend thread: no runtime for pgvector");
                 None
@@ -114,18 +146,20 @@ impl Side for PgSide {
         }
     }
 
-    fn idle(&self, pg: &mut PgConn) {
-        pg.reconnect_if_due(false);
+    fn idle(&self, t: &mut PgThread) {
+        t.pg.reconnect_if_due(false);
+        t.standbys.idle(&t.pg.rt);
     }
 
     fn search(
         &self,
-        pg: &mut PgConn,
+        t: &mut PgThread,
         q: &[f32],
         n: usize,
         deadline: Option<Instant>,
+        at_position: Option<Lsn>,
     ) -> Result<BackendAnswer, Rejection> {
-        let a = pg.search(q, n, deadline)?;
+        let a = replica::search(&mut t.pg, &mut t.standbys, q, n, deadline, at_position)?;
         Ok(BackendAnswer {
             candidates: a.candidates,
             complete: a.complete,
@@ -134,15 +168,18 @@ impl Side for PgSide {
 
     fn insert(
         &self,
-        pg: &mut PgConn,
+        t: &mut PgThread,
         owners: &Owners,
         row: &NewRow,
     ) -> Result<(InsertAcks, Position), Rejection> {
         self.order.write(
-            pg,
+            &mut t.pg,
             owners,
             row.id,
-            |pg| pg.insert(row.id, &row.vector, &row.payload, row.deadline),
+            |pg| {
+                let r = pg.insert(row.id, &row.vector, &row.payload, row.deadline);
+                self.noted(r, |&at| at)
+            },
             |at| {
                 let acks = self.reach_cache(owners, row.id, at, row.deadline, || {
                     owners.queue_insert(row.id, &row.vector, row.near)
@@ -154,16 +191,20 @@ impl Side for PgSide {
 
     fn delete(
         &self,
-        pg: &mut PgConn,
+        t: &mut PgThread,
         owners: &Owners,
         id: u64,
         deadline: Option<Instant>,
     ) -> Result<(Option<bool>, DeleteAcks, Position), Rejection> {
         self.order.write(
-            pg,
+            &mut t.pg,
             owners,
             id,
-            |pg| pg.delete(id, deadline),
+            |pg| match i64::try_from(id) {
+                Ok(_) => self.noted(pg.delete(id, deadline), |&(_, at)| at),
+                // No such row can exist: nothing was sent.
+                Err(_) => pg.delete(id, deadline),
+            },
             |(existed, at)| {
                 let acks =
                     self.reach_cache(owners, id, at, deadline, || owners.queue_delete(id))?;

@@ -268,6 +268,16 @@ impl ChangeFeed {
     /// behind than `max_staleness_ms`. While the database cannot be reached
     /// (reconnecting), nothing can commit there, and hits are served.
     pub(crate) fn too_stale(&self) -> bool {
+        let stale = self.past_staleness();
+        if stale {
+            self.stats.stale_searches.fetch_add(1, Ordering::Relaxed);
+        }
+        stale
+    }
+
+    /// [`ChangeFeed::too_stale`] without counting a search (a read replica, which may be
+    /// as far behind as the stream, is then passed over: `replica.rs`).
+    pub(crate) fn past_staleness(&self) -> bool {
         let max = self.staleness_max_us.load(Ordering::Relaxed);
         let state = self.stats.state.load(Ordering::Relaxed);
         if max == 0 || state == FeedState::Reconnecting as u64 {
@@ -275,17 +285,12 @@ impl ChangeFeed {
         }
         if state != FeedState::Following as u64 {
             // Stopped (the table changed, the slot taken): no bound holds any more.
-            self.stats.stale_searches.fetch_add(1, Ordering::Relaxed);
             return true;
         }
         let behind = self
             .now_us()
             .saturating_sub(self.caught_up_us.load(Ordering::Acquire));
-        let stale = behind > max;
-        if stale {
-            self.stats.stale_searches.fetch_add(1, Ordering::Relaxed);
-        }
-        stale
+        behind > max
     }
 
     /// A new slot's start position, which may lie before the old applied one.
@@ -480,6 +485,12 @@ pub(crate) fn start(
                  akerd reach the cache: rows changed in the database by anyone else are \
                  served stale until their entries go. pg_changes_up reads 0."
             );
+            if target.replicas.len() > 0 {
+                tracing::warn!(
+                    "pgvector: replica_urls are not used: a replica is held to the change \
+                     stream's position; every miss goes to the primary"
+                );
+            }
             let _ = handle.join();
             Ok(None)
         }
