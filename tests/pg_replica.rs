@@ -307,8 +307,12 @@ fn a_search_at_a_position_is_not_answered_by_a_replica_behind_it() {
         let r = at_position(&mut c, &mine, at, bypass_cache);
         assert_eq!(ids(&r)[0], 900_001, "bypass {bypass_cache}: {r:?}");
     }
-    // A row inserted in SQL: its position is past what akerd has applied, so the
-    // position itself must keep the paused replica out.
+    // Replayed up to now, paused again, and a row inserted in SQL: the replica holds
+    // what akerd has applied but not the row; only the position keeps it out.
+    resume(&replica);
+    wait_replayed(&replica, wal_now(&primary));
+    pause(&replica);
+    thread::sleep(SKIP_PASSED);
     let theirs = vec![-40.0f32; DIM];
     let text: Vec<String> = theirs.iter().map(f32::to_string).collect();
     primary.exec(&format!(

@@ -107,6 +107,10 @@ impl Service for MapService {
                     "fixture_vectors {}",
                     self.vectors.borrow().len()
                 ))),
+                Request::Cluster => Err(protocol::Rejection::new(
+                    Status::Unsupported,
+                    "the fixture is in no cluster",
+                )),
                 // The server answers these itself.
                 Request::Hello | Request::Ping(_) | Request::Auth(_) | Request::SearchBatch(_) => {
                     Err(protocol::Rejection::new(

@@ -91,6 +91,7 @@ impl Service for FixedService {
                 Request::Fill(_) => Reply::Filled { admitted: false },
                 Request::Flush => Reply::Flushed,
                 Request::Stats => Reply::Stats(format!("fixture_requests {}", self.requests.get())),
+                Request::Cluster => Reply::error(0x0B, Status::Unsupported, "in no cluster"),
                 Request::Hello | Request::Ping(_) | Request::Auth(_) | Request::SearchBatch(_) => {
                     Reply::error(
                         0,

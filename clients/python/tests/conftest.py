@@ -34,6 +34,12 @@ def run(coro: Awaitable[T], timeout: float = 60.0) -> T:
     return asyncio.run(bounded())
 
 
+def newest_version(info: "aker.ServerInfo") -> int:
+    """The version a client and akerd speak: the newest both know (5 with an akerd built
+    before protocol version 6, 6 after)."""
+    return min(aker.VERSIONS[0], info.version_max)
+
+
 def make_data() -> np.ndarray:
     return np.random.default_rng(7).standard_normal((N, DIM)).astype(np.float32)
 

@@ -1,13 +1,13 @@
 """A scripted stand-in for akerd (what a real one never does: stay silent, answer late,
 speak only old versions, prove a wrong secret, answer out of order, fail chosen rows of
-a SEARCH_BATCH)."""
+a SEARCH_BATCH), and a cluster of them (:class:`FakeCluster`, protocol version 6)."""
 
 from __future__ import annotations
 
 import socket
 import struct
 import threading
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -54,15 +54,44 @@ def batch_item(ids: Sequence[int] = (), dists: Sequence[float] = (), *, hit: int
     return b + (struct.pack("<Q", token) if token is not None else b"")
 
 
-def batch_body(items: Sequence[bytes]) -> bytes:
-    return struct.pack("<I", len(items)) + b"".join(items)
+def batch_body(items: Sequence[bytes], routing: Optional[int] = None) -> bytes:
+    """A SEARCH_BATCH reply body; ``routing``: (v6) the routing version after the count."""
+    head = struct.pack("<I", len(items)) + (struct.pack("<Q", routing) if routing is not None else b"")
+    return head + b"".join(items)
 
 
-def search_body(ids: List[int], dists: List[float], hit: int = 0) -> bytes:
-    b = struct.pack("<BBHI", hit, 1, 0, len(ids))
+def search_body(ids: List[int], dists: List[float], hit: int = 0, routing: Optional[int] = None,
+                token: Optional[int] = None) -> bytes:
+    """A SEARCH reply body; ``routing``: (v6) the routing version ending it."""
+    b = struct.pack("<BBHI", hit, 1 | (2 if token is not None else 0), 0, len(ids))
     for i, d in zip(ids, dists):
         b += struct.pack("<Qf", i, d)
-    return b
+    if token is not None:
+        b += struct.pack("<Q", token)
+    return b + (struct.pack("<Q", routing) if routing is not None else b"")
+
+
+Node = Tuple[int, bool, str]  # node_id, live, advertise
+
+
+def cluster_body(*, routing_version: int = 1, centroids_version: int = 1, balance_epoch: int = 0,
+                 self_id: int = 1, lease_ms: int = 3000, metric: int = 0, dim: int = 2,
+                 centroids: Sequence[Sequence[float]] = ((0.0, 0.0),), nodes: Sequence[Node] = (),
+                 overrides: Sequence[Tuple[int, int]] = (), name: str = "fake") -> bytes:
+    """A CLUSTER reply body (v6), written from PROTOCOL.md's table (not by the client's code)."""
+    flat = [float(x) for row in centroids for x in row]
+    b = struct.pack("<QQQQIB3xII", routing_version, centroids_version, balance_epoch, self_id, lease_ms, metric,
+                    dim, len(flat) // dim if dim else 0)
+    b += struct.pack("<%df" % len(flat), *flat)
+    b += struct.pack("<I", len(nodes))
+    for node_id, live, advertise in nodes:
+        a = advertise.encode()
+        b += struct.pack("<QBBH", node_id, int(live), 0, len(a)) + a
+    b += struct.pack("<I", len(overrides))
+    for c, node_id in overrides:
+        b += struct.pack("<IQ", c, node_id)
+    n = name.encode()
+    return b + struct.pack("<H", len(n)) + n
 
 
 class FakeConn:
@@ -148,6 +177,121 @@ class FakeServer:
             t.join(5.0)
 
     def __enter__(self) -> "FakeServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class FakeCluster:
+    """``n`` fake akerd nodes of one cluster on 127.0.0.1 (protocol versions 1 to 6).
+
+    Every node answers HELLO, CLUSTER (the shared state: :attr:`live`, :attr:`overrides`,
+    :attr:`routing_version`, this node as ``self_id``), SEARCH and SEARCH_BATCH (one
+    neighbour per query: the answering node's id, so a test sees who answered; the
+    replies carry the node's routing version), INSERT and DELETE (positions counting up
+    from 1000). :attr:`seen` records each node's requests but HELLO and CLUSTER; a node
+    in :attr:`silent` never answers them (a client's timeout)."""
+
+    def __init__(self, n: int = 3, *, dim: int = 2, centroids: Optional[Sequence[Sequence[float]]] = None,
+                 metric: int = 0, lease_ms: int = 3000, name: str = "fake-cluster",
+                 node_ids: Optional[Sequence[int]] = None) -> None:
+        self.dim = dim
+        self.metric = metric
+        self.lease_ms = lease_ms
+        self.name = name
+        if centroids is None:  # 8 centroids on a circle of radius 10 (dimension 2)
+            angles = np.arange(8) * (2 * np.pi / 8)
+            centroids = [[10 * float(np.cos(a)), 10 * float(np.sin(a))] + [0.0] * (dim - 2) for a in angles]
+        self.centroids = [list(map(float, c)) for c in centroids]
+        self.ids: List[int] = list(node_ids) if node_ids is not None else [0x1000 + 0x111 * i for i in range(n)]
+        self.lock = threading.Lock()
+        self.routing_version = 0x5EED_0001
+        #: A node's own routing version in its replies, when it differs from the state's.
+        self.node_routing: Dict[int, int] = {}
+        self.live: Dict[int, bool] = {i: True for i in self.ids}
+        self.overrides: List[Tuple[int, int]] = []
+        self.silent: Set[int] = set()
+        self.position = 1000
+        self.cluster_requests = 0
+        self.seen: Dict[int, List[Tuple[int, int, int, bytes]]] = {i: [] for i in self.ids}
+        self.servers: Dict[int, FakeServer] = {}
+        for node_id in self.ids:
+            self.servers[node_id] = FakeServer(self._handler(node_id))
+
+    @property
+    def seeds(self) -> List[str]:
+        return ["127.0.0.1:%d" % self.servers[i].port for i in self.ids]
+
+    def body(self, self_id: int) -> bytes:
+        with self.lock:
+            nodes = [(i, self.live[i], "127.0.0.1:%d" % self.servers[i].port) for i in self.ids]
+            return cluster_body(routing_version=self.routing_version, self_id=self_id, lease_ms=self.lease_ms,
+                                metric=self.metric, dim=self.dim, centroids=self.centroids, nodes=nodes,
+                                overrides=self.overrides, name=self.name, balance_epoch=len(self.overrides))
+
+    def change(self, *, live: Optional[Dict[int, bool]] = None,
+               overrides: Optional[List[Tuple[int, int]]] = None) -> int:
+        """A new routing state (every node's replies carry its version at once)."""
+        with self.lock:
+            if live is not None:
+                self.live.update(live)
+            if overrides is not None:
+                self.overrides = list(overrides)
+            self.routing_version += 1
+            return self.routing_version
+
+    def kill(self, node_id: int) -> None:
+        """Closes the node's port and its connections (the state still says it is live)."""
+        self.servers[node_id].close()
+
+    def _handler(self, node_id: int) -> Callable[[FakeConn], None]:
+        def handle(c: FakeConn) -> None:
+            while True:
+                req = c.recv()
+                if req is None:
+                    return
+                version, op, flags, rid, body = req
+                if not 1 <= version <= 6:
+                    c.send(6, op, rid, b"version not spoken", status=5)
+                    continue
+                if op == 1:
+                    c.send(version, op, rid, hello_body(version, dim=self.dim, vmax=6, max_inflight=8, max_batch=8))
+                    continue
+                if op == 2:
+                    c.send(version, op, rid, body)
+                    continue
+                if op == 0x0B:
+                    with self.lock:
+                        self.cluster_requests += 1
+                    c.send(version, op, rid, self.body(node_id))
+                    continue
+                with self.lock:
+                    self.seen[node_id].append((version, op, flags, body))
+                    routing = self.node_routing.get(node_id, self.routing_version) if version >= 6 else None
+                    self.position += 1
+                    position = struct.pack("<Q", self.position) if version >= 5 else b""
+                    if node_id in self.silent:
+                        continue
+                if op == 3:
+                    c.send(version, op, rid, search_body([node_id], [0.5], hit=1, routing=routing))
+                elif op == 0x0A:
+                    count = struct.unpack_from("<I", body, 16)[0]
+                    c.send(version, op, rid, batch_body([batch_item([node_id], [0.5], hit=1)] * count, routing))
+                elif op == 4:
+                    c.send(version, op, rid, position)
+                elif op == 5:
+                    c.send(version, op, rid, b"\x01" + position)
+                else:
+                    c.send(version, op, rid, b"not here", status=13)
+
+        return handle
+
+    def close(self) -> None:
+        for s in self.servers.values():
+            s.close()
+
+    def __enter__(self) -> "FakeCluster":
         return self
 
     def __exit__(self, *exc: object) -> None:

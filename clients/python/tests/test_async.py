@@ -9,7 +9,7 @@ import pytest
 
 import aker
 from akerd_process import Akerd
-from conftest import DIM, K_MAX, MAX_FRAME, MAX_INFLIGHT, abatch_until, asearch_until, exact, queries, run
+from conftest import DIM, K_MAX, MAX_FRAME, MAX_INFLIGHT, abatch_until, asearch_until, exact, newest_version, queries, run
 
 EXACT = aker.HitKind.EXACT
 
@@ -23,7 +23,7 @@ async def connect(akerd: Akerd, **kw: object) -> aker.AsyncClient:
 def test_async_hello_search_and_cache(akerd: Akerd, data: np.ndarray) -> None:
     async def body() -> None:
         async with await connect(akerd, window=1000) as c:
-            assert c.version == 5 and c.info.dim == DIM and c.window == MAX_INFLIGHT
+            assert c.version == newest_version(c.info) and c.version >= 5 and c.info.dim == DIM and c.window == MAX_INFLIGHT
             for q in queries(4, seed=40):
                 want = exact(data, q, 6).tolist()
                 r = await c.search(q, 6)

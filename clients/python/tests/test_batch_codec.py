@@ -52,10 +52,10 @@ def test_hello_v3_and_v2_have_no_max_batch() -> None:
         _codec._hello(3, hello_body(4))
 
 
-def test_the_handshake_speaks_5_then_falls_back() -> None:
+def test_the_handshake_speaks_the_newest_then_falls_back() -> None:
     steps = _codec.handshake(None)
     req = next(steps)
-    assert req.version == 5 and req.opcode is Opcode.HELLO and aker.VERSIONS == (5, 4, 3, 2)
+    assert req.version == 6 and req.opcode is Opcode.HELLO and aker.VERSIONS == (6, 5, 4, 3, 2)
     again = steps.send(_codec.Frame(3, 0x81, 0, int(aker.Status.BAD_VERSION), 1, b""))
     assert again.version == 3
     with pytest.raises(StopIteration) as stop:

@@ -10,7 +10,7 @@ import pytest
 
 import aker
 from akerd_process import Akerd
-from conftest import DELTA, DIM, K_MAX, MAX_FRAME, MAX_INFLIGHT, batch_until, exact, queries, search_until
+from conftest import DELTA, DIM, K_MAX, MAX_FRAME, MAX_INFLIGHT, batch_until, exact, newest_version, queries, search_until
 
 EXACT = aker.HitKind.EXACT
 
@@ -19,7 +19,7 @@ def test_hello_is_checked_and_remembered(client: aker.Client) -> None:
     i = client.info
     assert (i.dim, i.metric, i.k_max, i.delta, i.max_inflight, i.max_frame_bytes) == (
         DIM, aker.Metric.L2SQ, K_MAX, DELTA, MAX_INFLIGHT, MAX_FRAME)
-    assert client.version == 5 and i.version_max >= 5 and not i.auth_required
+    assert client.version == newest_version(i) and i.version_max >= 5 and not i.auth_required
     # max_batch defaults to 256, capped by max_inflight: HELLO reports the cap.
     assert i.max_batch == MAX_INFLIGHT and client.window == MAX_INFLIGHT
 

@@ -360,7 +360,8 @@ impl Standbys {
     pub(crate) fn idle(&mut self, rt: &Runtime) {
         self.tend(rt);
         if self.slots.iter().any(|s| matches!(s.link, Link::Opening(_))) {
-            rt.block_on(tokio::time::sleep(IDLE_DRIVE));
+            // Made inside the runtime: a timer needs its context.
+            rt.block_on(async { tokio::time::sleep(IDLE_DRIVE).await });
         }
     }
 

@@ -11,7 +11,8 @@
         print(r.kind.name, r.ids[:3])
 
 Sync: :class:`Client`, :class:`Pipeline`, :class:`Pool`. Async: :class:`AsyncClient`,
-:class:`AsyncPipeline`, :class:`AsyncPool`. Errors: :mod:`aker.errors` (all are
+:class:`AsyncPipeline`, :class:`AsyncPool`. A tier of nodes (protocol version 6):
+:class:`Cluster`, routing by :mod:`aker.cluster`. Errors: :mod:`aker.errors` (all are
 :class:`AkerError`).
 """
 
@@ -22,6 +23,8 @@ from ._protocol import (
     NO_ID,
     VERSIONS,
     BatchResult,
+    ClusterNode,
+    ClusterState,
     Deleted,
     HitKind,
     Metric,
@@ -32,6 +35,7 @@ from ._protocol import (
 )
 from .aio import AsyncClient, AsyncPipeline, AsyncPool
 from .client import DEFAULT, Client, Pipeline, Pool
+from .cluster import Cluster, ClusterCounters
 from . import errors as _errors
 from .errors import *  # noqa: F403 (every error class, listed once in errors.__all__)
 
@@ -45,6 +49,10 @@ __all__ = [
     "AsyncClient",
     "AsyncPipeline",
     "AsyncPool",
+    "Cluster",
+    "ClusterCounters",
+    "ClusterState",
+    "ClusterNode",
     "DEFAULT",
     "SearchResult",
     "BatchResult",

@@ -17,6 +17,8 @@ import numpy as np
 
 from . import _auth
 from ._protocol import (
+    CLUSTER_NAME_BYTES_MAX,
+    CLUSTER_NODES_MAX,
     CONNECTION_OP,
     FLAG_AT_POSITION,
     FLAG_BYPASS_CACHE,
@@ -34,6 +36,8 @@ from ._protocol import (
     REPLY_TOKEN,
     VERSIONS,
     BatchResult,
+    ClusterNode,
+    ClusterState,
     Deleted,
     HitKind,
     Metric,
@@ -53,6 +57,7 @@ from .errors import (
     ServerNotAuthentic,
     StatusError,
     TooLarge,
+    Unsupported,
     error_for_status,
 )
 
@@ -302,8 +307,8 @@ def _deadline_us(deadline: Optional[float]) -> int:
 
 
 def _hello(version: int, body: bytes) -> Tuple[Dict[str, Any], Optional[bytes]]:
-    v4 = (37, 37 + NONCE_LEN)  # version 5's HELLO is version 4's
-    want = {2: (32,), 3: (33, 33 + NONCE_LEN), 4: v4, 5: v4}.get(version, (28,))
+    v4 = (37, 37 + NONCE_LEN)  # versions 5 and 6 add nothing to version 4's HELLO
+    want = v4 if version >= 4 else {2: (32,), 3: (33, 33 + NONCE_LEN)}.get(version, (28,))
     if len(body) not in want:
         raise ProtocolError("HELLO reply of version %d has %d bytes" % (version, len(body)))
     vmin, vmax, metric, reserved = struct.unpack_from("<BBBB", body, 0)
@@ -355,18 +360,21 @@ def decode_search(version: int, body: bytes, k: int) -> SearchResult:
     if flags & ~defined or reserved:
         raise ProtocolError("SEARCH reply: undefined flags %#04x or reserved %d" % (flags, reserved))
     token_len = 8 if flags & REPLY_TOKEN else 0
-    if len(body) != 8 + 12 * m + token_len:
-        raise ProtocolError("SEARCH reply: %d neighbours in %d bytes" % (m, len(body)))
+    routing_len = 8 if version >= 6 else 0  # v6: the routing version ends the body
+    if len(body) != 8 + 12 * m + token_len + routing_len:
+        raise ProtocolError("SEARCH reply of version %d: %d neighbours in %d bytes" % (version, m, len(body)))
     if m > k:
         raise ProtocolError("SEARCH reply: %d neighbours for k = %d" % (m, k))
     arr = np.frombuffer(body, dtype=_NEIGHBOUR, count=m, offset=8)
     token = struct.unpack_from("<Q", body, 8 + 12 * m)[0] if token_len else None
+    routing = struct.unpack_from("<Q", body, len(body) - 8)[0] if routing_len else 0
     return SearchResult(
         ids=arr["id"].astype(np.uint64),
         distances=arr["distance"].astype(np.float32),
         kind=kind,
         distances_to_query=bool(flags & REPLY_DISTANCES_TO_QUERY),
         token=token,
+        routing_version=int(routing),
     )
 
 
@@ -430,6 +438,98 @@ def parse_stats(version: int, body: bytes) -> Dict[str, Union[int, float, str]]:
     return out
 
 
+class _Body:
+    """A cursor over a reply body; running past its end is a :class:`ProtocolError`
+    naming the field."""
+
+    __slots__ = ("body", "off", "what")
+
+    def __init__(self, body: bytes, what: str) -> None:
+        self.body = body
+        self.off = 0
+        self.what = what
+
+    def take(self, n: int, field: str) -> bytes:
+        if n > len(self.body) - self.off:
+            raise ProtocolError(
+                "%s reply of %d bytes ends inside %s (at byte %d)" % (self.what, len(self.body), field, self.off)
+            )
+        out = self.body[self.off : self.off + n]
+        self.off += n
+        return out
+
+    def unpack(self, fmt: str, field: str) -> Tuple[Any, ...]:
+        s = struct.Struct(fmt)
+        return s.unpack(self.take(s.size, field))
+
+    def text(self, field: str) -> str:
+        """A u16 length and that many bytes of UTF-8, at most 255."""
+        (n,) = self.unpack("<H", field + "'s length")
+        if n > CLUSTER_NAME_BYTES_MAX:
+            raise ProtocolError("%s reply: %s of %d bytes (at most %d)" % (self.what, field, n, CLUSTER_NAME_BYTES_MAX))
+        raw = self.take(n, field)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError("%s reply: %s is not UTF-8" % (self.what, field)) from None
+
+    def finish(self) -> None:
+        if self.off != len(self.body):
+            raise ProtocolError("%s reply: %d bytes after its last field" % (self.what, len(self.body) - self.off))
+
+
+def decode_cluster(version: int, body: bytes) -> ClusterState:
+    """A CLUSTER reply body (version 6; PROTOCOL.md "CLUSTER"), checked as the Rust client
+    checks it: a known metric, reserved bytes 0, a dimension of at least 1, finite
+    centroids, at most 1,024 nodes and 1,024 overrides, names of at most 255 bytes of
+    UTF-8, ``live`` 0 or 1, nothing after the name."""
+    c = _Body(body, "CLUSTER")
+    routing_version, centroids_version, balance_epoch, self_id, lease_ms, code = c.unpack("<QQQQIB", "the header")
+    if c.take(3, "reserved bytes") != b"\x00\x00\x00":
+        raise ProtocolError("CLUSTER reply: reserved bytes must be 0")
+    try:
+        metric = Metric(code)
+    except ValueError:
+        raise ProtocolError("CLUSTER reply: unknown metric code %d" % code) from None
+    dim, n = c.unpack("<II", "dim and n")
+    if dim == 0 or 4 * dim * n > len(body) - c.off:
+        raise ProtocolError("CLUSTER reply: %d centroids of dimension %d do not fit the body" % (n, dim))
+    centroids = np.frombuffer(c.take(4 * dim * n, "the centroids"), dtype=F32).astype(np.float32).reshape(n, dim)
+    if not np.isfinite(centroids).all():
+        row = int(np.argwhere(~np.isfinite(centroids))[0][0])
+        raise ProtocolError("CLUSTER reply: centroid %d is not finite" % row)
+    (n_nodes,) = c.unpack("<I", "the node count")
+    if n_nodes > CLUSTER_NODES_MAX:
+        raise ProtocolError("CLUSTER reply: %d nodes (at most %d)" % (n_nodes, CLUSTER_NODES_MAX))
+    nodes: List[ClusterNode] = []
+    for i in range(n_nodes):
+        node_id, live, reserved = c.unpack("<QBB", "node %d" % i)
+        if live > 1:
+            raise ProtocolError("CLUSTER reply: node %d's live byte is %d (0 or 1)" % (i, live))
+        if reserved:
+            raise ProtocolError("CLUSTER reply: node %d's reserved byte is %d" % (i, reserved))
+        nodes.append(ClusterNode(node_id=node_id, live=live == 1, advertise=c.text("node %d's address" % i)))
+    (n_over,) = c.unpack("<I", "the override count")
+    if n_over > CLUSTER_NODES_MAX:
+        raise ProtocolError("CLUSTER reply: %d overrides (at most %d)" % (n_over, CLUSTER_NODES_MAX))
+    overrides = [c.unpack("<IQ", "override %d" % i) for i in range(n_over)]
+    name = c.text("the cluster name")
+    c.finish()
+    return ClusterState(
+        name=name,
+        routing_version=routing_version,
+        centroids_version=centroids_version,
+        balance_epoch=balance_epoch,
+        self_id=self_id,
+        lease_ms=lease_ms,
+        metric=metric,
+        dim=dim,
+        centroids=centroids,
+        nodes=nodes,
+        overrides=[(int(cc), int(nn)) for cc, nn in overrides],
+    )
+
+
 # ---------------------------------------------------------------------------- batches
 
 _KINDS = tuple(HitKind)  # by code: MISS, EXACT, ALIAS, APPROXIMATE
@@ -451,6 +551,8 @@ class RowBlock:
     statuses: np.ndarray
     #: The id of the SEARCH_BATCH reply that brought the rows.
     request_id: int = 0
+    #: (v6) The reply's routing version (the largest of the blocks put in).
+    routing_version: int = 0
 
     @classmethod
     def empty(cls, n: int, k: int) -> "RowBlock":
@@ -473,6 +575,7 @@ class RowBlock:
         self.tokens[row:end] = b.tokens
         self.distances_to_query[row:end] = b.distances_to_query
         self.statuses[row:end] = b.statuses
+        self.routing_version = max(self.routing_version, b.routing_version)
 
     def put_one(self, row: int, r: SearchResult) -> None:
         m = len(r)
@@ -482,6 +585,7 @@ class RowBlock:
         self.kinds[row] = r.kind
         self.tokens[row] = r.token
         self.distances_to_query[row] = r.distances_to_query
+        self.routing_version = max(self.routing_version, r.routing_version)
 
     def first_error(self, row: int) -> Optional[StatusError]:
         """The exception of the first failed row (``row``: where the block starts)."""
@@ -504,6 +608,7 @@ class RowBlock:
             tokens=self.tokens,
             distances_to_query=self.distances_to_query,
             statuses=self.statuses,
+            routing_version=self.routing_version,
         )
 
 
@@ -514,17 +619,27 @@ def _items_dtype(k: int) -> np.dtype:
 
 
 def decode_batch(version: int, body: bytes, k: int, count: int) -> RowBlock:
-    """A SEARCH_BATCH reply body: ``count`` items, each a status and a SEARCH answer."""
-    if len(body) < 4:
-        raise ProtocolError("SEARCH_BATCH reply of %d bytes" % len(body))
+    """A SEARCH_BATCH reply body: ``count``, (v6) the routing version, then ``count``
+    items, each a status and a SEARCH answer."""
+    start = 12 if version >= 6 else 4
+    if len(body) < start:
+        raise ProtocolError("SEARCH_BATCH reply of version %d of %d bytes" % (version, len(body)))
     got = struct.unpack_from("<I", body, 0)[0]
     if got != count:
         raise ProtocolError("SEARCH_BATCH reply of %d items for %d queries" % (got, count))
-    if len(body) == 4 + count * (8 + 12 * k):
-        items = np.frombuffer(body, _items_dtype(k), count, 4)
+    routing = int(struct.unpack_from("<Q", body, 4)[0]) if version >= 6 else 0
+    block: Optional[RowBlock] = None
+    if len(body) == start + count * (8 + 12 * k):
+        items = np.frombuffer(body, _items_dtype(k), count, start)
         if (items["m"] == k).all() and not items["status"].any() and not (items["flags"] & REPLY_TOKEN).any():
-            return _full_block(items, k)
-    return _item_block(body, k, count)
+            block = _full_block(items, k)
+    if block is None:
+        block = _item_block(body, k, count, start)
+    # The server writes the largest of the answered items' versions: 0 when none was.
+    if routing and not (block.statuses == 0).any():
+        raise ProtocolError("SEARCH_BATCH reply: routing version %#x with no query answered" % routing)
+    block.routing_version = routing
+    return block
 
 
 def _full_block(items: np.ndarray, k: int) -> RowBlock:
@@ -560,10 +675,11 @@ _ITEM_STATUSES = frozenset(
 )
 
 
-def _item_block(body: bytes, k: int, count: int) -> RowBlock:
-    """The items one by one (failed rows, short rows, tokens)."""
+def _item_block(body: bytes, k: int, count: int, start: int = 4) -> RowBlock:
+    """The items one by one (failed rows, short rows, tokens), from byte ``start`` (12 in
+    version 6, after the count and the routing version; 4 before)."""
     b = RowBlock.empty(count, k)
-    off = 4
+    off = start
     for i in range(count):
         status, hit, flags, m = struct.unpack_from("<HBBI", body, off)
         off += 8
@@ -808,6 +924,17 @@ class Codec:
 
     def flush(self) -> Req:
         return Req(Opcode.FLUSH)
+
+    def cluster(self) -> Req:
+        """CLUSTER (version 6); its result is a :class:`ClusterState`. Refused here, with
+        :class:`~aker.Unsupported` as a node in no cluster answers, below version 6."""
+        if self.info.version < 6:
+            raise _local(
+                Unsupported,
+                "CLUSTER needs protocol version 6; this connection speaks version %d "
+                "(the server's newest): nothing was sent" % self.info.version,
+            )
+        return Req(Opcode.CLUSTER, parse=decode_cluster)
 
     def stats(self) -> Req:
         return Req(Opcode.STATS, parse=parse_stats)

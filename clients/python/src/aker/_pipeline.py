@@ -82,3 +82,7 @@ class PipelineRequests:
     def stats(self) -> int:
         return self._add(self._client._codec.stats())
 
+    def cluster(self) -> int:
+        """CLUSTER (protocol version 6); its result is a :class:`~aker.ClusterState`."""
+        return self._add(self._client._codec.cluster())
+

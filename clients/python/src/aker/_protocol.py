@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -24,6 +24,8 @@ __all__ = [
     "SearchResult",
     "BatchResult",
     "Deleted",
+    "ClusterNode",
+    "ClusterState",
     "NO_ID",
 ]
 
@@ -38,8 +40,9 @@ REPLY_BIT = 0x80
 CONNECTION_OP = 0
 #: The protocol versions this client speaks, newest first (version 1 lacks Δ and the
 #: MISS token, so it is not spoken). Version 4 adds SEARCH_BATCH; version 5 the writes'
-#: positions and searches AT_POSITION (read-your-writes).
-VERSIONS = (5, 4, 3, 2)
+#: positions and searches AT_POSITION (read-your-writes); version 6 CLUSTER and the
+#: routing version of SEARCH / SEARCH_BATCH replies.
+VERSIONS = (6, 5, 4, 3, 2)
 
 FLAG_BYPASS_CACHE = 0x0001
 FLAG_REFRESH_ENTRY = 0x0002
@@ -53,6 +56,10 @@ NONCE_LEN = 16
 PROOF_LEN = 32
 #: The smallest ``max_frame_bytes`` a server may be configured with.
 MIN_SERVER_FRAME = 256
+#: (v6) The most nodes, and the most overrides, a CLUSTER reply may carry.
+CLUSTER_NODES_MAX = 1024
+#: (v6) The longest node address (``advertise``) or cluster name, in bytes of UTF-8.
+CLUSTER_NAME_BYTES_MAX = 255
 
 #: Padding id of :class:`BatchResult` rows that have fewer than k neighbours.
 NO_ID = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
@@ -69,6 +76,7 @@ class Opcode(enum.IntEnum):
     STATS = 0x08
     AUTH = 0x09
     SEARCH_BATCH = 0x0A
+    CLUSTER = 0x0B
 
 
 class Status(enum.IntEnum):
@@ -162,6 +170,9 @@ class SearchResult:
     distances_to_query: bool = True
     #: A cache-aside MISS's token, for :meth:`aker.Client.fill`.
     token: Optional[int] = None
+    #: (v6) The version of the cluster's routing state the answering node holds (0: a
+    #: node in no cluster, or a connection below version 6). Compare for equality only.
+    routing_version: int = 0
 
     @property
     def hit(self) -> bool:
@@ -217,6 +228,9 @@ class BatchResult:
     tokens: List[Optional[int]] = field(default_factory=list)
     distances_to_query: List[bool] = field(default_factory=list)
     statuses: np.ndarray = field(default_factory=_no_statuses)
+    #: (v6) The routing version the reply carried (the largest of its frames'; 0 from a
+    #: node in no cluster, or below version 6), as :attr:`SearchResult.routing_version`.
+    routing_version: int = 0
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
@@ -229,6 +243,7 @@ class BatchResult:
             kind=self.kinds[i],
             distances_to_query=self.distances_to_query[i] if self.distances_to_query else True,
             token=self.tokens[i] if self.tokens else None,
+            routing_version=self.routing_version,
         )
 
     def __iter__(self) -> Iterator[np.ndarray]:
@@ -249,3 +264,58 @@ class BatchResult:
         if not self.kinds:
             return 0.0
         return sum(1 for k in self.kinds if k != HitKind.MISS) / len(self.kinds)
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    """A node of a :class:`ClusterState`."""
+
+    #: Stable across the node's restarts (not its address); the rendezvous hash's input.
+    node_id: int
+    #: Its lease is held (as judged by the node that answered CLUSTER).
+    live: bool
+    #: ``host:port`` where clients reach it.
+    advertise: str
+
+
+@dataclass(frozen=True, eq=False)
+class ClusterState:
+    """A CLUSTER reply (protocol version 6, PROTOCOL.md "Clusters"): what a client routes
+    by (:mod:`aker.cluster`). The owner of centroid ``c`` is the node of ``c``'s override
+    when that node is live, else the live node with the highest rendezvous score."""
+
+    name: str
+    #: A digest of everything routing depends on (centroids version, overrides, live
+    #: nodes): what SEARCH replies carry. Compare for equality only; never 0.
+    routing_version: int
+    #: The centroids' version (a retrain publishes the next).
+    centroids_version: int
+    #: The overrides' version (0: none published).
+    balance_epoch: int
+    #: The node that answered.
+    self_id: int
+    #: A node is live while its lease (renewed every second) holds.
+    lease_ms: int
+    metric: Metric
+    dim: int
+    #: ``(n, dim)`` float32, row-major, all finite.
+    centroids: np.ndarray
+    nodes: List[ClusterNode]
+    #: ``(centroid, node_id)``: a hot centroid given to another node than its rendezvous
+    #: owner, to balance load.
+    overrides: List[Tuple[int, int]]
+
+    @property
+    def n_centroids(self) -> int:
+        return int(self.centroids.shape[0])
+
+    @property
+    def live_nodes(self) -> List[ClusterNode]:
+        return [n for n in self.nodes if n.live]
+
+    def node(self, node_id: int) -> Optional[ClusterNode]:
+        """The node with this id (``None``: not in this state)."""
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        return None

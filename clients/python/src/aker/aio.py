@@ -32,7 +32,17 @@ from ._codec import (
     handshake,
     parse_header,
 )
-from ._protocol import HEADER_LEN, VERSIONS, BatchResult, Deleted, HitKind, Metric, SearchResult, ServerInfo
+from ._protocol import (
+    HEADER_LEN,
+    VERSIONS,
+    BatchResult,
+    ClusterState,
+    Deleted,
+    HitKind,
+    Metric,
+    SearchResult,
+    ServerInfo,
+)
 from .client import DEFAULT, Backend, PathLike, SecretLike, _aside_result, _check_size, _check_window
 from .errors import (
     AkerConnectionError,
@@ -476,6 +486,11 @@ class AsyncClient:
     async def stats(self, *, timeout: Any = DEFAULT) -> Dict[str, Union[int, float, str]]:
         stats: Dict[str, Union[int, float, str]] = await self._call(self._codec.stats(), timeout)
         return stats
+
+    async def cluster(self, *, timeout: Any = DEFAULT) -> ClusterState:
+        """As :meth:`aker.Client.cluster`."""
+        state: ClusterState = await self._call(self._codec.cluster(), timeout)
+        return state
 
     def pipeline(self) -> "AsyncPipeline":
         return AsyncPipeline(self)

@@ -41,7 +41,7 @@ from ._codec import (
     handshake,
     take_frame,
 )
-from ._protocol import VERSIONS, BatchResult, Deleted, HitKind, Metric, SearchResult, ServerInfo
+from ._protocol import VERSIONS, BatchResult, ClusterState, Deleted, HitKind, Metric, SearchResult, ServerInfo
 from .errors import (
     AkerConnectionError,
     AkerError,
@@ -642,6 +642,14 @@ class Client:
         """The server's counters, ``name -> value`` (numbers parsed)."""
         stats: Dict[str, Union[int, float, str]] = self._one(self._codec.stats(), timeout)
         return stats
+
+    def cluster(self, *, timeout: Any = DEFAULT) -> ClusterState:
+        """CLUSTER (protocol version 6): the routing state of the cluster this node is in,
+        a :class:`~aker.ClusterState` (:class:`aker.Cluster` routes by it). A node in no
+        cluster answers :class:`~aker.Unsupported`; below version 6 the client raises it
+        (``local``), nothing sent."""
+        state: ClusterState = self._one(self._codec.cluster(), timeout)
+        return state
 
     def pipeline(self) -> "Pipeline":
         """Requests queued, then sent together (many in flight): see :class:`Pipeline`."""

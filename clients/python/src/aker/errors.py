@@ -35,7 +35,7 @@ a frame over ``max_frame_bytes``), so a caller catches one class whichever end n
     │   └── ConnectionClosed             the server closed the connection
     ├── Timeout (TimeoutError)           connect or request timeout of the client
     └── ProtocolError                    a reply that does not decode
-        └── IncompatibleServer           no common version (2 to 5), or HELLO is not as expected
+        └── IncompatibleServer           no common version (2 to 6), or HELLO is not as expected
 """
 
 from __future__ import annotations
@@ -274,7 +274,7 @@ class ProtocolError(AkerError):
 
 
 class IncompatibleServer(ProtocolError):
-    """The server speaks no common protocol version (this client needs 2, 3, 4 or 5), or its
+    """The server speaks no common protocol version (this client needs 2, 3, 4, 5 or 6), or its
     HELLO is not what the client was told to expect (dimension, metric)."""
 
 
