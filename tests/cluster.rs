@@ -19,8 +19,8 @@ use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use aker::client::{Cluster, ClientOptions};
-use aker::config::{Balance, BackendKind, ChangesMode, Config};
+use aker::client::{ClientOptions, Cluster};
+use aker::config::{BackendKind, Balance, ChangesMode, Config};
 use aker::protocol::{ClusterReply, HitKind, Status};
 use aker::service::{Daemon, Dataset};
 use aker_formats::data;
@@ -96,14 +96,20 @@ fn wait_live(addr: &str, n: usize) -> ClusterReply {
         if s.nodes.iter().filter(|x| x.live).count() == n {
             return s;
         }
-        assert!(Instant::now() < end, "{addr} never saw {n} live nodes: {:?}", s.nodes);
+        assert!(
+            Instant::now() < end,
+            "{addr} never saw {n} live nodes: {:?}",
+            s.nodes
+        );
         thread::sleep(Duration::from_millis(20));
     }
 }
 
 fn owners(s: &ClusterReply) -> Vec<u64> {
     let n = s.centroids.len() / s.dim as usize;
-    (0..n as u32).map(|c| aker::cluster::owner(s, c).unwrap()).collect()
+    (0..n as u32)
+        .map(|c| aker::cluster::owner(s, c).unwrap())
+        .collect()
 }
 
 fn opts() -> ClientOptions {
@@ -117,7 +123,9 @@ fn opts() -> ClientOptions {
 fn concurrent_first_starts_publish_one_set_of_centroids() {
     let Some(pg) = logical() else { return };
     pg.sql().load("c_first", &dataset(), "vector_l2_ops");
-    let cfgs: Vec<Config> = (0..2).map(|_| node_config(pg, "c_first", "c_first", "first")).collect();
+    let cfgs: Vec<Config> = (0..2)
+        .map(|_| node_config(pg, "c_first", "c_first", "first"))
+        .collect();
     let go = Arc::new(std::sync::Barrier::new(2));
     let nodes: Vec<Daemon> = thread::scope(|s| {
         let hs: Vec<_> = cfgs
@@ -132,17 +140,29 @@ fn concurrent_first_starts_publish_one_set_of_centroids() {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let rows = pg.sql().query("SELECT count(*) FROM c_first.routing WHERE cluster = 'first'", &[]);
-    assert_eq!(rows[0].get::<_, i64>(0), 1, "one set of centroids published");
+    let rows = pg.sql().query(
+        "SELECT count(*) FROM c_first.routing WHERE cluster = 'first'",
+        &[],
+    );
+    assert_eq!(
+        rows[0].get::<_, i64>(0),
+        1,
+        "one set of centroids published"
+    );
     let a = state(nodes[0].local_addr());
     let b = state(nodes[1].local_addr());
     assert_eq!(a.centroids_version, 1);
-    assert_eq!(a.centroids, b.centroids, "both nodes route by the same centroids");
+    assert_eq!(
+        a.centroids, b.centroids,
+        "both nodes route by the same centroids"
+    );
     assert_ne!(a.self_id, b.self_id);
     // A node with other cache settings is refused, naming the difference.
     let mut other = node_config(pg, "c_first", "c_first", "first");
     other.cache.k_max = 16;
-    let e = Daemon::start(&other).err().expect("another fingerprint is refused");
+    let e = Daemon::start(&other)
+        .err()
+        .expect("another fingerprint is refused");
     assert!(e.to_string().contains("k_max"), "{e}");
 }
 
@@ -151,7 +171,9 @@ fn clients_route_to_owners_and_no_node_serves_a_deleted_id() {
     let Some(pg) = logical() else { return };
     let ds = dataset();
     pg.sql().load("c_route", &ds, "vector_l2_ops");
-    let cfgs: Vec<Config> = (0..3).map(|_| node_config(pg, "c_route", "c_route", "route")).collect();
+    let cfgs: Vec<Config> = (0..3)
+        .map(|_| node_config(pg, "c_route", "c_route", "route"))
+        .collect();
     let nodes: Vec<Daemon> = cfgs.iter().map(start).collect();
     let seed = cfgs[0].cluster.advertise.clone().unwrap();
     let s = wait_live(&seed, 3);
@@ -173,7 +195,11 @@ fn clients_route_to_owners_and_no_node_serves_a_deleted_id() {
         assert!(stat(&st, "searches_total").unwrap_or(1.0) > 0.0);
     }
     let per_node = cl.counters().requests.clone();
-    assert_eq!(per_node.len(), 3, "searches spread over the three nodes: {per_node:?}");
+    assert_eq!(
+        per_node.len(),
+        3,
+        "searches spread over the three nodes: {per_node:?}"
+    );
     // Batches split by owner give the same answers as single searches.
     let batch = cl.search_batch(K, &queries[..64]).unwrap();
     for (q, item) in queries[..64].iter().zip(&batch) {
@@ -182,7 +208,10 @@ fn clients_route_to_owners_and_no_node_serves_a_deleted_id() {
     }
     // Delete, in SQL, ids that cached answers hold, while two threads search through
     // every node; then a search at the delete's position, on every node, never serves them.
-    let cached: HashSet<u64> = queries.iter().flat_map(|q| ids(&cl.search(K, q).unwrap())).collect();
+    let cached: HashSet<u64> = queries
+        .iter()
+        .flat_map(|q| ids(&cl.search(K, q).unwrap()))
+        .collect();
     let doomed: Vec<i64> = cached.iter().take(40).map(|&i| i as i64).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let searchers: Vec<_> = (0..2)
@@ -220,7 +249,11 @@ fn clients_route_to_owners_and_no_node_serves_a_deleted_id() {
                 })
                 .unwrap();
             let served: Vec<u64> = ids(&r).into_iter().filter(|i| gone.contains(i)).collect();
-            assert!(served.is_empty(), "node {} served deleted {served:?}", d.local_addr());
+            assert!(
+                served.is_empty(),
+                "node {} served deleted {served:?}",
+                d.local_addr()
+            );
         }
     }
     // A client that wrote through one node reads its write through another.
@@ -240,7 +273,9 @@ fn clients_route_to_owners_and_no_node_serves_a_deleted_id() {
 fn a_joining_node_takes_only_the_centroids_it_now_owns() {
     let Some(pg) = logical() else { return };
     pg.sql().load("c_join", &dataset(), "vector_l2_ops");
-    let cfgs: Vec<Config> = (0..3).map(|_| node_config(pg, "c_join", "c_join", "join")).collect();
+    let cfgs: Vec<Config> = (0..3)
+        .map(|_| node_config(pg, "c_join", "c_join", "join"))
+        .collect();
     let two: Vec<Daemon> = cfgs[..2].iter().map(start).collect();
     let seed = cfgs[0].cluster.advertise.clone().unwrap();
     let before = owners(&wait_live(&seed, 2));
@@ -248,17 +283,25 @@ fn a_joining_node_takes_only_the_centroids_it_now_owns() {
     let after_state = wait_live(&seed, 3);
     let after = owners(&after_state);
     let new_id = state(third.local_addr()).self_id;
-    let moved: Vec<usize> = (0..before.len()).filter(|&c| before[c] != after[c]).collect();
+    let moved: Vec<usize> = (0..before.len())
+        .filter(|&c| before[c] != after[c])
+        .collect();
     assert!(!moved.is_empty(), "the new node owns something");
     for &c in &moved {
-        assert_eq!(after[c], new_id, "centroid {c} moved to a node other than the new one");
+        assert_eq!(
+            after[c], new_id,
+            "centroid {c} moved to a node other than the new one"
+        );
     }
     // Its clients see it: the state every node serves names all three.
     assert_eq!(state(two[1].local_addr()).nodes.len(), 3);
     // A clean stop leaves at once: the others see two live nodes within a renewal or two.
     drop(third);
     let back = owners(&wait_live(&seed, 2));
-    assert_eq!(back, before, "its centroids go back to their rendezvous owners");
+    assert_eq!(
+        back, before,
+        "its centroids go back to their rendezvous owners"
+    );
 }
 
 /// akerd as a child process (for SIGKILL).
@@ -277,7 +320,11 @@ impl Drop for PathBufGuard {
 
 impl Node {
     fn spawn(cfg: &Config) -> Node {
-        let dir = std::env::temp_dir().join(format!("aker-cluster-{}-{}", std::process::id(), rand::random::<u32>()));
+        let dir = std::env::temp_dir().join(format!(
+            "aker-cluster-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("akerd.toml");
         std::fs::write(&file, cfg.to_toml()).unwrap();
@@ -290,11 +337,18 @@ impl Node {
             .expect("akerd runs");
         let addr = cfg.cluster.advertise.clone().unwrap();
         let end = Instant::now() + Duration::from_secs(30);
-        while aker::client::Client::connect(addr.as_str()).and_then(|mut c| c.hello()).is_err() {
+        while aker::client::Client::connect(addr.as_str())
+            .and_then(|mut c| c.hello())
+            .is_err()
+        {
             assert!(Instant::now() < end, "akerd at {addr} did not come up");
             thread::sleep(Duration::from_millis(50));
         }
-        Node { child, addr, _dir: PathBufGuard(dir) }
+        Node {
+            child,
+            addr,
+            _dir: PathBufGuard(dir),
+        }
     }
 }
 
@@ -321,12 +375,19 @@ fn a_node_killed_under_load_costs_no_request_and_its_centroids_move() {
     let mut nodes: Vec<Node> = cfgs.iter().map(Node::spawn).collect();
     let seed = nodes[0].addr.clone();
     let s = wait_live(&seed, 3);
-    let queries: Arc<Vec<Vec<f32>>> = Arc::new((0..200).map(|i| query_near(&ds, i * 11, 0.01)).collect());
+    let queries: Arc<Vec<Vec<f32>>> =
+        Arc::new((0..200).map(|i| query_near(&ds, i * 11, 0.01)).collect());
     let stop = Arc::new(AtomicBool::new(false));
     let (done, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let load: Vec<_> = (0..2)
         .map(|t| {
-            let (stop, seed, qs, done, failed) = (stop.clone(), seed.clone(), queries.clone(), done.clone(), failed.clone());
+            let (stop, seed, qs, done, failed) = (
+                stop.clone(),
+                seed.clone(),
+                queries.clone(),
+                done.clone(),
+                failed.clone(),
+            );
             thread::spawn(move || {
                 let mut c = Cluster::connect(&[seed.as_str()], opts()).unwrap();
                 for i in 0..1_000_000usize {
@@ -352,7 +413,13 @@ fn a_node_killed_under_load_costs_no_request_and_its_centroids_move() {
         m
     });
     let victim_id = *counts.iter().max_by_key(|(_, n)| **n).unwrap().0;
-    let victim_addr = s.nodes.iter().find(|n| n.node_id == victim_id).unwrap().advertise.clone();
+    let victim_addr = s
+        .nodes
+        .iter()
+        .find(|n| n.node_id == victim_id)
+        .unwrap()
+        .advertise
+        .clone();
     let vi = nodes.iter().position(|n| n.addr == victim_addr).unwrap();
     let killed_at = Instant::now();
     let mut victim = nodes.remove(vi);
@@ -361,14 +428,27 @@ fn a_node_killed_under_load_costs_no_request_and_its_centroids_move() {
     let survivor = nodes[0].addr.clone();
     let after = wait_live(&survivor, 2);
     let lapse = killed_at.elapsed();
-    assert!(lapse < Duration::from_millis(LEASE_MS + 4 * RENEW_MS + 1_500), "lease lapsed after {lapse:?}");
-    assert!(owners(&after).iter().all(|&o| o != victim_id), "its centroids moved");
+    assert!(
+        lapse < Duration::from_millis(LEASE_MS + 4 * RENEW_MS + 1_500),
+        "lease lapsed after {lapse:?}"
+    );
+    assert!(
+        owners(&after).iter().all(|&o| o != victim_id),
+        "its centroids moved"
+    );
     thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
     let retries: u64 = load.into_iter().map(|h| h.join().unwrap()).sum();
-    assert_eq!(failed.load(Ordering::Relaxed), 0, "retried on the next node, none lost");
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "retried on the next node, none lost"
+    );
     assert!(done.load(Ordering::Relaxed) > 100);
-    assert!(retries > 0, "the requests in flight on the killed node were retried");
+    assert!(
+        retries > 0,
+        "the requests in flight on the killed node were retried"
+    );
     // A client that never saw the error routes around it from the state alone.
     let mut fresh = Cluster::connect(&[survivor.as_str()], opts()).unwrap();
     let mut hits = 0;
@@ -413,6 +493,75 @@ fn a_retrain_publishes_a_version_nodes_and_clients_follow() {
     let mut c = client(lone.local_addr());
     let e = c.cluster().unwrap_err();
     assert_eq!(e.status(), Some(Status::Unsupported));
-    assert_eq!(c.search(K, &query_near(&ds, 3, 0.01)).unwrap().routing_version, 0);
+    assert_eq!(
+        c.search(K, &query_near(&ds, 3, 0.01))
+            .unwrap()
+            .routing_version,
+        0
+    );
     drop(node);
+}
+
+#[test]
+fn the_slot_of_a_node_gone_too_long_is_dropped_and_the_tier_is_shown() {
+    let Some(pg) = logical() else { return };
+    pg.sql().load("c_sweep", &dataset(), "vector_l2_ops");
+    let mut cfg = node_config(pg, "c_sweep", "c_sweep", "sweep");
+    cfg.cluster.slot_drop_after_s = 1;
+    let node = start(&cfg);
+    let sql = pg.sql();
+    // A node that left an hour ago, its slot still holding WAL.
+    sql.exec("SELECT pg_create_logical_replication_slot('aker_gonefortest', 'pgoutput')");
+    sql.exec(
+        "INSERT INTO c_sweep.nodes (cluster, node_id, advertise, slot, lease_until) \
+         VALUES ('sweep', 77, '127.0.0.1:9', 'aker_gonefortest', now() - interval '1 hour')",
+    );
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = sql.query(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'aker_gonefortest'",
+            &[],
+        )[0]
+        .get::<_, i64>(0);
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the slot of a long-gone node was never dropped"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    let rows = sql.query("SELECT count(*) FROM c_sweep.nodes WHERE node_id = 77", &[]);
+    assert_eq!(rows[0].get::<_, i64>(0), 0, "and its row");
+    // Its own slot is untouched, and it counts what it dropped.
+    let own = format!(
+        "aker_{}",
+        cfg.backend
+            .pgvector
+            .as_ref()
+            .unwrap()
+            .instance
+            .as_ref()
+            .unwrap()
+    );
+    let mine = sql.query(
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1",
+        &[&own],
+    );
+    assert_eq!(mine[0].get::<_, i64>(0), 1);
+    let st = client(node.local_addr()).stats().unwrap();
+    assert_eq!(stat(&st, "cluster_slots_dropped"), Some(1.0), "{st}");
+    // aker-cli shows the tier.
+    let out = Command::new(env!("CARGO_BIN_EXE_aker-cli"))
+        .args(["--target", cfg.cluster.advertise.as_deref().unwrap(), "cluster"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("cluster sweep") && text.contains("(this node)"),
+        "{text}"
+    );
+    assert!(text.contains(" 1 live;"), "{text}");
 }

@@ -103,7 +103,9 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 }
 
 fn wait_replayed(replica: &Sql, at: u64) {
-    wait_for(&format!("the replica replays {at}"), || replayed(replica) >= at);
+    wait_for(&format!("the replica replays {at}"), || {
+        replayed(replica) >= at
+    });
 }
 
 /// Replay paused on the replica (it still receives the WAL), once it says so.
@@ -142,7 +144,8 @@ fn wait_replica_up(d: &Daemon, threads: f64) {
 }
 
 fn queries(ds: &Dataset, rows: std::ops::Range<usize>) -> Vec<Vec<f32>> {
-    rows.map(|i| query_near(ds, i * 71 % ds.len(), 0.01)).collect()
+    rows.map(|i| query_near(ds, i * 71 % ds.len(), 0.01))
+        .collect()
 }
 
 /// The primary's own answer, as akerd asks it on a miss (`K + DELTA` rows), cut to K.
@@ -201,8 +204,13 @@ fn misses_go_to_the_replica_only_once_it_has_replayed_what_the_cache_holds() {
     d.stop().unwrap();
 }
 
-/// 1. Misses answered by the replica, each the primary's own answer; the queries.
-fn answered_by_the_replica(d: &Daemon, c: &mut Client, primary: &Sql, ds: &Dataset) -> Vec<Vec<f32>> {
+/// Misses answered by the replica, each the primary's own answer; the queries.
+fn answered_by_the_replica(
+    d: &Daemon,
+    c: &mut Client,
+    primary: &Sql,
+    ds: &Dataset,
+) -> Vec<Vec<f32>> {
     let qs = queries(ds, 0..30);
     let mut misses = 0;
     for q in &qs {
@@ -222,9 +230,9 @@ fn answered_by_the_replica(d: &Daemon, c: &mut Client, primary: &Sql, ds: &Datas
     qs
 }
 
-/// 2. Replay paused, rows of cached answers and of answers not asked yet deleted on
-/// the primary and applied by the stream: no deleted id is served, no miss is answered
-/// by the replica. The deleted ids.
+/// Replay paused, rows of cached answers and of answers not asked yet deleted on the
+/// primary and applied by the stream: no deleted id is served, no miss is answered by
+/// the replica. The deleted ids.
 fn held_behind(
     d: &Daemon,
     c: &mut Client,
@@ -240,10 +248,16 @@ fn held_behind(
         gone.extend(primary_ids(primary, "r_miss", q).into_iter().take(2));
     }
     let list: Vec<String> = gone.iter().map(u64::to_string).collect();
-    primary.exec(&format!("DELETE FROM r_miss WHERE id IN ({})", list.join(",")));
+    primary.exec(&format!(
+        "DELETE FROM r_miss WHERE id IN ({})",
+        list.join(",")
+    ));
     let deleted_at = wal_now(primary);
     wait_applied(d, deleted_at);
-    assert!(replayed(replica) < deleted_at, "the replica replayed while paused");
+    assert!(
+        replayed(replica) < deleted_at,
+        "the replica replayed while paused"
+    );
     let (searches, behind) = (
         metric(d, "pg_replica_searches"),
         metric(d, "pg_replica_behind"),
@@ -260,8 +274,8 @@ fn held_behind(
     gone
 }
 
-/// 3. Replay resumed: new misses are answered by the replica again, still without
-/// the deleted ids.
+/// Replay resumed: new misses are answered by the replica again, still without the
+/// deleted ids.
 fn used_again_once_resumed(
     d: &Daemon,
     c: &mut Client,
@@ -340,11 +354,20 @@ fn a_search_at_a_position_is_not_answered_by_a_replica_behind_it() {
             break;
         }
     }
-    assert!(used, "the replica did not answer once replayed\n{}", stats(&d));
+    assert!(
+        used,
+        "the replica did not answer once replayed\n{}",
+        stats(&d)
+    );
     d.stop().unwrap();
 }
 
-fn at_position(c: &mut Client, q: &[f32], at: u64, bypass_cache: bool) -> aker::protocol::SearchReply {
+fn at_position(
+    c: &mut Client,
+    q: &[f32],
+    at: u64,
+    bypass_cache: bool,
+) -> aker::protocol::SearchReply {
     c.search_with(SearchRequest {
         at_position: Some(at),
         bypass_cache,

@@ -514,7 +514,10 @@ mod tests {
         assert!(ok.validate(10, 10).is_ok());
         let why = |s: PgvectorSection| s.validate(10, 10).unwrap_err().to_string();
         let leaky = why(with_replicas(&["postgresql://aker:pw@replica/postgres"]));
-        assert!(leaky.contains("replica_urls") && leaky.contains("password"), "{leaky}");
+        assert!(
+            leaky.contains("replica_urls") && leaky.contains("password"),
+            "{leaky}"
+        );
         assert!(why(with_replicas(&["host=r password=x"])).contains("password"));
         assert!(why(with_replicas(&[" "])).contains("empty"));
         let same = why(with_replicas(&["postgresql://aker@primary:5432/postgres"]));
@@ -522,5 +525,18 @@ mod tests {
         let mut off = ok.clone();
         off.changes = ChangesMode::Off;
         assert!(why(off).contains("changes"));
+    }
+
+    /// `--print-config` prints before validating: a replica url's password is masked.
+    #[test]
+    fn print_config_masks_a_password_in_a_replica_url() {
+        let text = "[backend]\nkind = \"pgvector\"\n[backend.pgvector]\n\
+                    url = \"postgresql://aker@p/postgres\"\ntable = \"t\"\n\
+                    replica_urls = [\"postgresql://aker:hunter2@r/postgres\"]\n";
+        let shown = crate::Config::from_toml(text).unwrap().to_toml();
+        assert!(
+            !shown.contains("hunter2") && shown.contains("aker:***@r/postgres"),
+            "{shown}"
+        );
     }
 }

@@ -87,7 +87,10 @@ impl ClusterSection {
             Some(_) => {}
         }
         if self.renew_ms == 0 || self.lease_ms < 2 * self.renew_ms {
-            return bad("lease_ms", "must be at least twice renew_ms (renew_ms >= 1)");
+            return bad(
+                "lease_ms",
+                "must be at least twice renew_ms (renew_ms >= 1)",
+            );
         }
         if self.balance_ms < self.renew_ms {
             return bad("balance_ms", "must be at least renew_ms");

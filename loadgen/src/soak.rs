@@ -860,7 +860,7 @@ mod tests {
                 .map(|&id| Neighbor { id, distance: 0.0 })
                 .collect(),
             token: None,
-        routing_version: 0,
+            routing_version: 0,
         }
     }
 

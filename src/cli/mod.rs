@@ -387,9 +387,17 @@ fn cluster(g: &Global, out: &mut dyn Write) -> Result<()> {
         c.routing_version,
         c.lease_ms
     )?;
-    writeln!(out, "{:<18} {:<5} {:>9}  advertise", "node", "live", "centroids")?;
+    writeln!(
+        out,
+        "{:<18} {:<5} {:>9}  advertise",
+        "node", "live", "centroids"
+    )?;
     for x in &c.nodes {
-        let me = if x.node_id == c.self_id { "  (this node)" } else { "" };
+        let me = if x.node_id == c.self_id {
+            "  (this node)"
+        } else {
+            ""
+        };
         writeln!(
             out,
             "{:016x}   {:<5} {:>9}  {}{me}",

@@ -264,7 +264,10 @@ impl Cluster {
             }
         }
         self.note_routing(newest);
-        Ok(items.into_iter().map(|i| i.expect("every query answered")).collect())
+        Ok(items
+            .into_iter()
+            .map(|i| i.expect("every query answered"))
+            .collect())
     }
 
     /// INSERT on the owner of the vector's centroid (any node would do); the position
@@ -282,7 +285,13 @@ impl Cluster {
 
     /// DELETE on any live node; the position is carried into later searches.
     pub fn delete_with_position(&mut self, id: u64) -> Result<Deleted> {
-        let mut order: Vec<u64> = self.state.nodes.iter().filter(|n| n.live).map(|n| n.node_id).collect();
+        let mut order: Vec<u64> = self
+            .state
+            .nodes
+            .iter()
+            .filter(|n| n.live)
+            .map(|n| n.node_id)
+            .collect();
         order.sort_by_key(|&n| crate::cluster::mix64(n ^ id));
         order.sort_by_key(|&n| self.is_suspect(n));
         let d = self.on_nodes(&order, |c| c.delete_with_position(id))?;

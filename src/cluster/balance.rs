@@ -49,14 +49,22 @@ fn max_of(v: &[f64]) -> f64 {
 /// New overrides for `loads` (per centroid, searches per second summed over nodes), or
 /// `None` when the published ones (`current`) are good enough. Starts from rendezvous:
 /// an override lasts only while it pays.
-pub(crate) fn rebalance(loads: &[f64], live: &[u64], current: &[(u32, u64)]) -> Option<Vec<(u32, u64)>> {
+pub(crate) fn rebalance(
+    loads: &[f64],
+    live: &[u64],
+    current: &[(u32, u64)],
+) -> Option<Vec<(u32, u64)>> {
     let n = live.len();
     let total: f64 = loads.iter().sum();
     if n < 2 || total < LOAD_PER_CENTROID_MIN * loads.len() as f64 {
         return None;
     }
     let mean = total / n as f64;
-    let now = max_of(&node_loads(loads, &assignment(live, current, loads.len()), n));
+    let now = max_of(&node_loads(
+        loads,
+        &assignment(live, current, loads.len()),
+        n,
+    ));
     let mut owners = assignment(live, &[], loads.len());
     let mut per = node_loads(loads, &owners, n);
     // Each move takes one centroid off the busiest node: at most one per centroid.
@@ -117,12 +125,18 @@ mod tests {
         let mean = loads.iter().sum::<f64>() / 3.0;
         assert!(after < before, "{after} < {before}");
         // The hottest centroid alone is 21% of the load: the best is max(mean, that).
-        assert!(after <= GOOD_ENOUGH * mean.max(loads[0]) + 1e-9, "{after} vs mean {mean}");
+        assert!(
+            after <= GOOD_ENOUGH * mean.max(loads[0]) + 1e-9,
+            "{after} vs mean {mean}"
+        );
         // Published again with the same loads: nothing to gain.
         assert_eq!(rebalance(&loads, &live, &over), None);
         let even = vec![10.0; 64];
         let r = rebalance(&even, &live, &[]);
-        assert!(r.is_none() || max_of(&node_loads(&even, &assignment(&live, &r.unwrap(), 64), 3)) < before);
+        assert!(
+            r.is_none()
+                || max_of(&node_loads(&even, &assignment(&live, &r.unwrap(), 64), 3)) < before
+        );
     }
 
     #[test]

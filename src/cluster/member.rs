@@ -52,7 +52,7 @@ impl LoadMeter {
     fn sample(&mut self, now_totals: Vec<u64>, window: Duration) -> &[f64] {
         let dt = self.at.elapsed().as_secs_f64().max(1e-3);
         let alpha = (dt / window.as_secs_f64().max(dt)).min(1.0);
-        if now_totals.len() == self.rate.len() {
+        if now_totals.len() == self.rate.len() && self.last.len() == self.rate.len() {
             for (c, &t) in now_totals.iter().enumerate() {
                 let r = t.saturating_sub(self.last[c]) as f64 / dt;
                 self.rate[c] += alpha * (r - self.rate[c]);
@@ -164,7 +164,10 @@ impl Lease<'_> {
                 }
                 Err(_) => {
                     m.state.renew_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(ms = bound.as_millis() as u64, "cluster: lease renewal timed out");
+                    tracing::warn!(
+                        ms = bound.as_millis() as u64,
+                        "cluster: lease renewal timed out"
+                    );
                     return;
                 }
             }
@@ -188,8 +191,15 @@ impl Lease<'_> {
             .filter(|&j| m.state.owns(j))
             .map(|j| loads[j])
             .sum();
-        m.state.owned_load_per_s.store(owned_load as u64, Ordering::Relaxed);
-        let live: Vec<u64> = view.nodes.iter().filter(|n| n.live).map(|n| n.node_id).collect();
+        m.state
+            .owned_load_per_s
+            .store(owned_load as u64, Ordering::Relaxed);
+        let live: Vec<u64> = view
+            .nodes
+            .iter()
+            .filter(|n| n.live)
+            .map(|n| n.node_id)
+            .collect();
         m.state.publish(view.clone());
         if live.first() == Some(&m.state.self_id) {
             self.balance(c, &read, &live).await?;
@@ -316,9 +326,16 @@ impl Lease<'_> {
 
     /// The balancing node: sums the live nodes' loads and publishes new overrides when
     /// they lower the busiest node's load enough (`balance.rs`).
-    async fn balance(&mut self, c: &Client, read: &Read, live: &[u64]) -> Result<(), tokio_postgres::Error> {
+    async fn balance(
+        &mut self,
+        c: &Client,
+        read: &Read,
+        live: &[u64],
+    ) -> Result<(), tokio_postgres::Error> {
         let m = self.m;
-        if m.balance != Balance::Load || self.last_balance.elapsed() < Duration::from_millis(m.balance_ms) {
+        if m.balance != Balance::Load
+            || self.last_balance.elapsed() < Duration::from_millis(m.balance_ms)
+        {
             return Ok(());
         }
         self.last_balance = Instant::now();
@@ -331,7 +348,11 @@ impl Lease<'_> {
                 }
             }
         }
-        let current = read.balance.as_ref().map(|b| b.1.clone()).unwrap_or_default();
+        let current = read
+            .balance
+            .as_ref()
+            .map(|b| b.1.clone())
+            .unwrap_or_default();
         let Some(over) = balance::rebalance(&loads, live, &current) else {
             return Ok(());
         };
@@ -343,11 +364,18 @@ impl Lease<'_> {
                  published_at = now()",
                 m.tables.balance()
             ),
-            &[&m.state.name, &schema::overrides_to_bytes(&over), &(m.state.self_id as i64)],
+            &[
+                &m.state.name,
+                &schema::overrides_to_bytes(&over),
+                &(m.state.self_id as i64),
+            ],
         )
         .await?;
         m.state.balance_publications.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(overrides = over.len(), "cluster: published a load-aware assignment");
+        tracing::info!(
+            overrides = over.len(),
+            "cluster: published a load-aware assignment"
+        );
         Ok(())
     }
 
@@ -355,7 +383,9 @@ impl Lease<'_> {
     /// `slot_drop_after_s` (an active slot is left: that node is back).
     async fn sweep(&mut self, c: &Client) -> Result<(), tokio_postgres::Error> {
         let m = self.m;
-        if m.slot_drop_after_s == 0 || self.last_sweep.elapsed() < SLOT_SWEEP.min(Duration::from_secs(m.slot_drop_after_s)) {
+        if m.slot_drop_after_s == 0
+            || self.last_sweep.elapsed() < SLOT_SWEEP.min(Duration::from_secs(m.slot_drop_after_s))
+        {
             return Ok(());
         }
         self.last_sweep = Instant::now();
@@ -380,7 +410,10 @@ impl Lease<'_> {
             c.batch_execute(&format!("DROP PUBLICATION IF EXISTS \"{slot}\""))
                 .await?;
             c.execute(
-                &format!("DELETE FROM {} WHERE cluster = $1 AND node_id = $2", m.tables.nodes()),
+                &format!(
+                    "DELETE FROM {} WHERE cluster = $1 AND node_id = $2",
+                    m.tables.nodes()
+                ),
                 &[&m.state.name, &id],
             )
             .await?;

@@ -155,7 +155,11 @@ impl ClusterState {
 
     /// Installs a new view (the lease thread, after each renewal).
     pub(crate) fn publish(&self, view: ClusterReply) {
-        if view.centroids_version != self.centroids_version.swap(view.centroids_version, Ordering::Relaxed) {
+        if view.centroids_version
+            != self
+                .centroids_version
+                .swap(view.centroids_version, Ordering::Relaxed)
+        {
             // A retrain: the local router keeps its centroids (its shards were built on
             // them); searches find the cluster's nearest centroid on their own.
             self.local_matches.store(false, Ordering::Relaxed);

@@ -129,8 +129,11 @@ pub(crate) async fn join(
 ) -> Result<Routing, JoinError> {
     let tx = client.transaction().await?;
     let key = format!("aker.cluster.{}", t.schema);
-    tx.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", &[&key])
-        .await?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        &[&key],
+    )
+    .await?;
     tx.batch_execute(&t.ddl()).await?;
     let row = tx
         .query_opt(
@@ -153,7 +156,7 @@ pub(crate) async fn join(
                 });
             }
             let centroids = bytes_to_f32s(r.get::<_, &[u8]>(2));
-            if centroids.is_empty() || centroids.len() % j.dim != 0 {
+            if centroids.is_empty() || !centroids.len().is_multiple_of(j.dim) {
                 return Err(JoinError::BadCentroids { dim: j.dim });
             }
             let version: i64 = r.get(0);
@@ -229,8 +232,11 @@ pub(crate) async fn publish_retrain(
 ) -> Result<u64, JoinError> {
     let tx = client.transaction().await?;
     let key = format!("aker.cluster.{}", t.schema);
-    tx.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", &[&key])
-        .await?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        &[&key],
+    )
+    .await?;
     tx.batch_execute(&t.ddl()).await?;
     let r = tx
         .query_one(
@@ -275,7 +281,12 @@ pub(crate) fn routing_stamp(view: &ClusterReply) -> u64 {
     use super::mix64;
     let mut h = mix64(view.centroids_version ^ 0x61_6b_65_72);
     h = mix64(h ^ view.balance_epoch);
-    let mut live: Vec<u64> = view.nodes.iter().filter(|n| n.live).map(|n| n.node_id).collect();
+    let mut live: Vec<u64> = view
+        .nodes
+        .iter()
+        .filter(|n| n.live)
+        .map(|n| n.node_id)
+        .collect();
     live.sort_unstable();
     for n in live {
         h = mix64(h ^ n);

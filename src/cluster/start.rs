@@ -49,9 +49,11 @@ pub(crate) fn join(
     let (Some(name), Some(advertise)) = (&c.name, &c.advertise) else {
         return Err(config_error("cluster", "name and advertise are required"));
     };
-    let section = cfg.backend.pgvector.as_ref().ok_or_else(|| {
-        config_error("cluster", "needs [backend.pgvector]")
-    })?;
+    let section = cfg
+        .backend
+        .pgvector
+        .as_ref()
+        .ok_or_else(|| config_error("cluster", "needs [backend.pgvector]"))?;
     if section.instance.is_none() && cfg.backend.data_dir.is_none() {
         return Err(config_error(
             "cluster",
@@ -59,8 +61,11 @@ pub(crate) fn join(
              a node's id must outlive its address",
         ));
     }
-    let instance =
-        changes::instance_name(section, cfg.backend.data_dir.as_deref(), cfg.server.listen.port())?;
+    let instance = changes::instance_name(
+        section,
+        cfg.backend.data_dir.as_deref(),
+        cfg.server.listen.port(),
+    )?;
     let self_id = node_id(&instance);
     let slot = changes::slot_name(&instance);
     let fingerprint = cluster_fingerprint(cfg, &target.table, target.dim, target.metric.name());
@@ -85,9 +90,11 @@ pub(crate) fn join(
     let local_matches = if matches {
         true
     } else if restored_entries {
-        tracing::warn!("cluster: the restored snapshot was routed by other centroids; \
+        tracing::warn!(
+            "cluster: the restored snapshot was routed by other centroids; \
             this node keeps them until its next cold start (searches find the cluster's \
-            centroid on their own)");
+            centroid on their own)"
+        );
         false
     } else {
         *router = router_on(&routing.centroids, router, target)?;
@@ -203,7 +210,8 @@ pub(crate) fn retrain(cfg: &Config) -> Result<String, StartError> {
         cfg.cache.store_vectors,
         cfg.sharding.sample_rows,
     )?;
-    let sample = sample.ok_or_else(|| StartError::Data("the table is empty: nothing to train on".into()))?;
+    let sample =
+        sample.ok_or_else(|| StartError::Data("the table is empty: nothing to train on".into()))?;
     let rows = sample.sample(cfg.sharding.sample_rows);
     let router = Router::train(
         &rows,

@@ -401,9 +401,11 @@ fn put_cluster(out: &mut Vec<u8>, c: &ClusterReply) -> Result<(), EncodeError> {
     let dim = c.dim.max(1) as usize;
     let too_many = c.nodes.len() > CLUSTER_NODES_MAX
         || c.overrides.len() > CLUSTER_NODES_MAX
-        || c.centroids.len() % dim != 0
+        || !c.centroids.len().is_multiple_of(dim)
         || c.name.len() > CLUSTER_NAME_BYTES_MAX
-        || c.nodes.iter().any(|n| n.advertise.len() > CLUSTER_NAME_BYTES_MAX);
+        || c.nodes
+            .iter()
+            .any(|n| n.advertise.len() > CLUSTER_NAME_BYTES_MAX);
     if too_many {
         return Err(EncodeError::TooLarge("cluster state"));
     }

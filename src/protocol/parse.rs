@@ -664,8 +664,7 @@ fn parse_reply_body(op: Opcode, version: u8, body: &[u8]) -> Parse<Reply> {
             }
             let mut items = Vec::with_capacity(count as usize);
             for i in 0..count {
-                let mut item =
-                    batch_item(&mut c, version).map_err(|e| format!("item {i}: {e}"))?;
+                let mut item = batch_item(&mut c, version).map_err(|e| format!("item {i}: {e}"))?;
                 if let Ok(s) = &mut item {
                     s.routing_version = routing;
                 }
@@ -771,7 +770,9 @@ fn cluster_reply(c: &mut Cursor<'_>) -> Parse<ClusterReply> {
     let n = c.u32("centroids")?;
     let floats = dim as u64 * n as u64;
     if dim == 0 || floats * 4 > c.buf.len() as u64 {
-        return Err(format!("{n} centroids of dimension {dim} do not fit the body"));
+        return Err(format!(
+            "{n} centroids of dimension {dim} do not fit the body"
+        ));
     }
     let centroids = c.f32s(floats as u32, "centroids")?;
     if centroids.iter().any(|x| !x.is_finite()) {
@@ -823,7 +824,9 @@ fn cluster_reply(c: &mut Cursor<'_>) -> Parse<ClusterReply> {
 fn text(c: &mut Cursor<'_>, what: &str) -> Parse<String> {
     let len = c.u16(what)? as usize;
     if len > CLUSTER_NAME_BYTES_MAX {
-        return Err(format!("{what} of {len} bytes (at most {CLUSTER_NAME_BYTES_MAX})"));
+        return Err(format!(
+            "{what} of {len} bytes (at most {CLUSTER_NAME_BYTES_MAX})"
+        ));
     }
     let bytes = c.take(len, what)?;
     std::str::from_utf8(bytes)

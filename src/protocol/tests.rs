@@ -1581,8 +1581,16 @@ fn version_6_cluster_and_routing_version_round_trip() {
         dim: 2,
         centroids: vec![1.0, 0.0, 0.0, 1.0],
         nodes: vec![
-            ClusterNode { node_id: 1, live: true, advertise: "10.0.0.1:7700".into() },
-            ClusterNode { node_id: 2, live: false, advertise: "10.0.0.2:7700".into() },
+            ClusterNode {
+                node_id: 1,
+                live: true,
+                advertise: "10.0.0.1:7700".into(),
+            },
+            ClusterNode {
+                node_id: 2,
+                live: false,
+                advertise: "10.0.0.2:7700".into(),
+            },
         ],
         overrides: vec![(1, 2)],
     };
@@ -1590,15 +1598,25 @@ fn version_6_cluster_and_routing_version_round_trip() {
     let back = decode_reply(&bytes, 1 << 20).unwrap().unwrap();
     assert_eq!(back.0.reply, Reply::Cluster(state.clone()));
     // 48 fixed bytes, 16 of centroids, two nodes of 12 + 13, one override of 12, the name.
-    assert_eq!(bytes.len(), HEADER_LEN + 48 + 16 + 4 + 2 * (12 + 13) + 4 + 12 + 2 + 4);
+    assert_eq!(
+        bytes.len(),
+        HEADER_LEN + 48 + 16 + 4 + 2 * (12 + 13) + 4 + 12 + 2 + 4
+    );
     // A version 5 frame cannot carry CLUSTER.
     let mut out = Vec::new();
-    let v5 = ReplyFrame { version: 5, request_id: 4, reply: Reply::Cluster(state) };
+    let v5 = ReplyFrame {
+        version: 5,
+        request_id: 4,
+        reply: Reply::Cluster(state),
+    };
     assert!(encode_reply(&v5, &mut out).is_err());
     let r = SearchReply {
         hit: HitKind::Exact,
         distances_to_query: true,
-        neighbors: vec![Neighbor { id: 7, distance: 0.5 }],
+        neighbors: vec![Neighbor {
+            id: 7,
+            distance: 0.5,
+        }],
         token: None,
         routing_version: 0x0102_0304_0506_0708,
     };
@@ -1607,9 +1625,21 @@ fn version_6_cluster_and_routing_version_round_trip() {
     let v5 = enc_reply_in(5, 5, Reply::Search(r.clone()));
     assert_eq!(v6.len(), v5.len() + 8);
     let back5 = decode_reply(&v5, 1 << 20).unwrap().unwrap().0.reply;
-    assert_eq!(back5, Reply::Search(SearchReply { routing_version: 0, ..r.clone() }));
-    let batch = enc_reply(6, Reply::SearchBatch(vec![Ok(r.clone()), Err(Status::Busy)]));
-    assert_eq!(&batch[HEADER_LEN + 4..HEADER_LEN + 12], &r.routing_version.to_le_bytes());
+    assert_eq!(
+        back5,
+        Reply::Search(SearchReply {
+            routing_version: 0,
+            ..r.clone()
+        })
+    );
+    let batch = enc_reply(
+        6,
+        Reply::SearchBatch(vec![Ok(r.clone()), Err(Status::Busy)]),
+    );
+    assert_eq!(
+        &batch[HEADER_LEN + 4..HEADER_LEN + 12],
+        &r.routing_version.to_le_bytes()
+    );
     let items = match decode_reply(&batch, 1 << 20).unwrap().unwrap().0.reply {
         Reply::SearchBatch(items) => items,
         other => panic!("{other:?}"),

@@ -193,7 +193,10 @@ impl AkerService {
 
     /// The routing version SEARCH replies carry (version 6): 0 outside a cluster.
     fn routing_version(&self) -> u64 {
-        self.shared.cluster.as_ref().map_or(0, |c| c.routing_version())
+        self.shared
+            .cluster
+            .as_ref()
+            .map_or(0, |c| c.routing_version())
     }
 
     async fn search(&self, s: SearchRequest, ctx: &RequestContext) -> ServiceResult {

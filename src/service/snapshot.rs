@@ -561,16 +561,52 @@ impl Shared {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let view = c.view();
         s.gauge("cluster_routing_version", "The routing state's stamp SEARCH replies carry (changes with centroids, overrides, live nodes).", view.routing_version as f64);
-        s.gauge("cluster_centroids_version", "The cluster's centroids version (a retrain bumps it).", view.centroids_version as f64);
-        s.gauge("cluster_balance_epoch", "The load-aware overrides' version (0: none published).", view.balance_epoch as f64);
-        s.gauge("cluster_live_nodes", "Nodes whose lease holds, this one included when renewing.", get(&c.live_nodes) as f64);
-        s.gauge("cluster_owned_centroids", "Centroids this node owns (override or rendezvous).", c.owned_centroids() as f64);
-        s.gauge("cluster_owned_load_per_s", "Searches per second this node counted on the centroids it owns (smoothed).", get(&c.owned_load_per_s) as f64);
+        s.gauge(
+            "cluster_centroids_version",
+            "The cluster's centroids version (a retrain bumps it).",
+            view.centroids_version as f64,
+        );
+        s.gauge(
+            "cluster_balance_epoch",
+            "The load-aware overrides' version (0: none published).",
+            view.balance_epoch as f64,
+        );
+        s.gauge(
+            "cluster_live_nodes",
+            "Nodes whose lease holds, this one included when renewing.",
+            get(&c.live_nodes) as f64,
+        );
+        s.gauge(
+            "cluster_owned_centroids",
+            "Centroids this node owns (override or rendezvous).",
+            c.owned_centroids() as f64,
+        );
+        s.gauge(
+            "cluster_owned_load_per_s",
+            "Searches per second this node counted on the centroids it owns (smoothed).",
+            get(&c.owned_load_per_s) as f64,
+        );
         s.counter("cluster_foreign_searches", "Searches whose nearest centroid another node owns (a client with an old routing state, or none).", c.foreign_searches.get());
-        s.counter("cluster_lease_renewals", "Lease renewals that succeeded.", get(&c.renewals));
-        s.counter("cluster_lease_failures", "Lease renewals that failed or timed out (the lease lapses after lease_ms).", get(&c.renew_failures));
-        s.counter("cluster_balance_publications", "Load-aware assignments this node published (as the balancing node).", get(&c.balance_publications));
-        s.counter("cluster_slots_dropped", "Replication slots of long-gone nodes this node dropped.", get(&c.slots_dropped));
+        s.counter(
+            "cluster_lease_renewals",
+            "Lease renewals that succeeded.",
+            get(&c.renewals),
+        );
+        s.counter(
+            "cluster_lease_failures",
+            "Lease renewals that failed or timed out (the lease lapses after lease_ms).",
+            get(&c.renew_failures),
+        );
+        s.counter(
+            "cluster_balance_publications",
+            "Load-aware assignments this node published (as the balancing node).",
+            get(&c.balance_publications),
+        );
+        s.counter(
+            "cluster_slots_dropped",
+            "Replication slots of long-gone nodes this node dropped.",
+            get(&c.slots_dropped),
+        );
     }
 
     /// The recall floor's estimate and checks (`recall.rs`); its state alone when off.

@@ -112,7 +112,8 @@ impl Daemon {
         backend_threads.extend(follower);
         if let (Some(j), Some(t)) = (&joined, &pg_target) {
             let lease = crate::cluster::start::start_lease(j, cfg, t, &router, &backend_stop);
-            backend_threads.push(lease.inspect_err(|_| backend_stop.store(true, Ordering::Release))?);
+            backend_threads
+                .push(lease.inspect_err(|_| backend_stop.store(true, Ordering::Release))?);
         }
         let shared = Arc::new(Shared {
             info,

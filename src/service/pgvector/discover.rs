@@ -18,8 +18,8 @@ use shards::Metric;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
-use super::sql::{describe, metric_of_opclass, opclass, operator, quote_ident};
 use super::replica::Replicas;
+use super::sql::{describe, metric_of_opclass, opclass, operator, quote_ident};
 use super::{open, runtime, PgConnect, PgStats, PgTarget, Sql, BACKOFF_FIRST, CLIENT_GRACE};
 use crate::config::{ConfigError, PgvectorSection};
 use crate::service::data::Dataset;

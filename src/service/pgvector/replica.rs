@@ -168,7 +168,9 @@ impl Replicas {
 
     fn pass_over(&self, i: usize, d: Duration) {
         let until = self.now_us() + d.as_micros() as u64;
-        self.list[i].skip_until_us.fetch_max(until, Ordering::Relaxed);
+        self.list[i]
+            .skip_until_us
+            .fetch_max(until, Ordering::Relaxed);
     }
 
     /// The position a replica must have replayed to answer a miss (see the module's
@@ -307,10 +309,11 @@ impl Standbys {
                     self.opened(i, got)
                 }
                 Link::Down(at) if Instant::now() >= at => {
+                    // Bounded as the primary's: the connect, then the preparation.
                     let t = &*self.target;
-                    let connect = t.conn.config.get_connect_timeout().copied();
-                    let bound = connect.unwrap_or(CLIENT_GRACE) + t.statement_timeout;
                     let conn = t.replicas.list[i].conn.clone();
+                    let connect = conn.config.get_connect_timeout().copied();
+                    let bound = connect.unwrap_or(CLIENT_GRACE) + t.statement_timeout;
                     Link::Opening(rt.spawn(open_standby(conn, bound)))
                 }
                 other => other,
@@ -347,7 +350,11 @@ impl Standbys {
     fn lost(&mut self, i: usize, why: &str) {
         let s = &mut self.slots[i];
         if let Link::Up(_) = std::mem::replace(&mut s.link, Link::Down(Instant::now())) {
-            self.target.replicas.stats.up.fetch_sub(1, Ordering::Relaxed);
+            self.target
+                .replicas
+                .stats
+                .up
+                .fetch_sub(1, Ordering::Relaxed);
             if !s.in_trouble {
                 tracing::warn!(replica = %self.target.replicas.list[i].url, error = why,
                     "pgvector: replica connection lost; misses go to the primary meanwhile");
@@ -359,7 +366,11 @@ impl Standbys {
     /// An idle thread: due attempts started, and those under way given a moment.
     pub(crate) fn idle(&mut self, rt: &Runtime) {
         self.tend(rt);
-        if self.slots.iter().any(|s| matches!(s.link, Link::Opening(_))) {
+        if self
+            .slots
+            .iter()
+            .any(|s| matches!(s.link, Link::Opening(_)))
+        {
             // Made inside the runtime: a timer needs its context.
             rt.block_on(async { tokio::time::sleep(IDLE_DRIVE).await });
         }
@@ -493,7 +504,11 @@ impl Drop for Standbys {
     fn drop(&mut self) {
         for s in &self.slots {
             if let Link::Up(_) = s.link {
-                self.target.replicas.stats.up.fetch_sub(1, Ordering::Relaxed);
+                self.target
+                    .replicas
+                    .stats
+                    .up
+                    .fetch_sub(1, Ordering::Relaxed);
             }
         }
     }
