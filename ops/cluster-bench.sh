@@ -91,7 +91,8 @@ hits() {  # NAME SEED ROUTING [--single]
 }
 three() {  # NAME ROUTING BALANCE
   local third=$((pool_objects / 3))
-  node n1 7761 $third "bench$1" "$3"; node n2 7762 $third "bench$1" "$3"; node n3 7763 $third "bench$1" "$3"
+  local name=b_${1//-/_}
+  node n1 7761 $third "$name" "$3"; node n2 7762 $third "$name" "$3"; node n3 7763 $third "$name" "$3"
   sleep 2
   hits "$1" 127.0.0.1:7761 "$2"
   ./target/release/aker-cli --target 127.0.0.1:7761 cluster > "$out/$1.cluster.txt"

@@ -30,8 +30,8 @@ use tokio_postgres::types::PgLsn;
 
 const DIM: usize = 8;
 const K: u32 = 5;
-const LEASE_MS: u64 = 1_000;
-const RENEW_MS: u64 = 100;
+const LEASE_MS: u64 = 2_000;
+const RENEW_MS: u64 = 200;
 
 fn logical() -> Option<&'static PgServer> {
     static SERVER: OnceLock<Option<PgServer>> = OnceLock::new();
@@ -221,7 +221,7 @@ fn clients_route_to_owners_and_no_node_serves_a_deleted_id() {
                 let mut c = Cluster::connect(&[seed.as_str()], opts()).unwrap();
                 let mut n = 0u64;
                 for i in 0..20_000 {
-                    if stop.load(Ordering::Relaxed) {
+                    if stop.load(Ordering::Relaxed) && n >= 50 {
                         break;
                     }
                     c.search(K, &qs[(i * 3 + t) % qs.len()]).unwrap();
@@ -406,6 +406,26 @@ fn a_node_killed_under_load_costs_no_request_and_its_centroids_move() {
             })
         })
         .collect();
+    // A writer too: a write is acknowledged, refused before it was sent (then tried on
+    // the next node), or in doubt; never lost without an error.
+    let writer = {
+        let (stop, seed, qs) = (stop.clone(), seed.clone(), queries.clone());
+        thread::spawn(move || {
+            let mut c = Cluster::connect(&[seed.as_str()], opts()).unwrap();
+            let (mut ok, mut in_doubt) = (0u64, 0u64);
+            for i in 0..100_000u64 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                match c.insert(1_000_000 + i % 50, &qs[(i % 200) as usize]) {
+                    Ok(()) => ok += 1,
+                    Err(aker::client::ClientError::WriteInDoubt { .. }) => in_doubt += 1,
+                    Err(e) => panic!("a write failed otherwise: {e}"),
+                }
+            }
+            (ok, in_doubt)
+        })
+    };
     // Let the load warm the caches, then kill the node that owns the most centroids.
     thread::sleep(Duration::from_millis(800));
     let counts = owners(&s).into_iter().fold(HashMap::new(), |mut m, o| {
@@ -439,6 +459,11 @@ fn a_node_killed_under_load_costs_no_request_and_its_centroids_move() {
     thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
     let retries: u64 = load.into_iter().map(|h| h.join().unwrap()).sum();
+    let (written, in_doubt) = writer.join().unwrap();
+    assert!(
+        written > 0 && in_doubt <= 1,
+        "{written} writes, {in_doubt} in doubt"
+    );
     assert_eq!(
         failed.load(Ordering::Relaxed),
         0,
@@ -554,7 +579,11 @@ fn the_slot_of_a_node_gone_too_long_is_dropped_and_the_tier_is_shown() {
     assert_eq!(stat(&st, "cluster_slots_dropped"), Some(1.0), "{st}");
     // aker-cli shows the tier.
     let out = Command::new(env!("CARGO_BIN_EXE_aker-cli"))
-        .args(["--target", cfg.cluster.advertise.as_deref().unwrap(), "cluster"])
+        .args([
+            "--target",
+            cfg.cluster.advertise.as_deref().unwrap(),
+            "cluster",
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -564,4 +593,74 @@ fn the_slot_of_a_node_gone_too_long_is_dropped_and_the_tier_is_shown() {
         "{text}"
     );
     assert!(text.contains(" 1 live;"), "{text}");
+}
+
+#[test]
+fn load_on_one_nodes_centroids_is_spread_by_overrides() {
+    let Some(pg) = logical() else { return };
+    let ds = dataset();
+    pg.sql().load("c_balance", &ds, "vector_l2_ops");
+    let cfgs: Vec<Config> = (0..3)
+        .map(|_| {
+            let mut c = node_config(pg, "c_balance", "c_balance", "balance");
+            c.cluster.balance = Balance::Load;
+            c.cluster.balance_ms = 500;
+            c
+        })
+        .collect();
+    let _nodes: Vec<Daemon> = cfgs.iter().map(start).collect();
+    let seed = cfgs[0].cluster.advertise.clone().unwrap();
+    let s = wait_live(&seed, 3);
+    // Every query of the load goes to centroids one node owns: all its load, none elsewhere.
+    let hot = owners(&s)[0];
+    let mut qs: Vec<Vec<f32>> = Vec::new();
+    let mut centroids = HashSet::new();
+    for i in 0..ds.len() {
+        let q = query_near(&ds, i, 0.01);
+        let c = aker::cluster::nearest_centroid(&s, &q);
+        if aker::cluster::owner(&s, c) == Some(hot) && qs.len() < 200 {
+            centroids.insert(c);
+            qs.push(q);
+        }
+    }
+    assert!(
+        centroids.len() >= 2,
+        "the hot node owns queries of several centroids"
+    );
+    let mut cl = Cluster::connect(&[seed.as_str()], opts()).unwrap();
+    let end = Instant::now() + Duration::from_secs(15);
+    let mut i = 0;
+    let balanced = loop {
+        cl.search(K, &qs[i % qs.len()]).unwrap();
+        i += 1;
+        if i % 500 == 0 {
+            let st = state(seed.as_str());
+            if st.balance_epoch > 0 {
+                break st;
+            }
+        }
+        assert!(Instant::now() < end, "no load-aware assignment within 15 s");
+    };
+    assert!(!balanced.overrides.is_empty());
+    let moved: HashSet<u32> = balanced.overrides.iter().map(|o| o.0).collect();
+    assert!(
+        moved.is_subset(&centroids),
+        "only loaded centroids move: {moved:?}"
+    );
+    assert!(
+        balanced.overrides.iter().all(|o| o.1 != hot),
+        "moved off the hot node"
+    );
+    // The client follows (its next replies carry the new routing version).
+    let end = Instant::now() + Duration::from_secs(5);
+    while cl.state().balance_epoch == 0 {
+        cl.search(K, &qs[0]).unwrap();
+        assert!(
+            Instant::now() < end,
+            "the client never fetched the overrides"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    let spread: HashSet<u64> = qs.iter().filter_map(|q| cl.owner_of(q)).collect();
+    assert!(spread.len() >= 2, "the load now goes to more than one node");
 }

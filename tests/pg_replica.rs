@@ -2,8 +2,11 @@
 //! replica has replayed what the cache holds, the same answers as the primary's; a
 //! replica held behind (replay paused) never answers, so rows deleted on the primary
 //! and applied by the change stream are never served, and it answers again once
-//! resumed; a read-your-writes search is not answered by a replica that has not
-//! replayed its position; a replica that cannot be reached costs no miss. A real
+//! resumed, also under a database default of REPEATABLE READ (the search sets READ
+//! COMMITTED itself) and a url's `options` default of SERIALIZABLE; a read-your-writes
+//! search is not answered by a replica that has not replayed its position, and a bogus
+//! position does not switch the replica off for other misses; a replica that cannot be
+//! reached costs no miss; a slow one delays few misses and fails none. A real
 //! PostgreSQL 18 + pgvector primary with `wal_level = logical` and a streaming replica
 //! made by pg_basebackup (`ops/pg.sh standby`), both on 127.0.0.1. Every loop is
 //! bounded.
@@ -14,8 +17,10 @@ mod akerd_common;
 mod pg_common;
 
 use std::collections::HashSet;
-use std::net::TcpListener;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -198,9 +203,94 @@ fn misses_go_to_the_replica_only_once_it_has_replayed_what_the_cache_holds() {
     let d = Daemon::start(&config(&p.primary, "r_miss", vec![p.replica.url()], 10)).unwrap();
     wait_replica_up(&d, 2.0);
     let mut c = client(d.local_addr());
-    let asked = answered_by_the_replica(&d, &mut c, &primary, &ds);
-    let gone = held_behind(&d, &mut c, (&primary, &replica), &ds, &asked);
+    let asked = answered_by_the_replica(&d, &mut c, &primary, "r_miss", &ds);
+    let gone = held_behind(&d, &mut c, (&primary, &replica), "r_miss", &ds, &asked);
     used_again_once_resumed(&d, &mut c, (&primary, &replica), &ds, &gone);
+    d.stop().unwrap();
+}
+
+/// `ALTER DATABASE postgres SET default_transaction_isolation` on the primary (it
+/// replicates), reset when dropped, a failed test included.
+struct DefaultIsolation<'a>(&'a PgServer);
+
+impl<'a> DefaultIsolation<'a> {
+    fn set(primary: &'a PgServer, level: &str) -> DefaultIsolation<'a> {
+        primary.sql().exec(&format!(
+            "ALTER DATABASE postgres SET default_transaction_isolation = '{level}'"
+        ));
+        DefaultIsolation(primary)
+    }
+}
+
+impl Drop for DefaultIsolation<'_> {
+    fn drop(&mut self) {
+        self.0
+            .sql()
+            .exec("ALTER DATABASE postgres RESET default_transaction_isolation");
+    }
+}
+
+/// A new session's `default_transaction_isolation` on `server`.
+fn session_default(server: &PgServer) -> String {
+    let r = server
+        .sql()
+        .query("SHOW default_transaction_isolation", &[]);
+    r[0].get(0)
+}
+
+#[test]
+fn the_replica_check_holds_whatever_the_default_isolation() {
+    let Some(p) = pair() else { return };
+    let _one = serial();
+    // Opened before the default changes: these sessions keep READ COMMITTED.
+    let (primary, replica) = (p.primary.sql(), p.replica.sql());
+    resume(&replica);
+    let ds = dataset();
+    primary.load("r_iso", &ds, "vector_l2_ops");
+    {
+        let _rr = DefaultIsolation::set(&p.primary, "repeatable read");
+        wait_replayed(&replica, wal_now(&primary));
+        assert_eq!(session_default(&p.replica), "repeatable read");
+        // A new akerd: every connection of it is a new session under that default.
+        let d = Daemon::start(&config(&p.primary, "r_iso", vec![p.replica.url()], 10)).unwrap();
+        wait_replica_up(&d, 2.0);
+        let mut c = client(d.local_addr());
+        let asked = answered_by_the_replica(&d, &mut c, &primary, "r_iso", &ds);
+        let gone = held_behind(&d, &mut c, (&primary, &replica), "r_iso", &ds, &asked);
+        used_again_once_resumed(&d, &mut c, (&primary, &replica), &ds, &gone);
+        d.stop().unwrap();
+    }
+    wait_replayed(&replica, wal_now(&primary));
+    assert_eq!(session_default(&p.replica), "read committed");
+    // SERIALIZABLE in the url's options: a standby refuses it for any statement that
+    // takes a snapshot, so only a search that sets its own level is answered there.
+    let serializable = format!(
+        "{}?options=-c%20default_transaction_isolation%3Dserializable",
+        p.replica.url()
+    );
+    let d = Daemon::start(&config(&p.primary, "r_iso", vec![serializable], 10)).unwrap();
+    wait_replica_up(&d, 2.0);
+    let mut c = client(d.local_addr());
+    let qs = queries(&ds, 100..130);
+    let mut used = false;
+    for q in qs.chunks(5) {
+        for q in q {
+            let r = c.search(K, q).unwrap();
+            if r.hit == HitKind::Miss {
+                assert_eq!(sorted(ids(&r)), primary_ids(&primary, "r_iso", q));
+            }
+        }
+        if metric(&d, "pg_replica_searches") > 0.0 {
+            used = true;
+            break;
+        }
+        thread::sleep(SKIP_PASSED);
+    }
+    assert!(
+        used,
+        "no miss on a SERIALIZABLE-default replica\n{}",
+        stats(&d)
+    );
     d.stop().unwrap();
 }
 
@@ -209,6 +299,7 @@ fn answered_by_the_replica(
     d: &Daemon,
     c: &mut Client,
     primary: &Sql,
+    table: &str,
     ds: &Dataset,
 ) -> Vec<Vec<f32>> {
     let qs = queries(ds, 0..30);
@@ -217,7 +308,7 @@ fn answered_by_the_replica(
         let r = c.search(K, q).unwrap();
         if r.hit == HitKind::Miss {
             misses += 1;
-            assert_eq!(sorted(ids(&r)), primary_ids(primary, "r_miss", q));
+            assert_eq!(sorted(ids(&r)), primary_ids(primary, table, q));
         }
     }
     let s = stats(d);
@@ -237,6 +328,7 @@ fn held_behind(
     d: &Daemon,
     c: &mut Client,
     (primary, replica): (&Sql, &Sql),
+    table: &str,
     ds: &Dataset,
     asked: &[Vec<f32>],
 ) -> HashSet<u64> {
@@ -245,11 +337,11 @@ fn held_behind(
     let fresh = queries(ds, 30..50);
     let mut gone: HashSet<u64> = cached.iter().map(|a| a[0]).collect();
     for q in &fresh {
-        gone.extend(primary_ids(primary, "r_miss", q).into_iter().take(2));
+        gone.extend(primary_ids(primary, table, q).into_iter().take(2));
     }
     let list: Vec<String> = gone.iter().map(u64::to_string).collect();
     primary.exec(&format!(
-        "DELETE FROM r_miss WHERE id IN ({})",
+        "DELETE FROM {table} WHERE id IN ({})",
         list.join(",")
     ));
     let deleted_at = wal_now(primary);
@@ -359,7 +451,50 @@ fn a_search_at_a_position_is_not_answered_by_a_replica_behind_it() {
         "the replica did not answer once replayed\n{}",
         stats(&d)
     );
+    a_bogus_position_passes_nothing_over(&d, &mut c, (&primary, &replica), &theirs);
     d.stop().unwrap();
+}
+
+/// A position far past any WAL sends its own request to the primary; the next miss,
+/// right after it, is still answered by the replica (only a replica behind what the
+/// node holds is passed over).
+fn a_bogus_position_passes_nothing_over(
+    d: &Daemon,
+    c: &mut Client,
+    (primary, replica): (&Sql, &Sql),
+    q: &[f32],
+) {
+    let bogus = u64::MAX / 2;
+    let plain = SearchRequest {
+        bypass_cache: true,
+        ..SearchRequest::new(K, q.to_vec())
+    };
+    let mut used = false;
+    // Retried: the replica may be a moment behind a read of the stream.
+    for _ in 0..10 {
+        wait_replayed(replica, wal_now(primary));
+        thread::sleep(SKIP_PASSED);
+        let (searches, behind) = (
+            metric(d, "pg_replica_searches"),
+            metric(d, "pg_replica_behind"),
+        );
+        let r = at_position(c, q, bogus, true);
+        assert_eq!(ids(&r)[0], 900_002, "{r:?}");
+        let s = stats(d);
+        assert_eq!(stat(&s, "pg_replica_searches"), Some(searches), "{s}");
+        assert!(stat(&s, "pg_replica_behind").unwrap() > behind, "{s}");
+        let r = c.search_with(plain.clone()).unwrap();
+        assert_eq!(ids(&r)[0], 900_002, "{r:?}");
+        if metric(d, "pg_replica_searches") > searches {
+            used = true;
+            break;
+        }
+    }
+    assert!(
+        used,
+        "a bogus position switched the replica off\n{}",
+        stats(d)
+    );
 }
 
 fn at_position(
@@ -379,6 +514,8 @@ fn at_position(
 #[test]
 fn a_replica_that_cannot_be_reached_costs_no_miss() {
     let Some(p) = pair() else { return };
+    // Not while another test has changed the database's defaults.
+    let _one = serial();
     let primary = p.primary.sql();
     primary.load("r_down", &dataset(), "vector_l2_ops");
     let closed = TcpListener::bind("127.0.0.1:0")
@@ -398,5 +535,140 @@ fn a_replica_that_cannot_be_reached_costs_no_miss() {
     assert_eq!(stat(&s, "pg_replica_up"), Some(0.0), "{s}");
     assert_eq!(stat(&s, "pg_replica_searches"), Some(0.0), "{s}");
     assert_eq!(stat(&s, "backend_errors"), Some(0.0), "{s}");
+    d.stop().unwrap();
+}
+
+/// A TCP proxy to a server on 127.0.0.1 whose answers (server to client) are held
+/// `delay_ms` each once set: a replica that has become slow.
+struct SlowProxy {
+    port: u16,
+    delay_ms: Arc<AtomicU64>,
+}
+
+impl SlowProxy {
+    fn to(port: u16) -> SlowProxy {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy = SlowProxy {
+            port: l.local_addr().unwrap().port(),
+            delay_ms: Arc::new(AtomicU64::new(0)),
+        };
+        let delay = proxy.delay_ms.clone();
+        thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(client) = s else { continue };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", port)) else {
+                    continue;
+                };
+                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                thread::spawn(move || pump(c2, s2, None));
+                let delay = delay.clone();
+                thread::spawn(move || pump(server, client, Some(delay)));
+            }
+        });
+        proxy
+    }
+
+    fn url(&self) -> String {
+        format!("postgresql://aker@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn delay(&self, d: Duration) {
+        self.delay_ms.store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Copies `from` to `to`, each read held `delay` first where given, until either ends.
+fn pump(mut from: TcpStream, mut to: TcpStream, delay: Option<Arc<AtomicU64>>) {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if let Some(ms) = delay.as_ref().map(|d| d.load(Ordering::Relaxed)) {
+            thread::sleep(Duration::from_millis(ms));
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Both);
+    let _ = from.shutdown(Shutdown::Both);
+}
+
+#[test]
+fn a_slow_replica_delays_few_misses_and_fails_none() {
+    let Some(p) = pair() else { return };
+    let _one = serial();
+    let (primary, replica) = (p.primary.sql(), p.replica.sql());
+    resume(&replica);
+    let ds = dataset();
+    primary.load("r_slow", &ds, "vector_l2_ops");
+    wait_replayed(&replica, wal_now(&primary));
+    let proxy = SlowProxy::to(p.replica.port);
+    let d = Daemon::start(&config(&p.primary, "r_slow", vec![proxy.url()], 10)).unwrap();
+    wait_replica_up(&d, 2.0);
+    let mut c = client(d.local_addr());
+    answered_by_the_replica(&d, &mut c, &primary, "r_slow", &ds);
+    // Answers held longer than the requests' deadline: a replica attempt may take half
+    // of it, then the primary answers in what is left.
+    proxy.delay(Duration::from_secs(3));
+    let deadline = Duration::from_millis(1_500);
+    let searches = metric(&d, "pg_replica_searches");
+    let (mut misses, mut slow) = (0, 0);
+    let started = Instant::now();
+    for q in queries(&ds, 100..140) {
+        let t = Instant::now();
+        let r = c
+            .search_with(SearchRequest {
+                deadline_us: deadline.as_micros() as u32,
+                ..SearchRequest::new(K, q.clone())
+            })
+            .unwrap_or_else(|e| panic!("a miss failed behind a slow replica: {e}"));
+        let took = t.elapsed();
+        assert!(took < deadline, "{took:?}");
+        if r.hit == HitKind::Miss {
+            misses += 1;
+            assert_eq!(sorted(ids(&r)), primary_ids(&primary, "r_slow", &q));
+        }
+        if took >= deadline / 4 {
+            slow += 1;
+        }
+    }
+    let s = stats(&d);
+    eprintln!(
+        "{slow} of {misses} misses waited on the slow replica, in {:?}",
+        started.elapsed()
+    );
+    assert!(misses >= 20, "{misses} misses of 40\n{s}");
+    assert_eq!(stat(&s, "pg_replica_searches"), Some(searches), "{s}");
+    assert_eq!(stat(&s, "backend_errors"), Some(0.0), "{s}");
+    // Passed over for a second after each: one wait per thread, per second or so.
+    let allowed = 2 * (started.elapsed().as_secs() as usize + 2);
+    assert!(
+        slow <= allowed,
+        "{slow} slow misses (at most {allowed})\n{s}"
+    );
+    // Fast again: answered by the replica once reconnected and no longer passed over.
+    proxy.delay(Duration::ZERO);
+    let more = queries(&ds, 140..200);
+    let mut used = false;
+    let end = Instant::now() + WAIT;
+    for q in more.iter().cycle() {
+        let r = c.search(K, q).unwrap();
+        if r.hit == HitKind::Miss && metric(&d, "pg_replica_searches") > searches {
+            used = true;
+            break;
+        }
+        if Instant::now() > end {
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        used,
+        "the replica did not answer once fast again\n{}",
+        stats(&d)
+    );
     d.stop().unwrap();
 }

@@ -67,17 +67,22 @@ impl ClusterSection {
         let Some(name) = &self.name else {
             return Ok(());
         };
+        // Plain SQL identifiers: a letter first, no `pg_` (reserved for the system).
         let ident = |s: &str| {
-            !s.is_empty()
-                && s.len() <= CLUSTER_NAME_LEN_MAX
+            s.len() <= CLUSTER_NAME_LEN_MAX
+                && s.bytes().next().is_some_and(|b| b.is_ascii_lowercase())
+                && !s.starts_with("pg_")
                 && s.bytes()
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
         };
         if !ident(name) {
-            return bad("name", "1 to 32 of a-z, 0-9 and _");
+            return bad("name", "1 to 32 of a-z, 0-9 and _, a letter first, not pg_");
         }
         if !ident(&self.schema) {
-            return bad("schema", "1 to 32 of a-z, 0-9 and _");
+            return bad(
+                "schema",
+                "1 to 32 of a-z, 0-9 and _, a letter first, not pg_",
+            );
         }
         match &self.advertise {
             None => return bad("advertise", "is required with cluster.name"),
@@ -86,10 +91,10 @@ impl ClusterSection {
             }
             Some(_) => {}
         }
-        if self.renew_ms == 0 || self.lease_ms < 2 * self.renew_ms {
+        if self.renew_ms == 0 || self.lease_ms < 2 * self.renew_ms || self.lease_ms > 3_600_000 {
             return bad(
                 "lease_ms",
-                "must be at least twice renew_ms (renew_ms >= 1)",
+                "must be at least twice renew_ms (renew_ms >= 1), at most an hour",
             );
         }
         if self.balance_ms < self.renew_ms {
@@ -109,7 +114,9 @@ fn valid_advertise(a: &str) -> bool {
 
 /// Cache keys that are a node's own resources, left out of the cluster's fingerprint:
 /// nodes may differ in memory, snapshots and start-up; not in what an answer means.
-const PER_NODE_CACHE_KEYS: [&str; 9] = [
+const PER_NODE_CACHE_KEYS: [&str; 10] = [
+    // Stated on its own line (from the index, whatever the file says).
+    "metric",
     "capacity_bytes",
     "capacity_objects",
     "prefault_bytes",
@@ -133,8 +140,8 @@ pub fn cluster_fingerprint(cfg: &crate::Config, table: &str, dim: usize, metric:
     }
     let cache: std::collections::BTreeMap<_, _> = cache.into_iter().collect();
     let mut out = format!(
-        "table = {table:?}\ndim = {dim}\nmetric = {metric:?}\ncentroids = {}\n",
-        cfg.sharding.centroids
+        "table = {table:?}\ndim = {dim}\nmetric = {metric:?}\ncentroids = {}\nbalance = {:?}\n",
+        cfg.sharding.centroids, cfg.cluster.balance
     );
     for (k, v) in cache {
         out.push_str(&format!("cache.{k} = {v}\n"));

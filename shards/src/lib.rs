@@ -37,7 +37,7 @@ mod cache;
 pub mod config;
 pub mod counter;
 pub mod entry;
-mod epoch;
+pub mod epoch;
 pub mod error;
 pub mod exact_table;
 pub mod filter;

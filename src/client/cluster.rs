@@ -118,8 +118,31 @@ impl Cluster {
         self.position
     }
 
-    /// Fetches the routing state again, from a live node or else a seed.
+    /// Fetches the routing state again: over an open connection (to `prefer` first,
+    /// the node whose reply said the state changed), else from a live node or a seed.
     pub fn refresh(&mut self) -> Result<()> {
+        self.refresh_from(None)
+    }
+
+    fn refresh_from(&mut self, prefer: Option<u64>) -> Result<()> {
+        self.last_fetch = Instant::now();
+        self.counters.refreshes += 1;
+        let mut open: Vec<u64> = self.conns.keys().copied().collect();
+        open.sort_by_key(|&n| (Some(n) != prefer, self.is_suspect(n)));
+        for n in open {
+            let Some(c) = self.conns.get_mut(&n) else {
+                continue;
+            };
+            match c.cluster() {
+                Ok(state) => {
+                    self.state = state;
+                    return Ok(());
+                }
+                Err(_) => {
+                    self.conns.remove(&n);
+                }
+            }
+        }
         let mut addrs: Vec<String> = self
             .state
             .nodes
@@ -131,8 +154,6 @@ impl Cluster {
         let (state, id, client) = fetch_from(&addrs, &self.opts)?;
         self.state = state;
         self.conns.insert(id, client);
-        self.last_fetch = Instant::now();
-        self.counters.refreshes += 1;
         Ok(())
     }
 
@@ -177,27 +198,53 @@ impl Cluster {
         Ok(self.conns.get_mut(&node).expect("inserted"))
     }
 
-    /// Runs `f` on the nodes of `order` until one answers (at most [`ATTEMPTS_MAX`]);
-    /// a node whose connection fails is dropped, suspected for a lease, and the state
-    /// fetched again.
+    /// Runs `f` on the nodes of `order` until one answers (at most [`ATTEMPTS_MAX`]).
+    /// A node that cannot be reached, or that refuses at connection level (request id
+    /// 0: SHUTTING_DOWN, BUSY), is suspected for a lease and the next one tried. A
+    /// connection that fails after the request was sent is retried elsewhere only when
+    /// `retry_sent` (searches); a write gets [`ClientError::WriteInDoubt`]: it may have
+    /// committed there, and resending it could land before that late commit.
     fn on_nodes<T>(
         &mut self,
         order: &[u64],
+        retry_sent: bool,
         mut f: impl FnMut(&mut Client) -> Result<T>,
-    ) -> Result<T> {
+    ) -> Result<(T, u64)> {
         let mut last = ClientError::Protocol("the cluster has no node".into());
-        for (i, &node) in order.iter().take(ATTEMPTS_MAX).enumerate() {
-            if i > 0 {
+        let mut tried = 0;
+        for &node in order {
+            if tried == ATTEMPTS_MAX {
+                break;
+            }
+            if !self.state.nodes.iter().any(|n| n.node_id == node) {
+                continue; // gone from a state fetched meanwhile
+            }
+            if tried > 0 {
                 self.counters.retries += 1;
             }
+            tried += 1;
             *self.counters.requests.entry(node).or_default() += 1;
-            match self.conn(node).and_then(&mut f) {
-                Ok(v) => return Ok(v),
+            let sent = match self.conn(node) {
+                Ok(c) => f(c),
                 Err(e) if is_connection_error(&e) => {
-                    self.conns.remove(&node);
-                    let lease = Duration::from_millis(self.state.lease_ms as u64);
-                    self.suspect.insert(node, Instant::now() + lease);
-                    let _ = self.refresh();
+                    self.suspect(node);
+                    last = e;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            match sent {
+                Ok(v) => return Ok((v, node)),
+                Err(e) if is_connection_error(&e) => {
+                    let refused = matches!(e, ClientError::Server { request_id: 0, .. });
+                    self.suspect(node);
+                    if !refused && !retry_sent {
+                        let addr = self.address(node).unwrap_or_default();
+                        return Err(ClientError::WriteInDoubt {
+                            node: addr,
+                            cause: Box::new(e),
+                        });
+                    }
                     last = e;
                 }
                 Err(e) => return Err(e),
@@ -206,11 +253,28 @@ impl Cluster {
         Err(last)
     }
 
+    /// A node whose connection failed: dropped, avoided for a lease, the state fetched
+    /// again (from another node).
+    fn suspect(&mut self, node: u64) {
+        self.conns.remove(&node);
+        let lease = Duration::from_millis(self.state.lease_ms as u64);
+        self.suspect.insert(node, Instant::now() + lease);
+        let _ = self.refresh_from(None);
+    }
+
+    fn address(&self, node: u64) -> Option<String> {
+        self.state
+            .nodes
+            .iter()
+            .find(|n| n.node_id == node)
+            .map(|n| n.advertise.clone())
+    }
+
     /// A reply's routing version differs from the state's: fetch it again (at most every
     /// [`REFRESH_MIN`]; nodes may disagree for a renewal period).
-    fn note_routing(&mut self, v: u64) {
+    fn note_routing(&mut self, v: u64, from: Option<u64>) {
         if v != 0 && v != self.state.routing_version && self.last_fetch.elapsed() >= REFRESH_MIN {
-            let _ = self.refresh();
+            let _ = self.refresh_from(from);
         }
     }
 
@@ -225,8 +289,8 @@ impl Cluster {
             req.at_position = Some(self.position);
         }
         let order = self.nodes_for(&req.vector);
-        let r = self.on_nodes(&order, |c| c.search_with(req.clone()))?;
-        self.note_routing(r.routing_version);
+        let (r, node) = self.on_nodes(&order, true, |c| c.search_with(req.clone()))?;
+        self.note_routing(r.routing_version, Some(node));
         Ok(r)
     }
 
@@ -250,12 +314,14 @@ impl Cluster {
         }
         let mut items: Vec<Option<BatchItem>> = vec![None; queries.len()];
         let mut newest = 0;
+        let mut from = None;
         for (order, idx) in groups {
             let part = SearchBatchRequest {
                 queries: idx.iter().map(|&i| queries[i].clone()).collect(),
                 ..req.clone()
             };
-            let got = self.on_nodes(&order, |c| c.search_batch_with(part.clone()))?;
+            let (got, node) = self.on_nodes(&order, true, |c| c.search_batch_with(part.clone()))?;
+            from = Some(node);
             for (&i, item) in idx.iter().zip(got) {
                 if let Ok(s) = &item {
                     newest = s.routing_version;
@@ -263,7 +329,7 @@ impl Cluster {
                 items[i] = Some(item);
             }
         }
-        self.note_routing(newest);
+        self.note_routing(newest, from);
         Ok(items
             .into_iter()
             .map(|i| i.expect("every query answered"))
@@ -274,7 +340,7 @@ impl Cluster {
     /// is carried into this handle's later searches.
     pub fn insert_with_position(&mut self, id: u64, v: &[f32]) -> Result<u64> {
         let order = self.nodes_for(v);
-        let p = self.on_nodes(&order, |c| c.insert_with_position(id, v))?;
+        let (p, _) = self.on_nodes(&order, false, |c| c.insert_with_position(id, v))?;
         self.position = self.position.max(p);
         Ok(p)
     }
@@ -294,7 +360,7 @@ impl Cluster {
             .collect();
         order.sort_by_key(|&n| crate::cluster::mix64(n ^ id));
         order.sort_by_key(|&n| self.is_suspect(n));
-        let d = self.on_nodes(&order, |c| c.delete_with_position(id))?;
+        let (d, _) = self.on_nodes(&order, false, |c| c.delete_with_position(id))?;
         self.position = self.position.max(d.position);
         Ok(d)
     }

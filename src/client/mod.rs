@@ -145,6 +145,14 @@ pub enum ClientError {
     },
     #[error("protocol: {0}")]
     Protocol(String),
+    /// A write sent to a cluster node whose connection then failed (timed out, reset,
+    /// closed): it may or may not have committed there, so it was not sent to another
+    /// node ([`Cluster`]). Read the id back, or write it again knowing that.
+    #[error("the write's outcome is unknown: node {node} failed after it was sent ({cause})")]
+    WriteInDoubt {
+        node: String,
+        cause: Box<ClientError>,
+    },
     /// TLS refused or broken: the server's certificate not trusted or not for this
     /// name, expired, the client's certificate refused (mutual TLS), a TLS client
     /// against a plaintext port, a bad record.

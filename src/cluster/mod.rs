@@ -39,14 +39,12 @@ pub(crate) mod member;
 pub(crate) mod schema;
 pub(crate) mod start;
 
-// Control plane: the view is swapped whole by the lease thread and cloned by CLUSTER.
-use std::sync::Mutex;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::protocol::{ClusterNode, ClusterReply};
 use shards::counter::Counter;
+use shards::epoch::EpochCell;
 
 /// splitmix64's finaliser: a bijection that spreads every input bit over the output.
 pub fn mix64(mut z: u64) -> u64 {
@@ -101,15 +99,19 @@ pub fn nearest_centroid(state: &ClusterReply, q: &[f32]) -> u32 {
 }
 
 /// What a node of a cluster shares with its executors: the current view, which of the
-/// centroids it owns, its counters.
+/// centroids it owns, the searches each centroid drew, its counters.
 pub(crate) struct ClusterState {
     pub(crate) name: String,
     pub(crate) self_id: u64,
-    view: Mutex<Arc<ClusterReply>>,
+    /// Swapped whole by the lease thread; read lock-free by searches (`observe`).
+    view: EpochCell<Arc<ClusterReply>>,
     routing_version: AtomicU64,
     centroids_version: AtomicU64,
     /// Per centroid of the view: owned by this node.
     owned: Vec<AtomicBool>,
+    /// Per centroid of the view: searches whose nearest centroid it is (what this node
+    /// publishes as its load, whatever its shards' router was built on).
+    loads: Vec<Counter>,
     /// The local router was built on the view's centroids (same index space): a
     /// search's nearest centroid there is the cluster's.
     local_matches: AtomicBool,
@@ -122,17 +124,22 @@ pub(crate) struct ClusterState {
     pub(crate) balance_publications: AtomicU64,
 }
 
+fn centroid_count(view: &ClusterReply) -> usize {
+    view.centroids.len() / view.dim.max(1) as usize
+}
+
 impl ClusterState {
     pub(crate) fn new(view: ClusterReply, local_matches: bool) -> ClusterState {
-        let n = view.centroids.len() / view.dim.max(1) as usize;
+        let n = centroid_count(&view);
         let s = ClusterState {
             name: view.name.clone(),
             self_id: view.self_id,
             routing_version: AtomicU64::new(view.routing_version),
             centroids_version: AtomicU64::new(view.centroids_version),
             owned: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            loads: (0..n).map(|_| Counter::default()).collect(),
             local_matches: AtomicBool::new(local_matches),
-            view: Mutex::new(Arc::new(view.clone())),
+            view: EpochCell::new(Arc::new(view.clone())),
             foreign_searches: Counter::default(),
             renewals: AtomicU64::new(0),
             renew_failures: AtomicU64::new(0),
@@ -146,35 +153,37 @@ impl ClusterState {
     }
 
     pub(crate) fn view(&self) -> Arc<ClusterReply> {
-        self.view.lock().expect("cluster view").clone()
+        self.view.read(Arc::clone)
     }
 
     pub(crate) fn routing_version(&self) -> u64 {
         self.routing_version.load(Ordering::Relaxed)
     }
 
+    pub(crate) fn centroids_version(&self) -> u64 {
+        self.centroids_version.load(Ordering::Relaxed)
+    }
+
     /// Installs a new view (the lease thread, after each renewal).
     pub(crate) fn publish(&self, view: ClusterReply) {
-        if view.centroids_version
-            != self
-                .centroids_version
-                .swap(view.centroids_version, Ordering::Relaxed)
-        {
+        let old = self
+            .centroids_version
+            .swap(view.centroids_version, Ordering::Relaxed);
+        if view.centroids_version != old {
             // A retrain: the local router keeps its centroids (its shards were built on
-            // them); searches find the cluster's nearest centroid on their own.
+            // them); searches find the cluster's nearest centroid on the view.
             self.local_matches.store(false, Ordering::Relaxed);
         }
-        let n = self.owned.len() as u32;
-        let same_shape = view.centroids.len() / view.dim.max(1) as usize == self.owned.len();
-        for c in 0..n {
-            let mine = same_shape && owner(&view, c) == Some(self.self_id);
-            self.owned[c as usize].store(mine, Ordering::Relaxed);
+        let same_shape = centroid_count(&view) == self.owned.len();
+        for c in 0..self.owned.len() {
+            let mine = same_shape && owner(&view, c as u32) == Some(self.self_id);
+            self.owned[c].store(mine, Ordering::Relaxed);
         }
         let live = view.nodes.iter().filter(|n| n.live).count() as u64;
         self.live_nodes.store(live, Ordering::Relaxed);
         self.routing_version
             .store(view.routing_version, Ordering::Relaxed);
-        *self.view.lock().expect("cluster view") = Arc::new(view);
+        self.view.store(Arc::new(view));
     }
 
     pub(crate) fn local_matches(&self) -> bool {
@@ -194,15 +203,30 @@ impl ClusterState {
             .count() as u64
     }
 
-    /// A search whose nearest cluster centroid is `centroid`: counted when another node
-    /// owns it. `centroid` is `None` when the local router's centroids are not the
-    /// cluster's (after a retrain): found here then, on the view's.
+    /// Searches per centroid since start (running totals; empty after a retrain that
+    /// changed the centroid count: such a node publishes no load until it restarts).
+    pub(crate) fn centroid_loads(&self) -> Vec<u64> {
+        let same = self.view.read(|v| centroid_count(v) == self.loads.len());
+        if same {
+            self.loads.iter().map(Counter::get).collect()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// A search whose nearest centroid in the local router is `local_centroid`: its
+    /// load counted, and counted as foreign when another node owns it. After a retrain
+    /// (the local router's centroids are not the view's) the nearest is found here, on
+    /// the view, lock-free.
     pub(crate) fn observe(&self, local_centroid: usize, q: &[f32]) {
         let c = if self.local_matches() {
             local_centroid
         } else {
-            nearest_centroid(&self.view(), q) as usize
+            self.view.read(|v| nearest_centroid(v, q) as usize)
         };
+        if let Some(l) = self.loads.get(c) {
+            l.bump();
+        }
         if !self.owns(c) {
             self.foreign_searches.bump();
         }

@@ -51,6 +51,24 @@ impl Tables {
     }
 }
 
+/// The lines of the two fingerprints that differ, each side's.
+fn mismatch(j: &Joining<'_>, theirs: &str) -> JoinError {
+    let only = |a: &str, b: &str| {
+        let other: std::collections::HashSet<&str> = b.lines().collect();
+        let d: Vec<&str> = a.lines().filter(|l| !other.contains(l)).collect();
+        if d.is_empty() {
+            "(nothing)".to_string()
+        } else {
+            d.join(", ")
+        }
+    };
+    JoinError::Mismatch {
+        name: j.name.into(),
+        theirs: only(theirs, j.fingerprint),
+        ours: only(j.fingerprint, theirs),
+    }
+}
+
 /// Who is joining, with what.
 pub(crate) struct Joining<'a> {
     pub(crate) name: &'a str,
@@ -79,9 +97,9 @@ pub(crate) enum JoinError {
     #[error("database: {0}")]
     Db(#[from] tokio_postgres::Error),
     #[error(
-        "cluster {name:?} fronts something else: its routing state was published for\n{theirs}\
-         this node has\n{ours}every node of a cluster fronts the same table with the same \
-         cache settings (a new cluster.name starts another cluster)"
+        "cluster {name:?} fronts something else: its routing state was published with \
+         {theirs}; this node has {ours}. Every node of a cluster fronts the same table with \
+         the same cache settings (a new cluster.name starts another cluster)"
     )]
     Mismatch {
         name: String,
@@ -90,6 +108,12 @@ pub(crate) enum JoinError {
     },
     #[error("the published centroids are not {dim}-d f32s")]
     BadCentroids { dim: usize },
+    #[error(
+        "node id {id:016x} is in use by a live node at {other} (its lease is being renewed): \
+         two akerds share one instance name (a copied data_dir/instance, or the same \
+         backend.pgvector.instance); give each node its own"
+    )]
+    Duplicate { id: u64, other: String },
 }
 
 pub(crate) fn f32s_to_bytes(v: &[f32]) -> Vec<u8> {
@@ -118,6 +142,39 @@ pub(crate) fn bytes_to_overrides(b: &[u8]) -> Vec<(u32, u64)> {
         .collect()
 }
 
+/// A transaction (READ COMMITTED whatever the role's default: after the lock, a
+/// statement must see what the node before it committed) holding the schema's advisory
+/// lock, with the tables made if they are missing. The DDL runs only when a table is
+/// missing: `CREATE ... IF NOT EXISTS` checks the CREATE privilege first, which a
+/// role may have had only for the first start.
+async fn locked<'c>(
+    client: &'c mut Client,
+    t: &Tables,
+) -> Result<tokio_postgres::Transaction<'c>, tokio_postgres::Error> {
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
+        .start()
+        .await?;
+    let key = format!("aker.cluster.{}", t.schema);
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        &[&key],
+    )
+    .await?;
+    let have = tx
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
+             AND to_regclass($3) IS NOT NULL",
+            &[&t.routing(), &t.nodes(), &t.balance()],
+        )
+        .await?;
+    if !have.get::<_, bool>(0) {
+        tx.batch_execute(&t.ddl()).await?;
+    }
+    Ok(tx)
+}
+
 /// Creates the tables if needed, publishes version 1 of the centroids if the cluster
 /// has none (else checks the fingerprint and loads the newest), and registers this node
 /// with a fresh lease, all in one transaction under an advisory lock on the schema:
@@ -127,14 +184,7 @@ pub(crate) async fn join(
     t: &Tables,
     j: &Joining<'_>,
 ) -> Result<Routing, JoinError> {
-    let tx = client.transaction().await?;
-    let key = format!("aker.cluster.{}", t.schema);
-    tx.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-        &[&key],
-    )
-    .await?;
-    tx.batch_execute(&t.ddl()).await?;
+    let tx = locked(client, t).await?;
     let row = tx
         .query_opt(
             &format!(
@@ -149,11 +199,7 @@ pub(crate) async fn join(
         Some(r) => {
             let theirs: String = r.get(1);
             if theirs != j.fingerprint {
-                return Err(JoinError::Mismatch {
-                    name: j.name.into(),
-                    theirs,
-                    ours: j.fingerprint.into(),
-                });
+                return Err(mismatch(j, &theirs));
             }
             let centroids = bytes_to_f32s(r.get::<_, &[u8]>(2));
             if centroids.is_empty() || !centroids.len().is_multiple_of(j.dim) {
@@ -230,14 +276,21 @@ pub(crate) async fn publish_retrain(
     t: &Tables,
     j: &Joining<'_>,
 ) -> Result<u64, JoinError> {
-    let tx = client.transaction().await?;
-    let key = format!("aker.cluster.{}", t.schema);
-    tx.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-        &[&key],
-    )
-    .await?;
-    tx.batch_execute(&t.ddl()).await?;
+    let tx = locked(client, t).await?;
+    let latest = tx
+        .query_opt(
+            &format!(
+                "SELECT fingerprint FROM {} WHERE cluster = $1 ORDER BY version DESC LIMIT 1",
+                t.routing()
+            ),
+            &[&j.name],
+        )
+        .await?;
+    if let Some(theirs) = latest.map(|r| r.get::<_, String>(0)) {
+        if theirs != j.fingerprint {
+            return Err(mismatch(j, &theirs));
+        }
+    }
     let r = tx
         .query_one(
             &format!(
@@ -281,6 +334,9 @@ pub(crate) fn routing_stamp(view: &ClusterReply) -> u64 {
     use super::mix64;
     let mut h = mix64(view.centroids_version ^ 0x61_6b_65_72);
     h = mix64(h ^ view.balance_epoch);
+    for &(c, n) in &view.overrides {
+        h = mix64(h ^ mix64(c as u64) ^ n);
+    }
     let mut live: Vec<u64> = view
         .nodes
         .iter()
@@ -292,4 +348,51 @@ pub(crate) fn routing_stamp(view: &ClusterReply) -> u64 {
         h = mix64(h ^ n);
     }
     h.max(1)
+}
+
+/// Refuses to join as `j.node_id` while another process renews that id's lease from
+/// another address (two akerds sharing an instance name would share a slot, and one's
+/// advances would skip the other's changes). A node restarting at a new address right
+/// after its old process died is let in once that lease stops moving.
+pub(crate) async fn check_unique(
+    client: &Client,
+    t: &Tables,
+    j: &Joining<'_>,
+    renew: std::time::Duration,
+) -> Result<(), JoinError> {
+    let sql = format!(
+        "SELECT advertise, lease_until::text, lease_until > now() FROM {} \
+         WHERE cluster = $1 AND node_id = $2",
+        t.nodes()
+    );
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&j.name, &(j.node_id as i64)];
+    let read = |rows: Vec<tokio_postgres::Row>| {
+        rows.first().map(|r| {
+            (
+                r.get::<_, String>(0),
+                r.get::<_, String>(1),
+                r.get::<_, bool>(2),
+            )
+        })
+    };
+    let exists = client
+        .query("SELECT to_regclass($1) IS NOT NULL", &[&t.nodes()])
+        .await?;
+    if !exists.first().is_some_and(|r| r.get::<_, bool>(0)) {
+        return Ok(());
+    }
+    let Some((other, until, true)) = read(client.query(&sql, &params).await?) else {
+        return Ok(());
+    };
+    if other == j.advertise {
+        return Ok(());
+    }
+    tokio::time::sleep(renew * 2 + std::time::Duration::from_millis(100)).await;
+    match read(client.query(&sql, &params).await?) {
+        Some((other, again, true)) if again != until => Err(JoinError::Duplicate {
+            id: j.node_id,
+            other,
+        }),
+        _ => Ok(()),
+    }
 }

@@ -69,6 +69,7 @@ pub(crate) fn join(
     let self_id = node_id(&instance);
     let slot = changes::slot_name(&instance);
     let fingerprint = cluster_fingerprint(cfg, &target.table, target.dim, target.metric.name());
+    check_state_fits(cfg, router.centroids(), target.dim)?;
     let tables = Tables {
         schema: c.schema.clone(),
     };
@@ -83,7 +84,9 @@ pub(crate) fn join(
         dim: target.dim,
         centroids: router.centroid_vectors(),
     };
+    let renew = Duration::from_millis(c.renew_ms);
     let routing = block_on_db(target, |mut client| async move {
+        schema::check_unique(&client, &tables, &joining, renew).await?;
         schema::join(&mut client, &tables, &joining).await
     })?;
     let matches = routing.centroids == router.centroid_vectors();
@@ -125,12 +128,23 @@ pub(crate) fn join(
     Ok(Joined { state, slot })
 }
 
-/// Starts the lease thread over the daemon's router; it stops with `stop`.
+/// The lease thread's bound on one connection attempt: the pgvector section's
+/// `connect_timeout_ms`, within half a lease.
+fn connect_timeout(cfg: &Config) -> Duration {
+    let ms = cfg
+        .backend
+        .pgvector
+        .as_ref()
+        .map_or(1_000, |s| s.connect_timeout_ms)
+        .clamp(100, cfg.cluster.lease_ms / 2);
+    Duration::from_millis(ms)
+}
+
+/// Starts the lease thread; it stops with `stop`, giving the lease up.
 pub(crate) fn start_lease(
     joined: &Joined,
     cfg: &Config,
     target: &PgTarget,
-    router: &Arc<Router>,
     stop: &Arc<AtomicBool>,
 ) -> Result<JoinHandle<()>, StartError> {
     let c = &cfg.cluster;
@@ -146,11 +160,29 @@ pub(crate) fn start_lease(
         balance: c.balance,
         balance_ms: c.balance_ms,
         slot_drop_after_s: c.slot_drop_after_s,
-        router: router.clone(),
         connect: target.conn.clone(),
+        connect_timeout: connect_timeout(cfg),
         stop: stop.clone(),
     };
     Ok(member::spawn(m)?)
+}
+
+/// The routing state must fit one CLUSTER reply (`server.frame_bytes_max`) with room
+/// for the most nodes a reply carries: else no client could fetch it.
+fn check_state_fits(cfg: &Config, centroids: usize, dim: usize) -> Result<(), StartError> {
+    let nodes_bytes = crate::protocol::CLUSTER_NODES_MAX * (12 + 255) * 2;
+    let need = 64 + centroids * dim * 4 + nodes_bytes;
+    let max = cfg.server.max_frame_bytes as usize;
+    if need > max {
+        return Err(config_error(
+            "server.frame_bytes_max",
+            &format!(
+                "a CLUSTER reply of {centroids} centroids of dimension {dim} needs up to \
+                 {need} bytes: raise frame_bytes_max or lower sharding.centroids"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A router over the cluster's `centroids`, for the shards of `local`.

@@ -399,7 +399,10 @@ fn put_answer(out: &mut Vec<u8>, s: &SearchReply, v2: bool) -> Result<(), Encode
 /// overrides, the name.
 fn put_cluster(out: &mut Vec<u8>, c: &ClusterReply) -> Result<(), EncodeError> {
     let dim = c.dim.max(1) as usize;
-    let too_many = c.nodes.len() > CLUSTER_NODES_MAX
+    // What a decoder refuses is never sent: dimension 0, a non-finite centroid.
+    let too_many = c.dim == 0
+        || c.centroids.iter().any(|x| !x.is_finite())
+        || c.nodes.len() > CLUSTER_NODES_MAX
         || c.overrides.len() > CLUSTER_NODES_MAX
         || !c.centroids.len().is_multiple_of(dim)
         || c.name.len() > CLUSTER_NAME_BYTES_MAX

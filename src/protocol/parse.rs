@@ -769,7 +769,7 @@ fn cluster_reply(c: &mut Cursor<'_>) -> Parse<ClusterReply> {
     let dim = c.u32("dim")?;
     let n = c.u32("centroids")?;
     let floats = dim as u64 * n as u64;
-    if dim == 0 || floats * 4 > c.buf.len() as u64 {
+    if dim == 0 || floats > (c.buf.len() / 4) as u64 {
         return Err(format!(
             "{n} centroids of dimension {dim} do not fit the body"
         ));

@@ -208,7 +208,36 @@ fn all_replies() -> Vec<Reply> {
         }
     }
     v.extend(error_replies());
+    v.push(cluster_reply());
     v
+}
+
+/// CLUSTER (version 6): two nodes, one gone, an override.
+fn cluster_reply() -> Reply {
+    Reply::Cluster(ClusterReply {
+        name: "tier".into(),
+        routing_version: 0xABCD,
+        centroids_version: 2,
+        balance_epoch: 3,
+        self_id: 0x1122_3344_5566_7788,
+        lease_ms: 5000,
+        metric: Metric::Cosine,
+        dim: 2,
+        centroids: vec![1.0, 0.0, 0.0, 1.0],
+        nodes: vec![
+            ClusterNode {
+                node_id: 1,
+                live: true,
+                advertise: "10.0.0.1:7700".into(),
+            },
+            ClusterNode {
+                node_id: 2,
+                live: false,
+                advertise: "10.0.0.2:7700".into(),
+            },
+        ],
+        overrides: vec![(1, 2)],
+    })
 }
 
 /// HELLO with and without an auth challenge.
@@ -441,6 +470,7 @@ fn below_version_5(r: Reply) -> Reply {
 /// a peer that cannot read them.
 fn since(r: &Reply) -> u8 {
     match r {
+        Reply::Cluster(_) => 6,
         Reply::SearchBatch(_) => 4,
         Reply::Authenticated { .. } => 3,
         r if r.status() == Status::Unauthenticated => 3,

@@ -114,6 +114,8 @@ pub struct Daemon {
     backend_stop: Arc<AtomicBool>,
     /// Writes a snapshot every `cache.snapshot_interval_s` (stops with `backend_stop`).
     snapshot_timer: Option<JoinHandle<()>>,
+    /// `[cluster]`: the lease thread and its own stop flag (it leaves first at a stop).
+    lease: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
     shared: Arc<Shared>,
 }
 
@@ -158,6 +160,13 @@ impl Daemon {
     }
 
     fn shutdown(&mut self) -> std::io::Result<()> {
+        // Leave the cluster first: the other nodes take this node's centroids at their
+        // next renewal while it still answers what reaches it (bounded: the lease
+        // thread's database calls are).
+        if let Some((stop, t)) = self.lease.take() {
+            stop.store(true, Ordering::Release);
+            let _ = t.join();
+        }
         // While the owners still run: the writes after it are in the log, replayed at start.
         let on_shutdown = self
             .shared

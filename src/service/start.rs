@@ -87,10 +87,11 @@ impl Daemon {
         let restored = snapshots
             .as_ref()
             .is_some_and(|s| s.restored.load(Ordering::Relaxed) > 0);
-        let joined = join_cluster(cfg, &side, &mut set.router, restored)?;
         let owners = owners(set.caches, cfg);
         let floor = recall_floor(cfg, has_store)?;
         let server = server(cfg)?;
+        // After the port is bound: a node is not announced live before it can listen.
+        let joined = join_cluster(cfg, &side, &mut set.router, restored)?;
         let backend_stop = Arc::new(AtomicBool::new(false));
         let router = Arc::new(set.router);
         let follower = follow_changes(cfg, &side, &owners.handles, &router, &backend_stop)?;
@@ -110,10 +111,12 @@ impl Daemon {
             backend_stop.store(true, Ordering::Release);
         })?;
         backend_threads.extend(follower);
+        let mut lease = None;
         if let (Some(j), Some(t)) = (&joined, &pg_target) {
-            let lease = crate::cluster::start::start_lease(j, cfg, t, &router, &backend_stop);
-            backend_threads
-                .push(lease.inspect_err(|_| backend_stop.store(true, Ordering::Release))?);
+            let stop = Arc::new(AtomicBool::new(false));
+            let thread = crate::cluster::start::start_lease(j, cfg, t, &stop)
+                .inspect_err(|_| backend_stop.store(true, Ordering::Release))?;
+            lease = Some((stop, thread));
         }
         let shared = Arc::new(Shared {
             info,
@@ -143,6 +146,7 @@ impl Daemon {
             backend_threads,
             backend_stop,
             snapshot_timer: None,
+            lease,
             shared: shared.clone(),
         };
         daemon.running = Some(serve(cfg, &server, &shared, owners.per_executor)?);

@@ -134,6 +134,8 @@ class FakeServer:
         self.listener.settimeout(0.2)
         self.port = self.listener.getsockname()[1]
         self.errors: List[BaseException] = []
+        #: Connections accepted so far.
+        self.accepted = 0
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
         self._conns: List[socket.socket] = []
@@ -150,6 +152,7 @@ class FakeServer:
             except OSError:
                 return
             self._conns.append(s)
+            self.accepted += 1
             t = threading.Thread(target=self._run, args=(s,), daemon=True)
             t.start()
             self._threads.append(t)
@@ -191,7 +194,11 @@ class FakeCluster:
     neighbour per query: the answering node's id, so a test sees who answered; the
     replies carry the node's routing version), INSERT and DELETE (positions counting up
     from 1000). :attr:`seen` records each node's requests but HELLO and CLUSTER; a node
-    in :attr:`silent` never answers them (a client's timeout)."""
+    in :attr:`silent` never answers them (a client's timeout), one in :attr:`drop` closes
+    the connection on them without an answer (after recording them: they may have been
+    executed), one in :attr:`refuse` answers them with a connection-level SHUTTING_DOWN
+    and closes (before recording them: not taken). A node in :attr:`removed` is left out
+    of the state. :attr:`cluster_served` counts each node's CLUSTER replies."""
 
     def __init__(self, n: int = 3, *, dim: int = 2, centroids: Optional[Sequence[Sequence[float]]] = None,
                  metric: int = 0, lease_ms: int = 3000, name: str = "fake-cluster",
@@ -212,6 +219,10 @@ class FakeCluster:
         self.live: Dict[int, bool] = {i: True for i in self.ids}
         self.overrides: List[Tuple[int, int]] = []
         self.silent: Set[int] = set()
+        self.drop: Set[int] = set()
+        self.refuse: Set[int] = set()
+        self.removed: Set[int] = set()
+        self.cluster_served: Dict[int, int] = {i: 0 for i in self.ids}
         self.position = 1000
         self.cluster_requests = 0
         self.seen: Dict[int, List[Tuple[int, int, int, bytes]]] = {i: [] for i in self.ids}
@@ -225,19 +236,22 @@ class FakeCluster:
 
     def body(self, self_id: int) -> bytes:
         with self.lock:
-            nodes = [(i, self.live[i], "127.0.0.1:%d" % self.servers[i].port) for i in self.ids]
+            nodes = [(i, self.live[i], "127.0.0.1:%d" % self.servers[i].port) for i in self.ids
+                     if i not in self.removed]
             return cluster_body(routing_version=self.routing_version, self_id=self_id, lease_ms=self.lease_ms,
                                 metric=self.metric, dim=self.dim, centroids=self.centroids, nodes=nodes,
                                 overrides=self.overrides, name=self.name, balance_epoch=len(self.overrides))
 
     def change(self, *, live: Optional[Dict[int, bool]] = None,
-               overrides: Optional[List[Tuple[int, int]]] = None) -> int:
+               overrides: Optional[List[Tuple[int, int]]] = None, removed: Optional[Set[int]] = None) -> int:
         """A new routing state (every node's replies carry its version at once)."""
         with self.lock:
             if live is not None:
                 self.live.update(live)
             if overrides is not None:
                 self.overrides = list(overrides)
+            if removed is not None:
+                self.removed = set(removed)
             self.routing_version += 1
             return self.routing_version
 
@@ -264,8 +278,13 @@ class FakeCluster:
                 if op == 0x0B:
                     with self.lock:
                         self.cluster_requests += 1
+                        self.cluster_served[node_id] += 1
                     c.send(version, op, rid, self.body(node_id))
                     continue
+                if node_id in self.refuse:  # connection-level, request id 0; then closes
+                    c.send(version, 0, 0, b"shutting down", status=15)
+                    c.sock.shutdown(socket.SHUT_WR)
+                    return
                 with self.lock:
                     self.seen[node_id].append((version, op, flags, body))
                     routing = self.node_routing.get(node_id, self.routing_version) if version >= 6 else None
@@ -273,6 +292,8 @@ class FakeCluster:
                     position = struct.pack("<Q", self.position) if version >= 5 else b""
                     if node_id in self.silent:
                         continue
+                    if node_id in self.drop:
+                        return
                 if op == 3:
                     c.send(version, op, rid, search_body([node_id], [0.5], hit=1, routing=routing))
                 elif op == 0x0A:

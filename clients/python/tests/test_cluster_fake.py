@@ -1,7 +1,9 @@
 """aker.Cluster against fake nodes on loopback (fake_server.FakeCluster): the state from
 the seeds, each search on its centroid's owner, batches split by owner and put back in
 order, positions carried across nodes, overrides, a killed or silent node retried on
-the next, the state fetched again on a new routing version; the README's example."""
+the next (a write only when it never reached the node, else WriteInDoubt), a node gone
+from the state skipped, the state fetched again on a new routing version (from the node
+that reported it, over its connection), owner orders cached; the README's example."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator, List
 
@@ -274,11 +277,110 @@ def test_at_most_three_nodes_are_tried() -> None:
 
 
 def test_a_silent_node_times_out_and_is_retried(fake: FakeCluster) -> None:
+    """A search that timed out goes on to the next node; a write does not: it may still
+    be executed by the silent node, so its outcome is unknown (WriteInDoubt)."""
+    q = queries(1, seed=9)[0]
     with aker.Cluster(fake.seeds, timeout=0.3) as c:
-        q = queries(1, seed=9)[0]
         first, second, _ = c.nodes_for(q)
         fake.silent.add(first)
         assert c.search(q, 1).ids.tolist() == [second] and c.counters.retries == 1
+    with aker.Cluster(fake.seeds, timeout=0.3) as c:
+        with pytest.raises(aker.WriteInDoubt) as e:
+            c.insert(5, q)
+        assert isinstance(e.value, aker.AkerConnectionError) and isinstance(e.value.__cause__, aker.Timeout)
+        assert e.value.node_id == first and e.value.address == fake.seeds[fake.ids.index(first)]
+        assert "outcome is unknown" in str(e.value) and e.value.address in str(e.value)
+        assert c.counters.retries == 0 and c.counters.requests == {first: 1}
+        assert len(searched(fake, first, 4)) == 1 and not searched(fake, second, 4)  # not resent
+        # The node is avoided for a lease and the state was fetched again.
+        assert c.nodes_for(q)[-1] == first and c.counters.refreshes == 1 and first not in c.connections
+        assert c.search(q, 1).ids.tolist() == [second]
+
+
+def test_a_write_whose_connection_drops_after_sending_is_in_doubt(fake: FakeCluster) -> None:
+    q = queries(1, seed=11)[0]
+    with aker.Cluster(fake.seeds, timeout=5.0) as c:
+        first, second, third = c.nodes_for(q)
+        fake.drop.add(first)  # takes the request, then closes without an answer
+        with pytest.raises(aker.WriteInDoubt) as e:
+            c.insert_with_position(5, q)
+        assert isinstance(e.value.__cause__, aker.ConnectionClosed) and e.value.node_id == first
+        assert c.counters.retries == 0 and c.position == 0 and c.counters.refreshes == 1
+        assert len(searched(fake, first, 4)) == 1 and not any(searched(fake, n, 4) for n in (second, third))
+        assert c.nodes_for(q) == [second, third, first]
+        # A search over a dropped connection is retried on the next node.
+    with aker.Cluster(fake.seeds, timeout=5.0) as c:
+        assert c.search(q, 1).ids.tolist() == [second] and c.counters.retries == 1
+    # A delete as well: the id whose first node is the dropping one.
+    i = next(i for i in range(100) if min(fake.ids, key=lambda n: mix64(n ^ i)) == first)
+    with aker.Cluster(fake.seeds, timeout=5.0) as c:
+        with pytest.raises(aker.WriteInDoubt) as e:
+            c.delete(i)
+        assert e.value.node_id == first and c.counters.retries == 0
+        assert searched(fake, first, 5) == [struct.pack("<QI", i, 0)]
+        assert not any(searched(fake, n, 5) for n in (second, third))
+
+
+def test_a_write_the_node_never_took_goes_to_the_next_node(fake: FakeCluster) -> None:
+    """Connections refused (a killed node), or a connection-level SHUTTING_DOWN (the node
+    took nothing): the write provably never reached it and is sent to the next node."""
+    q = queries(1, seed=12)[0]
+    with aker.Cluster(fake.seeds, timeout=5.0) as c:
+        first, second, third = c.nodes_for(q)
+        i = next(i for i in range(100) if min(fake.ids, key=lambda n: mix64(n ^ i)) == first)
+    fake.refuse.add(first)
+    with aker.Cluster(fake.seeds, timeout=5.0) as c:
+        p = c.insert_with_position(5, q)
+        assert p > 1000 and c.position == p and c.counters.retries == 1 and c.counters.requests[first] == 1
+        assert not searched(fake, first, 4) and len(searched(fake, second, 4)) == 1
+        assert c.nodes_for(q)[-1] == first  # avoided for a lease
+    with aker.Cluster(fake.seeds, timeout=5.0) as c:
+        d = c.delete_with_position(i)
+        assert d.existed and c.counters.retries == 1 and not searched(fake, first, 5)
+    fake.refuse.clear()
+    fake.kill(first)  # connections refused
+    with aker.Cluster([s for n, s in zip(fake.ids, fake.seeds) if n != first], timeout=5.0) as c:
+        assert first not in c.connections
+        c.insert(6, q)
+        assert c.counters.retries == 1 and c.counters.requests[first] == 1
+        assert len(searched(fake, second, 4)) == 2 and c.nodes_for(q) == [second, third, first]
+
+
+def test_an_idle_connection_the_server_closed_is_opened_again(fake: FakeCluster) -> None:
+    """A connection the node closed while it was idle (idle_timeout_ms): a write is sent
+    on a new one (not in doubt), the node is not avoided."""
+    q = queries(1, seed=13)[0]
+    with aker.Cluster(fake.seeds, timeout=5.0) as c:
+        first = c.nodes_for(q)[0]
+        assert c.search(q, 1).ids.tolist() == [first]
+        old = c.connections[first]
+        for s in fake.servers[first]._conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5.0
+        while old._idle_usable() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        c.insert(5, q)
+        assert len(searched(fake, first, 4)) == 1 and c.counters.retries == 0 and c.counters.refreshes == 0
+        assert old.closed and c.connections[first] is not old and c.nodes_for(q)[0] == first
+
+
+def test_a_node_missing_from_the_refreshed_state_is_skipped(fake: FakeCluster) -> None:
+    q = queries(1, seed=14)[0]
+    with aker.Cluster(fake.seeds, timeout=5.0) as c, aker.Cluster(fake.seeds, timeout=5.0) as w:
+        first, second, third = c.nodes_for(q)
+        assert w.nodes_for(q) == [first, second, third]
+        fake.kill(first)
+        fake.change(removed={second})
+        # first fails, the state fetched again no longer names second: on to third.
+        assert c.search(q, 1).ids.tolist() == [third]
+        assert c.state.node(second) is None and c.counters.refreshes == 1
+        assert c.counters.retries == 1 and second not in c.counters.requests
+        w.insert(5, q)  # a write refused by first (connections refused) goes on the same way
+        assert len(searched(fake, third, 4)) == 1 and not searched(fake, second, 4)
+        assert w.counters.retries == 1 and second not in w.counters.requests
 
 
 def test_another_routing_version_fetches_the_state_again(fake: FakeCluster) -> None:
@@ -304,6 +406,72 @@ def test_another_routing_version_fetches_the_state_again(fake: FakeCluster) -> N
         for _ in range(3):
             c.search(q, 1)
         assert c.counters.refreshes == 2
+
+
+def accepted(fake: FakeCluster) -> int:
+    return sum(s.accepted for s in fake.servers.values())
+
+
+def test_a_refresh_asks_the_reporting_node_over_its_open_connection(fake: FakeCluster) -> None:
+    with aker.Cluster(fake.seeds, timeout=5.0) as c:
+        c.refresh_min = 0.0
+        seed_node = c.state.self_id
+        q = next(q for q in queries(50, seed=15) if c.owner_of(q) != seed_node)
+        owner_ = c.owner_of(q)
+        assert owner_ is not None and c.search(q, 1).ids.tolist() == [owner_]
+        conns = c.connections
+        assert list(conns) == [seed_node, owner_]  # the seed's connection comes first
+        opened, served = accepted(fake), dict(fake.cluster_served)
+        v = fake.change()
+        assert c.search(q, 1).routing_version == v
+        # Fetched from the node whose reply carried v, over its connection; none opened or closed.
+        assert c.state.routing_version == v and c.state.self_id == owner_ and c.counters.refreshes == 1
+        assert fake.cluster_served[owner_] == served[owner_] + 1
+        assert all(fake.cluster_served[n] == served[n] for n in fake.ids if n != owner_)
+        assert accepted(fake) == opened and c.connections == conns and not any(x.closed for x in conns.values())
+        # A batch: the first node whose reply differs.
+        v2 = fake.change()
+        b = c.search_batch(queries(20, seed=16), 1)
+        assert b.routing_version == v2 == c.state.routing_version and c.counters.refreshes == 2
+        assert sum(fake.cluster_served.values()) == sum(served.values()) + 2
+        # refresh() too: over an open connection, none opened.
+        opened = accepted(fake)
+        conns = c.connections
+        c.refresh()
+        assert accepted(fake) == opened and c.connections == conns and c.counters.refreshes == 3
+        # After a failure: the others' open connections, not new ones.
+        fake.kill(owner_)
+        opened = accepted(fake)
+        assert c.search(q, 1).ids.tolist() == [c.nodes_for(q)[0]] and c.counters.refreshes == 4
+        assert accepted(fake) <= opened + 1  # at most the connection the retry needed
+
+
+def test_owner_orders_are_computed_once_per_state(fake: FakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: List[int] = []
+    real = aker.cluster.owner_order
+
+    def counted(state: aker.ClusterState, centroid: int) -> List[int]:
+        calls.append(centroid)
+        return real(state, centroid)
+
+    monkeypatch.setattr(aker.cluster, "owner_order", counted)
+    with aker.Cluster(fake.seeds, timeout=5.0) as c:
+        qs = queries(200, seed=17)
+        for q in qs[:50]:
+            centroid = nearest_centroid(c.state, q)
+            assert c.nodes_for(q) == real(c.state, centroid) and c.owner_of(q) == real(c.state, centroid)[0]
+            assert c.search(q, 1).ids.tolist() == [real(c.state, centroid)[0]]
+        c.search_batch(qs, 1)
+        assert len(calls) == len(set(calls)) <= 8  # once per centroid
+        # A new state: computed again, from it.
+        centroid = nearest_centroid(c.state, qs[0])
+        first, other = real(c.state, centroid)[:2]
+        fake.change(overrides=[(centroid, other)])
+        c.refresh()
+        assert c.nodes_for(qs[0]) == real(c.state, centroid) and c.nodes_for(qs[0])[0] == other
+        assert c.search(qs[0], 1).ids.tolist() == [other] and calls.count(centroid) == 2
+        b = c.search_batch(qs, 1)
+        assert b.ids[:, 0].tolist() == [real(c.state, nearest_centroid(c.state, q))[0] for q in qs]
 
 
 def test_close(fake: FakeCluster) -> None:

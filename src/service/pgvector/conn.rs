@@ -3,7 +3,8 @@
 //! sent pipelined, each in its own transaction with its settings.
 //!
 //! ```text
-//!  search:  BEGIN; SET LOCAL ... ; statement_timeout = <what the deadline leaves>
+//!  search:  BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL ... ;
+//!           statement_timeout = <what the deadline leaves>
 //!           │ prepared SELECT ... LIMIT <n>     (prepared on first use of n, inside
 //!           │ COMMIT                             the same transaction)
 //!  write:   BEGIN; SET LOCAL statement_timeout │ prepared INSERT / DELETE │ COMMIT

@@ -136,8 +136,10 @@ pub fn start(
         check_extension(&client, section).await?;
         let found = discover(&client, section, metric).await?;
         let ef = section.effective_ef_search(k_max, delta);
+        // READ COMMITTED whatever the role's, database's or url's default: each
+        // statement its own snapshot, which a replica's check relies on (`replica.rs`).
         let search_prelude = format!(
-            "BEGIN; SET LOCAL hnsw.ef_search = {ef}; SET LOCAL hnsw.iterative_scan = {}; \
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL hnsw.ef_search = {ef}; SET LOCAL hnsw.iterative_scan = {}; \
              SET LOCAL statement_timeout = ",
             section.iterative_scan.as_sql()
         );

@@ -7,7 +7,8 @@
 //!          (warns if it does not use the index), TABLESAMPLE of the vectors ─►
 //!          routing centroids; every statement bounded (statement_timeout)
 //!  run:    backend thread i ── its own connection (PgConn) on a current-thread runtime
-//!          search: BEGIN; SET LOCAL ef_search, iterative_scan, statement_timeout
+//!          search: BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL ef_search,
+//!                  iterative_scan, statement_timeout
 //!                  │ prepared SELECT id, dist [, vector] ORDER BY dist LIMIT <k + Δ>
 //!                  │ COMMIT                      ── pipelined: one round trip
 //!          write:  the same around a prepared INSERT ... ON CONFLICT / DELETE
@@ -77,7 +78,8 @@ pub struct PgTarget {
     pub table: String,
     pub(crate) conn: PgConnect,
     sql: Sql,
-    /// `BEGIN; SET LOCAL ...` of a search, before its `statement_timeout`.
+    /// `BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL ...` of a search, before its
+    /// `statement_timeout`.
     search_prelude: String,
     statement_timeout: Duration,
     reconnect_max: Duration,

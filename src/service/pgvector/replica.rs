@@ -4,19 +4,27 @@
 //! trip; otherwise its answer is discarded and the primary answers.
 //!
 //! ```text
-//!  miss ─► floor = max(applied      the change stream, in every shard
-//!                      written      akerd's own writes, WAL after their COMMIT
-//!                      AT_POSITION) the request's read-your-writes position
+//!  miss ─► node floor = max(applied   the change stream, in every shard
+//!                           written)  akerd's own writes, WAL after their COMMIT
+//!          request floor = max(node floor, AT_POSITION)  read-your-writes
 //!          no floor: not following, past max_staleness_ms, a write's position unknown
 //!          and the primary unreadable ─► the primary
 //!       ─► replica i (round robin; its connection up on this thread; not passed over)
-//!            BEGIN; SET LOCAL ...; SELECT <replay position>; prepared search; COMMIT
-//!            replayed >= floor ─► its answer                     pg_replica_searches
-//!            behind (or not in recovery) ─► discarded, i passed over for BEHIND_SKIP,
-//!                                           the primary         pg_replica_behind
-//!            recovery conflict (40001, 57P04) ─► the primary     pg_replica_conflicts
-//!            lost, failed ─► the primary; reopened in the background with backoff
-//!       ─► no replica may answer ─► the primary (`PgConn::search`)
+//!            BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL ...;
+//!            SELECT <replay position>; prepared search; COMMIT
+//!            (bounded: half of min(statement_timeout, what the deadline leaves))
+//!            replayed >= request floor ─► its answer             pg_replica_searches
+//!            behind the node floor (or not in recovery) ─► discarded, i passed over
+//!                           for BEHIND_SKIP (reconnect_ms_max), the primary
+//!                                                                pg_replica_behind
+//!            behind only AT_POSITION ─► discarded, this request on the primary
+//!                                                                pg_replica_behind
+//!            recovery conflict (40001, 57P04) ─► i passed over for BEHIND_SKIP,
+//!                                                the primary     pg_replica_conflicts
+//!            timed out, cancelled, lost, failed ─► i passed over for FAILED_SKIP,
+//!                           the primary; a lost connection reopened in the background
+//!       ─► no replica may answer ─► the primary (`PgConn::search`), in what the
+//!          deadline leaves
 //! ```
 //!
 //! **Why it must be checked.** The cache has applied every change up to `applied`; a
@@ -25,8 +33,10 @@
 //! answer would carry it into the cache, to be served again. An insert the cache has
 //! applied would likewise be missing from that answer.
 //!
-//! **Why READ COMMITTED, the check first.** Each statement takes its snapshot as it
-//! starts. The check reads `pg_last_wal_replay_lsn()` while it runs; recovery publishes
+//! **Why READ COMMITTED, the check first.** The transaction says so itself (`BEGIN
+//! ISOLATION LEVEL READ COMMITTED`): a role's or database's `default_transaction_isolation`
+//! (replicated to the standby) or one in the url's `options` must not change it. Each
+//! statement takes its snapshot as it starts. The check reads `pg_last_wal_replay_lsn()` while it runs; recovery publishes
 //! that position only after the record's redo (a commit is then out of the running
 //! transactions). The search starts after the check has finished (a session runs its
 //! statements one after another), so its snapshot sees every transaction committed up
@@ -35,9 +45,19 @@
 //! before the function reads the position: replay could pass the floor in between, and
 //! the check would vouch for an older snapshot.
 //!
-//! A replica's connections are opened as tasks on the backend thread's runtime: they
-//! progress while the thread waits on any statement (or idles), so a replica that does
-//! not answer never holds a miss up; a miss uses only connections already up.
+//! **Why the request's position passes nothing over.** AT_POSITION is the client's: a
+//! replica behind it (or a bogus position far ahead of any WAL) sends that request to
+//! the primary, nothing more. Only a replica behind what the node itself holds (the
+//! stream's applied position, akerd's own writes) is passed over by every thread.
+//!
+//! **Time.** A replica attempt may take at most half of `statement_timeout` and half of
+//! what the request's deadline leaves (`attempt_bounds`), so the primary, asked after
+//! it, keeps at least as much as the replica had. A replica that timed out, was
+//! cancelled or failed is passed over for [`FAILED_SKIP`]: a slow replica costs one
+//! slow miss per that, not one per miss. A replica's connections are opened as tasks
+//! on the backend thread's runtime: they progress while the thread waits on any
+//! statement (or idles), so a replica that does not answer never holds a miss up; a
+//! miss uses only connections already up.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -60,9 +80,22 @@ use super::sql::describe;
 use super::{open, PgConn, PgConnect, PgTarget, BACKOFF_FIRST, CLIENT_GRACE};
 use crate::protocol::Rejection;
 
-/// How long a replica found behind is passed over by every thread: a paused or slow
-/// replica costs a wasted round trip once per this, not on every miss.
+/// How long a replica found behind the node's floor (or cancelled by a recovery
+/// conflict) is passed over by every thread: a paused or slow replica costs a wasted
+/// round trip once per this, not on every miss.
 const BEHIND_SKIP: Duration = Duration::from_millis(100);
+
+/// How long a replica whose search timed out (on the server or here), or failed, or
+/// whose connection was lost, is passed over by every thread: a slow replica delays
+/// one miss (by at most its attempt's bound) once per this.
+const FAILED_SKIP: Duration = Duration::from_secs(1);
+
+/// A replica attempt's share of the time: at most this part of `statement_timeout`
+/// and of what the request's deadline leaves, the rest kept for the primary.
+const ATTEMPT_SHARE: u32 = 2;
+
+/// The shortest replica attempt worth making; with less time left, the primary.
+const ATTEMPT_MIN: Duration = Duration::from_millis(2);
 
 /// How long an idle backend thread lets a replica connection being opened progress at
 /// a time (a request arriving meanwhile waits at most this).
@@ -173,9 +206,9 @@ impl Replicas {
             .fetch_max(until, Ordering::Relaxed);
     }
 
-    /// The position a replica must have replayed to answer a miss (see the module's
+    /// The positions a replica must have replayed to answer a miss (see the module's
     /// notes); `None`: only the primary may answer now.
-    fn floor(&self, feed: &ChangeFeed, at: Option<Lsn>, pg: &mut PgConn) -> Option<Lsn> {
+    fn floor(&self, feed: &ChangeFeed, at: Option<Lsn>, pg: &mut PgConn) -> Option<Floor> {
         if !feed.following() || feed.past_staleness() {
             return None;
         }
@@ -187,8 +220,57 @@ impl Replicas {
             self.resolved.fetch_max(unknown, Ordering::AcqRel);
         }
         let written = self.written.load(Ordering::Acquire);
-        Some(feed.applied().max(written).max(at.unwrap_or(0)))
+        let node = feed.applied().max(written);
+        Some(Floor {
+            node,
+            request: node.max(at.unwrap_or(0)),
+        })
     }
+}
+
+/// What a replica must have replayed for its answer to be served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Floor {
+    /// What this node holds: the stream's applied position, akerd's own writes. A
+    /// replica behind it is passed over by every thread for a while.
+    node: Lsn,
+    /// `node`, or the request's AT_POSITION where higher: a replica behind only this
+    /// sends just this request to the primary.
+    request: Lsn,
+}
+
+/// What a replica's answer came to, given the floor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Replayed the request's floor: served.
+    Serve,
+    /// Behind the request's position only: this request on the primary.
+    BehindRequest,
+    /// Behind the node's floor: passed over for [`BEHIND_SKIP`].
+    BehindNode,
+    /// Not in recovery (promoted, or a primary): passed over for `reconnect_ms_max`.
+    NotInRecovery,
+}
+
+impl Floor {
+    fn verdict(self, replayed: Option<Lsn>) -> Verdict {
+        match replayed {
+            None => Verdict::NotInRecovery,
+            Some(at) if at < self.node => Verdict::BehindNode,
+            Some(at) if at < self.request => Verdict::BehindRequest,
+            Some(_) => Verdict::Serve,
+        }
+    }
+}
+
+/// A replica attempt's bounds from what the primary's search would have (`timeout`:
+/// `statement_timeout`, or what the deadline leaves where less): the attempt's
+/// `statement_timeout` on the replica, and how long this side waits for its answer (a
+/// [`ATTEMPT_SHARE`]th of `timeout`; the server's a quarter shorter, so that the
+/// server's cancel, which keeps the connection, comes first). `None`: too little time.
+fn attempt_bounds(timeout: Duration) -> Option<(Duration, Duration)> {
+    let wait = timeout / ATTEMPT_SHARE;
+    (wait >= ATTEMPT_MIN).then(|| (wait - wait / 4, wait))
 }
 
 /// A replica connection of one backend thread and its prepared statements.
@@ -223,7 +305,8 @@ enum Ran {
     Rows(Option<Lsn>, Vec<Row>),
     /// Cancelled by a recovery conflict.
     Conflict,
-    /// Lost, stale, timed out, or another error: the primary answers.
+    /// Lost, stale, timed out (on the server or here), or another error: the primary
+    /// answers.
     Failed,
 }
 
@@ -249,11 +332,22 @@ impl Piped for Checked<'_> {
     }
 }
 
-/// Opens a replica connection and prepares its check, bounded like the primary's.
+/// Opens a replica connection and prepares its check, bounded like the primary's. The
+/// check is prepared inside a READ COMMITTED transaction: preparing a SELECT takes a
+/// snapshot, which a `default_transaction_isolation = serializable` refuses on a
+/// standby (every search sets its level itself).
 async fn open_standby(conn: PgConnect, bound: Duration) -> Opened {
     let work = async {
         let client = open(&conn).await?;
-        let check = client.prepare(REPLAY_POSITION).await?;
+        let (a, check, b) = tokio::join!(
+            biased;
+            client.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"),
+            client.prepare(REPLAY_POSITION),
+            client.batch_execute("COMMIT")
+        );
+        a?;
+        let check = check?;
+        b?;
         Ok::<_, tokio_postgres::Error>(Standby {
             client,
             check,
@@ -409,46 +503,66 @@ impl Standbys {
             return Ok(None);
         };
         let timeout = pg.timeout_for(deadline).ok_or_else(deadline_exceeded)?;
+        let Some((server, wait)) = attempt_bounds(timeout) else {
+            return Ok(None);
+        };
         let query = Vector::from(q.to_vec());
-        match self.run(&pg.rt, i, &query, n, timeout) {
+        match self.run(&pg.rt, i, &query, n, server, wait) {
             Ran::Rows(replayed, rows) => {
                 Ok(self.judge(i, floor, replayed).then(|| pg.answer(rows, n)))
             }
             Ran::Conflict => {
                 t.replicas.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+                t.replicas.pass_over(i, BEHIND_SKIP);
                 Ok(None)
             }
-            Ran::Failed => Ok(None),
+            Ran::Failed => {
+                t.replicas.pass_over(i, FAILED_SKIP);
+                Ok(None)
+            }
         }
     }
 
-    /// Whether replica `i`'s answer may be served: it had replayed `floor` before the
-    /// search's snapshot. Otherwise it is passed over for a while.
-    fn judge(&self, i: usize, floor: Lsn, replayed: Option<Lsn>) -> bool {
+    /// Whether replica `i`'s answer may be served: it had replayed the request's floor
+    /// before the search's snapshot. Behind the node's floor (or not in recovery), it
+    /// is passed over for a while; behind only the request's position, it is not.
+    fn judge(&self, i: usize, floor: Floor, replayed: Option<Lsn>) -> bool {
         let (t, r) = (&*self.target, &self.target.replicas);
         if let Some(at) = replayed {
             let lag_bytes = t.changes.applied().saturating_sub(at);
             r.stats.lag_bytes.store(lag_bytes, Ordering::Relaxed);
         }
-        if replayed.is_some_and(|at| at >= floor) {
+        let verdict = floor.verdict(replayed);
+        if verdict == Verdict::Serve {
             r.stats.searches.fetch_add(1, Ordering::Relaxed);
             return true;
         }
         r.stats.behind.fetch_add(1, Ordering::Relaxed);
-        if replayed.is_none() {
-            tracing::warn!(replica = %r.list[i].url,
-                "pgvector: a replica_urls server is not in recovery (promoted, or not a \
-                 replica): passed over");
-            r.pass_over(i, t.reconnect_max);
-        } else {
-            r.pass_over(i, BEHIND_SKIP);
+        match verdict {
+            Verdict::NotInRecovery => {
+                tracing::warn!(replica = %r.list[i].url,
+                    "pgvector: a replica_urls server is not in recovery (promoted, or not a \
+                     replica): passed over");
+                r.pass_over(i, t.reconnect_max);
+            }
+            Verdict::BehindNode => r.pass_over(i, BEHIND_SKIP),
+            Verdict::BehindRequest | Verdict::Serve => {}
         }
         false
     }
 
     /// The check and the search on replica `i`, one round trip (one more when the
-    /// limit `n` is not prepared on this connection yet).
-    fn run(&mut self, rt: &Runtime, i: usize, query: &Vector, n: usize, timeout: Duration) -> Ran {
+    /// limit `n` is not prepared on this connection yet), under the `server`'s
+    /// statement_timeout, its answer awaited for at most `wait` (`attempt_bounds`).
+    fn run(
+        &mut self,
+        rt: &Runtime,
+        i: usize,
+        query: &Vector,
+        n: usize,
+        server: Duration,
+        wait: Duration,
+    ) -> Ran {
         let t = self.target.clone();
         let Link::Up(sb) = &mut self.slots[i].link else {
             return Ran::Failed;
@@ -457,7 +571,7 @@ impl Standbys {
             self.lost(i, "connection closed");
             return Ran::Failed;
         }
-        let prelude = format!("{}{}", t.search_prelude, timeout.as_millis().max(1));
+        let prelude = format!("{}{}", t.search_prelude, server.as_millis().max(1));
         let statement = sb.search.get(&n).cloned().ok_or_else(|| t.sql.search(n));
         let stmt = Checked {
             check: &sb.check,
@@ -465,8 +579,8 @@ impl Standbys {
         };
         let mut prep = Prepared::default();
         let r = rt.block_on(async {
-            let work = send(&sb.client, &prelude, timeout, statement, &stmt, &mut prep);
-            tokio::time::timeout(timeout + CLIENT_GRACE, work).await
+            let work = send(&sb.client, &prelude, server, statement, &stmt, &mut prep);
+            tokio::time::timeout(wait, work).await
         });
         if let Some(st) = prep.statement {
             sb.search.insert(n, st);
@@ -479,7 +593,7 @@ impl Standbys {
             Ok(Err(e)) => self.failed(i, &e),
             Err(_) => {
                 // Its state unknown: not reused.
-                self.lost(i, "no answer within the statement timeout");
+                self.lost(i, "no answer within the replica attempt's time");
                 Ran::Failed
             }
         }
@@ -494,6 +608,11 @@ impl Standbys {
         if recovery_conflict(e) {
             tracing::debug!(error = %why, "pgvector: replica search cancelled by recovery; on the primary");
             return Ran::Conflict;
+        }
+        if e.code() == Some(&SqlState::QUERY_CANCELED) {
+            tracing::debug!(error = %why,
+                "pgvector: replica search cancelled (its share of the time); on the primary");
+            return Ran::Failed;
         }
         tracing::debug!(error = %why, "pgvector: replica search failed; on the primary");
         Ran::Failed
@@ -528,4 +647,45 @@ pub(crate) fn search(
         return Ok(answer);
     }
     pg.search(q, n, deadline)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_nodes_floor_passes_a_replica_over() {
+        let f = Floor {
+            node: 100,
+            request: 500,
+        };
+        assert_eq!(f.verdict(None), Verdict::NotInRecovery);
+        assert_eq!(f.verdict(Some(99)), Verdict::BehindNode);
+        assert_eq!(f.verdict(Some(100)), Verdict::BehindRequest);
+        assert_eq!(f.verdict(Some(499)), Verdict::BehindRequest);
+        assert_eq!(f.verdict(Some(500)), Verdict::Serve);
+        // A bogus position far ahead: that request only.
+        let bogus = Floor {
+            node: 100,
+            request: u64::MAX,
+        };
+        assert_eq!(bogus.verdict(Some(1_000)), Verdict::BehindRequest);
+        let none = Floor {
+            node: 100,
+            request: 100,
+        };
+        assert_eq!(none.verdict(Some(100)), Verdict::Serve);
+    }
+
+    #[test]
+    fn a_replica_attempt_leaves_the_primary_at_least_as_much() {
+        let ms = Duration::from_millis;
+        let (server, wait) = attempt_bounds(ms(5_000)).unwrap();
+        assert_eq!(wait, ms(2_500));
+        assert!(server < wait, "{server:?} {wait:?}");
+        assert_eq!(server, ms(1_875));
+        let (server, wait) = attempt_bounds(ms(40)).unwrap();
+        assert_eq!((server, wait), (ms(15), ms(20)));
+        assert!(attempt_bounds(ms(3)).is_none());
+    }
 }

@@ -44,7 +44,7 @@ from ._codec import (
     as_vector,
     check_errors,
 )
-from ._protocol import BatchResult, ClusterState, Deleted, HitKind, Metric, SearchResult
+from ._protocol import BatchResult, ClusterState, Deleted, HitKind, Metric, SearchResult, Status
 from .client import DEFAULT, Client
 from .errors import (
     AkerConnectionError,
@@ -55,6 +55,7 @@ from .errors import (
     ProtocolError,
     StatusError,
     Timeout,
+    WriteInDoubt,
     error_for_status,
 )
 
@@ -213,7 +214,7 @@ def parse_address(text: str) -> Optional[Address]:
 
 
 def is_connection_error(e: AkerError) -> bool:
-    """Whether a request that failed so may be sent to another node: the connection
+    """Whether a search that failed so may be sent to another node: the connection
     failed, timed out, or the server closed it (a connection-level reply, request id 0:
     SHUTTING_DOWN, BUSY at connect)."""
     if isinstance(e, (AkerConnectionError, Timeout)):
@@ -221,12 +222,25 @@ def is_connection_error(e: AkerError) -> bool:
     return isinstance(e, StatusError) and e.request_id == 0 and not e.local
 
 
+def is_refusal(e: AkerError) -> bool:
+    """Whether the node refused the connection before taking any request on it: a
+    connection-level ``SHUTTING_DOWN`` (sent once every request in flight is answered)
+    or ``BUSY`` (``max_connections``). A write that failed so never reached the node."""
+    return (
+        isinstance(e, StatusError)
+        and e.request_id == 0
+        and not e.local
+        and e.status in (Status.SHUTTING_DOWN, Status.BUSY)
+    )
+
+
 class Cluster:
     """A client of a cluster of akerd nodes (protocol version 6, ``docs/CLUSTER.md``).
 
     Args:
         seeds: node addresses (``"host:port"`` or ``(host, port)``); the routing state
-            (CLUSTER) comes from the first that answers it, later from any live node.
+            (CLUSTER) comes from the first that answers it, later from the nodes this
+            handle has connections to (else any live node, else a seed).
         routing: ``"centroid"`` (each search to its centroid's owner) or ``"random"``
             (to a live node at random: a baseline).
         client_options: :class:`aker.Client`'s keyword arguments, for every node
@@ -235,13 +249,23 @@ class Cluster:
     Searches go to the owner of the query's nearest centroid, a batch is split by owner
     (one ``search_batch`` per node, rows back in order); writes go to any node and their
     positions are carried into this handle's later searches as ``at_position``
-    (read-your-writes across nodes). On a connection error (refused, lost, timed out,
-    closed by the server) a request is sent at once to the next node of
-    :func:`owner_order`, on at most :data:`ATTEMPTS_MAX` nodes; the failed node is
-    avoided for one lease (``state.lease_ms``) and the state fetched again. A reply whose
-    ``routing_version`` differs from the state's makes the handle fetch the state again
-    (at most every :data:`REFRESH_MIN_S` seconds). One connection per node, opened when
-    first needed. Calls are serialized (a lock), as :class:`aker.Client`'s.
+    (read-your-writes across nodes).
+
+    Failures: a node whose connection fails is avoided for one lease (``state.lease_ms``)
+    and the state fetched again. A search that met a connection error (refused, lost,
+    timed out, closed by the server) is sent at once to the next node of
+    :func:`owner_order`, on at most :data:`ATTEMPTS_MAX` nodes. A write (insert, delete)
+    is sent to the next node only when it provably never reached the node: the connection
+    could not be opened (connect, TLS, HELLO), or the node refused it (connection-level
+    ``SHUTTING_DOWN`` or ``BUSY``). After a timeout, a reset or a close once it was sent,
+    its outcome is unknown: :class:`aker.WriteInDoubt` (the node may still commit it
+    later, so sending it elsewhere could let that late commit overwrite a newer write).
+
+    A reply whose ``routing_version`` differs from the state's makes the handle fetch the
+    state again (at most every :data:`REFRESH_MIN_S` seconds), first from the node that
+    sent that reply, over its open connection. One connection per node, opened when
+    first needed and kept (an idle one the server closed is opened again). Calls are
+    serialized (a lock), as :class:`aker.Client`'s.
     """
 
     def __init__(
@@ -261,15 +285,18 @@ class Cluster:
         self._conns: Dict[int, Client] = {}
         #: Node -> the monotonic time until which it is avoided (it failed a connection).
         self._suspect: Dict[int, float] = {}
+        #: Centroid -> its owner_order under the state held (emptied when it changes).
+        self._orders: Dict[int, Tuple[int, ...]] = {}
         self._position = 0
         self._rng = random.Random()
         self._closed = False
         self.counters = ClusterCounters()
         #: Seconds between fetches caused by replies (:data:`REFRESH_MIN_S`).
         self.refresh_min = REFRESH_MIN_S
-        state, client = self._fetch([(None, a) for a in self._seeds])
+        state, _node, client = self._fetch([(None, a) for a in self._seeds])
         self._state = state
-        self._adopt(state.self_id, client)
+        if client is not None:
+            self._keep(state.self_id, client)
         self._last_fetch = time.monotonic()
 
     # ------------------------------------------------------------------ state
@@ -284,6 +311,10 @@ class Cluster:
     def state(self) -> ClusterState:
         """The routing state as last fetched."""
         return self._state
+
+    def _set_state(self, state: ClusterState) -> None:
+        self._state = state
+        self._orders = {}
 
     @property
     def routing(self) -> str:
@@ -315,10 +346,13 @@ class Cluster:
     def _is_suspect(self, node: int, now: float) -> bool:
         return self._suspect.get(node, 0.0) > now
 
-    def _adopt(self, node: int, client: Client) -> None:
+    def _keep(self, node: int, client: Client) -> None:
+        """Keeps a connection just opened to ``node``, unless one to it is open already
+        (that one stays: a healthy connection is never closed for another)."""
         old = self._conns.get(node)
-        if old is not None and old is not client:
-            old.close()
+        if old is not None and old is not client and not old.closed:
+            client.close()
+            return
         self._conns[node] = client
 
     def _drop(self, node: int) -> None:
@@ -326,68 +360,126 @@ class Cluster:
         if c is not None:
             c.close()
 
-    def _fetch(self, candidates: List[Tuple[Optional[int], Address]]) -> Tuple[ClusterState, Client]:
-        """CLUSTER from the first candidate that answers it (a node's open connection
-        when there is one, else a new one): the state and the connection it came on."""
+    def _open(self, node: int) -> Optional[Client]:
+        """The open connection to ``node`` when it is usable; one the server closed while
+        it was idle (``idle_timeout_ms``, a restart), or holding bytes nobody asked for,
+        is closed and forgotten (``None``)."""
+        c = self._conns.get(node)
+        if c is None:
+            return None
+        if c.closed or not c._idle_usable():
+            self._drop(node)
+            return None
+        return c
+
+    def _fetch(
+        self, candidates: Sequence[Tuple[Optional[int], Optional[Address]]]
+    ) -> Tuple[ClusterState, Optional[int], Optional[Client]]:
+        """CLUSTER from the first candidate that answers it: ``(node, None)`` asks over the
+        open connection to ``node`` (skipped when there is none), ``(node, address)`` over
+        a new connection. Returns the state, the node whose open connection answered
+        (``None``: a new one did) and the new connection (``None``: an open one answered)."""
         last: AkerError = AkerConnectionError("no address to fetch the cluster state from")
         for node, addr in candidates:
-            c = self._conns.get(node) if node is not None else None
-            fresh = c is None or c.closed
-            if c is None or c.closed:
+            if addr is None:
+                if node is None:
+                    continue
+                c = self._open(node)
+                if c is None:
+                    continue
                 try:
-                    c = Client(addr[0], addr[1], **self._options)
+                    return c.cluster(), node, None
                 except AkerError as e:
                     last = e
-                    continue
+                    if is_connection_error(e):
+                        self._drop(node)
+                continue
             try:
-                return c.cluster(), c
+                fresh = Client(addr[0], addr[1], **self._options)
             except AkerError as e:
                 last = e
-                if fresh:
-                    c.close()
-                elif node is not None and is_connection_error(e):
-                    self._drop(node)
+                continue
+            try:
+                return fresh.cluster(), None, fresh
+            except AkerError as e:
+                last = e
+                fresh.close()
         raise last
 
+    def _refresh(self, first: Optional[int] = None) -> ClusterState:
+        """Fetches the state again: over the open connection to ``first`` (the node whose
+        reply carried another routing version), then the other open connections to live
+        nodes not avoided, then new connections to such nodes, then the seeds."""
+        now = time.monotonic()
+        usable = {n.node_id for n in self._state.nodes if n.live and not self._is_suspect(n.node_id, now)}
+        open_now = [n for n in list(self._conns) if self._open(n) is not None]
+        candidates: List[Tuple[Optional[int], Optional[Address]]] = []
+        if first is not None and first in open_now:
+            candidates.append((first, None))
+        candidates.extend((n, None) for n in open_now if n in usable and n != first)
+        for n in self._state.nodes:
+            addr = parse_address(n.advertise)
+            if n.node_id in usable and n.node_id not in open_now and addr is not None:
+                candidates.append((n.node_id, addr))
+        candidates.extend((None, a) for a in self._seeds)
+        state, _node, client = self._fetch(candidates)
+        self._set_state(state)
+        if client is not None:
+            self._keep(state.self_id, client)
+        self._last_fetch = time.monotonic()
+        self.counters.refreshes += 1
+        return state
+
     def refresh(self) -> ClusterState:
-        """Fetches the routing state again, from a live node (not one that just failed)
-        or else a seed; returns it (also :attr:`state`)."""
+        """Fetches the routing state again, over an open connection to a live node when
+        there is one (no connection is opened then), else from a live node (not one that
+        just failed) or a seed; returns it (also :attr:`state`)."""
         with self._lock:
             self._check()
-            now = time.monotonic()
-            candidates: List[Tuple[Optional[int], Address]] = []
-            for n in self._state.nodes:
-                addr = parse_address(n.advertise)
-                if n.live and addr is not None and not self._is_suspect(n.node_id, now):
-                    candidates.append((n.node_id, addr))
-            candidates.extend((None, a) for a in self._seeds)
-            state, client = self._fetch(candidates)
-            self._state = state
-            self._adopt(state.self_id, client)
-            self._last_fetch = time.monotonic()
-            self.counters.refreshes += 1
-            return state
+            return self._refresh()
 
-    def _note_routing(self, versions: Sequence[int]) -> None:
-        """Replies carried these routing versions: one other than the state's (not 0)
-        fetches the state again, at most every :attr:`refresh_min` seconds."""
+    def _try_refresh(self, first: Optional[int] = None) -> None:
+        try:
+            self._refresh(first)
+        except AkerError:
+            pass  # routing goes on with the state held; a later reply or failure tries again
+
+    def _note_routing(self, replies: Sequence[Tuple[int, int]]) -> None:
+        """Replies ``(node, routing_version)``: a version other than the state's (not 0)
+        fetches the state again, first from the node that sent it, at most every
+        :attr:`refresh_min` seconds."""
         v = self._state.routing_version
-        if any(r != 0 and r != v for r in versions) and time.monotonic() - self._last_fetch >= self.refresh_min:
-            try:
-                self.refresh()
-            except AkerError:
-                pass  # the next reply tries again; routing goes on with the state held
+        for node, r in replies:
+            if r != 0 and r != v:
+                if time.monotonic() - self._last_fetch >= self.refresh_min:
+                    self._try_refresh(node)
+                return
 
     # ------------------------------------------------------------------ routing
 
+    def _owner_order(self, centroid: int) -> Tuple[int, ...]:
+        """:func:`owner_order` under the state held, computed once per centroid."""
+        order = self._orders.get(centroid)
+        if order is None:
+            order = self._orders[centroid] = tuple(owner_order(self._state, centroid))
+        return order
+
     def _order(self, centroid: int, now: float) -> List[int]:
-        order = owner_order(self._state, centroid)
+        order = list(self._owner_order(centroid))
         if self._routing == "random":
             n = min(max(1, len(self._state.live_nodes)), len(order))
             if n:
                 by = self._rng.randrange(n)
                 order[:n] = order[by:n] + order[:by]
-        return [x for x in order if not self._is_suspect(x, now)] + [x for x in order if self._is_suspect(x, now)]
+        return self._suspects_last(order, now)
+
+    def _suspects_last(self, order: List[int], now: float) -> List[int]:
+        if not self._suspect:
+            return order
+        late = [x for x in order if self._is_suspect(x, now)]
+        if not late:
+            return order
+        return [x for x in order if not self._is_suspect(x, now)] + late
 
     def nodes_for(self, vector: VectorLike) -> List[int]:
         """The nodes a search of ``vector`` is tried on, in order: its centroid's
@@ -399,11 +491,13 @@ class Cluster:
     def owner_of(self, vector: VectorLike) -> Optional[int]:
         """The owner of ``vector``'s nearest centroid by the state held (``None``: no node)."""
         with self._lock:
-            return owner(self._state, nearest_centroid(self._state, vector))
+            order = self._owner_order(nearest_centroid(self._state, vector))
+            return order[0] if order else None
 
-    def _conn(self, node: int) -> Client:
-        c = self._conns.get(node)
-        if c is not None and not c.closed:
+    def _connect(self, node: int) -> Client:
+        """A usable connection to ``node``: the open one, else a new one (kept)."""
+        c = self._open(node)
+        if c is not None:
             return c
         n = self._state.node(node)
         if n is None:
@@ -412,30 +506,62 @@ class Cluster:
         if addr is None:
             raise ProtocolError("node %016x's address %r is not host:port" % (node, n.advertise))
         c = Client(addr[0], addr[1], **self._options)
-        self._adopt(node, c)
+        self._conns[node] = c
         return c
 
-    def _on_nodes(self, order: Sequence[int], f: Callable[[Client], T]) -> T:
-        """``f`` on the nodes of ``order`` until one answers (at most :data:`ATTEMPTS_MAX`);
-        a node whose connection fails is dropped, avoided for a lease, and the state
-        fetched again. Any other error is raised at once."""
+    def _failed(self, node: int) -> None:
+        """``node``'s connection failed: dropped, the node avoided for a lease, the state
+        fetched again."""
+        self._drop(node)
+        now = time.monotonic()
+        if self._suspect:
+            self._suspect = {n: t for n, t in self._suspect.items() if t > now}
+        self._suspect[node] = now + self._state.lease_ms / 1000.0
+        self._try_refresh()
+
+    def _on_nodes(self, order: Sequence[int], f: Callable[[Client], T], *, write: bool = False) -> Tuple[int, T]:
+        """``f`` on the nodes of ``order`` until one answers (at most :data:`ATTEMPTS_MAX`):
+        that node and ``f``'s result. A node the state (fetched again meanwhile) no longer
+        names is skipped. A node whose connection fails is dropped, avoided for a lease,
+        and the state fetched again; then a search goes on to the next node, a write only
+        when it never reached the node (the connection could not be opened, or the node
+        refused it: :func:`is_refusal`), else it raises :class:`WriteInDoubt`. Any other
+        error is raised at once."""
         last: AkerError = AkerConnectionError("the cluster has no node to send to")
-        for i, node in enumerate(order[:ATTEMPTS_MAX]):
-            if i:
+        tried = 0
+        for node in order:
+            if tried >= ATTEMPTS_MAX:
+                break
+            known = self._state.node(node)
+            if known is None:
+                continue  # the state was fetched again and no longer names it
+            if tried:
                 self.counters.retries += 1
+            tried += 1
             self.counters.requests[node] = self.counters.requests.get(node, 0) + 1
             try:
-                return f(self._conn(node))
+                c = self._connect(node)
             except AkerError as e:
                 if not is_connection_error(e):
                     raise
                 last = e
-                self._drop(node)
-                self._suspect[node] = time.monotonic() + self._state.lease_ms / 1000.0
-                try:
-                    self.refresh()
-                except AkerError:
-                    pass
+                self._failed(node)
+                continue  # nothing was sent
+            try:
+                return node, f(c)
+            except AkerError as e:
+                if not is_connection_error(e):
+                    raise
+                last = e
+                self._failed(node)
+                if write and not is_refusal(e):
+                    raise WriteInDoubt(
+                        "the write's outcome is unknown: node %016x (%s) may have executed it "
+                        "(%s: %s); it was not sent to another node"
+                        % (node, known.advertise, type(e).__name__, e),
+                        address=known.advertise,
+                        node_id=node,
+                    ) from e
         raise last
 
     def _at(self, at_position: Optional[int]) -> Optional[int]:
@@ -464,7 +590,7 @@ class Cluster:
             q = as_vector(vector, self._state.dim)
             at = self._at(at_position)
             order = self._order(nearest_centroid(self._state, q), time.monotonic())
-            r = self._on_nodes(
+            node, r = self._on_nodes(
                 order,
                 lambda c: c.search(
                     q,
@@ -477,7 +603,7 @@ class Cluster:
                     timeout=timeout,
                 ),
             )
-            self._note_routing([r.routing_version])
+            self._note_routing([(node, r.routing_version)])
             return r
 
     def search_batch(
@@ -527,10 +653,10 @@ class Cluster:
             tokens: List[Optional[int]] = [None] * n
             dtq = [False] * n
             statuses = np.zeros(n, dtype=np.uint16)
-            versions: List[int] = []
+            versions: List[Tuple[int, int]] = []
             for order, rows in groups.values():
                 sub = mat[rows]
-                b = self._on_nodes(
+                node, b = self._on_nodes(
                     order,
                     lambda c: c.search_batch(
                         sub,
@@ -553,7 +679,7 @@ class Cluster:
                     kinds[row] = b.kinds[j]
                     tokens[row] = b.tokens[j] if b.tokens else None
                     dtq[row] = b.distances_to_query[j] if b.distances_to_query else True
-                versions.append(b.routing_version)
+                versions.append((node, b.routing_version))
             self._note_routing(versions)
             if errors == "raise":
                 bad = np.flatnonzero(statuses)
@@ -570,20 +696,26 @@ class Cluster:
                 tokens=tokens,
                 distances_to_query=dtq,
                 statuses=statuses,
-                routing_version=max(versions, default=0),
+                routing_version=max((v for _n, v in versions), default=0),
             )
 
     def insert_with_position(
         self, id: int, vector: VectorLike, payload: Payload = None, *, collection: int = 0, timeout: Any = DEFAULT
     ) -> int:
         """As :meth:`aker.Client.insert_with_position`, on the owner of ``vector``'s
-        centroid (any node would do); the position is carried into later searches."""
+        centroid (any node would do); the position is carried into later searches.
+
+        Sent to the next node only when it never reached the one tried (connection not
+        opened, or refused); a connection that fails once it was sent raises
+        :class:`aker.WriteInDoubt` (the insert may or may not take effect there)."""
         with self._lock:
             self._check()
             q = as_vector(vector, self._state.dim)
             order = self._order(nearest_centroid(self._state, q), time.monotonic())
-            p: int = self._on_nodes(
-                order, lambda c: c.insert_with_position(id, q, payload, collection=collection, timeout=timeout)
+            _node, p = self._on_nodes(
+                order,
+                lambda c: c.insert_with_position(id, q, payload, collection=collection, timeout=timeout),
+                write=True,
             )
             self._position = max(self._position, p)
             return p
@@ -596,15 +728,16 @@ class Cluster:
 
     def delete_with_position(self, id: int, *, collection: int = 0, timeout: Any = DEFAULT) -> Deleted:
         """As :meth:`aker.Client.delete_with_position`, on a live node chosen by the id;
-        the position is carried into later searches."""
+        the position is carried into later searches. Retried as
+        :meth:`insert_with_position` (else :class:`aker.WriteInDoubt`)."""
         with self._lock:
             self._check()
             key = _uint(id, 64, "id")
             now = time.monotonic()
             order = sorted((n.node_id for n in self._state.nodes if n.live), key=lambda n: mix64(n ^ key))
-            order.sort(key=lambda n: self._is_suspect(n, now))
-            d: Deleted = self._on_nodes(
-                order, lambda c: c.delete_with_position(id, collection=collection, timeout=timeout)
+            order = self._suspects_last(order, now)
+            _node, d = self._on_nodes(
+                order, lambda c: c.delete_with_position(id, collection=collection, timeout=timeout), write=True
             )
             self._position = max(self._position, d.position)
             return d

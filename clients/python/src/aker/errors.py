@@ -32,7 +32,9 @@ a frame over ``max_frame_bytes``), so a caller catches one class whichever end n
     │   ├── ServerNotAuthentic           a secret was given, the server did not prove it
     │   └── InvalidSecret (ValueError)   the secret is too short / too long / unreadable
     ├── AkerConnectionError (ConnectionError)
-    │   └── ConnectionClosed             the server closed the connection
+    │   ├── ConnectionClosed             the server closed the connection
+    │   ├── TLSError                     the TLS handshake failed
+    │   └── WriteInDoubt                 a Cluster write whose outcome is unknown (not retried)
     ├── Timeout (TimeoutError)           connect or request timeout of the client
     └── ProtocolError                    a reply that does not decode
         └── IncompatibleServer           no common version (2 to 6), or HELLO is not as expected
@@ -70,6 +72,7 @@ __all__ = [
     "InvalidSecret",
     "AkerConnectionError",
     "ConnectionClosed",
+    "WriteInDoubt",
     "TLSError",
     "Timeout",
     "ProtocolError",
@@ -255,6 +258,25 @@ class AkerConnectionError(AkerError, ConnectionError):
 
 class ConnectionClosed(AkerConnectionError):
     """The server closed the connection (or it was closed here)."""
+
+
+class WriteInDoubt(AkerConnectionError):
+    """A write (INSERT, DELETE) of :class:`~aker.Cluster` whose connection failed after the
+    request may have reached the node (a timeout, a reset, a close once it was sent): the
+    node may have executed it, or may still do so later. It is not sent to another node
+    (INSERT is an upsert: a late commit on the first node could overwrite a newer value
+    written through another); the caller decides (read it back, or write it again).
+    ``__cause__`` is the connection error.
+
+    Attributes:
+        address: the node's address (``"host:port"``, as the cluster state names it).
+        node_id: the node's id.
+    """
+
+    def __init__(self, message: str = "", *, address: str = "", node_id: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.address: str = address
+        self.node_id: Optional[int] = node_id
 
 
 class TLSError(AkerConnectionError):
