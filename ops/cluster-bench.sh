@@ -7,7 +7,7 @@
 # akerds and the client on core 1 (this machine has two: no throughput scaling here).
 #
 #   bash ops/cluster-bench.sh [WARM (30000)] [REQUESTS (60000)]
-#   env: SETS ("one centroid-rendezvous centroid-load random"), PGBENCH_OUT
+#   env: SETS ("one centroid-rendezvous centroid-load random"; also centroid-fullpool, one-triple), PGBENCH_OUT
 #        (target/pgbench), OUT (target/cluster-bench)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -89,8 +89,8 @@ hits() {  # NAME SEED ROUTING [--single]
     > "$out/$1.json"
   cat "$out/$1.json"
 }
-three() {  # NAME ROUTING BALANCE
-  local third=$((pool_objects / 3))
+three() {  # NAME ROUTING BALANCE [POOL PER NODE (a third of the pool)]
+  local third=${4:-$((pool_objects / 3))}
   local name=b_${1//-/_}
   node n1 7761 $third "$name" "$3"; node n2 7762 $third "$name" "$3"; node n3 7763 $third "$name" "$3"
   sleep 2
@@ -110,4 +110,13 @@ fi
 [[ $sets != *" centroid-rendezvous "* ]] || three centroid-rendezvous centroid rendezvous
 [[ $sets != *" centroid-load "* ]] || three centroid-load centroid load
 [[ $sets != *" random "* ]] || three random random rendezvous
+# A diagnostic: each node with the whole pool (three times the memory). Near "one": the
+# cluster's loss is its split pool; near centroid-*: the regions' borders.
+[[ $sets != *" centroid-fullpool "* ]] || three centroid-fullpool centroid load "$pool_objects"
+# ... against one node with three times the pool (the same memory in all).
+if [[ $sets == *" one-triple "* ]]; then
+  node one 7760 $((pool_objects * 3)) "" ""
+  hits one-triple 127.0.0.1:7760 single --single
+  stop_nodes
+fi
 echo "results in $out" >&2

@@ -153,12 +153,24 @@ fn queries(ds: &Dataset, rows: std::ops::Range<usize>) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// The primary's own answer, as akerd asks it on a miss (`K + DELTA` rows), cut to K.
-fn primary_ids(primary: &Sql, table: &str, q: &[f32]) -> Vec<u64> {
-    let rows = primary.knn(table, "<->", q, K as usize + DELTA, EF_SEARCH);
+/// A server's own answer, as akerd asks it on a miss (`K + DELTA` rows), cut to K.
+fn db_ids(server: &Sql, table: &str, q: &[f32]) -> Vec<u64> {
+    let rows = server.knn(table, "<->", q, K as usize + DELTA, EF_SEARCH);
     let mut v: Vec<u64> = rows.iter().take(K as usize).map(|r| r.0).collect();
     v.sort_unstable();
     v
+}
+
+/// Asserts that `got` (a miss's ids) is the database's own answer to `q`: the
+/// primary's, or the replica's where it differs. A table this small sits near the
+/// planner's line between the HNSW index and a sequential scan, and the two servers may
+/// plan the search differently (the primary's heap file can hold empty pages extended
+/// ahead by a bulk COPY, which the standby's lacks, so their row estimates differ).
+fn databases_answer(got: &[u64], (primary, replica): (&Sql, &Sql), table: &str, q: &[f32]) {
+    let got = sorted(got.to_vec());
+    if got != db_ids(primary, table, q) {
+        assert_eq!(got, db_ids(replica, table, q), "neither server's answer");
+    }
 }
 
 fn sorted(mut v: Vec<u64>) -> Vec<u64> {
@@ -203,7 +215,7 @@ fn misses_go_to_the_replica_only_once_it_has_replayed_what_the_cache_holds() {
     let d = Daemon::start(&config(&p.primary, "r_miss", vec![p.replica.url()], 10)).unwrap();
     wait_replica_up(&d, 2.0);
     let mut c = client(d.local_addr());
-    let asked = answered_by_the_replica(&d, &mut c, &primary, "r_miss", &ds);
+    let asked = answered_by_the_replica(&d, &mut c, (&primary, &replica), "r_miss", &ds);
     let gone = held_behind(&d, &mut c, (&primary, &replica), "r_miss", &ds, &asked);
     used_again_once_resumed(&d, &mut c, (&primary, &replica), &ds, &gone);
     d.stop().unwrap();
@@ -255,7 +267,7 @@ fn the_replica_check_holds_whatever_the_default_isolation() {
         let d = Daemon::start(&config(&p.primary, "r_iso", vec![p.replica.url()], 10)).unwrap();
         wait_replica_up(&d, 2.0);
         let mut c = client(d.local_addr());
-        let asked = answered_by_the_replica(&d, &mut c, &primary, "r_iso", &ds);
+        let asked = answered_by_the_replica(&d, &mut c, (&primary, &replica), "r_iso", &ds);
         let gone = held_behind(&d, &mut c, (&primary, &replica), "r_iso", &ds, &asked);
         used_again_once_resumed(&d, &mut c, (&primary, &replica), &ds, &gone);
         d.stop().unwrap();
@@ -277,7 +289,7 @@ fn the_replica_check_holds_whatever_the_default_isolation() {
         for q in q {
             let r = c.search(K, q).unwrap();
             if r.hit == HitKind::Miss {
-                assert_eq!(sorted(ids(&r)), primary_ids(&primary, "r_iso", q));
+                databases_answer(&ids(&r), (&primary, &replica), "r_iso", q);
             }
         }
         if metric(&d, "pg_replica_searches") > 0.0 {
@@ -294,11 +306,11 @@ fn the_replica_check_holds_whatever_the_default_isolation() {
     d.stop().unwrap();
 }
 
-/// Misses answered by the replica, each the primary's own answer; the queries.
+/// Misses answered by the replica, each the database's own answer; the queries.
 fn answered_by_the_replica(
     d: &Daemon,
     c: &mut Client,
-    primary: &Sql,
+    servers: (&Sql, &Sql),
     table: &str,
     ds: &Dataset,
 ) -> Vec<Vec<f32>> {
@@ -308,7 +320,7 @@ fn answered_by_the_replica(
         let r = c.search(K, q).unwrap();
         if r.hit == HitKind::Miss {
             misses += 1;
-            assert_eq!(sorted(ids(&r)), primary_ids(primary, table, q));
+            databases_answer(&ids(&r), servers, table, q);
         }
     }
     let s = stats(d);
@@ -337,7 +349,7 @@ fn held_behind(
     let fresh = queries(ds, 30..50);
     let mut gone: HashSet<u64> = cached.iter().map(|a| a[0]).collect();
     for q in &fresh {
-        gone.extend(primary_ids(primary, table, q).into_iter().take(2));
+        gone.extend(db_ids(primary, table, q).into_iter().take(2));
     }
     let list: Vec<String> = gone.iter().map(u64::to_string).collect();
     primary.exec(&format!(
@@ -528,7 +540,7 @@ fn a_replica_that_cannot_be_reached_costs_no_miss() {
     for q in queries(&dataset(), 0..20) {
         let r = c.search(K, &q).unwrap();
         if r.hit == HitKind::Miss {
-            assert_eq!(sorted(ids(&r)), primary_ids(&primary, "r_down", &q));
+            assert_eq!(sorted(ids(&r)), db_ids(&primary, "r_down", &q));
         }
     }
     let s = stats(&d);
@@ -609,7 +621,7 @@ fn a_slow_replica_delays_few_misses_and_fails_none() {
     let d = Daemon::start(&config(&p.primary, "r_slow", vec![proxy.url()], 10)).unwrap();
     wait_replica_up(&d, 2.0);
     let mut c = client(d.local_addr());
-    answered_by_the_replica(&d, &mut c, &primary, "r_slow", &ds);
+    answered_by_the_replica(&d, &mut c, (&primary, &replica), "r_slow", &ds);
     // Answers held longer than the requests' deadline: a replica attempt may take half
     // of it, then the primary answers in what is left.
     proxy.delay(Duration::from_secs(3));
@@ -629,7 +641,7 @@ fn a_slow_replica_delays_few_misses_and_fails_none() {
         assert!(took < deadline, "{took:?}");
         if r.hit == HitKind::Miss {
             misses += 1;
-            assert_eq!(sorted(ids(&r)), primary_ids(&primary, "r_slow", &q));
+            assert_eq!(sorted(ids(&r)), db_ids(&primary, "r_slow", &q));
         }
         if took >= deadline / 4 {
             slow += 1;

@@ -238,8 +238,8 @@ fn ping_hello_and_every_operation() {
     let mut c = client(&s);
     c.ping().unwrap();
     let h = c.hello().unwrap();
-    assert_eq!((h.version_min, h.version_max), (1, 5));
-    assert_eq!((h.delta, c.version()), (Some(2), 5));
+    assert_eq!((h.version_min, h.version_max), (1, 6));
+    assert_eq!((h.delta, c.version()), (Some(2), 6));
     assert_eq!(h.max_frame_bytes, 4096);
     assert_eq!((h.dim, h.k_max, h.metric), (DIM, K_MAX, Metric::L2Sq));
     // max_batch (256 by default) is capped at max_inflight.

@@ -2,9 +2,11 @@
 //! routing state (CLUSTER, protocol version 6) from any node, sends each search to the
 //! owner of its query's nearest centroid, splits a batch by owner, sends writes to any
 //! node and carries their positions into later searches (read-your-writes across
-//! nodes). On a connection error it retries at once on the next node in rendezvous
-//! order (at most [`ATTEMPTS_MAX`] nodes), treats the failed node as gone for one lease
-//! and fetches the state again. Routing is for locality: any node answers any query.
+//! nodes). On a connection error a search is sent at once to the next node in
+//! rendezvous order (at most [`ATTEMPTS_MAX`] nodes), the failed node treated as gone for
+//! one lease and the state fetched again; a write moves on only when it never reached
+//! the failed node, else it is [`ClientError::WriteInDoubt`]. Routing is for locality:
+//! any node answers any query.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), aker::client::ClientError> {

@@ -34,10 +34,11 @@
 //! applied would likewise be missing from that answer.
 //!
 //! **Why READ COMMITTED, the check first.** The transaction says so itself (`BEGIN
-//! ISOLATION LEVEL READ COMMITTED`): a role's or database's `default_transaction_isolation`
-//! (replicated to the standby) or one in the url's `options` must not change it. Each
-//! statement takes its snapshot as it starts. The check reads `pg_last_wal_replay_lsn()` while it runs; recovery publishes
-//! that position only after the record's redo (a commit is then out of the running
+//! ISOLATION LEVEL READ COMMITTED`): a role's or database's
+//! `default_transaction_isolation` (replicated to the standby) or one in the url's
+//! `options` must not change it. Each statement takes its snapshot as it starts. The
+//! check reads `pg_last_wal_replay_lsn()` while it runs; recovery publishes that
+//! position only after the record's redo (a commit is then out of the running
 //! transactions). The search starts after the check has finished (a session runs its
 //! statements one after another), so its snapshot sees every transaction committed up
 //! to the position checked, and the check vouches for it. Under REPEATABLE READ the
