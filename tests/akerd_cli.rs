@@ -339,3 +339,63 @@ fn huge_pages_follow_the_pool_budget() {
         "1"
     );
 }
+
+/// A shared object that makes io_uring_setup(2) fail with EPERM, as a container runtime's
+/// default seccomp profile does (the rest of syscall(2) passes through).
+const NO_URING: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+long syscall(long n, ...) {
+    static long (*real)(long, ...) = 0;
+    if (!real) real = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
+    if (n == 425) { errno = EPERM; return -1; }
+    va_list ap; va_start(ap, n);
+    long a = va_arg(ap, long), b = va_arg(ap, long), c = va_arg(ap, long),
+         d = va_arg(ap, long), e = va_arg(ap, long), f = va_arg(ap, long);
+    va_end(ap);
+    return real(n, a, b, c, d, e, f);
+}
+"#;
+
+#[test]
+fn io_uring_refused_is_said_in_one_line() {
+    let dir = std::env::temp_dir().join(format!("akerd-nouring-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("nouring.c");
+    let lib = dir.join("nouring.so");
+    std::fs::write(&src, NO_URING).unwrap();
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .expect("a C compiler (cc)");
+    assert!(built.success());
+    let cfg = temp_config(
+        "nouring",
+        "[server]\nlisten = \"127.0.0.1:0\"\n[backend]\ndata = { kind = \"synthetic\", n = 100, dim = 4, clusters = 2, seed = 1 }\n",
+    );
+    let cfg = cfg.to_str().unwrap().to_string();
+    for args in [vec!["--demo"], vec!["--config", cfg.as_str()]] {
+        let mut child = Command::new(AKERD)
+            .args(&args)
+            .env("LD_PRELOAD", &lib)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let status = common::exit_within(&mut child, Duration::from_secs(20));
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(status.code(), Some(3), "{args:?}: {err}");
+        assert!(
+            err.contains("io_uring is needed") && err.contains("seccomp"),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "no executor panic: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -136,6 +136,13 @@ fn run(cli: &Cli) -> Result<ExitCode, ExitCode> {
         print!("{}", cfg.to_toml());
         return Ok(ExitCode::SUCCESS);
     }
+    // Executors need io_uring: a refusal (seccomp, an old kernel) said in one line.
+    if (cli.demo || !(cli.drop_slot || cli.cluster_retrain)) && !cli.print_config {
+        if let Err(why) = aker::server::check_io_uring() {
+            eprintln!("akerd: {why}");
+            return Err(ExitCode::from(3));
+        }
+    }
     if cli.demo {
         keep_freed_memory();
         return Ok(run_demo(cli, &cfg));

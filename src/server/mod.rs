@@ -53,6 +53,7 @@ mod stats;
 mod sync;
 pub mod tls;
 mod transport;
+mod uring;
 
 pub use aker_config::ServerConfig;
 
@@ -62,6 +63,7 @@ pub use listener::Running;
 pub use state::Server;
 pub use stats::ServerStats;
 pub use tls::{TlsAcceptor, TlsFiles};
+pub use uring::{check_io_uring, KERNEL_MIN};
 
 use std::future::Future;
 use std::net::SocketAddr;
