@@ -16,11 +16,12 @@ import asyncio
 import time
 
 import numpy as np
+import numpy.typing as npt
 
 import aker
 
 
-def sync_rate(c: aker.Client, q: np.ndarray, seconds: float) -> float:
+def sync_rate(c: aker.Client, q: npt.NDArray[np.float32], seconds: float) -> float:
     n, end = 0, time.perf_counter() + seconds
     start = time.perf_counter()
     while time.perf_counter() < end:
@@ -29,7 +30,7 @@ def sync_rate(c: aker.Client, q: np.ndarray, seconds: float) -> float:
     return n / (time.perf_counter() - start)
 
 
-def batch_rate(c: aker.Client, q: np.ndarray, rows: int, seconds: float) -> float:
+def batch_rate(c: aker.Client, q: npt.NDArray[np.float32], rows: int, seconds: float) -> float:
     m = np.repeat(q[None, :], rows, axis=0)
     n, end = 0, time.perf_counter() + seconds
     start = time.perf_counter()
@@ -40,7 +41,7 @@ def batch_rate(c: aker.Client, q: np.ndarray, rows: int, seconds: float) -> floa
     return n / (time.perf_counter() - start)
 
 
-async def async_rate(host: str, port: int, q: np.ndarray, inflight: int, seconds: float) -> float:
+async def async_rate(host: str, port: int, q: npt.NDArray[np.float32], inflight: int, seconds: float) -> float:
     c = await aker.AsyncClient.connect(host, port)
     try:
         n, end = 0, time.perf_counter() + seconds
@@ -76,7 +77,8 @@ def main() -> None:
         for rows in a.batch:
             print(f"search_batch of {rows}: {batch_rate(c, q, rows, a.seconds):,.0f} exact hits/s")
         window = c.info.max_inflight
-    print(f"async, {window} in flight: {asyncio.run(async_rate(a.host, a.port, q, window, a.seconds)):,.0f} exact hits/s")
+    rate = asyncio.run(async_rate(a.host, a.port, q, window, a.seconds))
+    print(f"async, {window} in flight: {rate:,.0f} exact hits/s")
 
 
 if __name__ == "__main__":

@@ -23,15 +23,16 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Optional, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 import aker
 
 
-def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=7700)
@@ -48,7 +49,7 @@ def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def load_questions(args: argparse.Namespace, dim: int) -> np.ndarray:
+def load_questions(args: argparse.Namespace, dim: int) -> npt.NDArray[np.float32]:
     path = args.vectors
     if path is None:
         path = Path(tempfile.mkdtemp()) / "questions.npy"
@@ -56,38 +57,38 @@ def load_questions(args: argparse.Namespace, dim: int) -> np.ndarray:
         np.save(path, rng.standard_normal((max(args.popular, 1), dim)).astype(np.float32))
     vectors = np.load(path, allow_pickle=False)
     if vectors.ndim != 2 or vectors.shape[1] != dim:
-        raise SystemExit("%s has shape %s; the server's dimension is %d" % (path, vectors.shape, dim))
-    out: np.ndarray = np.ascontiguousarray(vectors, dtype=np.float32)
+        raise SystemExit(f"{path} has shape {vectors.shape}; the server's dimension is {dim}")
+    out: npt.NDArray[np.float32] = np.ascontiguousarray(vectors, dtype=np.float32)
     return out
 
 
-def stream(vectors: np.ndarray, args: argparse.Namespace) -> np.ndarray:
+def stream(vectors: npt.NDArray[np.float32], args: argparse.Namespace) -> npt.NDArray[np.float32]:
     """The questions users ask: a Zipf-like popularity over the first ``popular`` rows,
     some reworded."""
     rng = np.random.default_rng(args.seed)
     n_pop = max(1, min(args.popular, len(vectors)))
     weights = 1.0 / np.arange(1, n_pop + 1)
     picks = rng.choice(n_pop, size=args.questions, p=weights / weights.sum())
-    asked: np.ndarray = vectors[picks].copy()
+    asked: npt.NDArray[np.float32] = vectors[picks].copy()
     reworded = rng.random(args.questions) < args.reword
     asked[reworded] += rng.normal(0.0, args.noise, size=(int(reworded.sum()), vectors.shape[1])).astype(np.float32)
     return asked
 
 
-def prompt(question: int, doc_ids: np.ndarray) -> str:
+def prompt(question: int, doc_ids: npt.NDArray[np.uint64]) -> str:
     """Where a RAG application would fetch the documents and call its model."""
-    return "question %d, context: documents %s" % (question, ", ".join(str(int(i)) for i in doc_ids))
+    return f"question {question}, context: documents {', '.join(str(int(i)) for i in doc_ids)}"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     secret = None if args.secret_file is not None else os.environ.get("AKER_SECRET")
     with aker.Client(args.host, args.port, secret=secret, secret_file=args.secret_file) as client:
         info = client.info
         questions = stream(load_questions(args, args.dim or info.dim), args)
         k = min(args.k, info.k_max)
-        latencies: List[float] = []
-        kinds: List[aker.HitKind] = []
+        latencies: list[float] = []
+        kinds: list[aker.HitKind] = []
         last = ""
         t_start = time.perf_counter()
         if args.batch > 0:
@@ -109,15 +110,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         wall = time.perf_counter() - t_start
     lat_ms = np.array(latencies) * 1e3
     hits = sum(1 for x in kinds if x != aker.HitKind.MISS)
-    by_kind = ", ".join("%s %d" % (h.name.lower(), sum(1 for x in kinds if x == h)) for h in aker.HitKind)
-    print("server: dim %d, %s, k_max %d, protocol v%d" % (info.dim, info.metric.name, info.k_max, info.version))
-    print("questions: %d, k %d, %s" % (len(kinds), k, "search_batch(%d)" % args.batch if args.batch else "search"))
-    print("hit ratio: %.3f (%s)" % (hits / max(len(kinds), 1), by_kind))
+    by_kind = ", ".join(f"{h.name.lower()} {sum(1 for x in kinds if x == h)}" for h in aker.HitKind)
+    print(f"server: dim {info.dim}, {info.metric.name}, k_max {info.k_max}, protocol v{info.version}")
+    how = f"search_batch({args.batch})" if args.batch else "search"
+    print(f"questions: {len(kinds)}, k {k}, {how}")
+    print(f"hit ratio: {hits / max(len(kinds), 1):.3f} ({by_kind})")
     print(
-        "latency ms: p50 %.3f  p99 %.3f  max %.3f  (%.0f questions/s)"
-        % (np.percentile(lat_ms, 50), np.percentile(lat_ms, 99), lat_ms.max(), len(kinds) / max(wall, 1e-9))
+        f"latency ms: p50 {np.percentile(lat_ms, 50):.3f}  p99 {np.percentile(lat_ms, 99):.3f}  "
+        f"max {lat_ms.max():.3f}  ({len(kinds) / max(wall, 1e-9):.0f} questions/s)"
     )
-    print("last prompt: %s" % last)
+    print(f"last prompt: {last}")
     return 0
 
 

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_AKERD = HERE.parent.parent.parent / "target" / "debug" / "akerd"
@@ -22,9 +21,9 @@ def akerd_binary() -> Path:
     return Path(os.environ.get("AKERD", str(DEFAULT_AKERD))).resolve()
 
 
-def config_text(kind: str, data_file: str, secret_file: Optional[str] = None, k_max: int = 32, delta: int = 3,
-                max_inflight: int = 8, max_frame_bytes: int = 65536, max_batch: Optional[int] = None,
-                tls: Optional[str] = None) -> str:
+def config_text(kind: str, data_file: str, secret_file: str | None = None, k_max: int = 32, delta: int = 3,
+                max_inflight: int = 8, max_frame_bytes: int = 65536, max_batch: int | None = None,
+                tls: str | None = None) -> str:
     """An akerd config: one executor (the CI machine has 2 cores), an exact store over
     ``data_file`` (or cache-aside with it as the routing sample), only exact cache hits
     (proximity policy with threshold 0: answers are checkable against numpy).
@@ -36,40 +35,41 @@ def config_text(kind: str, data_file: str, secret_file: Optional[str] = None, k_
         if kind == "embedded"
         else 'kind = "cache_aside"\nthreads = 1\n'
     )
-    auth = '[auth]\nsecret_file = "%s"\n' % secret_file if secret_file else ""
-    batch = "batch_max = %d\n" % max_batch if max_batch is not None else ""
+    auth = f'[auth]\nsecret_file = "{secret_file}"\n' if secret_file else ""
+    batch = f"batch_max = {max_batch}\n" if max_batch is not None else ""
+    tls_table = "\n[tls]\n" + tls if tls else ""
     return (
         "[server]\n"
         'listen = "127.0.0.1:0"\n'
         "executors = 1\n"
-        "inflight_max = %d\n"
-        "frame_bytes_max = %d\n"
-        "%s"
+        f"inflight_max = {max_inflight}\n"
+        f"frame_bytes_max = {max_frame_bytes}\n"
+        f"{batch}"
         "request_timeout_ms = 5000\n"
         "idle_timeout_ms = 120000\n"
         "shutdown_poll_ms = 10\n"
         "shutdown_grace_ms = 1000\n"
         "auth_timeout_ms = 10000\n"
         "\n[cache]\n"
-        "k_max = %d\n"
-        "delta = %d\n"
+        f"k_max = {k_max}\n"
+        f"delta = {delta}\n"
         "capacity_objects = 20000\n"
         'filter = { kind = "brute_force" }\n'
         'policy = { kind = "proximity", threshold = 0.0 }\n'
-        "%s"
+        f"{recall}"
         "\n[sharding]\n"
         "shards = 2\n"
         "centroids = 8\n"
         "rebalance_ms = 0\n"
         "\n[backend]\n"
-        "%s"
-        'data = { kind = "file", path = "%s" }\n'
+        f"{backend}"
+        f'data = {{ kind = "file", path = "{data_file}" }}\n'
         "\n[admin]\n"
         "enabled = false\n"
-        "\n%s"
-        "%s"
-    ) % (max_inflight, max_frame_bytes, batch, k_max, delta, recall, backend, data_file, auth,
-         "\n[tls]\n" + tls if tls else "")
+        "\n"
+        f"{auth}"
+        f"{tls_table}"
+    )
 
 
 class Akerd:
@@ -80,15 +80,15 @@ class Akerd:
         self.config_path = workdir / "akerd.toml"
         self.config_path.write_text(config)
         self.log_path = workdir / "akerd.log"
-        self.proc: Optional["subprocess.Popen[bytes]"] = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.host = "127.0.0.1"
         self.port = 0
 
-    def start(self, ready_timeout: float = 30.0) -> "Akerd":
+    def start(self, ready_timeout: float = 30.0) -> Akerd:
         binary = akerd_binary()
         if not binary.is_file():
             raise RuntimeError(
-                "no akerd binary at %s: build it first (cargo build --bin akerd) or set AKERD" % binary
+                f"no akerd binary at {binary}: build it first (cargo build --bin akerd) or set AKERD"
             )
         env = dict(os.environ)
         env["RUST_LOG"] = "info"
@@ -112,10 +112,10 @@ class Akerd:
                 self.port = int(m.group(2))
                 return self
             if self.proc.poll() is not None:
-                raise RuntimeError("akerd exited with %s:\n%s" % (self.proc.returncode, self.log()))
+                raise RuntimeError(f"akerd exited with {self.proc.returncode}:\n{self.log()}")
             time.sleep(0.05)
         self.stop()
-        raise RuntimeError("akerd not ready within %s s:\n%s" % (ready_timeout, self.log()))
+        raise RuntimeError(f"akerd not ready within {ready_timeout} s:\n{self.log()}")
 
     def log(self) -> str:
         try:
@@ -123,7 +123,7 @@ class Akerd:
         except OSError:
             return ""
 
-    def stop(self, timeout: float = 10.0) -> Optional[int]:
+    def stop(self, timeout: float = 10.0) -> int | None:
         p = self.proc
         if p is None:
             return None

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Awaitable, Iterable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -12,7 +16,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aker  # noqa: E402
+
 from akerd_process import Akerd, config_text  # noqa: E402
+
+# ci.sh runs these tests against the wheel it built and installed: aker must come from
+# there (a copy of src/ on sys.path would make the run test the wrong thing).
+_EXPECTED = os.environ.get("AKER_EXPECT_PACKAGE_IN")
+if _EXPECTED and Path(_EXPECTED).resolve() not in Path(aker.__file__).resolve().parents:
+    raise RuntimeError(f"aker was imported from {aker.__file__}, not from {_EXPECTED}")
 
 N = 400
 DIM = 8
@@ -34,7 +45,7 @@ def run(coro: Awaitable[T], timeout: float = 60.0) -> T:
     return asyncio.run(bounded())
 
 
-def newest_version(info: "aker.ServerInfo") -> int:
+def newest_version(info: aker.ServerInfo) -> int:
     """The version a client and akerd speak: the newest both know (5 with an akerd built
     before protocol version 6, 6 after)."""
     return min(aker.VERSIONS[0], info.version_max)
@@ -128,11 +139,71 @@ def aside(akerd_aside: Akerd) -> Iterator[aker.Client]:
         c.close()
 
 
+# TLS: a CA and akerd's certificate (for localhost and 127.0.0.1), another CA, a client CA
+# and a client certificate, made with the openssl command (tests needing them are skipped
+# where it is missing), and akerds with [tls] (mutual: client_ca_file too).
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=str(cwd), check=True, capture_output=True, timeout=60)
+
+
+def _ca(d: Path, name: str) -> None:
+    # keyUsage: Python 3.13's default context verifies with VERIFY_X509_STRICT, which
+    # refuses a CA certificate without it.
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+             "-keyout", name + ".key", "-out", name + ".crt", "-subj", "/CN=" + name, "-days", "2",
+             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+             cwd=d)
+
+
+def _leaf(d: Path, name: str, ca: str, ext: str) -> None:
+    ext += "\nkeyUsage=critical,digitalSignature\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid"
+    (d / (name + ".ext")).write_text(ext + "\n")
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+             "-keyout", name + ".key", "-out", name + ".csr", "-subj", "/CN=" + name, cwd=d)
+    _openssl("x509", "-req", "-in", name + ".csr", "-CA", ca + ".crt", "-CAkey", ca + ".key",
+             "-CAcreateserial", "-out", name + ".crt", "-days", "2", "-extfile", name + ".ext", cwd=d)
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ca.crt (signed server.crt), other.crt, clients.crt (signed client.crt), their keys."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    d = tmp_path_factory.mktemp("pki")
+    _ca(d, "ca")
+    _ca(d, "other")
+    _ca(d, "clients")
+    _leaf(d, "server", "ca", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth")
+    _leaf(d, "client", "clients", "extendedKeyUsage=clientAuth")
+    return d
+
+
+def _serve_tls(workdir: Path, pki: Path, name: str, mutual: bool) -> Iterator[Akerd]:
+    tls = f'cert_file = "{pki / "server.crt"}"\nkey_file = "{pki / "server.key"}"\nhandshake_timeout_ms = 2000\n'
+    if mutual:
+        tls += f"client_ca_file = \"{pki / 'clients.crt'}\"\n"
+    yield from _serve(workdir, name, kind="embedded", k_max=K_MAX, max_inflight=64, tls=tls)
+
+
+@pytest.fixture(scope="session")
+def akerd_tls(workdir: Path, pki: Path) -> Iterator[Akerd]:
+    """The embedded akerd with ``[tls]``."""
+    yield from _serve_tls(workdir, pki, "tls", mutual=False)
+
+
+@pytest.fixture(scope="session")
+def akerd_mtls(workdir: Path, pki: Path) -> Iterator[Akerd]:
+    """The embedded akerd with ``[tls]`` and ``client_ca_file``: mutual TLS."""
+    yield from _serve_tls(workdir, pki, "mtls", mutual=True)
+
+
 # Admission is asynchronous in akerd (a MISS hands its answer to the shard owner as a
 # hint): the next request may still miss. These wait for a kind, bounded in time.
 
 
-def search_until(client: Any, vector: Any, k: int, kind: "aker.HitKind", timeout: float = 5.0, **kw: Any) -> Any:
+def search_until(client: Any, vector: Any, k: int, kind: aker.HitKind, timeout: float = 5.0, **kw: Any) -> Any:
     """Searches until the answer is of ``kind`` (at most ``timeout`` s); the last answer."""
     deadline = time.monotonic() + timeout
     while True:
@@ -142,7 +213,7 @@ def search_until(client: Any, vector: Any, k: int, kind: "aker.HitKind", timeout
         time.sleep(0.01)
 
 
-def batch_until(client: Any, matrix: Any, k: int, kind: "aker.HitKind", timeout: float = 5.0, **kw: Any) -> Any:
+def batch_until(client: Any, matrix: Any, k: int, kind: aker.HitKind, timeout: float = 5.0, **kw: Any) -> Any:
     """search_batch until every row is of ``kind`` (at most ``timeout`` s); the last answer."""
     deadline = time.monotonic() + timeout
     while True:
@@ -152,7 +223,7 @@ def batch_until(client: Any, matrix: Any, k: int, kind: "aker.HitKind", timeout:
         time.sleep(0.01)
 
 
-async def asearch_until(client: Any, vector: Any, k: int, kind: "aker.HitKind", timeout: float = 5.0, **kw: Any) -> Any:
+async def asearch_until(client: Any, vector: Any, k: int, kind: aker.HitKind, timeout: float = 5.0, **kw: Any) -> Any:
     """As :func:`search_until`, for an AsyncClient / AsyncPool."""
     deadline = time.monotonic() + timeout
     while True:
@@ -162,7 +233,7 @@ async def asearch_until(client: Any, vector: Any, k: int, kind: "aker.HitKind", 
         await asyncio.sleep(0.01)
 
 
-async def abatch_until(client: Any, matrix: Any, k: int, kind: "aker.HitKind", timeout: float = 5.0, **kw: Any) -> Any:
+async def abatch_until(client: Any, matrix: Any, k: int, kind: aker.HitKind, timeout: float = 5.0, **kw: Any) -> Any:
     """As :func:`batch_until`, for an AsyncClient / AsyncPool."""
     deadline = time.monotonic() + timeout
     while True:

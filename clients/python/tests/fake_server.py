@@ -7,17 +7,17 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from aker._protocol import HEADER, MAGIC
 
-Request = Tuple[int, int, int, int, bytes]  # version, opcode, flags, request id, body
+Request = tuple[int, int, int, int, bytes]  # version, opcode, flags, request id, body
 
 
 def hello_body(version: int, *, dim: int = 4, k_max: int = 16, max_inflight: int = 4, delta: int = 2,
-               challenge: Optional[bytes] = None, vmin: int = 1, vmax: Optional[int] = None,
+               challenge: bytes | None = None, vmin: int = 1, vmax: int | None = None,
                max_frame: int = 1 << 16, max_batch: int = 4) -> bytes:
     """HELLO's reply body in ``version`` (``vmax``: by default that version)."""
     top = max(version, 3) if vmax is None else vmax
@@ -31,7 +31,7 @@ def hello_body(version: int, *, dim: int = 4, k_max: int = 16, max_inflight: int
     return b
 
 
-BatchQuery = Tuple[int, int, int, int, np.ndarray]  # collection, k, deadline_us, n, (count, n) queries
+BatchQuery = tuple[int, int, int, int, np.ndarray]  # collection, k, deadline_us, n, (count, n) queries
 
 
 def parse_batch(body: bytes) -> BatchQuery:
@@ -43,46 +43,46 @@ def parse_batch(body: bytes) -> BatchQuery:
 
 
 def batch_item(ids: Sequence[int] = (), dists: Sequence[float] = (), *, hit: int = 0, status: int = 0,
-               token: Optional[int] = None) -> bytes:
+               token: int | None = None) -> bytes:
     """One SEARCH_BATCH reply item (a failed one: ``status`` and nothing else)."""
     if status:
         return struct.pack("<HBBI", status, 0, 0, 0)
     flags = 0x01 | (0x02 if token is not None else 0)
     b = struct.pack("<HBBI", 0, hit, flags, len(ids))
-    for i, d in zip(ids, dists):
+    for i, d in zip(ids, dists, strict=True):
         b += struct.pack("<Qf", i, d)
     return b + (struct.pack("<Q", token) if token is not None else b"")
 
 
-def batch_body(items: Sequence[bytes], routing: Optional[int] = None) -> bytes:
+def batch_body(items: Sequence[bytes], routing: int | None = None) -> bytes:
     """A SEARCH_BATCH reply body; ``routing``: (v6) the routing version after the count."""
     head = struct.pack("<I", len(items)) + (struct.pack("<Q", routing) if routing is not None else b"")
     return head + b"".join(items)
 
 
-def search_body(ids: List[int], dists: List[float], hit: int = 0, routing: Optional[int] = None,
-                token: Optional[int] = None) -> bytes:
+def search_body(ids: list[int], dists: list[float], hit: int = 0, routing: int | None = None,
+                token: int | None = None) -> bytes:
     """A SEARCH reply body; ``routing``: (v6) the routing version ending it."""
     b = struct.pack("<BBHI", hit, 1 | (2 if token is not None else 0), 0, len(ids))
-    for i, d in zip(ids, dists):
+    for i, d in zip(ids, dists, strict=True):
         b += struct.pack("<Qf", i, d)
     if token is not None:
         b += struct.pack("<Q", token)
     return b + (struct.pack("<Q", routing) if routing is not None else b"")
 
 
-Node = Tuple[int, bool, str]  # node_id, live, advertise
+Node = tuple[int, bool, str]  # node_id, live, advertise
 
 
 def cluster_body(*, routing_version: int = 1, centroids_version: int = 1, balance_epoch: int = 0,
                  self_id: int = 1, lease_ms: int = 3000, metric: int = 0, dim: int = 2,
                  centroids: Sequence[Sequence[float]] = ((0.0, 0.0),), nodes: Sequence[Node] = (),
-                 overrides: Sequence[Tuple[int, int]] = (), name: str = "fake") -> bytes:
+                 overrides: Sequence[tuple[int, int]] = (), name: str = "fake") -> bytes:
     """A CLUSTER reply body (v6), written from PROTOCOL.md's table (not by the client's code)."""
     flat = [float(x) for row in centroids for x in row]
     b = struct.pack("<QQQQIB3xII", routing_version, centroids_version, balance_epoch, self_id, lease_ms, metric,
                     dim, len(flat) // dim if dim else 0)
-    b += struct.pack("<%df" % len(flat), *flat)
+    b += struct.pack(f"<{len(flat)}f", *flat)
     b += struct.pack("<I", len(nodes))
     for node_id, live, advertise in nodes:
         a = advertise.encode()
@@ -100,7 +100,7 @@ class FakeConn:
         self.sock.settimeout(10.0)
         self.buf = b""
 
-    def recv(self) -> Optional[Request]:
+    def recv(self) -> Request | None:
         """The next request frame, or None at end of stream."""
         while True:
             if len(self.buf) >= 20:
@@ -133,12 +133,12 @@ class FakeServer:
         self.listener.listen(16)
         self.listener.settimeout(0.2)
         self.port = self.listener.getsockname()[1]
-        self.errors: List[BaseException] = []
+        self.errors: list[BaseException] = []
         #: Connections accepted so far.
         self.accepted = 0
         self._stop = threading.Event()
-        self._threads: List[threading.Thread] = []
-        self._conns: List[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._conns: list[socket.socket] = []
         t = threading.Thread(target=self._accept, daemon=True)
         t.start()
         self._threads.append(t)
@@ -147,7 +147,7 @@ class FakeServer:
         while not self._stop.is_set():
             try:
                 s, _ = self.listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -179,7 +179,7 @@ class FakeServer:
         for t in self._threads:
             t.join(5.0)
 
-    def __enter__(self) -> "FakeServer":
+    def __enter__(self) -> FakeServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -200,9 +200,9 @@ class FakeCluster:
     and closes (before recording them: not taken). A node in :attr:`removed` is left out
     of the state. :attr:`cluster_served` counts each node's CLUSTER replies."""
 
-    def __init__(self, n: int = 3, *, dim: int = 2, centroids: Optional[Sequence[Sequence[float]]] = None,
+    def __init__(self, n: int = 3, *, dim: int = 2, centroids: Sequence[Sequence[float]] | None = None,
                  metric: int = 0, lease_ms: int = 3000, name: str = "fake-cluster",
-                 node_ids: Optional[Sequence[int]] = None) -> None:
+                 node_ids: Sequence[int] | None = None) -> None:
         self.dim = dim
         self.metric = metric
         self.lease_ms = lease_ms
@@ -211,39 +211,39 @@ class FakeCluster:
             angles = np.arange(8) * (2 * np.pi / 8)
             centroids = [[10 * float(np.cos(a)), 10 * float(np.sin(a))] + [0.0] * (dim - 2) for a in angles]
         self.centroids = [list(map(float, c)) for c in centroids]
-        self.ids: List[int] = list(node_ids) if node_ids is not None else [0x1000 + 0x111 * i for i in range(n)]
+        self.ids: list[int] = list(node_ids) if node_ids is not None else [0x1000 + 0x111 * i for i in range(n)]
         self.lock = threading.Lock()
         self.routing_version = 0x5EED_0001
         #: A node's own routing version in its replies, when it differs from the state's.
-        self.node_routing: Dict[int, int] = {}
-        self.live: Dict[int, bool] = {i: True for i in self.ids}
-        self.overrides: List[Tuple[int, int]] = []
-        self.silent: Set[int] = set()
-        self.drop: Set[int] = set()
-        self.refuse: Set[int] = set()
-        self.removed: Set[int] = set()
-        self.cluster_served: Dict[int, int] = {i: 0 for i in self.ids}
+        self.node_routing: dict[int, int] = {}
+        self.live: dict[int, bool] = {i: True for i in self.ids}
+        self.overrides: list[tuple[int, int]] = []
+        self.silent: set[int] = set()
+        self.drop: set[int] = set()
+        self.refuse: set[int] = set()
+        self.removed: set[int] = set()
+        self.cluster_served: dict[int, int] = {i: 0 for i in self.ids}
         self.position = 1000
         self.cluster_requests = 0
-        self.seen: Dict[int, List[Tuple[int, int, int, bytes]]] = {i: [] for i in self.ids}
-        self.servers: Dict[int, FakeServer] = {}
+        self.seen: dict[int, list[tuple[int, int, int, bytes]]] = {i: [] for i in self.ids}
+        self.servers: dict[int, FakeServer] = {}
         for node_id in self.ids:
             self.servers[node_id] = FakeServer(self._handler(node_id))
 
     @property
-    def seeds(self) -> List[str]:
-        return ["127.0.0.1:%d" % self.servers[i].port for i in self.ids]
+    def seeds(self) -> list[str]:
+        return [f"127.0.0.1:{self.servers[i].port}" for i in self.ids]
 
     def body(self, self_id: int) -> bytes:
         with self.lock:
-            nodes = [(i, self.live[i], "127.0.0.1:%d" % self.servers[i].port) for i in self.ids
+            nodes = [(i, self.live[i], f"127.0.0.1:{self.servers[i].port}") for i in self.ids
                      if i not in self.removed]
             return cluster_body(routing_version=self.routing_version, self_id=self_id, lease_ms=self.lease_ms,
                                 metric=self.metric, dim=self.dim, centroids=self.centroids, nodes=nodes,
                                 overrides=self.overrides, name=self.name, balance_epoch=len(self.overrides))
 
-    def change(self, *, live: Optional[Dict[int, bool]] = None,
-               overrides: Optional[List[Tuple[int, int]]] = None, removed: Optional[Set[int]] = None) -> int:
+    def change(self, *, live: dict[int, bool] | None = None,
+               overrides: list[tuple[int, int]] | None = None, removed: set[int] | None = None) -> int:
         """A new routing state (every node's replies carry its version at once)."""
         with self.lock:
             if live is not None:
@@ -312,7 +312,7 @@ class FakeCluster:
         for s in self.servers.values():
             s.close()
 
-    def __enter__(self) -> "FakeCluster":
+    def __enter__(self) -> FakeCluster:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -8,8 +8,20 @@ import numpy as np
 import pytest
 
 import aker
+
 from akerd_process import Akerd
-from conftest import DIM, K_MAX, MAX_FRAME, MAX_INFLIGHT, abatch_until, asearch_until, exact, newest_version, queries, run
+from conftest import (
+    DIM,
+    K_MAX,
+    MAX_FRAME,
+    MAX_INFLIGHT,
+    abatch_until,
+    asearch_until,
+    exact,
+    newest_version,
+    queries,
+    run,
+)
 
 EXACT = aker.HitKind.EXACT
 
@@ -23,7 +35,8 @@ async def connect(akerd: Akerd, **kw: object) -> aker.AsyncClient:
 def test_async_hello_search_and_cache(akerd: Akerd, data: np.ndarray) -> None:
     async def body() -> None:
         async with await connect(akerd, window=1000) as c:
-            assert c.version == newest_version(c.info) and c.version >= 5 and c.info.dim == DIM and c.window == MAX_INFLIGHT
+            assert c.version == newest_version(c.info) and c.version >= 5
+            assert c.info.dim == DIM and c.window == MAX_INFLIGHT
             for q in queries(4, seed=40):
                 want = exact(data, q, 6).tolist()
                 r = await c.search(q, 6)
@@ -42,7 +55,7 @@ def test_async_concurrent_calls_share_one_connection(akerd: Akerd, data: np.ndar
         async with await connect(akerd) as c:
             qs = queries(40, seed=41)
             rs = await asyncio.gather(*(c.search(q, 5) for q in qs))
-            for q, r in zip(qs, rs):
+            for q, r in zip(qs, rs, strict=True):
                 assert r.ids.tolist() == exact(data, q, 5).tolist()
             assert (await c.stats())["server_busy_inflight"] == 0
 
@@ -150,7 +163,7 @@ def test_async_pool(akerd: Akerd, data: np.ndarray) -> None:
             assert (await pool.info()).dim == DIM
             qs = queries(30, seed=45)
             rs = await asyncio.gather(*(pool.search(q, 3, bypass_cache=True) for q in qs))
-            for q, r in zip(qs, rs):
+            for q, r in zip(qs, rs, strict=True):
                 assert r.ids.tolist() == exact(data, q, 3).tolist()
             assert 1 <= pool.connections <= 3
             b = await pool.search_batch(qs, 3, bypass_cache=True)

@@ -5,13 +5,15 @@ statuses (DEADLINE_EXCEEDED, NON_FINITE, UNKNOWN_COLLECTION) raised or returned.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Dict, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
 import aker
 from aker import _codec
+
 from akerd_process import Akerd
 from conftest import K_MAX, MAX_INFLIGHT, abatch_until, batch_until, exact, newest_version, queries, run
 
@@ -30,8 +32,9 @@ def client3(akerd_batch3: Akerd) -> Iterator[aker.Client]:
         c.close()
 
 
-def batches(stats: Dict[str, Any]) -> tuple:
-    return stats["server_batches"], stats["server_batch_queries"]
+def batches(stats: dict[str, Any]) -> tuple[int, int]:
+    """The server's SEARCH_BATCH frames and the queries they carried."""
+    return int(stats["server_batches"]), int(stats["server_batch_queries"])
 
 
 def test_search_batch_goes_in_chunks_of_max_batch(client3: aker.Client, data: np.ndarray) -> None:
@@ -79,13 +82,14 @@ def test_async_search_batch(akerd_batch3: Akerd, data: np.ndarray) -> None:
             assert again.kinds == [EXACT] * 10 and np.array_equal(again.ids, b.ids)
             # Batches and single searches at once on one connection: never over max_inflight.
             more = queries(12, seed=53)
-            out = await asyncio.gather(c.search_batch(more, 3, bypass_cache=True),
-                                       c.search_batch(more[::-1], 3, bypass_cache=True),
-                                       *(c.search(q, 3, bypass_cache=True) for q in more))
+            (forward, backward), singles = await asyncio.gather(
+                asyncio.gather(c.search_batch(more, 3, bypass_cache=True),
+                               c.search_batch(more[::-1], 3, bypass_cache=True)),
+                asyncio.gather(*(c.search(q, 3, bypass_cache=True) for q in more)))
             for row, q in enumerate(more):
                 want = exact(data, q, 3).tolist()
-                assert out[0].ids[row].tolist() == out[1].ids[11 - row].tolist() == want
-                assert out[2 + row].ids.tolist() == want
+                assert forward.ids[row].tolist() == backward.ids[11 - row].tolist() == want
+                assert singles[row].ids.tolist() == want
             assert (await c.stats())["server_busy_inflight"] == 0
 
     run(body())

@@ -4,8 +4,9 @@ per-row errors raised or returned."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
-from typing import List
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,15 +14,17 @@ import pytest
 import aker
 from aker import _codec
 from aker._protocol import Opcode, ServerInfo
+
 from fake_server import batch_body, batch_item, hello_body
 from test_codec import PROTOCOL_MD, hexbytes
 
+INFO = ServerInfo(version=4, version_min=1, version_max=4, metric=aker.Metric.L2SQ, max_frame_bytes=4096, dim=2,
+                  k_max=10, max_inflight=8, executors=1, shards=1, delta=2, auth_required=False, max_batch=8)
 
-def info(**kw: object) -> ServerInfo:
-    base = dict(version=4, version_min=1, version_max=4, metric=aker.Metric.L2SQ, max_frame_bytes=4096, dim=2,
-                k_max=10, max_inflight=8, executors=1, shards=1, delta=2, auth_required=False, max_batch=8)
-    base.update(kw)
-    return ServerInfo(**base)  # type: ignore[arg-type]
+
+def info(**kw: Any) -> ServerInfo:
+    """A version 4 server's HELLO, ``kw`` changed."""
+    return dataclasses.replace(INFO, **kw)
 
 
 def frame(op: int, body: bytes, rid: int = 9, status: int = 0) -> _codec.Frame:
@@ -139,8 +142,8 @@ def test_errors_must_be_raise_or_return() -> None:
 # ---------------------------------------------------------------------------- replies
 
 
-def reply_of(reqs: List[_codec.Req], bodies: List[bytes]) -> List[object]:
-    return [r.result(frame(0x0A, b, rid=20 + i)) for i, (r, b) in enumerate(zip(reqs, bodies))]
+def reply_of(reqs: list[_codec.Req], bodies: list[bytes]) -> list[object]:
+    return [r.result(frame(0x0A, b, rid=20 + i)) for i, (r, b) in enumerate(zip(reqs, bodies, strict=True))]
 
 
 def test_a_reply_of_full_hits_decodes() -> None:
@@ -215,7 +218,7 @@ def test_an_error_reply_to_a_frame_names_its_first_row() -> None:
 # ---------------------------------------------------------------------------- per-row errors
 
 
-def blocks() -> tuple:
+def blocks() -> tuple[list[_codec.Req], list[object]]:
     reqs = _codec.Codec(info()).search_batch_rows(np.ones((6, 2), np.float32), 1, 3)
     first = batch_body([batch_item([0], [0.1], hit=1), batch_item(status=11), batch_item([2], [0.1], hit=1)])
     second = batch_body([batch_item(status=14), batch_item([4], [0.1], hit=1), batch_item([5], [0.1])])

@@ -8,13 +8,14 @@ import asyncio
 import struct
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 import aker
 from aker.aio import _Slots
+
 from conftest import run
 from fake_server import FakeConn, FakeServer, batch_body, batch_item, hello_body, parse_batch, search_body
 
@@ -22,7 +23,7 @@ DIM = 4
 OP_SEARCH, OP_BATCH = 0x03, 0x0A
 
 #: opcode, flags, k, deadline_us, the rows' first components (the row numbers)
-Seen = Tuple[int, int, int, int, List[int]]
+Seen = tuple[int, int, int, int, list[int]]
 
 
 def rows(n: int, start: int = 0, dim: int = DIM) -> np.ndarray:
@@ -32,7 +33,7 @@ def rows(n: int, start: int = 0, dim: int = DIM) -> np.ndarray:
     return m
 
 
-def answer(i: int, k: int) -> Tuple[List[int], List[float]]:
+def answer(i: int, k: int) -> tuple[list[int], list[float]]:
     """The fake's k neighbours of row i: ids i, i + 1000, ...; distances 0.5, 1.5, ..."""
     return [i + 1000 * j for j in range(k)], [0.5 + j for j in range(k)]
 
@@ -41,17 +42,17 @@ class Fake:
     """A v4 (or older) akerd stand-in that records what it is sent and the most window
     slots its requests held at once (a SEARCH_BATCH of n rows holds n, as akerd)."""
 
-    def __init__(self, *, versions: Tuple[int, ...] = (1, 2, 3, 4), dim: int = DIM, k_max: int = 16,
+    def __init__(self, *, versions: tuple[int, ...] = (1, 2, 3, 4), dim: int = DIM, k_max: int = 16,
                  max_inflight: int = 8, max_batch: int = 4, max_frame: int = 1 << 16,
-                 row_status: Optional[Callable[[int], int]] = None,
-                 frame_status: Optional[Callable[[List[int]], int]] = None,
-                 delay: Optional[Callable[[int], float]] = None) -> None:
+                 row_status: Callable[[int], int] | None = None,
+                 frame_status: Callable[[list[int]], int] | None = None,
+                 delay: Callable[[int], float] | None = None) -> None:
         self.versions, self.dim, self.k_max = versions, dim, k_max
         self.max_inflight, self.max_batch, self.max_frame = max_inflight, max_batch, max_frame
         self.row_status = row_status or (lambda i: 0)
         self.frame_status = frame_status or (lambda rs: 0)
         self.delay = delay or (lambda i: 0.0)
-        self.seen: List[Seen] = []
+        self.seen: list[Seen] = []
         self.held = 0
         self.most = 0
         self.busy = 0
@@ -59,14 +60,14 @@ class Fake:
         self.server = FakeServer(self.handle)
         self.port = self.server.port
 
-    def __enter__(self) -> "Fake":
+    def __enter__(self) -> Fake:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.server.close()
         assert not [e for e in self.server.errors if isinstance(e, AssertionError)], self.server.errors
 
-    def batches(self) -> List[int]:
+    def batches(self) -> list[int]:
         """The row count of every SEARCH_BATCH frame, in arrival order."""
         return [len(s[4]) for s in self.seen if s[0] == OP_BATCH]
 
@@ -82,7 +83,7 @@ class Fake:
     def _reply(self, c: FakeConn, version: int, op: int, rid: int, body: bytes, status: int, n: int) -> None:
         with self.lock:
             self.held -= n  # free before the reply is sent, as akerd does
-            assert 20 + len(body) <= self.max_frame, "reply of %d bytes" % (20 + len(body))
+            assert 20 + len(body) <= self.max_frame, f"reply of {20 + len(body)} bytes"
             try:
                 c.send(version, op, rid, body, status=status)
             except OSError:
@@ -105,8 +106,8 @@ class Fake:
         self._later(i, c, version, OP_SEARCH, rid, out, status, 1)
 
     def _batch(self, c: FakeConn, version: int, flags: int, rid: int, body: bytes) -> None:
-        assert version >= 4, "SEARCH_BATCH in a version %d frame" % version
-        assert 20 + len(body) <= self.max_frame, "request of %d bytes" % (20 + len(body))
+        assert version >= 4, f"SEARCH_BATCH in a version {version} frame"
+        assert 20 + len(body) <= self.max_frame, f"request of {20 + len(body)} bytes"
         _coll, k, deadline, n, queries = parse_batch(body)
         assert n == self.dim and 1 <= len(queries) <= self.max_batch, (n, len(queries))
         assert 24 + len(queries) * (16 + 12 * k) <= self.max_frame, "the reply could be too large"
@@ -266,12 +267,13 @@ def test_async_batches_and_searches_share_the_window() -> None:
         with Fake(max_batch=4, max_inflight=6, delay=slow) as fake:
             async with await aker.AsyncClient.connect("127.0.0.1", fake.port) as c:
                 assert c.version == 4 and c.info.max_batch == 4
-                out = await asyncio.gather(
-                    c.search_batch(rows(12), 1), c.search_batch(rows(5, start=100), 1),
-                    *(c.search(r, 1) for r in rows(6, start=200)))
-                check_answers(out[0], 0, 12, 1)
-                check_answers(out[1], 100, 5, 1)
-                assert [int(r.ids[0]) for r in out[2:]] == list(range(200, 206))
+                # All at once (the tasks made in this order): two batches, six searches.
+                (b12, b5), singles = await asyncio.gather(
+                    asyncio.gather(c.search_batch(rows(12), 1), c.search_batch(rows(5, start=100), 1)),
+                    asyncio.gather(*(c.search(r, 1) for r in rows(6, start=200))))
+                check_answers(b12, 0, 12, 1)
+                check_answers(b5, 100, 5, 1)
+                assert [int(r.ids[0]) for r in singles] == list(range(200, 206))
                 assert c.in_flight == 0 and c._slots is not None and c._slots.used == 0
             assert fake.busy == 0 and fake.most == 6
             assert sorted(fake.batches()) == [1, 4, 4, 4, 4]
@@ -291,7 +293,7 @@ def test_an_async_call_waits_behind_one_chunk_not_the_whole_batch() -> None:
         with Fake(max_batch=8, max_inflight=8, delay=tenth) as fake:
             async with await aker.AsyncClient.connect("127.0.0.1", fake.port) as c:
                 loop = asyncio.get_running_loop()
-                done: Dict[str, float] = {}
+                done: dict[str, float] = {}
 
                 async def batch() -> None:
                     check_answers(await c.search_batch(rows(64), 1), 0, 64, 1)
@@ -359,7 +361,7 @@ def reverse(i: int) -> float:
 
 
 @pytest.mark.parametrize("versions", [(1, 2, 3, 4), (1, 2, 3)])
-def test_a_failed_row_raises_with_its_index(versions: Tuple[int, ...]) -> None:
+def test_a_failed_row_raises_with_its_index(versions: tuple[int, ...]) -> None:
     with Fake(versions=versions, row_status=two_rows_fail) as fake:
         with aker.Client("127.0.0.1", fake.port) as c:
             with pytest.raises(aker.Unavailable) as e:
@@ -378,7 +380,7 @@ def test_the_first_failed_row_in_row_order_raises_whatever_answers_first() -> No
 
 
 @pytest.mark.parametrize("versions", [(1, 2, 3, 4), (1, 2, 3)])
-def test_failed_rows_are_returned_on_request(versions: Tuple[int, ...]) -> None:
+def test_failed_rows_are_returned_on_request(versions: tuple[int, ...]) -> None:
     with Fake(versions=versions, row_status=two_rows_fail) as fake:
         with aker.Client("127.0.0.1", fake.port) as c:
             b = c.search_batch(rows(8), 2, errors="return")
@@ -392,7 +394,7 @@ def test_failed_rows_are_returned_on_request(versions: Tuple[int, ...]) -> None:
         assert b.hit_ratio == 6 / 8
 
 
-def chunk_of_row_4_busy(rs: List[int]) -> int:
+def chunk_of_row_4_busy(rs: list[int]) -> int:
     return 2 if 4 in rs else 0
 
 
@@ -440,7 +442,7 @@ def test_bad_input_is_refused_before_sending() -> None:
     inf[2, 0] = np.inf
     with Fake() as fake:
         with aker.Client("127.0.0.1", fake.port) as c:
-            cases = [
+            cases: list[tuple[Callable[[], object], type[aker.StatusError]]] = [
                 (lambda: c.search_batch(np.ones((3, DIM + 1)), 2), aker.DimensionMismatch),
                 (lambda: c.search_batch(np.ones(DIM), 2), aker.DimensionMismatch),
                 (lambda: c.search_batch(nan, 2), aker.NonFinite),

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import List, Set, Tuple
-
 import numpy as np
 import pytest
 
 import aker
-from conftest import DELTA, DIM, exact, newest_version, queries, run
+
 from akerd_process import Akerd
+from conftest import DELTA, DIM, exact, newest_version, queries, run
 
 
 class NumpyBackend:
@@ -17,10 +16,10 @@ class NumpyBackend:
 
     def __init__(self, data: np.ndarray) -> None:
         self.data = data
-        self.deleted: Set[int] = set()
-        self.calls: List[int] = []
+        self.deleted: set[int] = set()
+        self.calls: list[int] = []
 
-    def __call__(self, q: np.ndarray, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def __call__(self, q: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         self.calls.append(n)
         ids = exact(self.data, q, n, exclude=self.deleted)
         rows = self.data[ids.astype(np.int64)]

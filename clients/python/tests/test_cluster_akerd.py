@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import aker
+
 from akerd_process import Akerd
 from conftest import exact, newest_version, queries
 
@@ -25,4 +26,4 @@ def test_a_node_in_no_cluster(client: aker.Client, akerd: Akerd, data: np.ndarra
     assert e.value.local is (client.version < 6)
     assert client.ping() >= 0  # the connection stays usable
     with pytest.raises(aker.Unsupported):
-        aker.Cluster(["%s:%d" % (akerd.host, akerd.port)], timeout=5.0)
+        aker.Cluster([f"{akerd.host}:{akerd.port}"], timeout=5.0)

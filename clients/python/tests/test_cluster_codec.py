@@ -5,7 +5,7 @@ CLUSTER request and its reply (hand-written bytes, round trips, every limit refu
 from __future__ import annotations
 
 import struct
-from typing import Any, Dict, List
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,6 +13,7 @@ import pytest
 import aker
 from aker import _codec
 from aker._protocol import Opcode, ServerInfo
+
 from fake_server import batch_body, batch_item, cluster_body, hello_body, search_body
 from test_codec import hexbytes
 
@@ -20,7 +21,7 @@ ROUTING = 0x0102_0304_0506_0708
 
 
 def info(version: int = 6, **kw: object) -> ServerInfo:
-    base: Dict[str, object] = dict(version=version, version_min=1, version_max=version, metric=aker.Metric.L2SQ,
+    base: dict[str, object] = dict(version=version, version_min=1, version_max=version, metric=aker.Metric.L2SQ,
                                    max_frame_bytes=4096, dim=2, k_max=10, max_inflight=8, executors=1, shards=1,
                                    delta=2, auth_required=False, max_batch=8)
     base.update(kw)
@@ -141,7 +142,8 @@ def test_batches_of_many_frames_keep_the_largest_routing_version() -> None:
     singles = [_codec.Codec(info()).search([0.0, 0.0], 1) for _ in range(2)]
     for i, s in enumerate(singles):
         s.row = i
-    res = [s.result(frame(6, Opcode.SEARCH, search_body([1], [0.0], routing=r))) for s, r in zip(singles, (4, 3))]
+    res = [s.result(frame(6, Opcode.SEARCH, search_body([1], [0.0], routing=r)))
+           for s, r in zip(singles, (4, 3), strict=True)]
     assert _codec.batch_of(res, singles, 1).routing_version == 4
 
 
@@ -194,10 +196,10 @@ def test_the_cluster_reply_decodes() -> None:
     assert s.overrides == [(1, 0xA1)]
 
 
-def random_state(rng: np.random.Generator) -> Dict[str, Any]:
+def random_state(rng: np.random.Generator) -> dict[str, Any]:
     dim = int(rng.integers(1, 6))
     n = int(rng.integers(0, 5))
-    nodes = [(int(rng.integers(0, 1 << 63)) * 2 + 1, bool(rng.integers(0, 2)), "node-%d.example:%d" % (i, 7700 + i))
+    nodes = [(int(rng.integers(0, 1 << 63)) * 2 + 1, bool(rng.integers(0, 2)), f"node-{i}.example:{7700 + i}")
              for i in range(int(rng.integers(0, 6)))]
     return dict(routing_version=int(rng.integers(1, 1 << 63)), centroids_version=int(rng.integers(0, 9)),
                 balance_epoch=int(rng.integers(0, 9)), self_id=nodes[0][0] if nodes else 0,
@@ -205,7 +207,7 @@ def random_state(rng: np.random.Generator) -> Dict[str, Any]:
                 centroids=rng.standard_normal((n, dim)).astype(np.float32).tolist(), nodes=nodes,
                 overrides=[(int(rng.integers(0, 64)), int(rng.integers(0, 1 << 64, dtype=np.uint64)))
                            for _ in range(int(rng.integers(0, 4)))],
-                name="cluster-ü-%d" % int(rng.integers(0, 100)))
+                name=f"cluster-ü-{int(rng.integers(0, 100))}")
 
 
 def test_cluster_replies_round_trip() -> None:
@@ -223,8 +225,8 @@ def test_cluster_replies_round_trip() -> None:
 
 def test_the_cluster_limits_are_enforced() -> None:
     node = (1, True, "h:1")
-    ok: List[Dict[str, Any]] = [
-        dict(nodes=[(i, True, "a:%d" % i) for i in range(1024)]),
+    ok: list[dict[str, Any]] = [
+        dict(nodes=[(i, True, f"a:{i}") for i in range(1024)]),
         dict(overrides=[(i, 1) for i in range(1024)]),
         dict(nodes=[(1, True, "a" * 255)]),
         dict(name="n" * 255),

@@ -3,28 +3,25 @@ the seeds, each search on its centroid's owner, batches split by owner and put b
 order, positions carried across nodes, overrides, a killed or silent node retried on
 the next (a write only when it never reached the node, else WriteInDoubt), a node gone
 from the state skipped, the state fetched again on a new routing version (from the node
-that reported it, over its connection), owner orders cached; the README's example."""
+that reported it, over its connection), owner orders cached. (The README's Clusters
+block runs against these fake nodes in test_readme.py.)"""
 
 from __future__ import annotations
 
-import re
 import socket
 import struct
-import subprocess
-import sys
 import time
-from pathlib import Path
-from typing import Any, Iterator, List
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
 import aker
 from aker.cluster import mix64, nearest_centroid, owner, owner_order, rendezvous_score
+
 from conftest import run
 from fake_server import FakeCluster, FakeConn, FakeServer, hello_body
-
-README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 @pytest.fixture
@@ -39,7 +36,7 @@ def dead_address() -> str:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    return "127.0.0.1:%d" % port
+    return f"127.0.0.1:{port}"
 
 
 def plain_node(version: int = 6) -> FakeServer:
@@ -74,7 +71,7 @@ def expected_owner(f: FakeCluster, q: np.ndarray) -> int:
     return max((i for i in f.ids if f.live[i]), key=lambda i: (mix64(i ^ mix64(c)), i))
 
 
-def searched(f: FakeCluster, node: int, op: int = 3) -> List[bytes]:
+def searched(f: FakeCluster, node: int, op: int = 3) -> list[bytes]:
     return [body for _v, o, _fl, body in f.seen[node] if o == op]
 
 
@@ -83,7 +80,7 @@ def searched(f: FakeCluster, node: int, op: int = 3) -> List[bytes]:
 
 def test_the_state_comes_from_the_first_seed_that_answers(fake: FakeCluster) -> None:
     with plain_node() as plain:
-        seeds: List[Any] = [dead_address(), ("127.0.0.1", plain.port)] + fake.seeds[1:]
+        seeds: list[Any] = [dead_address(), ("127.0.0.1", plain.port)] + fake.seeds[1:]
         with aker.Cluster(seeds, timeout=5.0) as c:
             s = c.state
             assert s.name == "fake-cluster" and s.self_id == fake.ids[1] and s.lease_ms == 3000
@@ -93,7 +90,7 @@ def test_the_state_comes_from_the_first_seed_that_answers(fake: FakeCluster) -> 
             assert list(c.connections) == [fake.ids[1]] and c.counters.refreshes == 0
             assert "fake-cluster" in repr(c)
         for one in (fake.seeds[0], ("127.0.0.1", int(fake.seeds[0].split(":")[1])), tuple(fake.seeds[:2])):
-            with aker.Cluster(one) as c1:  # type: ignore[arg-type]
+            with aker.Cluster(one) as c1:
                 assert c1.state.self_id == fake.ids[0]
         with aker.Cluster(seeds, timeout=5.0) as c:
             before = fake.cluster_requests
@@ -106,7 +103,7 @@ def test_no_seed_answering_raises_the_last_error() -> None:
         aker.Cluster([dead_address()], connect_timeout=2.0)
     with plain_node() as plain:
         with pytest.raises(aker.Unsupported) as e:
-            aker.Cluster("127.0.0.1:%d" % plain.port)
+            aker.Cluster(f"127.0.0.1:{plain.port}")
         assert not e.value.local
     with plain_node(version=5) as old:  # below version 6 the client knows there is no CLUSTER
         with pytest.raises(aker.Unsupported) as e:
@@ -339,7 +336,7 @@ def test_a_write_the_node_never_took_goes_to_the_next_node(fake: FakeCluster) ->
         assert d.existed and c.counters.retries == 1 and not searched(fake, first, 5)
     fake.refuse.clear()
     fake.kill(first)  # connections refused
-    with aker.Cluster([s for n, s in zip(fake.ids, fake.seeds) if n != first], timeout=5.0) as c:
+    with aker.Cluster([s for n, s in zip(fake.ids, fake.seeds, strict=True) if n != first], timeout=5.0) as c:
         assert first not in c.connections
         c.insert(6, q)
         assert c.counters.retries == 1 and c.counters.requests[first] == 1
@@ -447,10 +444,10 @@ def test_a_refresh_asks_the_reporting_node_over_its_open_connection(fake: FakeCl
 
 
 def test_owner_orders_are_computed_once_per_state(fake: FakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: List[int] = []
+    calls: list[int] = []
     real = aker.cluster.owner_order
 
-    def counted(state: aker.ClusterState, centroid: int) -> List[int]:
+    def counted(state: aker.ClusterState, centroid: int) -> list[int]:
         calls.append(centroid)
         return real(state, centroid)
 
@@ -490,15 +487,3 @@ def test_close(fake: FakeCluster) -> None:
 def test_the_routing_functions_are_exported() -> None:
     assert aker.cluster.mix64 is mix64 and aker.cluster.owner is owner
     assert rendezvous_score(1, 0) == 0x5692_161D_100B_05E5
-
-
-def test_the_readme_cluster_example(fake: FakeCluster) -> None:
-    """The README's Clusters block, run as written against the fake nodes."""
-    text = README.read_text()
-    section = text[text.index("## Clusters"):]
-    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
-    assert '"10.0.0.1:7700", "10.0.0.2:7700"' in code
-    code = code.replace('"10.0.0.1:7700", "10.0.0.2:7700"', ", ".join('"%s"' % s for s in fake.seeds))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert "fake-cluster" in out.stdout and "True" in out.stdout and "(100, 5)" in out.stdout

@@ -4,7 +4,7 @@ and PROTOCOL.md's rules worked by hand."""
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -47,12 +47,16 @@ ORDERS = {
 }
 
 
-def state(nodes: Sequence[Tuple[int, bool]] = (), overrides: Sequence[Tuple[int, int]] = (),
-          centroids: Sequence[Sequence[float]] = ((0.0, 0.0),), metric: aker.Metric = aker.Metric.L2SQ) -> aker.ClusterState:
-    c = np.asarray(centroids, dtype=np.float32).reshape(len(centroids), -1) if len(centroids) else np.zeros((0, 2), np.float32)
+def state(nodes: Sequence[tuple[int, bool]] = (), overrides: Sequence[tuple[int, int]] = (),
+          centroids: Sequence[Sequence[float]] = ((0.0, 0.0),),
+          metric: aker.Metric = aker.Metric.L2SQ) -> aker.ClusterState:
+    if len(centroids):
+        c = np.asarray(centroids, dtype=np.float32).reshape(len(centroids), -1)
+    else:
+        c = np.zeros((0, 2), np.float32)
     return aker.ClusterState(name="t", routing_version=1, centroids_version=1, balance_epoch=0, self_id=0,
                              lease_ms=3000, metric=metric, dim=int(c.shape[1]), centroids=c,
-                             nodes=[aker.ClusterNode(i, live, "127.0.0.1:%d" % (7000 + i)) for i, live in nodes],
+                             nodes=[aker.ClusterNode(i, live, f"127.0.0.1:{7000 + i}") for i, live in nodes],
                              overrides=list(overrides))
 
 
@@ -98,6 +102,11 @@ def test_owner_order_is_the_rust_one() -> None:
         assert owner(s, c) == want[0]
 
 
+def by_score(group: list[int], centroid: int) -> list[int]:
+    """``group`` by descending (score for ``centroid``, id)."""
+    return sorted(group, key=lambda i: (rendezvous_score(i, centroid), i), reverse=True)
+
+
 def test_owner_order_by_the_rule() -> None:
     """PROTOCOL.md's rule worked directly: live by descending (score, id), the override
     first when live, then the nodes not live by the same order."""
@@ -108,13 +117,9 @@ def test_owner_order_by_the_rule() -> None:
         c = int(rng.integers(0, 16))
         over = [(c, ids[int(rng.integers(0, len(ids)))])] if rng.integers(0, 2) else []
         s = state(nodes=list(live.items()), overrides=over)
-
-        def by_score(group: List[int]) -> List[int]:
-            return sorted(group, key=lambda i: (rendezvous_score(i, c), i), reverse=True)
-
-        up = by_score([i for i in ids if live[i]])
+        up = by_score([i for i in ids if live[i]], c)
         first = [over[0][1]] if over and live[over[0][1]] else []
-        want = first + [i for i in up if i not in first] + by_score([i for i in ids if not live[i]])
+        want = first + [i for i in up if i not in first] + by_score([i for i in ids if not live[i]], c)
         assert owner_order(s, c) == want
 
 

@@ -3,11 +3,14 @@ the status table, the input checks, the proofs."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import re
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,11 +22,13 @@ from aker._protocol import Opcode, ServerInfo
 PROTOCOL_MD = Path(__file__).resolve().parents[3] / "PROTOCOL.md"
 
 
-def info(**kw: object) -> ServerInfo:
-    base = dict(version=3, version_min=1, version_max=3, metric=aker.Metric.L2SQ, max_frame_bytes=4096, dim=2,
-                k_max=10, max_inflight=4, executors=1, shards=1, delta=2, auth_required=False)
-    base.update(kw)
-    return ServerInfo(**base)  # type: ignore[arg-type]
+INFO = ServerInfo(version=3, version_min=1, version_max=3, metric=aker.Metric.L2SQ, max_frame_bytes=4096, dim=2,
+                  k_max=10, max_inflight=4, executors=1, shards=1, delta=2, auth_required=False)
+
+
+def info(**kw: Any) -> ServerInfo:
+    """A version 3 server's HELLO, ``kw`` changed."""
+    return dataclasses.replace(INFO, **kw)
 
 
 def hexbytes(text: str) -> bytes:
@@ -114,7 +119,7 @@ def test_the_statuses_are_the_protocols() -> None:
 
 def test_input_checks_are_local_value_errors() -> None:
     c = _codec.Codec(info())
-    cases = [
+    cases: list[tuple[Callable[[], object], type[aker.StatusError]]] = [
         (lambda: c.search([1.0, 2.0, 3.0], 2), aker.DimensionMismatch),
         (lambda: c.search([[1.0, 2.0]], 2), aker.DimensionMismatch),
         (lambda: c.search([np.nan, 0.0], 2), aker.NonFinite),
@@ -176,7 +181,7 @@ def test_secrets(tmp_path: Path) -> None:
     assert aker.load_secret() is None
     for bad in (dict(secret=b"short"), dict(secret="x" * 5000), dict(secret_file=tmp_path / "missing")):
         with pytest.raises(aker.InvalidSecret) as e:
-            aker.load_secret(**bad)  # type: ignore[arg-type]
+            aker.load_secret(**bad)
         assert isinstance(e.value, ValueError)
     f.write_bytes(b"tiny\n")
     with pytest.raises(aker.InvalidSecret) as e:

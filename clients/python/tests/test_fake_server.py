@@ -7,12 +7,13 @@ import asyncio
 import struct
 import threading
 import time
-from typing import Callable, List, Optional
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 import aker
+
 from conftest import run
 from fake_server import FakeConn, FakeServer, hello_body, search_body
 
@@ -25,11 +26,11 @@ def first_component(body: bytes) -> int:
 
 
 def server(
-    versions: tuple = (1, 2, 3),
+    versions: tuple[int, ...] = (1, 2, 3),
     max_inflight: int = 4,
-    search_delay: Optional[Callable[[int], float]] = None,
+    search_delay: Callable[[int], float] | None = None,
     reverse_batches: int = 0,
-    seen: Optional[List[int]] = None,
+    seen: list[int] | None = None,
 ) -> Callable[[FakeConn], None]:
     """A handler: HELLO in ``versions``; SEARCH answered with id = vector[0], after
     ``search_delay(vector[0])`` seconds, or ``reverse_batches`` at a time in reverse."""
@@ -38,7 +39,7 @@ def server(
     def handle(c: FakeConn) -> None:
         lock = threading.Lock()
         outstanding = [0]
-        batch: List[tuple] = []
+        batch: list[tuple[int, int, int, bytes]] = []
 
         def reply(version: int, op: int, rid: int, body: bytes) -> None:
             with lock:
@@ -223,7 +224,7 @@ def test_fewer_neighbours_than_k_are_padded() -> None:
 
 
 def test_the_window_never_exceeds_max_inflight() -> None:
-    seen: List[int] = []
+    seen: list[int] = []
     with FakeServer(server(max_inflight=3, search_delay=lambda i: 0.02, seen=seen)) as fake:
         with aker.Client("127.0.0.1", fake.port) as c:
             assert c.window == 3
@@ -244,7 +245,7 @@ def test_the_window_never_exceeds_max_inflight() -> None:
 
 
 def hello_then(on_search: Callable[[FakeConn, int, int], None], *, max_inflight: int = 4, dim: int = DIM,
-               after_ping: Optional[Callable[[FakeConn], None]] = None) -> Callable[[FakeConn], None]:
+               after_ping: Callable[[FakeConn], None] | None = None) -> Callable[[FakeConn], None]:
     """A handler: HELLO (v3), PING echoed, SEARCH handed to ``on_search(conn, version, rid)``."""
 
     def handle(c: FakeConn) -> None:
@@ -295,7 +296,7 @@ def test_async_window_waiters_wake_when_the_connection_dies() -> None:
 def test_close_from_another_thread_interrupts_a_blocked_call() -> None:
     with FakeServer(hello_then(never_answer)) as fake:
         c = aker.Client("127.0.0.1", fake.port, timeout=30.0)
-        got: List[BaseException] = []
+        got: list[BaseException] = []
 
         def call() -> None:
             try:
@@ -324,7 +325,7 @@ def test_a_window_full_of_abandoned_requests_closes_the_connection() -> None:
                 c.search(rows(2)[1], 1)  # nothing could be sent: the window is full
             assert c.closed
         with aker.Pool("127.0.0.1", fake.port, size=1, timeout=0.2) as pool:
-            for i in range(2):
+            for _ in range(2):
                 with pytest.raises(aker.Timeout):
                     pool.search(rows(2)[1], 1)
             assert pool._count == 0 and pool._idle == []  # the broken one was dropped

@@ -4,8 +4,9 @@ version 5), the handshake's fallback, PROTOCOL.md's example bytes."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
-from typing import Dict
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,17 +14,20 @@ import pytest
 import aker
 from aker import _codec
 from aker._protocol import FLAG_AT_POSITION, Opcode, ServerInfo
+
 from fake_server import hello_body
 from test_codec import PROTOCOL_MD, hexbytes
 
 LSN = 0x16_B374_D848  # 16/B374D848
 
 
-def info(version: int = 5, **kw: object) -> ServerInfo:
-    base: Dict[str, object] = dict(version=version, version_min=1, version_max=version, metric=aker.Metric.L2SQ, max_frame_bytes=4096,
-                dim=2, k_max=10, max_inflight=8, executors=1, shards=1, delta=2, auth_required=False, max_batch=8)
-    base.update(kw)
-    return ServerInfo(**base)  # type: ignore[arg-type]
+INFO = ServerInfo(version=5, version_min=1, version_max=5, metric=aker.Metric.L2SQ, max_frame_bytes=4096, dim=2,
+                  k_max=10, max_inflight=8, executors=1, shards=1, delta=2, auth_required=False, max_batch=8)
+
+
+def info(version: int = 5, **kw: Any) -> ServerInfo:
+    """A server's HELLO in ``version`` (also its newest), ``kw`` changed."""
+    return dataclasses.replace(INFO, version=version, version_max=version, **kw)
 
 
 def frame(version: int, op: int, body: bytes, rid: int = 9) -> _codec.Frame:
@@ -61,7 +65,8 @@ def test_delete_replies_carry_existed_then_the_position() -> None:
 
 
 def test_the_delete_reply_of_the_protocol_example_decodes() -> None:
-    raw = bytearray(hexbytes("41 4B 05 85 00 00 00 00  0A 00 00 00 00 00 00 00  09 00 00 00  01  48 D8 74 B3 16 00 00 00"))
+    raw = bytearray(hexbytes("41 4B 05 85 00 00 00 00  0A 00 00 00 00 00 00 00  09 00 00 00"
+                             "  01  48 D8 74 B3 16 00 00 00"))
     f = _codec.take_frame(raw, 1 << 20)
     assert f is not None and not raw and f.version == 5
     assert _codec.Codec(info()).delete(7, with_position=True).result(f) == aker.Deleted(True, LSN)
@@ -95,7 +100,7 @@ def test_at_position_combines_with_the_other_flags_and_ends_the_body() -> None:
     assert top.body[-8:] == b"\xff" * 8
     for bad in (-1, 1 << 64, 1.5, "16/B374D848", True):
         with pytest.raises(aker.InvalidRequest):
-            c.search([1.0, 0.0], 2, at_position=bad)  # type: ignore[arg-type]
+            c.search([1.0, 0.0], 2, at_position=bad)
 
 
 def test_search_batch_at_a_position_ends_each_frame_with_it() -> None:

@@ -5,21 +5,27 @@ server is spoken to in version 4, reports no positions, and never gets AT_POSITI
 from __future__ import annotations
 
 import struct
-from typing import List, Tuple
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 import aker
+
 from conftest import run
 from fake_server import FakeConn, FakeServer, batch_body, batch_item, hello_body, search_body
 
 DIM = 4
 #: (version, opcode, flags, body) of every request after HELLO.
-Seen = List[Tuple[int, int, int, bytes]]
+Seen = list[tuple[int, int, int, bytes]]
 
 
-def server(versions: Tuple[int, ...], seen: Seen):
+def position(version: int, base: int, id: int) -> bytes:
+    """A write reply's position (version 5), ``base + id``; nothing below."""
+    return struct.pack("<Q", base + id) if version >= 5 else b""
+
+
+def server(versions: tuple[int, ...], seen: Seen) -> Callable[[FakeConn], None]:
     """HELLO in ``versions``; INSERT's position 1000 + id, DELETE's 2000 + id (existed when
     the id is odd), SEARCH / SEARCH_BATCH answered with id 1."""
     newest = max(versions)
@@ -37,14 +43,13 @@ def server(versions: Tuple[int, ...], seen: Seen):
                 c.send(version, op, rid, hello_body(version, dim=DIM, vmin=min(versions), vmax=newest))
                 continue
             seen.append((version, op, flags, body))
-            position = lambda base, id: struct.pack("<Q", base + id) if version >= 5 else b""  # noqa: E731
             if op == 3:
                 c.send(version, op, rid, search_body([1], [0.5], hit=1))
             elif op == 4:
-                c.send(version, op, rid, position(1000, struct.unpack_from("<Q", body)[0]))
+                c.send(version, op, rid, position(version, 1000, struct.unpack_from("<Q", body)[0]))
             elif op == 5:
                 id = struct.unpack_from("<Q", body)[0]
-                c.send(version, op, rid, bytes([id & 1]) + position(2000, id))
+                c.send(version, op, rid, bytes([id & 1]) + position(version, 2000, id))
             elif op == 0x0A:
                 count = struct.unpack_from("<I", body, 16)[0]
                 c.send(version, op, rid, batch_body([batch_item([1], [0.5], hit=1)] * count))

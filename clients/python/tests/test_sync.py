@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List
+from typing import Any
 
 import numpy as np
 import pytest
 
 import aker
+
 from akerd_process import Akerd
-from conftest import DELTA, DIM, K_MAX, MAX_FRAME, MAX_INFLIGHT, batch_until, exact, newest_version, queries, search_until
+from conftest import (
+    DELTA,
+    DIM,
+    K_MAX,
+    MAX_FRAME,
+    MAX_INFLIGHT,
+    batch_until,
+    exact,
+    newest_version,
+    queries,
+    search_until,
+)
 
 EXACT = aker.HitKind.EXACT
 
@@ -99,7 +111,7 @@ def test_writes_report_position_0_and_searches_take_one(client: aker.Client, dat
     b = client.search_batch(queries(3, seed=16), 4, at_position=1)
     assert b.ok.all() and b.ids.shape == (3, 4)
     stats = client.stats()
-    assert stats["searches_at_position"] >= 5 and stats["searches_position_database"] == 0
+    assert int(stats["searches_at_position"]) >= 5 and stats["searches_position_database"] == 0
 
 
 def test_a_deleted_id_is_never_returned(client: aker.Client, data: np.ndarray) -> None:
@@ -183,11 +195,11 @@ def test_stats_ping_flush(client: aker.Client) -> None:
 
 
 def test_bad_input_is_refused_before_sending(client: aker.Client) -> None:
-    before = client.stats()["server_requests"]
+    before = int(client.stats()["server_requests"])
     q = queries(1)[0]
     nan = q.copy()
     nan[2] = np.nan
-    cases: List[Any] = [
+    cases: list[Any] = [
         (lambda: client.search(q[:-1], 3), aker.DimensionMismatch),
         (lambda: client.search(np.stack([q, q]), 3), aker.DimensionMismatch),
         (lambda: client.search(nan, 3), aker.NonFinite),
@@ -197,13 +209,14 @@ def test_bad_input_is_refused_before_sending(client: aker.Client) -> None:
         (lambda: client.insert(5, q, payload=bytes(MAX_FRAME)), aker.TooLarge),
         (lambda: client.search_batch(np.ones((3, DIM + 1)), 3), aker.DimensionMismatch),
         (lambda: client.search_batch(np.stack([q, nan]), 3), aker.NonFinite),
-        (lambda: client.ping("x"), aker.InvalidRequest),  # str: no one encoding
-        (lambda: client.ping(5), aker.InvalidRequest),  # not five zero bytes
-        (lambda: client.insert(5, q, payload="x"), aker.InvalidRequest),
-        (lambda: client.search(q, 3, deadline="soon"), aker.InvalidRequest),
+        # Wrong types on purpose: refused at run time as well.
+        (lambda: client.ping("x"), aker.InvalidRequest),  # type: ignore[arg-type]  # str: no one encoding
+        (lambda: client.ping(5), aker.InvalidRequest),  # type: ignore[arg-type]  # not five zero bytes
+        (lambda: client.insert(5, q, payload="x"), aker.InvalidRequest),  # type: ignore[arg-type]
+        (lambda: client.search(q, 3, deadline="soon"), aker.InvalidRequest),  # type: ignore[arg-type]
         (lambda: client.fill(q, 1, [1], ["near"], [q]), aker.InvalidRequest),
         (lambda: aker.Client(*client.address, window=0), aker.InvalidRequest),
-        (lambda: aker.Client(*client.address, expect_metric=99), aker.InvalidRequest),
+        (lambda: aker.Client(*client.address, expect_metric=99), aker.InvalidRequest),  # type: ignore[arg-type]
         (lambda: aker.Pool(*client.address, size=0), aker.InvalidRequest),
         (lambda: aker.AsyncPool(*client.address, size=0), aker.InvalidRequest),
         (lambda: client.fill(q, 3, [1], [0.0], [q]), None),  # reaches the server: UNSUPPORTED
@@ -244,7 +257,7 @@ def test_server_statuses_map_to_their_exceptions(client: aker.Client) -> None:
 
 def test_the_server_deadline(client: aker.Client) -> None:
     q = queries(1, seed=12)[0]
-    kinds: Dict[str, int] = {}
+    kinds: dict[str, int] = {}
     for _ in range(20):  # 1 µs: a backend search cannot make it (bounded retries)
         try:
             client.search(q, K_MAX, bypass_cache=True, deadline=1e-6)
@@ -278,7 +291,7 @@ def test_connect_refused_is_a_connection_error() -> None:
 
 def test_pool_shares_connections_between_threads(akerd: Akerd, data: np.ndarray) -> None:
     qs = queries(24, seed=13)
-    errors: List[BaseException] = []
+    errors: list[BaseException] = []
     with aker.Pool(akerd.host, akerd.port, size=3, timeout=10.0) as pool:
         assert pool.info.dim == DIM
 

@@ -1,5 +1,6 @@
-"""The clients over TLS against a real akerd with ``[tls]`` (certificates made here with
-the ``openssl`` command; the tests are skipped, saying so, where it is missing)."""
+"""The clients over TLS against a real akerd with ``[tls]`` (the certificates and the
+servers are conftest's ``pki``, ``akerd_tls`` and ``akerd_mtls``, made with the
+``openssl`` command; the tests are skipped, saying so, where it is missing)."""
 
 from __future__ import annotations
 
@@ -7,70 +8,18 @@ import asyncio
 import shutil
 import socket
 import ssl
-import subprocess
 from pathlib import Path
-from typing import Any, Dict, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
 import aker
-from akerd_process import Akerd, config_text
-from conftest import K_MAX, exact, queries, run
+
+from akerd_process import Akerd
+from conftest import exact, queries, run
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=str(cwd), check=True, capture_output=True, timeout=60)
-
-
-def _ca(d: Path, name: str) -> None:
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-             "-keyout", name + ".key", "-out", name + ".crt", "-subj", "/CN=" + name, "-days", "2", cwd=d)
-
-
-def _leaf(d: Path, name: str, ca: str, ext: str) -> None:
-    (d / (name + ".ext")).write_text(ext + "\n")
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-             "-keyout", name + ".key", "-out", name + ".csr", "-subj", "/CN=" + name, cwd=d)
-    _openssl("x509", "-req", "-in", name + ".csr", "-CA", ca + ".crt", "-CAkey", ca + ".key",
-             "-CAcreateserial", "-out", name + ".crt", "-days", "2", "-extfile", name + ".ext", cwd=d)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("pki")
-    _ca(d, "ca")
-    _ca(d, "other")
-    _ca(d, "clients")
-    _leaf(d, "server", "ca", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth")
-    _leaf(d, "client", "clients", "extendedKeyUsage=clientAuth")
-    return d
-
-
-def _serve(workdir: Path, pki: Path, name: str, mutual: bool) -> Iterator[Akerd]:
-    sub = workdir / name
-    sub.mkdir()
-    tls = 'cert_file = "%s"\nkey_file = "%s"\nhandshake_timeout_ms = 2000\n' % (pki / "server.crt", pki / "server.key")
-    if mutual:
-        tls += 'client_ca_file = "%s"\n' % (pki / "clients.crt")
-    server = Akerd(sub, config_text(kind="embedded", data_file=str(workdir / "data.npy"), k_max=K_MAX,
-                                    max_inflight=64, tls=tls)).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def akerd_tls(workdir: Path, pki: Path) -> Iterator[Akerd]:
-    yield from _serve(workdir, pki, "tls", mutual=False)
-
-
-@pytest.fixture(scope="module")
-def akerd_mtls(workdir: Path, pki: Path) -> Iterator[Akerd]:
-    yield from _serve(workdir, pki, "mtls", mutual=True)
 
 
 def _ctx(pki: Path, ca: str = "ca", client: bool = False) -> ssl.SSLContext:
@@ -80,7 +29,7 @@ def _ctx(pki: Path, ca: str = "ca", client: bool = False) -> ssl.SSLContext:
     return ctx
 
 
-def _opts(pki: Path, **kw: Any) -> Dict[str, Any]:
+def _opts(pki: Path, **kw: Any) -> dict[str, Any]:
     return dict(ssl=_ctx(pki, **kw), server_hostname="localhost", timeout=10.0)
 
 
@@ -95,7 +44,7 @@ def test_sync_client_over_tls_answers_and_pipelines(akerd_tls: Akerd, pki: Path,
             p.search(q, 5)
         got = p.execute()
         assert len(got) == len(qs)
-        for q, res in zip(qs, got):
+        for q, res in zip(qs, got, strict=True):
             assert list(res.ids) == list(exact(data, q, 5))
         b = c.search_batch(qs[:50], 5)
         assert [list(x) for x in b.ids] == [list(exact(data, q, 5)) for q in qs[:50]]
@@ -108,7 +57,7 @@ def test_async_client_over_tls(akerd_tls: Akerd, pki: Path, data: np.ndarray) ->
         c = await aker.AsyncClient.connect(akerd_tls.host, akerd_tls.port, **_opts(pki))
         try:
             res = await asyncio.gather(*(c.search(q, 5) for q in qs))
-            for q, r in zip(qs, res):
+            for q, r in zip(qs, res, strict=True):
                 assert list(r.ids) == list(exact(data, q, 5))
         finally:
             await c.close()

@@ -18,6 +18,7 @@ Sync: :class:`Client`, :class:`Pipeline`, :class:`Pool`. Async: :class:`AsyncCli
 
 from __future__ import annotations
 
+from . import errors as _errors
 from ._auth import client_proof, load_secret, server_proof
 from ._protocol import (
     NO_ID,
@@ -34,9 +35,8 @@ from ._protocol import (
     Status,
 )
 from .aio import AsyncClient, AsyncPipeline, AsyncPool
-from .client import DEFAULT, Client, Pipeline, Pool
+from .client import DEFAULT, Client, ClientOptions, Pipeline, Pool
 from .cluster import Cluster, ClusterCounters
-from . import errors as _errors
 from .errors import *  # noqa: F403 (every error class, listed once in errors.__all__)
 
 __version__ = "0.1.0"
@@ -44,6 +44,7 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "Client",
+    "ClientOptions",
     "Pipeline",
     "Pool",
     "AsyncClient",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from typing import Optional, Union
+from typing import TypeAlias
 
 from ._protocol import NONCE_LEN
 from .errors import InvalidSecret
@@ -21,23 +21,23 @@ SECRET_MAX_BYTES = 4096
 CLIENT_LABEL = b"aker-auth-v3 client"
 SERVER_LABEL = b"aker-auth-v3 server"
 
-PathLike = Union[str, "os.PathLike[str]"]
+PathLike: TypeAlias = str | os.PathLike[str]
 
 
 def _checked(secret: bytes) -> bytes:
     if len(secret) < SECRET_MIN_BYTES:
         raise InvalidSecret(
-            "the secret is %d bytes; at least %d are needed" % (len(secret), SECRET_MIN_BYTES)
+            f"the secret is {len(secret)} bytes; at least {SECRET_MIN_BYTES} are needed"
         )
     if len(secret) > SECRET_MAX_BYTES:
-        raise InvalidSecret("the secret is over %d bytes" % SECRET_MAX_BYTES)
+        raise InvalidSecret(f"the secret is over {SECRET_MAX_BYTES} bytes")
     return secret
 
 
 def load_secret(
-    secret: Union[bytes, bytearray, str, None] = None,
-    secret_file: Optional[PathLike] = None,
-) -> Optional[bytes]:
+    secret: bytes | bytearray | str | None = None,
+    secret_file: PathLike | None = None,
+) -> bytes | None:
     """The secret from ``secret`` (bytes, or str as UTF-8) or from the first line of
     ``secret_file`` (without its line ending, as akerd reads it); ``None`` for neither."""
     if secret is not None and secret_file is not None:
@@ -47,21 +47,21 @@ def load_secret(
             return _checked(secret.encode("utf-8"))
         if isinstance(secret, (bytes, bytearray)):
             return _checked(bytes(secret))
-        raise InvalidSecret("the secret must be bytes or str, not %s" % type(secret).__name__)
+        raise InvalidSecret(f"the secret must be bytes or str, not {type(secret).__name__}")
     if secret_file is not None:
         try:
             with open(secret_file, "rb") as f:
                 text = f.read(SECRET_MAX_BYTES + 2)
         except OSError as e:
             # The path is named, never the content.
-            raise InvalidSecret("cannot read the secret file %s: %s" % (secret_file, e.strerror)) from None
+            raise InvalidSecret(f"cannot read the secret file {secret_file}: {e.strerror}") from None
         line = text.split(b"\n", 1)[0]
         if line.endswith(b"\r"):
             line = line[:-1]
         try:
             return _checked(line)
         except InvalidSecret as e:
-            raise InvalidSecret("%s: %s" % (secret_file, e)) from None
+            raise InvalidSecret(f"{secret_file}: {e}") from None
     return None
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import functools
 import math
 import struct
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Union
+from typing import Any, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _auth
 from ._protocol import (
@@ -67,8 +69,12 @@ _NEIGHBOUR = np.dtype([("id", "<u8"), ("distance", "<f4")])
 U32_MAX = 0xFFFF_FFFF
 U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
 
-VectorLike = Any  # anything numpy.asarray takes: an ndarray, a list of floats, ...
-Payload = Union[bytes, bytearray, memoryview, None]
+#: Anything :func:`numpy.asarray` takes: an ndarray (float32 C-contiguous goes as it is),
+#: a list of floats, ...
+VectorLike: TypeAlias = npt.ArrayLike
+#: PING's and INSERT's payloads (a ``str`` is refused: it has no one encoding).
+BytesLike: TypeAlias = bytes | bytearray | memoryview
+Payload: TypeAlias = BytesLike | None
 
 
 @dataclass(frozen=True)
@@ -91,22 +97,21 @@ def encode_frame(version: int, opcode: int, flags: int, request_id: int, body: b
     return HEADER.pack(MAGIC, version, opcode, flags, 0, request_id, len(body)) + body
 
 
-def parse_header(header: bytes, max_frame_bytes: int) -> Tuple[int, int, int, int, int, int]:
+def parse_header(header: bytes, max_frame_bytes: int) -> tuple[int, int, int, int, int, int]:
     """``(version, opcode, flags, status, request_id, body_len)`` of a reply header."""
     magic, version, opcode, flags, status, request_id, body_len = HEADER.unpack(header)
     if magic != MAGIC:
-        raise ProtocolError("reply frame with bad magic %#06x" % magic)
+        raise ProtocolError(f"reply frame with bad magic {magic:#06x}")
     if opcode & REPLY_BIT == 0:
-        raise ProtocolError("opcode %#04x is not a reply opcode" % opcode)
+        raise ProtocolError(f"opcode {opcode:#04x} is not a reply opcode")
     if HEADER_LEN + body_len > max_frame_bytes:
         raise ProtocolError(
-            "reply frame of %d bytes is over the client's limit of %d"
-            % (HEADER_LEN + body_len, max_frame_bytes)
+            f"reply frame of {HEADER_LEN + body_len} bytes is over the client's limit of {max_frame_bytes}"
         )
     return version, opcode, flags, status, request_id, body_len
 
 
-def take_frame(buf: bytearray, max_frame_bytes: int) -> Optional[Frame]:
+def take_frame(buf: bytearray, max_frame_bytes: int) -> Frame | None:
     """Removes and returns the first complete frame of ``buf``; ``None`` until one is in."""
     if len(buf) >= 2 and (buf[0] != 0x41 or buf[1] != 0x4B):
         raise ProtocolError("reply bytes are not a frame (bad magic)")
@@ -152,10 +157,10 @@ class Req:
         opcode: Opcode,
         body: bytes = b"",
         flags: int = 0,
-        parse: Optional[Callable[[int, bytes], Any]] = None,
-        version: Optional[int] = None,
-        slots: Optional[int] = None,
-        row: Optional[int] = None,
+        parse: Callable[[int, bytes], Any] | None = None,
+        version: int | None = None,
+        slots: int | None = None,
+        row: int | None = None,
     ) -> None:
         self.opcode = opcode
         self.flags = flags
@@ -183,21 +188,20 @@ class Req:
             raise err
         if frame.opcode != (int(self.opcode) | REPLY_BIT):
             raise ProtocolError(
-                "request %d was %s, the reply's opcode is %#04x"
-                % (frame.request_id, self.opcode.name, frame.opcode)
+                f"request {frame.request_id} was {self.opcode.name}, the reply's opcode is {frame.opcode:#04x}"
             )
         if frame.flags != 0:
-            raise ProtocolError("reply flags must be 0, got %#06x" % frame.flags)
+            raise ProtocolError(f"reply flags must be 0, got {frame.flags:#06x}")
         if self.parse is None:
             if frame.body:
-                raise ProtocolError("%s reply body must be empty" % self.opcode.name)
+                raise ProtocolError(f"{self.opcode.name} reply body must be empty")
             return None
         try:
             return self.parse(frame.version, frame.body)
         except (struct.error, ValueError) as e:
             if isinstance(e, StatusError):
                 raise
-            raise ProtocolError("%s reply body: %s" % (self.opcode.name, e)) from None
+            raise ProtocolError(f"{self.opcode.name} reply body: {e}") from None
 
 
 class BatchReq(Req):
@@ -220,42 +224,42 @@ def _local(cls: type, message: str) -> StatusError:
     return err
 
 
-def as_vector(v: VectorLike, dim: int, what: str = "vector") -> np.ndarray:
+def as_vector(v: VectorLike, dim: int, what: str = "vector") -> npt.NDArray[np.float32]:
     """``v`` as a C-contiguous little-endian float32 vector of ``dim`` finite values
     (converted once, only when it is not one already)."""
     a = np.asarray(v)
     if a.dtype.kind not in "fiu":
-        raise _local(InvalidRequest, "%s must hold real numbers, not dtype %s" % (what, a.dtype))
+        raise _local(InvalidRequest, f"{what} must hold real numbers, not dtype {a.dtype}")
     if a.ndim != 1 or a.shape[0] != dim:
         raise _local(
             DimensionMismatch,
-            "%s has shape %s; the server's dimension is %d" % (what, a.shape, dim),
+            f"{what} has shape {a.shape}; the server's dimension is {dim}",
         )
     if a.dtype != F32 or not a.flags.c_contiguous:
         with np.errstate(all="ignore"):
             a = np.ascontiguousarray(a, dtype=F32)
     if not np.isfinite(a).all():
         bad = int(np.flatnonzero(~np.isfinite(a))[0])
-        raise _local(NonFinite, "%s[%d] is %r (NaN and infinities are refused)" % (what, bad, float(a[bad])))
+        raise _local(NonFinite, f"{what}[{bad}] is {float(a[bad])!r} (NaN and infinities are refused)")
     return a
 
 
-def as_matrix(m: VectorLike, dim: int, what: str = "matrix") -> np.ndarray:
+def as_matrix(m: VectorLike, dim: int, what: str = "matrix") -> npt.NDArray[np.float32]:
     """``m`` as a C-contiguous float32 ``(n, dim)`` matrix of finite values."""
     a = np.asarray(m)
     if a.dtype.kind not in "fiu":
-        raise _local(InvalidRequest, "%s must hold real numbers, not dtype %s" % (what, a.dtype))
+        raise _local(InvalidRequest, f"{what} must hold real numbers, not dtype {a.dtype}")
     if a.ndim != 2 or a.shape[1] != dim:
         raise _local(
             DimensionMismatch,
-            "%s has shape %s; (n, %d) is needed" % (what, a.shape, dim),
+            f"{what} has shape {a.shape}; (n, {dim}) is needed",
         )
     if a.dtype != F32 or not a.flags.c_contiguous:
         with np.errstate(all="ignore"):
             a = np.ascontiguousarray(a, dtype=F32)
     if a.size and not np.isfinite(a).all():
         row, col = (int(x) for x in np.argwhere(~np.isfinite(a))[0])
-        raise _local(NonFinite, "%s[%d, %d] is %r" % (what, row, col, float(a[row, col])))
+        raise _local(NonFinite, f"{what}[{row}, {col}] is {float(a[row, col])!r}")
     return a
 
 
@@ -263,9 +267,9 @@ def _uint(value: int, bits: int, what: str) -> int:
     try:
         v = int(value)
     except (TypeError, ValueError):
-        raise _local(InvalidRequest, "%s must be an integer, not %r" % (what, value)) from None
+        raise _local(InvalidRequest, f"{what} must be an integer, not {value!r}") from None
     if isinstance(value, bool) or v != value or not 0 <= v < (1 << bits):
-        raise _local(InvalidRequest, "%s = %r is not a u%d" % (what, value, bits))
+        raise _local(InvalidRequest, f"{what} = {value!r} is not a u{bits}")
     return v
 
 
@@ -276,47 +280,47 @@ def as_bytes(data: Any, what: str) -> bytes:
         return data
     if isinstance(data, (bytearray, memoryview)):
         return bytes(data)
-    raise _local(InvalidRequest, "%s must be bytes, bytearray or memoryview, not %s" % (what, type(data).__name__))
+    raise _local(InvalidRequest, f"{what} must be bytes, bytearray or memoryview, not {type(data).__name__}")
 
 
 def check_metric(metric: Any) -> Metric:
     try:
         return Metric(metric)
     except ValueError:
-        raise _local(InvalidRequest, "unknown metric %r" % (metric,)) from None
+        raise _local(InvalidRequest, f"unknown metric {metric!r}") from None
 
 
-def _deadline_us(deadline: Optional[float]) -> int:
+def _deadline_us(deadline: float | None) -> int:
     if deadline is None:
         return 0
     if isinstance(deadline, (str, bytes, bool)):
-        raise _local(InvalidRequest, "deadline must be a number of seconds, not %r" % (deadline,))
+        raise _local(InvalidRequest, f"deadline must be a number of seconds, not {deadline!r}")
     try:
         d = float(deadline)
     except (TypeError, ValueError):
-        raise _local(InvalidRequest, "deadline must be a number of seconds, not %r" % (deadline,)) from None
+        raise _local(InvalidRequest, f"deadline must be a number of seconds, not {deadline!r}") from None
     if not d > 0 or not math.isfinite(d):
-        raise _local(InvalidRequest, "deadline must be a positive number of seconds, not %r" % deadline)
+        raise _local(InvalidRequest, f"deadline must be a positive number of seconds, not {deadline!r}")
     us = int(math.ceil(d * 1e6))
     if us > U32_MAX:
-        raise _local(InvalidRequest, "deadline %r s is over the protocol's %d µs" % (deadline, U32_MAX))
+        raise _local(InvalidRequest, f"deadline {deadline!r} s is over the protocol's {U32_MAX} µs")
     return us
 
 
 # ---------------------------------------------------------------------------- replies
 
 
-def _hello(version: int, body: bytes) -> Tuple[Dict[str, Any], Optional[bytes]]:
+def _hello(version: int, body: bytes) -> tuple[dict[str, Any], bytes | None]:
     v4 = (37, 37 + NONCE_LEN)  # versions 5 and 6 add nothing to version 4's HELLO
     want = v4 if version >= 4 else {2: (32,), 3: (33, 33 + NONCE_LEN)}.get(version, (28,))
     if len(body) not in want:
-        raise ProtocolError("HELLO reply of version %d has %d bytes" % (version, len(body)))
+        raise ProtocolError(f"HELLO reply of version {version} has {len(body)} bytes")
     vmin, vmax, metric, reserved = struct.unpack_from("<BBBB", body, 0)
     if reserved != 0:
-        raise ProtocolError("HELLO reply: reserved byte is %d" % reserved)
+        raise ProtocolError(f"HELLO reply: reserved byte is {reserved}")
     max_frame, dim, k_max, max_inflight, executors, shards = struct.unpack_from("<6I", body, 4)
     delta = struct.unpack_from("<I", body, 28)[0] if version >= 2 else 0
-    challenge: Optional[bytes] = None
+    challenge: bytes | None = None
     auth = False
     if version >= 3:
         mode = body[32]
@@ -325,12 +329,12 @@ def _hello(version: int, body: bytes) -> Tuple[Dict[str, Any], Optional[bytes]]:
             challenge = bytes(body[33 : 33 + NONCE_LEN])
             auth = True
         elif not (mode == 0 and len(body) == after):
-            raise ProtocolError("HELLO reply: auth mode %d with %d bytes" % (mode, len(body)))
+            raise ProtocolError(f"HELLO reply: auth mode {mode} with {len(body)} bytes")
     max_batch = struct.unpack_from("<I", body, len(body) - 4)[0] if version >= 4 else None
     try:
         m = Metric(metric)
     except ValueError:
-        raise IncompatibleServer("the server's metric code %d is unknown to this client" % metric) from None
+        raise IncompatibleServer(f"the server's metric code {metric} is unknown to this client") from None
     fields = dict(
         version_min=vmin,
         version_max=vmax,
@@ -350,21 +354,21 @@ def _hello(version: int, body: bytes) -> Tuple[Dict[str, Any], Optional[bytes]]:
 
 def decode_search(version: int, body: bytes, k: int) -> SearchResult:
     if len(body) < 8:
-        raise ProtocolError("SEARCH reply of %d bytes" % len(body))
+        raise ProtocolError(f"SEARCH reply of {len(body)} bytes")
     hit, flags, reserved, m = struct.unpack_from("<BBHI", body, 0)
     try:
         kind = HitKind(hit)
     except ValueError:
-        raise ProtocolError("SEARCH reply: unknown hit kind %d" % hit) from None
+        raise ProtocolError(f"SEARCH reply: unknown hit kind {hit}") from None
     defined = REPLY_DISTANCES_TO_QUERY | (REPLY_TOKEN if version >= 2 else 0)
     if flags & ~defined or reserved:
-        raise ProtocolError("SEARCH reply: undefined flags %#04x or reserved %d" % (flags, reserved))
+        raise ProtocolError(f"SEARCH reply: undefined flags {flags:#04x} or reserved {reserved}")
     token_len = 8 if flags & REPLY_TOKEN else 0
     routing_len = 8 if version >= 6 else 0  # v6: the routing version ends the body
     if len(body) != 8 + 12 * m + token_len + routing_len:
-        raise ProtocolError("SEARCH reply of version %d: %d neighbours in %d bytes" % (version, m, len(body)))
+        raise ProtocolError(f"SEARCH reply of version {version}: {m} neighbours in {len(body)} bytes")
     if m > k:
-        raise ProtocolError("SEARCH reply: %d neighbours for k = %d" % (m, k))
+        raise ProtocolError(f"SEARCH reply: {m} neighbours for k = {k}")
     arr = np.frombuffer(body, dtype=_NEIGHBOUR, count=m, offset=8)
     token = struct.unpack_from("<Q", body, 8 + 12 * m)[0] if token_len else None
     routing = struct.unpack_from("<Q", body, len(body) - 8)[0] if routing_len else 0
@@ -383,23 +387,23 @@ def _position(version: int, body: bytes, at: int, what: str) -> int:
     body ends at ``at``)."""
     want = at + (8 if version >= 5 else 0)
     if len(body) != want:
-        raise ProtocolError("%s reply body of version %d must be %d bytes, got %d" % (what, version, want, len(body)))
+        raise ProtocolError(f"{what} reply body of version {version} must be {want} bytes, got {len(body)}")
     return int(struct.unpack_from("<Q", body, at)[0]) if version >= 5 else 0
 
 
-def _inserted(with_position: bool) -> Callable[[int, bytes], Optional[int]]:
-    def parse(version: int, body: bytes) -> Optional[int]:
+def _inserted(with_position: bool) -> Callable[[int, bytes], int | None]:
+    def parse(version: int, body: bytes) -> int | None:
         position = _position(version, body, 0, "INSERT")
         return position if with_position else None
 
     return parse
 
 
-def _deleted(with_position: bool) -> Callable[[int, bytes], Union[bool, Deleted]]:
-    def parse(version: int, body: bytes) -> Union[bool, Deleted]:
+def _deleted(with_position: bool) -> Callable[[int, bytes], bool | Deleted]:
+    def parse(version: int, body: bytes) -> bool | Deleted:
         position = _position(version, body, 1, "DELETE")
         if body[0] > 1:
-            raise ProtocolError("DELETE reply: existed must be 0 or 1, got %d" % body[0])
+            raise ProtocolError(f"DELETE reply: existed must be 0 or 1, got {body[0]}")
         existed = body[0] == 1
         return Deleted(existed, position) if with_position else existed
 
@@ -409,24 +413,24 @@ def _deleted(with_position: bool) -> Callable[[int, bytes], Union[bool, Deleted]
 def _bool(what: str) -> Callable[[int, bytes], bool]:
     def parse(version: int, body: bytes) -> bool:
         if len(body) != 1 or body[0] > 1:
-            raise ProtocolError("%s reply body must be one 0/1 byte, got %r" % (what, body[:8]))
+            raise ProtocolError(f"{what} reply body must be one 0/1 byte, got {body[:8]!r}")
         return body[0] == 1
 
     return parse
 
 
-def parse_stats(version: int, body: bytes) -> Dict[str, Union[int, float, str]]:
+def parse_stats(version: int, body: bytes) -> dict[str, int | float | str]:
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise ProtocolError("STATS text is not UTF-8") from None
-    out: Dict[str, Union[int, float, str]] = {}
+    out: dict[str, int | float | str] = {}
     for line in text.splitlines():
         name, _, value = line.strip().partition(" ")
         if not name:
             continue
         value = value.strip()
-        num: Union[int, float, str]
+        num: int | float | str
         try:
             num = int(value)
         except ValueError:
@@ -452,13 +456,13 @@ class _Body:
     def take(self, n: int, field: str) -> bytes:
         if n > len(self.body) - self.off:
             raise ProtocolError(
-                "%s reply of %d bytes ends inside %s (at byte %d)" % (self.what, len(self.body), field, self.off)
+                f"{self.what} reply of {len(self.body)} bytes ends inside {field} (at byte {self.off})"
             )
         out = self.body[self.off : self.off + n]
         self.off += n
         return out
 
-    def unpack(self, fmt: str, field: str) -> Tuple[Any, ...]:
+    def unpack(self, fmt: str, field: str) -> tuple[Any, ...]:
         s = struct.Struct(fmt)
         return s.unpack(self.take(s.size, field))
 
@@ -466,16 +470,16 @@ class _Body:
         """A u16 length and that many bytes of UTF-8, at most 255."""
         (n,) = self.unpack("<H", field + "'s length")
         if n > CLUSTER_NAME_BYTES_MAX:
-            raise ProtocolError("%s reply: %s of %d bytes (at most %d)" % (self.what, field, n, CLUSTER_NAME_BYTES_MAX))
+            raise ProtocolError(f"{self.what} reply: {field} of {n} bytes (at most {CLUSTER_NAME_BYTES_MAX})")
         raw = self.take(n, field)
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise ProtocolError("%s reply: %s is not UTF-8" % (self.what, field)) from None
+            raise ProtocolError(f"{self.what} reply: {field} is not UTF-8") from None
 
     def finish(self) -> None:
         if self.off != len(self.body):
-            raise ProtocolError("%s reply: %d bytes after its last field" % (self.what, len(self.body) - self.off))
+            raise ProtocolError(f"{self.what} reply: {len(self.body) - self.off} bytes after its last field")
 
 
 def decode_cluster(version: int, body: bytes) -> ClusterState:
@@ -490,29 +494,29 @@ def decode_cluster(version: int, body: bytes) -> ClusterState:
     try:
         metric = Metric(code)
     except ValueError:
-        raise ProtocolError("CLUSTER reply: unknown metric code %d" % code) from None
+        raise ProtocolError(f"CLUSTER reply: unknown metric code {code}") from None
     dim, n = c.unpack("<II", "dim and n")
     if dim == 0 or 4 * dim * n > len(body) - c.off:
-        raise ProtocolError("CLUSTER reply: %d centroids of dimension %d do not fit the body" % (n, dim))
+        raise ProtocolError(f"CLUSTER reply: {n} centroids of dimension {dim} do not fit the body")
     centroids = np.frombuffer(c.take(4 * dim * n, "the centroids"), dtype=F32).astype(np.float32).reshape(n, dim)
     if not np.isfinite(centroids).all():
         row = int(np.argwhere(~np.isfinite(centroids))[0][0])
-        raise ProtocolError("CLUSTER reply: centroid %d is not finite" % row)
+        raise ProtocolError(f"CLUSTER reply: centroid {row} is not finite")
     (n_nodes,) = c.unpack("<I", "the node count")
     if n_nodes > CLUSTER_NODES_MAX:
-        raise ProtocolError("CLUSTER reply: %d nodes (at most %d)" % (n_nodes, CLUSTER_NODES_MAX))
-    nodes: List[ClusterNode] = []
+        raise ProtocolError(f"CLUSTER reply: {n_nodes} nodes (at most {CLUSTER_NODES_MAX})")
+    nodes: list[ClusterNode] = []
     for i in range(n_nodes):
-        node_id, live, reserved = c.unpack("<QBB", "node %d" % i)
+        node_id, live, reserved = c.unpack("<QBB", f"node {i}")
         if live > 1:
-            raise ProtocolError("CLUSTER reply: node %d's live byte is %d (0 or 1)" % (i, live))
+            raise ProtocolError(f"CLUSTER reply: node {i}'s live byte is {live} (0 or 1)")
         if reserved:
-            raise ProtocolError("CLUSTER reply: node %d's reserved byte is %d" % (i, reserved))
-        nodes.append(ClusterNode(node_id=node_id, live=live == 1, advertise=c.text("node %d's address" % i)))
+            raise ProtocolError(f"CLUSTER reply: node {i}'s reserved byte is {reserved}")
+        nodes.append(ClusterNode(node_id=node_id, live=live == 1, advertise=c.text(f"node {i}'s address")))
     (n_over,) = c.unpack("<I", "the override count")
     if n_over > CLUSTER_NODES_MAX:
-        raise ProtocolError("CLUSTER reply: %d overrides (at most %d)" % (n_over, CLUSTER_NODES_MAX))
-    overrides = [c.unpack("<IQ", "override %d" % i) for i in range(n_over)]
+        raise ProtocolError(f"CLUSTER reply: {n_over} overrides (at most {CLUSTER_NODES_MAX})")
+    overrides = [c.unpack("<IQ", f"override {i}") for i in range(n_over)]
     name = c.text("the cluster name")
     c.finish()
     return ClusterState(
@@ -542,20 +546,20 @@ class RowBlock:
     """Consecutive rows of a search_batch: the arrays of a :class:`BatchResult` being
     filled (rows padded; a failed row: count 0, kind MISS, its status)."""
 
-    ids: np.ndarray
-    distances: np.ndarray
-    counts: np.ndarray
-    kinds: List[HitKind]
-    tokens: List[Optional[int]]
-    distances_to_query: List[bool]
-    statuses: np.ndarray
+    ids: npt.NDArray[np.uint64]
+    distances: npt.NDArray[np.float32]
+    counts: npt.NDArray[np.int64]
+    kinds: list[HitKind]
+    tokens: list[int | None]
+    distances_to_query: list[bool]
+    statuses: npt.NDArray[np.uint16]
     #: The id of the SEARCH_BATCH reply that brought the rows.
     request_id: int = 0
     #: (v6) The reply's routing version (the largest of the blocks put in).
     routing_version: int = 0
 
     @classmethod
-    def empty(cls, n: int, k: int) -> "RowBlock":
+    def empty(cls, n: int, k: int) -> RowBlock:
         return cls(
             ids=np.full((n, k), NO_ID, dtype=np.uint64),
             distances=np.full((n, k), np.inf, dtype=np.float32),
@@ -566,7 +570,7 @@ class RowBlock:
             statuses=np.zeros(n, dtype=np.uint16),
         )
 
-    def put_block(self, row: int, b: "RowBlock") -> None:
+    def put_block(self, row: int, b: RowBlock) -> None:
         end = row + len(b.kinds)
         self.ids[row:end] = b.ids
         self.distances[row:end] = b.distances
@@ -587,14 +591,14 @@ class RowBlock:
         self.distances_to_query[row] = r.distances_to_query
         self.routing_version = max(self.routing_version, r.routing_version)
 
-    def first_error(self, row: int) -> Optional[StatusError]:
+    def first_error(self, row: int) -> StatusError | None:
         """The exception of the first failed row (``row``: where the block starts)."""
         bad = np.flatnonzero(self.statuses)
         if bad.shape[0] == 0:
             return None
         i = int(bad[0])
         err = error_for_status(
-            int(self.statuses[i]), "search_batch row %d" % (row + i), request_id=self.request_id
+            int(self.statuses[i]), f"search_batch row {row + i}", request_id=self.request_id
         )
         err.row = row + i
         return err
@@ -613,7 +617,7 @@ class RowBlock:
 
 
 @functools.lru_cache(maxsize=64)
-def _items_dtype(k: int) -> np.dtype:
+def _items_dtype(k: int) -> np.dtype[np.void]:
     """A reply item with k neighbours and no token (the layout of a reply of full hits)."""
     return np.dtype([("status", "<u2"), ("hit", "u1"), ("flags", "u1"), ("m", "<u4"), ("nb", _NEIGHBOUR, (k,))])
 
@@ -623,12 +627,12 @@ def decode_batch(version: int, body: bytes, k: int, count: int) -> RowBlock:
     items, each a status and a SEARCH answer."""
     start = 12 if version >= 6 else 4
     if len(body) < start:
-        raise ProtocolError("SEARCH_BATCH reply of version %d of %d bytes" % (version, len(body)))
+        raise ProtocolError(f"SEARCH_BATCH reply of version {version} of {len(body)} bytes")
     got = struct.unpack_from("<I", body, 0)[0]
     if got != count:
-        raise ProtocolError("SEARCH_BATCH reply of %d items for %d queries" % (got, count))
+        raise ProtocolError(f"SEARCH_BATCH reply of {got} items for {count} queries")
     routing = int(struct.unpack_from("<Q", body, 4)[0]) if version >= 6 else 0
-    block: Optional[RowBlock] = None
+    block: RowBlock | None = None
     if len(body) == start + count * (8 + 12 * k):
         items = np.frombuffer(body, _items_dtype(k), count, start)
         if (items["m"] == k).all() and not items["status"].any() and not (items["flags"] & REPLY_TOKEN).any():
@@ -637,12 +641,12 @@ def decode_batch(version: int, body: bytes, k: int, count: int) -> RowBlock:
         block = _item_block(body, k, count, start)
     # The server writes the largest of the answered items' versions: 0 when none was.
     if routing and not (block.statuses == 0).any():
-        raise ProtocolError("SEARCH_BATCH reply: routing version %#x with no query answered" % routing)
+        raise ProtocolError(f"SEARCH_BATCH reply: routing version {routing:#x} with no query answered")
     block.routing_version = routing
     return block
 
 
-def _full_block(items: np.ndarray, k: int) -> RowBlock:
+def _full_block(items: npt.NDArray[np.void], k: int) -> RowBlock:
     """Every item OK with k neighbours and no token: read as one array."""
     hits, flags = items["hit"], items["flags"]
     if int(hits.max()) >= len(_KINDS) or (flags & _NOT_DTQ).any():
@@ -685,15 +689,15 @@ def _item_block(body: bytes, k: int, count: int, start: int = 4) -> RowBlock:
         off += 8
         if status != Status.OK:
             if status not in _ITEM_STATUSES:
-                raise ProtocolError("SEARCH_BATCH reply item %d: status %d is not a query's" % (i, status))
+                raise ProtocolError(f"SEARCH_BATCH reply item {i}: status {status} is not a query's")
             if hit or flags or m:
-                raise ProtocolError("SEARCH_BATCH reply item %d: status %d with a hit, flags or neighbours" % (i, status))
+                raise ProtocolError(f"SEARCH_BATCH reply item {i}: status {status} with a hit, flags or neighbours")
             b.statuses[i] = status
             continue
         if hit >= len(_KINDS) or flags & ~(REPLY_DISTANCES_TO_QUERY | REPLY_TOKEN):
-            raise ProtocolError("SEARCH_BATCH reply item %d: hit kind %d, flags %#04x" % (i, hit, flags))
+            raise ProtocolError(f"SEARCH_BATCH reply item {i}: hit kind {hit}, flags {flags:#04x}")
         if m > k:
-            raise ProtocolError("SEARCH_BATCH reply item %d: %d neighbours for k = %d" % (i, m, k))
+            raise ProtocolError(f"SEARCH_BATCH reply item {i}: {m} neighbours for k = {k}")
         if m:
             arr = np.frombuffer(body, dtype=_NEIGHBOUR, count=m, offset=off)
             b.ids[i, :m] = arr["id"]
@@ -706,7 +710,7 @@ def _item_block(body: bytes, k: int, count: int, start: int = 4) -> RowBlock:
             b.tokens[i] = struct.unpack_from("<Q", body, off)[0]
             off += 8
     if off != len(body):
-        raise ProtocolError("SEARCH_BATCH reply: %d bytes after the last item" % (len(body) - off))
+        raise ProtocolError(f"SEARCH_BATCH reply: {len(body) - off} bytes after the last item")
     return b
 
 
@@ -718,7 +722,7 @@ def batch_of(outs: Sequence[Any], reqs: Sequence[Req], k: int) -> BatchResult:
     if len(outs) == 1 and isinstance(outs[0], RowBlock):
         return outs[0].result()  # one SEARCH_BATCH carried every row: nothing to copy
     out = RowBlock.empty(sum(r.slots for r in reqs), k)
-    for res, req in zip(outs, reqs):
+    for res, req in zip(outs, reqs, strict=True):
         row = req.row or 0
         if isinstance(res, RowBlock):
             out.put_block(row, res)
@@ -732,7 +736,7 @@ def batch_of(outs: Sequence[Any], reqs: Sequence[Req], k: int) -> BatchResult:
 def batch_result(outs: Sequence[Any], reqs: Sequence[Req], k: int, errors: str) -> BatchResult:
     """:func:`batch_of`; with ``errors="raise"``, raises the first failed row's exception."""
     if errors == "raise":
-        for res, req in zip(outs, reqs):
+        for res, req in zip(outs, reqs, strict=True):
             err = res.first_error(req.row or 0) if isinstance(res, RowBlock) else None
             if err is not None:
                 raise err
@@ -753,18 +757,18 @@ class Codec:
         if size > self.info.max_frame_bytes:
             raise _local(
                 TooLarge,
-                "%s request of %d bytes is over the server's max_frame_bytes %d"
-                % (req.opcode.name, size, self.info.max_frame_bytes),
+                f"{req.opcode.name} request of {size} bytes is over the server's max_frame_bytes "
+                f"{self.info.max_frame_bytes}",
             )
         return req
 
     def _k(self, k: int) -> int:
         kk = _uint(k, 32, "k")
         if not 1 <= kk <= self.info.k_max:
-            raise _local(BadK, "k = %d is outside 1..=%d (the server's k_max)" % (kk, self.info.k_max))
+            raise _local(BadK, f"k = {kk} is outside 1..={self.info.k_max} (the server's k_max)")
         return kk
 
-    def ping(self, payload: bytes = b"") -> Req:
+    def ping(self, payload: BytesLike = b"") -> Req:
         data = as_bytes(payload, "PING payload")
 
         def parse(version: int, body: bytes) -> bytes:
@@ -774,7 +778,7 @@ class Codec:
 
         return self._sized(Req(Opcode.PING, data, parse=parse))
 
-    def _at_position(self, at_position: Optional[int]) -> bytes:
+    def _at_position(self, at_position: int | None) -> bytes:
         """AT_POSITION's 8 bytes (none without a position); refused below version 5."""
         if at_position is None:
             return b""
@@ -782,20 +786,20 @@ class Codec:
         if self.info.version < 5:
             raise _local(
                 InvalidRequest,
-                "at_position needs protocol version 5; this connection speaks version %d "
-                "(the server's newest): nothing was sent" % self.info.version,
+                f"at_position needs protocol version 5; this connection speaks version {self.info.version} "
+                "(the server's newest): nothing was sent",
             )
         return struct.pack("<Q", p)
 
     def search_vec(
         self,
-        vec: np.ndarray,
+        vec: npt.NDArray[np.float32],
         k: int,
         bypass_cache: bool = False,
         refresh_entry: bool = False,
-        deadline: Optional[float] = None,
+        deadline: float | None = None,
         collection: int = 0,
-        at_position: Optional[int] = None,
+        at_position: int | None = None,
     ) -> Req:
         """SEARCH for an already checked vector (:func:`as_vector`)."""
         kk = self._k(k)
@@ -828,22 +832,22 @@ class Codec:
 
     def search_batch_rows(
         self,
-        mat: np.ndarray,
+        mat: npt.NDArray[np.float32],
         k: int,
         count: int,
         bypass_cache: bool = False,
         refresh_entry: bool = False,
-        deadline: Optional[float] = None,
+        deadline: float | None = None,
         collection: int = 0,
-        at_position: Optional[int] = None,
-    ) -> List[Req]:
+        at_position: int | None = None,
+    ) -> list[Req]:
         """SEARCH_BATCH requests of at most ``count`` rows each, for an already checked
         matrix (:func:`as_matrix`), in row order (``at_position``: for every one)."""
         kk = self._k(k)
         flags = _search_flags(bypass_cache, refresh_entry, at_position)
         fields = (_uint(collection, 32, "collection"), kk, _deadline_us(deadline), mat.shape[1])
         tail = self._at_position(at_position)
-        reqs: List[Req] = []
+        reqs: list[Req] = []
         for row in range(0, mat.shape[0], count):
             chunk = mat[row : row + count]
             c = chunk.shape[0]
@@ -875,7 +879,7 @@ class Codec:
         ids: VectorLike,
         distances: VectorLike,
         vectors: VectorLike,
-        token: Optional[int] = None,
+        token: int | None = None,
         collection: int = 0,
     ) -> Req:
         dim = self.info.dim
@@ -883,7 +887,7 @@ class Codec:
         kk = self._k(k)
         id_arr = np.asarray(ids)
         if id_arr.dtype.kind not in "iu" and id_arr.size:
-            raise _local(InvalidRequest, "ids must be integers, not dtype %s" % id_arr.dtype)
+            raise _local(InvalidRequest, f"ids must be integers, not dtype {id_arr.dtype}")
         id_arr = id_arr.reshape(-1)
         if id_arr.size and (int(id_arr.min()) < 0 or int(id_arr.max()) > U64_MAX):
             raise _local(InvalidRequest, "ids must be u64")
@@ -891,16 +895,16 @@ class Codec:
         m = id_arr.shape[0]
         dist_in = np.asarray(distances)
         if dist_in.dtype.kind not in "fiu" and dist_in.size:
-            raise _local(InvalidRequest, "distances must be real numbers, not dtype %s" % dist_in.dtype)
+            raise _local(InvalidRequest, f"distances must be real numbers, not dtype {dist_in.dtype}")
         dist = dist_in.astype(np.float64).reshape(-1)
         if dist.shape[0] != m:
-            raise _local(InvalidRequest, "%d ids but %d distances" % (m, dist.shape[0]))
+            raise _local(InvalidRequest, f"{m} ids but {dist.shape[0]} distances")
         vec_arr = np.asarray(vectors)
         if m == 0 and vec_arr.size == 0:
             vec_arr = np.zeros((0, dim), F32)
         vecs = as_matrix(vec_arr, dim, "vectors")
         if vecs.shape[0] != m:
-            raise _local(InvalidRequest, "%d ids but %d vectors" % (m, vecs.shape[0]))
+            raise _local(InvalidRequest, f"{m} ids but {vecs.shape[0]} vectors")
         with np.errstate(all="ignore"):
             d32 = dist.astype(F32)
         if not np.isfinite(d32).all():
@@ -931,8 +935,8 @@ class Codec:
         if self.info.version < 6:
             raise _local(
                 Unsupported,
-                "CLUSTER needs protocol version 6; this connection speaks version %d "
-                "(the server's newest): nothing was sent" % self.info.version,
+                f"CLUSTER needs protocol version 6; this connection speaks version {self.info.version} "
+                "(the server's newest): nothing was sent",
             )
         return Req(Opcode.CLUSTER, parse=decode_cluster)
 
@@ -951,9 +955,9 @@ Handshake = Generator[Req, Frame, ServerInfo]
 
 
 def handshake(
-    secret: Optional[bytes],
-    expect_dim: Optional[int] = None,
-    expect_metric: Optional[Metric] = None,
+    secret: bytes | None,
+    expect_dim: int | None = None,
+    expect_metric: Metric | None = None,
 ) -> Handshake:
     """HELLO in the newest version both ends speak (at least 2), then AUTH when the server
     asks for it. Yields requests, is sent their replies, returns the :class:`ServerInfo`."""
@@ -964,38 +968,36 @@ def handshake(
         newest = frame.version
         version = max((v for v in VERSIONS if v <= newest), default=0)
         if version == 0 or version == VERSIONS[0]:
-            raise IncompatibleServer(
-                "the server speaks protocol versions up to %d; this client needs %s"
-                % (newest, " or ".join(str(v) for v in sorted(VERSIONS)))
-            )
+            spoken = " or ".join(str(v) for v in sorted(VERSIONS))
+            raise IncompatibleServer(f"the server speaks protocol versions up to {newest}; this client needs {spoken}")
         frame = yield _hello_req(version)
     fields, challenge = _hello_req(version).result(frame)
     if not fields["version_min"] <= version <= fields["version_max"]:
         raise IncompatibleServer(
-            "the server answered HELLO in version %d but says it speaks %d..=%d"
-            % (version, fields["version_min"], fields["version_max"])
+            f"the server answered HELLO in version {version} but says it speaks "
+            f"{fields['version_min']}..={fields['version_max']}"
         )
     info = ServerInfo(version=version, **fields)
     if info.dim < 1 or info.k_max < 1 or info.max_inflight < 1 or info.max_frame_bytes < MIN_SERVER_FRAME:
-        raise IncompatibleServer("the server's HELLO limits are not usable: %r" % (info,))
+        raise IncompatibleServer(f"the server's HELLO limits are not usable: {info!r}")
     # One SEARCH of the server's dimension: header, 16 bytes of fields, dim float32.
     one_search = HEADER_LEN + 16 + 4 * info.dim
     if info.max_frame_bytes < one_search:
         raise IncompatibleServer(
-            "the server's max_frame_bytes %d cannot hold one SEARCH of dimension %d (%d bytes)"
-            % (info.max_frame_bytes, info.dim, one_search)
+            f"the server's max_frame_bytes {info.max_frame_bytes} cannot hold one SEARCH of dimension {info.dim} "
+            f"({one_search} bytes)"
         )
     if expect_dim is not None and info.dim != expect_dim:
-        raise IncompatibleServer("the server's dimension is %d, not the expected %d" % (info.dim, expect_dim))
+        raise IncompatibleServer(f"the server's dimension is {info.dim}, not the expected {expect_dim}")
     if expect_metric is not None and info.metric != check_metric(expect_metric):
         raise IncompatibleServer(
-            "the server's metric is %s, not the expected %s" % (info.metric.name, check_metric(expect_metric).name)
+            f"the server's metric is {info.metric.name}, not the expected {check_metric(expect_metric).name}"
         )
     if challenge is None:
         if secret is not None:
             raise ServerNotAuthentic(
-                "a secret was given but the server (protocol version %d) did not ask for AUTH: "
-                "it cannot prove it knows the secret" % version
+                f"a secret was given but the server (protocol version {version}) did not ask for AUTH: "
+                "it cannot prove it knows the secret"
             )
         return info
     if secret is None:
@@ -1011,11 +1013,11 @@ def handshake(
 
 def _raw_proof(version: int, body: bytes) -> bytes:
     if len(body) != PROOF_LEN:
-        raise ProtocolError("AUTH reply of %d bytes, not %d" % (len(body), PROOF_LEN))
+        raise ProtocolError(f"AUTH reply of {len(body)} bytes, not {PROOF_LEN}")
     return body
 
 
-def _search_flags(bypass_cache: bool, refresh_entry: bool, at_position: Optional[int] = None) -> int:
+def _search_flags(bypass_cache: bool, refresh_entry: bool, at_position: int | None = None) -> int:
     return (
         (FLAG_BYPASS_CACHE if bypass_cache else 0)
         | (FLAG_REFRESH_ENTRY if refresh_entry else 0)
@@ -1032,13 +1034,13 @@ def _batch_parse(k: int, count: int) -> Callable[[int, bytes], RowBlock]:
 
 def check_errors(errors: str) -> str:
     if errors not in BATCH_ERRORS:
-        raise _local(InvalidRequest, 'errors must be "raise" or "return", not %r' % (errors,))
+        raise _local(InvalidRequest, f'errors must be "raise" or "return", not {errors!r}')
     return errors
 
 
 def batch_requests(
     codec: Codec, matrix: VectorLike, k: int, window: int, reply_limit: int, errors: str, **kw: Any
-) -> Tuple[List[Req], int]:
+) -> tuple[list[Req], int]:
     """search_batch's requests for ``matrix`` (converted and checked once): SEARCH_BATCH
     chunks (:meth:`Codec.batch_count` rows each) when the server speaks version 4, else
     one SEARCH per row; and the checked k. ``at_position`` (in ``kw``) needs version 5."""

@@ -5,16 +5,16 @@ returns the request's place in ``results``."""
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any
 
-from ._codec import Payload, Req, VectorLike
+from ._codec import BytesLike, Payload, Req, VectorLike
 
 
 class PipelineRequests:
     def __init__(self, client: Any) -> None:
         self._client = client
-        self._reqs: List[Req] = []
-        self.results: List[Any] = []
+        self._reqs: list[Req] = []
+        self.results: list[Any] = []
 
     def __len__(self) -> int:
         return len(self._reqs)
@@ -30,9 +30,9 @@ class PipelineRequests:
         *,
         bypass_cache: bool = False,
         refresh_entry: bool = False,
-        deadline: Optional[float] = None,
+        deadline: float | None = None,
         collection: int = 0,
-        at_position: Optional[int] = None,
+        at_position: int | None = None,
     ) -> int:
         return self._add(
             self._client._codec.search(
@@ -68,12 +68,12 @@ class PipelineRequests:
         distances: VectorLike,
         vectors: VectorLike,
         *,
-        token: Optional[int] = None,
+        token: int | None = None,
         collection: int = 0,
     ) -> int:
         return self._add(self._client._codec.fill(query, k, ids, distances, vectors, token, collection))
 
-    def ping(self, payload: bytes = b"") -> int:
+    def ping(self, payload: BytesLike = b"") -> int:
         return self._add(self._client._codec.ping(payload))
 
     def flush(self) -> int:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional, Tuple
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "MAGIC",
@@ -150,7 +152,7 @@ class ServerInfo:
     auth_required: bool
     #: (v4) The most queries one SEARCH_BATCH may carry; ``None`` below version 4 (no
     #: SEARCH_BATCH: :meth:`aker.Client.search_batch` pipelines one SEARCH per row).
-    max_batch: Optional[int] = None
+    max_batch: int | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -162,14 +164,14 @@ class SearchResult:
     ``(ids, distances)`` (not the neighbours), so that ``ids, distances = result``
     unpacks. To walk the neighbours use ``zip(result.ids, result.distances)``."""
 
-    ids: np.ndarray
-    distances: np.ndarray
+    ids: npt.NDArray[np.uint64]
+    distances: npt.NDArray[np.float32]
     kind: HitKind
     #: False when the distances are to the cached representative query's vector (an
     #: approximate hit that was not re-ranked).
     distances_to_query: bool = True
     #: A cache-aside MISS's token, for :meth:`aker.Client.fill`.
-    token: Optional[int] = None
+    token: int | None = None
     #: (v6) The version of the cluster's routing state the answering node holds (0: a
     #: node in no cluster, or a connection below version 6). Compare for equality only.
     routing_version: int = 0
@@ -182,9 +184,10 @@ class SearchResult:
     def __len__(self) -> int:
         return int(self.ids.shape[0])
 
-    def __iter__(self) -> Iterator[np.ndarray]:
+    def __iter__(self) -> Iterator[npt.NDArray[Any]]:
         """Yields ``ids`` then ``distances`` (two arrays, whatever ``len()`` is), for
-        ``ids, distances = result``."""
+        ``ids, distances = result`` (typed ``NDArray[Any]``, as one iterator yields both:
+        the attributes are typed exactly)."""
         return iter((self.ids, self.distances))
 
 
@@ -198,7 +201,7 @@ class Deleted:
     position: int = 0
 
 
-def _no_statuses() -> np.ndarray:
+def _no_statuses() -> npt.NDArray[np.uint16]:
     return np.zeros(0, dtype=np.uint16)
 
 
@@ -221,13 +224,13 @@ class BatchResult:
     ``(batch[i] for i in range(len(batch)))``.
     """
 
-    ids: np.ndarray
-    distances: np.ndarray
-    kinds: List[HitKind]
-    counts: np.ndarray
-    tokens: List[Optional[int]] = field(default_factory=list)
-    distances_to_query: List[bool] = field(default_factory=list)
-    statuses: np.ndarray = field(default_factory=_no_statuses)
+    ids: npt.NDArray[np.uint64]
+    distances: npt.NDArray[np.float32]
+    kinds: list[HitKind]
+    counts: npt.NDArray[np.int64]
+    tokens: list[int | None] = field(default_factory=list)
+    distances_to_query: list[bool] = field(default_factory=list)
+    statuses: npt.NDArray[np.uint16] = field(default_factory=_no_statuses)
     #: (v6) The routing version the reply carried (the largest of its frames'; 0 from a
     #: node in no cluster, or below version 6), as :attr:`SearchResult.routing_version`.
     routing_version: int = 0
@@ -246,13 +249,13 @@ class BatchResult:
             routing_version=self.routing_version,
         )
 
-    def __iter__(self) -> Iterator[np.ndarray]:
+    def __iter__(self) -> Iterator[npt.NDArray[Any]]:
         """Yields the ``(n, k)`` arrays ``ids`` then ``distances`` (not the rows), for
-        ``ids, distances = batch``."""
+        ``ids, distances = batch`` (typed as :meth:`SearchResult.__iter__`)."""
         return iter((self.ids, self.distances))
 
     @property
-    def ok(self) -> np.ndarray:
+    def ok(self) -> npt.NDArray[np.bool_]:
         """Per row, whether it was answered (``statuses == 0``), a bool array of shape ``(n,)``."""
         if self.statuses.shape[0] != len(self):
             return np.ones(len(self), dtype=bool)
@@ -299,21 +302,21 @@ class ClusterState:
     metric: Metric
     dim: int
     #: ``(n, dim)`` float32, row-major, all finite.
-    centroids: np.ndarray
-    nodes: List[ClusterNode]
+    centroids: npt.NDArray[np.float32]
+    nodes: list[ClusterNode]
     #: ``(centroid, node_id)``: a hot centroid given to another node than its rendezvous
     #: owner, to balance load.
-    overrides: List[Tuple[int, int]]
+    overrides: list[tuple[int, int]]
 
     @property
     def n_centroids(self) -> int:
         return int(self.centroids.shape[0])
 
     @property
-    def live_nodes(self) -> List[ClusterNode]:
+    def live_nodes(self) -> list[ClusterNode]:
         return [n for n in self.nodes if n.live]
 
-    def node(self, node_id: int) -> Optional[ClusterNode]:
+    def node(self, node_id: int) -> ClusterNode | None:
         """The node with this id (``None``: not in this state)."""
         for n in self.nodes:
             if n.node_id == node_id:

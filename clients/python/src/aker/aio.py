@@ -12,11 +12,11 @@ import asyncio
 import collections
 import ssl as _ssl
 import time
-from typing import Any, Deque, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any
 
 from ._auth import load_secret
-from ._pipeline import PipelineRequests
 from ._codec import (
+    BytesLike,
     Codec,
     Frame,
     Handshake,
@@ -32,6 +32,7 @@ from ._codec import (
     handshake,
     parse_header,
 )
+from ._pipeline import PipelineRequests
 from ._protocol import (
     HEADER_LEN,
     VERSIONS,
@@ -43,7 +44,17 @@ from ._protocol import (
     SearchResult,
     ServerInfo,
 )
-from .client import DEFAULT, Backend, PathLike, SecretLike, _aside_result, _check_size, _check_window
+from .client import (
+    DEFAULT,
+    Backend,
+    ClientOptions,
+    PathLike,
+    SecretLike,
+    TimeoutArg,
+    _aside_result,
+    _check_size,
+    _check_window,
+)
 from .errors import (
     AkerConnectionError,
     AkerError,
@@ -53,6 +64,10 @@ from .errors import (
     Timeout,
     TLSError,
 )
+
+if TYPE_CHECKING:
+    # **kwargs typed by a TypedDict (PEP 692); for type checkers only (never imported).
+    from typing_extensions import Unpack
 
 __all__ = ["AsyncClient", "AsyncPipeline", "AsyncPool"]
 
@@ -65,7 +80,7 @@ class _Slots:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.used = 0
-        self._waiters: Deque[Tuple[int, "asyncio.Future[None]"]] = collections.deque()
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
 
     async def acquire(self, n: int) -> None:
         n = min(n, self.capacity)  # never more than the whole window (not to wait forever)
@@ -108,24 +123,26 @@ class AsyncClient:
     """An asyncio connection to akerd; make one with ``await AsyncClient.connect(...)``
     (the same options as :class:`aker.Client`). ``async with`` closes it."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, timeout: Optional[float], max_reply_bytes: int) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, timeout: float | None, max_reply_bytes: int
+    ) -> None:
         self._reader = reader
         self._writer = writer
         self.timeout = timeout
         self._max_reply = max_reply_bytes
         #: Sent, not answered: id -> (request, future); a timed-out call's entry stays
         #: until its reply comes (and is dropped), so the window stays honest.
-        self._pending: Dict[int, Tuple[Req, "asyncio.Future[Frame]"]] = {}
+        self._pending: dict[int, tuple[Req, asyncio.Future[Frame]]] = {}
         self._next_id = 1
         self._version = VERSIONS[0]
         self._window = 1
-        self._slots: Optional[_Slots] = None
+        self._slots: _Slots | None = None
         self._wlock = asyncio.Lock()
-        self._dead: Optional[AkerError] = None
-        self._task: "asyncio.Task[None]" = asyncio.ensure_future(self._read_loop())
+        self._dead: AkerError | None = None
+        self._task: asyncio.Task[None] = asyncio.ensure_future(self._read_loop())
         self.info: ServerInfo
         self._codec: Codec
-        self.address: Tuple[str, int] = ("", 0)
+        self.address: tuple[str, int] = ("", 0)
 
     @classmethod
     async def connect(
@@ -135,15 +152,15 @@ class AsyncClient:
         *,
         secret: SecretLike = None,
         secret_file: PathLike = None,
-        connect_timeout: Optional[float] = 5.0,
-        timeout: Optional[float] = 10.0,
-        window: Optional[int] = None,
-        expect_dim: Optional[int] = None,
-        expect_metric: Optional[Metric] = None,
+        connect_timeout: float | None = 5.0,
+        timeout: float | None = 10.0,
+        window: int | None = None,
+        expect_dim: int | None = None,
+        expect_metric: Metric | None = None,
         max_reply_bytes: int = 64 << 20,
-        ssl: Optional[_ssl.SSLContext] = None,
-        server_hostname: Optional[str] = None,
-    ) -> "AsyncClient":
+        ssl: _ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+    ) -> AsyncClient:
         key = load_secret(secret, secret_file)
         _check_window(window)
         if expect_metric is not None:
@@ -156,11 +173,11 @@ class AsyncClient:
                 opened = asyncio.open_connection(host, int(port), ssl=ssl, server_hostname=server_hostname or host)
             reader, writer = await asyncio.wait_for(opened, connect_timeout)
         except asyncio.TimeoutError:
-            raise Timeout("connecting to %s:%d timed out after %s s" % (host, int(port), connect_timeout)) from None
+            raise Timeout(f"connecting to {host}:{int(port)} timed out after {connect_timeout} s") from None
         except _ssl.SSLError as e:
-            raise TLSError("TLS handshake with %s:%d failed: %s" % (host, int(port), e)) from e
+            raise TLSError(f"TLS handshake with {host}:{int(port)} failed: {e}") from e
         except OSError as e:
-            raise AkerConnectionError("cannot connect to %s:%d: %s" % (host, int(port), e)) from e
+            raise AkerConnectionError(f"cannot connect to {host}:{int(port)}: {e}") from e
         c = cls(reader, writer, timeout=timeout, max_reply_bytes=int(max_reply_bytes))
         c.address = (host, int(port))
         left = None if connect_timeout is None else max(0.0, connect_timeout - (time.monotonic() - t0))
@@ -168,7 +185,7 @@ class AsyncClient:
             try:
                 info = await asyncio.wait_for(c._handshake(handshake(key, expect_dim, expect_metric)), left)
             except asyncio.TimeoutError:
-                raise Timeout("no handshake within %s s" % connect_timeout) from None
+                raise Timeout(f"no handshake within {connect_timeout} s") from None
         except BaseException:
             await c.close()
             raise
@@ -198,7 +215,7 @@ class AsyncClient:
 
     def _check(self) -> None:
         if self._dead is not None:
-            raise ConnectionClosed("the connection is closed: %s" % self._dead)
+            raise ConnectionClosed(f"the connection is closed: {self._dead}")
 
     def _fail(self, why: AkerError) -> None:
         if self._dead is None:
@@ -231,7 +248,7 @@ class AsyncClient:
                     return
                 entry = self._pending.pop(rid, None)
                 if entry is None:
-                    self._fail(ProtocolError("reply for request %d, which is not in flight" % rid))
+                    self._fail(ProtocolError(f"reply for request {rid}, which is not in flight"))
                     return
                 req, fut = entry
                 if req.slots and self._slots is not None:
@@ -239,19 +256,19 @@ class AsyncClient:
                 if not fut.done():
                     fut.set_result(frame)
                 if closes_connection(frame, req.opcode):
-                    self._fail(ConnectionClosed("the server closed the connection after status %d" % status))
+                    self._fail(ConnectionClosed(f"the server closed the connection after status {status}"))
                     return
         except asyncio.IncompleteReadError:
             self._fail(ConnectionClosed("the server closed the connection"))
         except ProtocolError as e:
             self._fail(e)
         except (OSError, ConnectionError) as e:
-            self._fail(ConnectionClosed("connection lost: %s" % e))
+            self._fail(ConnectionClosed(f"connection lost: {e}"))
         except asyncio.CancelledError:
             self._fail(ConnectionClosed("closed by the client"))
             raise
         except BaseException as e:
-            self._fail(ConnectionClosed("the reader stopped: %r" % (e,)))
+            self._fail(ConnectionClosed(f"the reader stopped: {e!r}"))
             raise
 
     async def _send(self, req: Req) -> Frame:
@@ -265,7 +282,7 @@ class AsyncClient:
         try:
             self._check()
             rid = self._new_id()
-            fut: "asyncio.Future[Frame]" = asyncio.get_running_loop().create_future()
+            fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
             self._pending[rid] = (req, fut)
             data = req.encode(self._version, rid)
             async with self._wlock:
@@ -275,28 +292,28 @@ class AsyncClient:
                 try:
                     await self._writer.drain()
                 except (OSError, ConnectionError) as e:
-                    self._fail(ConnectionClosed("connection lost: %s" % e))
+                    self._fail(ConnectionClosed(f"connection lost: {e}"))
         finally:
             # Not sent: give its slots back, unless _fail already did (it took the entry).
             if not sent and (not rid or self._pending.pop(rid, None) is not None) and slots is not None:
                 slots.release(req.slots)
         return await fut
 
-    async def _call(self, req: Req, timeout: Any = DEFAULT) -> Any:
-        t: Optional[float] = self.timeout if timeout is DEFAULT else timeout
+    async def _call(self, req: Req, timeout: TimeoutArg = DEFAULT) -> Any:
+        t: float | None = self.timeout if timeout is DEFAULT else timeout
         try:
             if t is None:
                 frame = await self._send(req)
             else:
                 frame = await asyncio.wait_for(self._send(req), t)
         except asyncio.TimeoutError:
-            raise Timeout("no reply within %s s" % t) from None
+            raise Timeout(f"no reply within {t} s") from None
         return req.result(frame)
 
-    async def _many(self, reqs: List[Req], timeout: Any = DEFAULT, return_exceptions: bool = False) -> List[Any]:
+    async def _many(self, reqs: list[Req], timeout: TimeoutArg = DEFAULT, return_exceptions: bool = False) -> list[Any]:
         """Runs ``reqs`` concurrently (at most the window's slots in flight); results in order."""
         self._check()
-        results: List[Any] = [None] * len(reqs)
+        results: list[Any] = [None] * len(reqs)
         order = iter(range(len(reqs)))
 
         async def worker() -> None:
@@ -362,17 +379,18 @@ class AsyncClient:
         except BaseException:
             pass
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else "v%d" % self._version
-        return "<aker.AsyncClient %s:%d %s>" % (self.address + (state,))
+        state = "closed" if self.closed else f"v{self._version}"
+        host, port = self.address
+        return f"<aker.AsyncClient {host}:{port} {state}>"
 
-    async def ping(self, payload: bytes = b"", *, timeout: Any = DEFAULT) -> float:
+    async def ping(self, payload: BytesLike = b"", *, timeout: TimeoutArg = DEFAULT) -> float:
         """PING; the round trip in seconds."""
         t0 = time.perf_counter()
         await self._call(self._codec.ping(payload), timeout)
@@ -385,10 +403,10 @@ class AsyncClient:
         *,
         bypass_cache: bool = False,
         refresh_entry: bool = False,
-        deadline: Optional[float] = None,
+        deadline: float | None = None,
         collection: int = 0,
-        at_position: Optional[int] = None,
-        timeout: Any = DEFAULT,
+        at_position: int | None = None,
+        timeout: TimeoutArg = DEFAULT,
     ) -> SearchResult:
         """As :meth:`aker.Client.search`."""
         req = self._codec.search(
@@ -410,11 +428,11 @@ class AsyncClient:
         *,
         bypass_cache: bool = False,
         refresh_entry: bool = False,
-        deadline: Optional[float] = None,
+        deadline: float | None = None,
         collection: int = 0,
-        at_position: Optional[int] = None,
+        at_position: int | None = None,
         errors: str = "raise",
-        timeout: Any = DEFAULT,
+        timeout: TimeoutArg = DEFAULT,
     ) -> BatchResult:
         """As :meth:`aker.Client.search_batch`: SEARCH_BATCH frames on a version 4 server
         (``count`` window slots each), one SEARCH per row on an older one; ``errors`` the same."""
@@ -434,23 +452,35 @@ class AsyncClient:
         return batch_result(await self._many(reqs, timeout, errors == "return"), reqs, kk, errors)
 
     async def insert(
-        self, id: int, vector: VectorLike, payload: Payload = None, *, collection: int = 0, timeout: Any = DEFAULT
+        self,
+        id: int,
+        vector: VectorLike,
+        payload: Payload = None,
+        *,
+        collection: int = 0,
+        timeout: TimeoutArg = DEFAULT,
     ) -> None:
         await self._call(self._codec.insert(id, vector, payload, collection), timeout)
 
     async def insert_with_position(
-        self, id: int, vector: VectorLike, payload: Payload = None, *, collection: int = 0, timeout: Any = DEFAULT
+        self,
+        id: int,
+        vector: VectorLike,
+        payload: Payload = None,
+        *,
+        collection: int = 0,
+        timeout: TimeoutArg = DEFAULT,
     ) -> int:
         """As :meth:`aker.Client.insert_with_position`."""
         req = self._codec.insert(id, vector, payload, collection, with_position=True)
         position: int = await self._call(req, timeout)
         return position
 
-    async def delete(self, id: int, *, collection: int = 0, timeout: Any = DEFAULT) -> bool:
+    async def delete(self, id: int, *, collection: int = 0, timeout: TimeoutArg = DEFAULT) -> bool:
         existed: bool = await self._call(self._codec.delete(id, collection), timeout)
         return existed
 
-    async def delete_with_position(self, id: int, *, collection: int = 0, timeout: Any = DEFAULT) -> Deleted:
+    async def delete_with_position(self, id: int, *, collection: int = 0, timeout: TimeoutArg = DEFAULT) -> Deleted:
         """As :meth:`aker.Client.delete_with_position`."""
         d: Deleted = await self._call(self._codec.delete(id, collection, with_position=True), timeout)
         return d
@@ -463,14 +493,17 @@ class AsyncClient:
         distances: VectorLike,
         vectors: VectorLike,
         *,
-        token: Optional[int] = None,
+        token: int | None = None,
         collection: int = 0,
-        timeout: Any = DEFAULT,
+        timeout: TimeoutArg = DEFAULT,
     ) -> bool:
-        admitted: bool = await self._call(self._codec.fill(query, k, ids, distances, vectors, token, collection), timeout)
+        req = self._codec.fill(query, k, ids, distances, vectors, token, collection)
+        admitted: bool = await self._call(req, timeout)
         return admitted
 
-    async def search_aside(self, vector: VectorLike, k: int, backend: Backend, *, timeout: Any = DEFAULT) -> SearchResult:
+    async def search_aside(
+        self, vector: VectorLike, k: int, backend: Backend, *, timeout: TimeoutArg = DEFAULT
+    ) -> SearchResult:
         """As :meth:`aker.Client.search_aside` (``backend`` is a plain function)."""
         q = as_vector(vector, self.info.dim)
         r = await self.search(q, k, timeout=timeout)
@@ -480,19 +513,19 @@ class AsyncClient:
         await self.fill(q, k, ids, dist, vecs, token=r.token, timeout=timeout)
         return _aside_result(ids, dist, k, r.token)
 
-    async def flush(self, *, timeout: Any = DEFAULT) -> None:
+    async def flush(self, *, timeout: TimeoutArg = DEFAULT) -> None:
         await self._call(self._codec.flush(), timeout)
 
-    async def stats(self, *, timeout: Any = DEFAULT) -> Dict[str, Union[int, float, str]]:
-        stats: Dict[str, Union[int, float, str]] = await self._call(self._codec.stats(), timeout)
+    async def stats(self, *, timeout: TimeoutArg = DEFAULT) -> dict[str, int | float | str]:
+        stats: dict[str, int | float | str] = await self._call(self._codec.stats(), timeout)
         return stats
 
-    async def cluster(self, *, timeout: Any = DEFAULT) -> ClusterState:
+    async def cluster(self, *, timeout: TimeoutArg = DEFAULT) -> ClusterState:
         """As :meth:`aker.Client.cluster`."""
         state: ClusterState = await self._call(self._codec.cluster(), timeout)
         return state
 
-    def pipeline(self) -> "AsyncPipeline":
+    def pipeline(self) -> AsyncPipeline:
         return AsyncPipeline(self)
 
 
@@ -502,12 +535,12 @@ class AsyncPipeline(PipelineRequests):
 
     _client: AsyncClient
 
-    async def execute(self, *, timeout: Any = DEFAULT, return_exceptions: bool = False) -> List[Any]:
+    async def execute(self, *, timeout: TimeoutArg = DEFAULT, return_exceptions: bool = False) -> list[Any]:
         reqs, self._reqs = self._reqs, []
         self.results = await self._client._many(reqs, timeout, return_exceptions)
         return self.results
 
-    async def __aenter__(self) -> "AsyncPipeline":
+    async def __aenter__(self) -> AsyncPipeline:
         return self
 
     async def __aexit__(self, exc_type: Any, *exc: Any) -> None:
@@ -518,16 +551,19 @@ class AsyncPipeline(PipelineRequests):
 class AsyncPool:
     """Up to ``size`` :class:`AsyncClient` connections; each call goes to the least
     loaded one (window slots held: a SEARCH_BATCH of n rows counts n), and a new
-    connection is opened (up to ``size``) when every open one is busy. Broken connections are dropped. Keyword arguments are
+    connection is opened (up to ``size``) when every open one is busy. Broken connections
+    are dropped. Keyword arguments are
     :meth:`AsyncClient.connect`'s."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 7700, *, size: int = 4, **client_options: Any) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 7700, *, size: int = 4, **client_options: Unpack[ClientOptions]
+    ) -> None:
         _check_size(size)
         self.address = (host, port)
         self.size = size
         self._options = client_options
-        self._clients: List[AsyncClient] = []
-        self._lock: Optional[asyncio.Lock] = None
+        self._clients: list[AsyncClient] = []
+        self._lock: asyncio.Lock | None = None
         self._closed = False
 
     async def acquire(self) -> AsyncClient:
@@ -566,7 +602,7 @@ class AsyncPool:
             for c in clients:
                 await c.close()
 
-    async def __aenter__(self) -> "AsyncPool":
+    async def __aenter__(self) -> AsyncPool:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -575,7 +611,7 @@ class AsyncPool:
     async def info(self) -> ServerInfo:
         return (await self.acquire()).info
 
-    async def ping(self, payload: bytes = b"", **kw: Any) -> float:
+    async def ping(self, payload: BytesLike = b"", **kw: Any) -> float:
         return await (await self.acquire()).ping(payload, **kw)
 
     async def search(self, vector: VectorLike, k: int = 10, **kw: Any) -> SearchResult:
@@ -596,7 +632,9 @@ class AsyncPool:
     async def delete_with_position(self, id: int, **kw: Any) -> Deleted:
         return await (await self.acquire()).delete_with_position(id, **kw)
 
-    async def fill(self, query: VectorLike, k: int, ids: VectorLike, distances: VectorLike, vectors: VectorLike, **kw: Any) -> bool:
+    async def fill(
+        self, query: VectorLike, k: int, ids: VectorLike, distances: VectorLike, vectors: VectorLike, **kw: Any
+    ) -> bool:
         return await (await self.acquire()).fill(query, k, ids, distances, vectors, **kw)
 
     async def search_aside(self, vector: VectorLike, k: int, backend: Backend, **kw: Any) -> SearchResult:
@@ -605,6 +643,6 @@ class AsyncPool:
     async def flush(self, **kw: Any) -> None:
         await (await self.acquire()).flush(**kw)
 
-    async def stats(self, **kw: Any) -> Dict[str, Union[int, float, str]]:
+    async def stats(self, **kw: Any) -> dict[str, int | float | str]:
         return await (await self.acquire()).stats(**kw)
 

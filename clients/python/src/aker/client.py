@@ -11,6 +11,7 @@ read.
 
 from __future__ import annotations
 
+import enum
 import numbers
 import os
 import selectors
@@ -18,14 +19,16 @@ import socket
 import ssl as _ssl
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
 from ._auth import load_secret
-from ._pipeline import PipelineRequests
 from ._codec import (
+    BytesLike,
     Codec,
     Frame,
     Handshake,
@@ -41,6 +44,7 @@ from ._codec import (
     handshake,
     take_frame,
 )
+from ._pipeline import PipelineRequests
 from ._protocol import VERSIONS, BatchResult, ClusterState, Deleted, HitKind, Metric, SearchResult, ServerInfo
 from .errors import (
     AkerConnectionError,
@@ -53,57 +57,89 @@ from .errors import (
     TLSError,
 )
 
-__all__ = ["Client", "Pipeline", "Pool", "Backend", "DEFAULT"]
+if TYPE_CHECKING:
+    # **kwargs typed by a TypedDict (PEP 692); for type checkers only (never imported).
+    from typing_extensions import Unpack
 
-SecretLike = Union[bytes, bytearray, str, None]
-PathLike = Union[str, "os.PathLike[str]", None]
+__all__ = ["Client", "ClientOptions", "Pipeline", "Pool", "Backend", "DEFAULT", "TimeoutArg"]
+
+#: ``secret=``: bytes, or a str (as UTF-8).
+SecretLike: TypeAlias = bytes | bytearray | str | None
+#: ``secret_file=``: a path.
+PathLike: TypeAlias = str | os.PathLike[str] | None
 #: ``backend(query, n) -> (ids, distances, vectors)``: a cache-aside client's own search
-#: of its database for the ``n`` nearest rows, ascending by distance.
-Backend = Callable[[np.ndarray, int], Tuple[Any, Any, Any]]
+#: of its database for the ``n`` nearest rows, ascending by distance (the query is the
+#: checked float32 vector; the three results anything :func:`numpy.asarray` takes).
+Backend: TypeAlias = Callable[[npt.NDArray[np.float32], int], tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike]]
 
 
-def _check_window(window: Optional[int]) -> None:
+def _check_window(window: int | None) -> None:
     if window is None:
         return
     if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
-        raise InvalidRequest("window must be an integer of at least 1, not %r" % (window,), local=True)
+        raise InvalidRequest(f"window must be an integer of at least 1, not {window!r}", local=True)
 
 
 def _check_size(size: int) -> None:
     if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
-        raise InvalidRequest("size must be an integer of at least 1, not %r" % (size,), local=True)
+        raise InvalidRequest(f"size must be an integer of at least 1, not {size!r}", local=True)
 
 
-class _Default:
+class _Default(enum.Enum):
+    """The type of :data:`DEFAULT` (an enum of one member: a type checker narrows
+    ``timeout is DEFAULT``)."""
+
+    DEFAULT = "DEFAULT"
+
     def __repr__(self) -> str:
         return "DEFAULT"
 
 
 #: The ``timeout`` of a call when it is not given: the client's ``timeout``.
-DEFAULT: Any = _Default()
+DEFAULT: Final = _Default.DEFAULT
+#: A call's ``timeout=``: seconds, ``None`` (wait for ever) or :data:`DEFAULT` (the
+#: client's ``timeout``).
+TimeoutArg: TypeAlias = float | None | _Default
+
+
+class ClientOptions(TypedDict, total=False):
+    """The keyword arguments of :class:`Client` (and :meth:`AsyncClient.connect
+    <aker.AsyncClient.connect>`), which :class:`Pool`, :class:`~aker.AsyncPool` and
+    :class:`~aker.Cluster` pass on to every connection they open."""
+
+    secret: SecretLike
+    secret_file: PathLike
+    connect_timeout: float | None
+    timeout: float | None
+    window: int | None
+    expect_dim: int | None
+    expect_metric: Metric | None
+    max_reply_bytes: int
+    ssl: _ssl.SSLContext | None
+    server_hostname: str | None
 
 _READ = 256 * 1024
 
 
 def _tls_handshake(
-    sock: socket.socket, ctx: _ssl.SSLContext, server_hostname: str, address: Tuple[str, int]
+    sock: socket.socket, ctx: _ssl.SSLContext, server_hostname: str, address: tuple[str, int]
 ) -> socket.socket:
     """TLS over a connected socket (still blocking, with the connect timeout)."""
+    host, port = address
     try:
         return ctx.wrap_socket(sock, server_hostname=server_hostname)
-    except socket.timeout:
+    except TimeoutError:
         sock.close()
-        raise Timeout("TLS handshake with %s:%d timed out" % address) from None
+        raise Timeout(f"TLS handshake with {host}:{port} timed out") from None
     except _ssl.SSLError as e:
         sock.close()
-        raise TLSError("TLS handshake with %s:%d failed: %s" % (address + (e,))) from e
+        raise TLSError(f"TLS handshake with {host}:{port} failed: {e}") from e
     except OSError as e:
         sock.close()
         # Closed without a TLS alert: an akerd over connections_max closes TLS clients
         # without a frame, a server without TLS may too: not a certificate problem.
         raise AkerConnectionError(
-            "%s:%d closed the connection during the TLS handshake (overloaded, or not TLS on that port): %s"
-            % (address + (e,))
+            f"{host}:{port} closed the connection during the TLS handshake (overloaded, or not TLS on that port): {e}"
         ) from e
 
 
@@ -140,14 +176,14 @@ class Client:
         *,
         secret: SecretLike = None,
         secret_file: PathLike = None,
-        connect_timeout: Optional[float] = 5.0,
-        timeout: Optional[float] = 10.0,
-        window: Optional[int] = None,
-        expect_dim: Optional[int] = None,
-        expect_metric: Optional[Metric] = None,
+        connect_timeout: float | None = 5.0,
+        timeout: float | None = 10.0,
+        window: int | None = None,
+        expect_dim: int | None = None,
+        expect_metric: Metric | None = None,
         max_reply_bytes: int = 64 << 20,
-        ssl: Optional[_ssl.SSLContext] = None,
-        server_hostname: Optional[str] = None,
+        ssl: _ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
     ) -> None:
         self._secret = load_secret(secret, secret_file)
         self._tls = ssl is not None
@@ -158,7 +194,7 @@ class Client:
         _check_window(window)
         if expect_metric is not None:
             check_metric(expect_metric)
-        self.address: Tuple[str, int] = (host, int(port))
+        self.address: tuple[str, int] = (host, int(port))
         self.timeout = timeout
         self._max_reply = int(max_reply_bytes)
         self._lock = threading.RLock()
@@ -166,11 +202,11 @@ class Client:
         self._wbuf = bytearray()
         self._next_id = 1
         #: Requests that timed out or were given up, not yet answered: id -> window slots.
-        self._abandoned: Dict[int, int] = {}
+        self._abandoned: dict[int, int] = {}
         #: Window slots (``Req.slots``) of the requests sent and not answered yet.
         self._counted_out = 0
-        self._dead: Optional[AkerError] = None
-        self._write_error: Optional[OSError] = None
+        self._dead: AkerError | None = None
+        self._write_error: OSError | None = None
         self._version = VERSIONS[0]
         self._window = 1
         self._sock = self._connect(connect_timeout, ssl, server_hostname or host)
@@ -194,14 +230,15 @@ class Client:
     # ------------------------------------------------------------------ plumbing
 
     def _connect(
-        self, connect_timeout: Optional[float], ctx: Optional[_ssl.SSLContext], server_hostname: str
+        self, connect_timeout: float | None, ctx: _ssl.SSLContext | None, server_hostname: str
     ) -> socket.socket:
+        host, port = self.address
         try:
             sock = socket.create_connection(self.address, timeout=connect_timeout)
-        except socket.timeout:
-            raise Timeout("connecting to %s:%d timed out after %s s" % (self.address + (connect_timeout,))) from None
+        except TimeoutError:
+            raise Timeout(f"connecting to {host}:{port} timed out after {connect_timeout} s") from None
         except OSError as e:
-            raise AkerConnectionError("cannot connect to %s:%d: %s" % (self.address + (e,))) from e
+            raise AkerConnectionError(f"cannot connect to {host}:{port}: {e}") from e
         if ctx is not None:
             sock = _tls_handshake(sock, ctx, server_hostname, self.address)
         sock.setblocking(False)
@@ -211,7 +248,7 @@ class Client:
             pass
         return sock
 
-    def _handshake(self, steps: Handshake, timeout: Optional[float]) -> ServerInfo:
+    def _handshake(self, steps: Handshake, timeout: float | None) -> ServerInfo:
         deadline = None if timeout is None else time.monotonic() + timeout
         req = next(steps)
         while True:
@@ -221,7 +258,7 @@ class Client:
                 frame = self._read_frame(deadline)
                 if frame.request_id == rid or frame.connection_level:
                     break
-                err = ProtocolError("reply to request %d during the handshake" % frame.request_id)
+                err = ProtocolError(f"reply to request {frame.request_id} during the handshake")
                 self._kill(err)
                 raise err
             if closes_connection(frame, req.opcode):
@@ -251,9 +288,9 @@ class Client:
 
     def _check(self) -> None:
         if self._dead is not None:
-            raise ConnectionClosed("the connection is closed: %s" % self._dead)
+            raise ConnectionClosed(f"the connection is closed: {self._dead}")
 
-    def _pump(self, deadline: Optional[float]) -> None:
+    def _pump(self, deadline: float | None) -> None:
         """Writes what is queued and reads what has come, until something was read."""
         self._check()
         writable = self._wbuf and self._write_error is None and not self._send_needs_read
@@ -263,7 +300,7 @@ class Client:
                 self._sel.modify(self._sock, want)
             except (OSError, ValueError, KeyError) as e:
                 self._kill(ConnectionClosed("the connection is closed"))
-                raise ConnectionClosed("the connection is closed: %s" % self._dead) from e
+                raise ConnectionClosed(f"the connection is closed: {self._dead}") from e
             self._events = want
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
@@ -272,7 +309,7 @@ class Client:
             ready = self._sel.select(left)
         except (OSError, ValueError) as e:  # the selector was closed by close() elsewhere
             self._kill(ConnectionClosed("the connection is closed"))
-            raise ConnectionClosed("the connection is closed: %s" % self._dead) from e
+            raise ConnectionClosed(f"the connection is closed: {self._dead}") from e
         if not ready:
             raise Timeout("no reply within the timeout")
         for _key, ev in ready:
@@ -308,21 +345,21 @@ class Client:
                 except OSError as e:
                     if self._dead is not None:  # close() from another thread
                         self._kill(self._dead)
-                        raise ConnectionClosed("the connection is closed: %s" % self._dead) from e
-                    self._kill(ConnectionClosed("connection lost: %s" % e))
-                    raise ConnectionClosed("connection lost: %s" % e) from e
+                        raise ConnectionClosed(f"the connection is closed: {self._dead}") from e
+                    self._kill(ConnectionClosed(f"connection lost: {e}"))
+                    raise ConnectionClosed(f"connection lost: {e}") from e
                 if not data:
                     if self._dead is not None:  # close() from another thread
                         self._kill(self._dead)
-                        raise ConnectionClosed("the connection is closed: %s" % self._dead)
+                        raise ConnectionClosed(f"the connection is closed: {self._dead}")
                     why = "the server closed the connection"
                     if self._write_error is not None:
-                        why += " (writing failed: %s)" % self._write_error
+                        why += f" (writing failed: {self._write_error})"
                     self._kill(ConnectionClosed(why))
                     raise ConnectionClosed(why)
                 self._rbuf += data
 
-    def _read_frame(self, deadline: Optional[float]) -> Frame:
+    def _read_frame(self, deadline: float | None) -> Frame:
         while True:
             try:
                 frame = take_frame(self._rbuf, self._max_reply)
@@ -338,14 +375,14 @@ class Client:
         which search_batch never makes, would go alone rather than wait forever)."""
         return self._counted_out + req.slots <= max(self._window, req.slots)
 
-    def _exchange(self, reqs: List[Req], timeout: Any = DEFAULT, return_exceptions: bool = False) -> List[Any]:
+    def _exchange(self, reqs: list[Req], timeout: TimeoutArg = DEFAULT, return_exceptions: bool = False) -> list[Any]:
         """Sends ``reqs`` (at most the window's slots in flight) and returns their results in order."""
-        t: Optional[float] = self.timeout if timeout is DEFAULT else timeout
+        t: float | None = self.timeout if timeout is DEFAULT else timeout
         n = len(reqs)
-        results: List[Any] = [None] * n
+        results: list[Any] = [None] * n
         with self._lock:
             self._check()
-            own: Dict[int, Tuple[int, float]] = {}
+            own: dict[int, tuple[int, float]] = {}
             sent = 0
             left = n
             waiting_since = time.monotonic()
@@ -370,8 +407,8 @@ class Client:
                             self._kill(ConnectionClosed(
                                 "the window is full of requests the server never answered"))
                             raise Timeout(
-                                "no window slot within %s s: the window is full of unanswered "
-                                "requests; the connection was closed" % t) from None
+                                f"no window slot within {t} s: the window is full of unanswered "
+                                "requests; the connection was closed") from None
                         raise
                     rid = frame.request_id
                     if frame.connection_level:
@@ -385,7 +422,8 @@ class Client:
                         left -= 1
                         waiting_since = time.monotonic()
                         if closes_connection(frame, req.opcode):
-                            self._kill(ConnectionClosed("the server closed the connection after status %d" % frame.status))
+                            why = f"the server closed the connection after status {frame.status}"
+                            self._kill(ConnectionClosed(why))
                         try:
                             results[idx] = req.result(frame)
                         except StatusError as e:
@@ -396,7 +434,7 @@ class Client:
                         self._counted_out -= self._abandoned.pop(rid)
                         waiting_since = time.monotonic()
                     else:
-                        err2 = ProtocolError("reply for request %d, which is not in flight" % rid)
+                        err2 = ProtocolError(f"reply for request {rid}, which is not in flight")
                         self._kill(err2)
                         raise err2
             except BaseException:
@@ -406,7 +444,7 @@ class Client:
                 raise
         return results
 
-    def _one(self, req: Req, timeout: Any) -> Any:
+    def _one(self, req: Req, timeout: TimeoutArg) -> Any:
         return self._exchange([req], timeout)[0]
 
     # ------------------------------------------------------------------ public
@@ -463,17 +501,18 @@ class Client:
             return False
         return False  # b"" (EOF) or unread bytes
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else "v%d" % self._version
-        return "<aker.Client %s:%d %s>" % (self.address + (state,))
+        state = "closed" if self.closed else f"v{self._version}"
+        host, port = self.address
+        return f"<aker.Client {host}:{port} {state}>"
 
-    def ping(self, payload: bytes = b"", *, timeout: Any = DEFAULT) -> float:
+    def ping(self, payload: BytesLike = b"", *, timeout: TimeoutArg = DEFAULT) -> float:
         """PING; returns the round trip in seconds."""
         t0 = time.perf_counter()
         self._one(self._codec.ping(payload), timeout)
@@ -486,10 +525,10 @@ class Client:
         *,
         bypass_cache: bool = False,
         refresh_entry: bool = False,
-        deadline: Optional[float] = None,
+        deadline: float | None = None,
         collection: int = 0,
-        at_position: Optional[int] = None,
-        timeout: Any = DEFAULT,
+        at_position: int | None = None,
+        timeout: TimeoutArg = DEFAULT,
     ) -> SearchResult:
         """The ``k`` nearest neighbours of ``vector``.
 
@@ -524,11 +563,11 @@ class Client:
         *,
         bypass_cache: bool = False,
         refresh_entry: bool = False,
-        deadline: Optional[float] = None,
+        deadline: float | None = None,
         collection: int = 0,
-        at_position: Optional[int] = None,
+        at_position: int | None = None,
         errors: str = "raise",
-        timeout: Any = DEFAULT,
+        timeout: TimeoutArg = DEFAULT,
     ) -> BatchResult:
         """The ``k`` nearest neighbours of each row of ``matrix`` ``(n, dim)``, in row order
         (``ids`` / ``distances`` of shape ``(n, k)``); the flags and ``at_position`` as
@@ -570,7 +609,7 @@ class Client:
         payload: Payload = None,
         *,
         collection: int = 0,
-        timeout: Any = DEFAULT,
+        timeout: TimeoutArg = DEFAULT,
     ) -> None:
         """Inserts or replaces ``id``; returns once the backend committed it."""
         self._one(self._codec.insert(id, vector, payload, collection), timeout)
@@ -582,7 +621,7 @@ class Client:
         payload: Payload = None,
         *,
         collection: int = 0,
-        timeout: Any = DEFAULT,
+        timeout: TimeoutArg = DEFAULT,
     ) -> int:
         """As :meth:`insert`; returns the write's **position** (protocol version 5), for
         :meth:`search`'s ``at_position``: with pgvector the WAL position after its COMMIT;
@@ -591,12 +630,12 @@ class Client:
         position: int = self._one(self._codec.insert(id, vector, payload, collection, with_position=True), timeout)
         return position
 
-    def delete(self, id: int, *, collection: int = 0, timeout: Any = DEFAULT) -> bool:
+    def delete(self, id: int, *, collection: int = 0, timeout: TimeoutArg = DEFAULT) -> bool:
         """Deletes ``id``; whether it was present. A deleted id is never served again."""
         existed: bool = self._one(self._codec.delete(id, collection), timeout)
         return existed
 
-    def delete_with_position(self, id: int, *, collection: int = 0, timeout: Any = DEFAULT) -> Deleted:
+    def delete_with_position(self, id: int, *, collection: int = 0, timeout: TimeoutArg = DEFAULT) -> Deleted:
         """As :meth:`delete`: a :class:`~aker.Deleted`, ``existed`` and the write's
         ``position`` (as :meth:`insert_with_position`'s); a search at that position never
         serves the id."""
@@ -611,9 +650,9 @@ class Client:
         distances: VectorLike,
         vectors: VectorLike,
         *,
-        token: Optional[int] = None,
+        token: int | None = None,
         collection: int = 0,
-        timeout: Any = DEFAULT,
+        timeout: TimeoutArg = DEFAULT,
     ) -> bool:
         """Cache-aside: hands the cache the backend's answer after a MISS — ``k + Δ``
         candidates (``info.delta``), ascending by distance, with their vectors ``(m, dim)``
@@ -622,7 +661,9 @@ class Client:
         admitted: bool = self._one(req, timeout)
         return admitted
 
-    def search_aside(self, vector: VectorLike, k: int, backend: Backend, *, timeout: Any = DEFAULT) -> SearchResult:
+    def search_aside(
+        self, vector: VectorLike, k: int, backend: Backend, *, timeout: TimeoutArg = DEFAULT
+    ) -> SearchResult:
         """Cache-aside search: SEARCH; on a MISS without neighbours, ``backend(query,
         k + Δ)`` answers, the answer is FILLed with the MISS's token, and its first k are
         returned (kind MISS)."""
@@ -634,16 +675,16 @@ class Client:
         self.fill(q, k, ids, dist, vecs, token=r.token, timeout=timeout)
         return _aside_result(ids, dist, k, r.token)
 
-    def flush(self, *, timeout: Any = DEFAULT) -> None:
+    def flush(self, *, timeout: TimeoutArg = DEFAULT) -> None:
         """Drops every cache entry (the backend is untouched)."""
         self._one(self._codec.flush(), timeout)
 
-    def stats(self, *, timeout: Any = DEFAULT) -> Dict[str, Union[int, float, str]]:
+    def stats(self, *, timeout: TimeoutArg = DEFAULT) -> dict[str, int | float | str]:
         """The server's counters, ``name -> value`` (numbers parsed)."""
-        stats: Dict[str, Union[int, float, str]] = self._one(self._codec.stats(), timeout)
+        stats: dict[str, int | float | str] = self._one(self._codec.stats(), timeout)
         return stats
 
-    def cluster(self, *, timeout: Any = DEFAULT) -> ClusterState:
+    def cluster(self, *, timeout: TimeoutArg = DEFAULT) -> ClusterState:
         """CLUSTER (protocol version 6): the routing state of the cluster this node is in,
         a :class:`~aker.ClusterState` (:class:`aker.Cluster` routes by it). A node in no
         cluster answers :class:`~aker.Unsupported`; below version 6 the client raises it
@@ -651,12 +692,12 @@ class Client:
         state: ClusterState = self._one(self._codec.cluster(), timeout)
         return state
 
-    def pipeline(self) -> "Pipeline":
+    def pipeline(self) -> Pipeline:
         """Requests queued, then sent together (many in flight): see :class:`Pipeline`."""
         return Pipeline(self)
 
 
-def _aside_result(ids: Any, dist: Any, k: int, token: Optional[int]) -> SearchResult:
+def _aside_result(ids: npt.ArrayLike, dist: npt.ArrayLike, k: int, token: int | None) -> SearchResult:
     i = np.asarray(ids).reshape(-1)[:k].astype(np.uint64)
     d = np.asarray(dist).reshape(-1)[:k].astype(np.float32)
     return SearchResult(ids=i, distances=d, kind=HitKind.MISS, distances_to_query=True, token=token)
@@ -683,14 +724,14 @@ class Pipeline(PipelineRequests):
 
     _client: Client
 
-    def execute(self, *, timeout: Any = DEFAULT, return_exceptions: bool = False) -> List[Any]:
+    def execute(self, *, timeout: TimeoutArg = DEFAULT, return_exceptions: bool = False) -> list[Any]:
         reqs, self._reqs = self._reqs, []
         out = self._client._exchange(reqs, timeout, return_exceptions)
         # PING results are the echoed payload here (no round trip measured).
         self.results = out
         return out
 
-    def __enter__(self) -> "Pipeline":
+    def __enter__(self) -> Pipeline:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
@@ -713,19 +754,19 @@ class Pool:
         port: int = 7700,
         *,
         size: int = 4,
-        acquire_timeout: Optional[float] = 10.0,
-        **client_options: Any,
+        acquire_timeout: float | None = 10.0,
+        **client_options: Unpack[ClientOptions],
     ) -> None:
         _check_size(size)
         self.address = (host, port)
         self.size = size
         self.acquire_timeout = acquire_timeout
         self._options = client_options
-        self._idle: List[Client] = []
+        self._idle: list[Client] = []
         self._count = 0
         self._closed = False
         self._cond = threading.Condition()
-        self._info: Optional[ServerInfo] = None
+        self._info: ServerInfo | None = None
 
     @property
     def info(self) -> ServerInfo:
@@ -753,7 +794,7 @@ class Pool:
                     break
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise Timeout("no pooled connection free within %s s" % self.acquire_timeout)
+                    raise Timeout(f"no pooled connection free within {self.acquire_timeout} s")
                 self._cond.wait(left)
         try:
             c = Client(self.address[0], self.address[1], **self._options)
@@ -791,13 +832,13 @@ class Pool:
             self._idle.clear()
             self._cond.notify_all()
 
-    def __enter__(self) -> "Pool":
+    def __enter__(self) -> Pool:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def ping(self, payload: bytes = b"", **kw: Any) -> float:
+    def ping(self, payload: BytesLike = b"", **kw: Any) -> float:
         with self.connection() as c:
             return c.ping(payload, **kw)
 
@@ -825,7 +866,9 @@ class Pool:
         with self.connection() as c:
             return c.delete_with_position(id, **kw)
 
-    def fill(self, query: VectorLike, k: int, ids: VectorLike, distances: VectorLike, vectors: VectorLike, **kw: Any) -> bool:
+    def fill(
+        self, query: VectorLike, k: int, ids: VectorLike, distances: VectorLike, vectors: VectorLike, **kw: Any
+    ) -> bool:
         with self.connection() as c:
             return c.fill(query, k, ids, distances, vectors, **kw)
 
@@ -837,6 +880,6 @@ class Pool:
         with self.connection() as c:
             c.flush(**kw)
 
-    def stats(self, **kw: Any) -> Dict[str, Union[int, float, str]]:
+    def stats(self, **kw: Any) -> dict[str, int | float | str]:
         with self.connection() as c:
             return c.stats(**kw)

@@ -30,10 +30,12 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from ._codec import (
     Payload,
@@ -45,7 +47,7 @@ from ._codec import (
     check_errors,
 )
 from ._protocol import BatchResult, ClusterState, Deleted, HitKind, Metric, SearchResult, Status
-from .client import DEFAULT, Client
+from .client import DEFAULT, Client, ClientOptions, TimeoutArg
 from .errors import (
     AkerConnectionError,
     AkerError,
@@ -58,6 +60,10 @@ from .errors import (
     WriteInDoubt,
     error_for_status,
 )
+
+if TYPE_CHECKING:
+    # **kwargs typed by a TypedDict (PEP 692); for type checkers only (never imported).
+    from typing_extensions import Unpack
 
 __all__ = [
     "Cluster",
@@ -83,8 +89,9 @@ REFRESH_MIN_S = 0.1
 #: ``"random"``: to a live node chosen at random (a baseline: every node caches everything).
 ROUTINGS = ("centroid", "random")
 
-Address = Tuple[str, int]
-SeedLike = Union[str, Tuple[str, int]]
+Address: TypeAlias = tuple[str, int]
+#: A seed: ``"host:port"`` or ``(host, port)``.
+SeedLike: TypeAlias = str | tuple[str, int]
 T = TypeVar("T")
 
 # ---------------------------------------------------------------------------- routing
@@ -103,7 +110,9 @@ def rendezvous_score(node_id: int, centroid: int) -> int:
     return mix64((node_id & U64_MASK) ^ mix64(centroid & 0xFFFF_FFFF))
 
 
-def _distances(centroids: np.ndarray, queries: np.ndarray, metric: Metric) -> np.ndarray:
+def _distances(
+    centroids: npt.NDArray[np.float32], queries: npt.NDArray[np.float32], metric: Metric
+) -> npt.NDArray[np.float32]:
     """``(m, n)`` float32 distances from each query to each centroid by the routing metric
     (PROTOCOL.md: squared L2 for ``l2sq``, ``1 - cos`` for ``cosine`` and ``ip``), summed
     in float64 as akerd's scalar reference does; NaN counted as ``+inf`` (never nearest)."""
@@ -131,13 +140,13 @@ def _distances(centroids: np.ndarray, queries: np.ndarray, metric: Metric) -> np
     return out
 
 
-def nearest_centroids(state: ClusterState, matrix: VectorLike) -> np.ndarray:
+def nearest_centroids(state: ClusterState, matrix: VectorLike) -> npt.NDArray[np.int64]:
     """Each row's nearest centroid (int64, shape ``(m,)``), as :func:`nearest_centroid`."""
     mat = as_matrix(matrix, state.dim)
     if state.n_centroids == 0:
         return np.zeros(mat.shape[0], dtype=np.int64)
     # argmin: the first of equal minima (ties to the lower index); all +inf: 0.
-    out: np.ndarray = np.argmin(_distances(state.centroids, mat, state.metric), axis=1).astype(np.int64)
+    out: npt.NDArray[np.int64] = np.argmin(_distances(state.centroids, mat, state.metric), axis=1).astype(np.int64)
     return out
 
 
@@ -149,16 +158,16 @@ def nearest_centroid(state: ClusterState, vector: VectorLike) -> int:
     return int(nearest_centroids(state, q[None, :])[0])
 
 
-def owner_order(state: ClusterState, centroid: int) -> List[int]:
+def owner_order(state: ClusterState, centroid: int) -> list[int]:
     """The nodes to send a query of ``centroid`` to, in order: its override's node when
     live, then the live nodes by descending rendezvous score (ties: the larger id), then
     the nodes not live by the same order (a lease can lapse while a node still answers)."""
 
-    def key(node_id: int) -> Tuple[int, int]:
+    def key(node_id: int) -> tuple[int, int]:
         return rendezvous_score(node_id, centroid), node_id
 
     live = sorted((n.node_id for n in state.nodes if n.live), key=key, reverse=True)
-    order: List[int] = []
+    order: list[int] = []
     for c, node in state.overrides:
         if c == centroid:
             if node in live:
@@ -171,7 +180,7 @@ def owner_order(state: ClusterState, centroid: int) -> List[int]:
     return order
 
 
-def owner(state: ClusterState, centroid: int) -> Optional[int]:
+def owner(state: ClusterState, centroid: int) -> int | None:
     """The owner of ``centroid`` (``None``: the state has no node at all)."""
     order = owner_order(state, centroid)
     return order[0] if order else None
@@ -185,7 +194,7 @@ class ClusterCounters:
     """What a :class:`Cluster` sent, retried and fetched again."""
 
     #: Requests sent, per node id (a retried request counts on each node tried).
-    requests: Dict[int, int] = field(default_factory=dict)
+    requests: dict[int, int] = field(default_factory=dict)
     #: Requests sent again to another node after a connection error.
     retries: int = 0
     #: CLUSTER fetches after the first.
@@ -199,10 +208,10 @@ def _seed(seed: SeedLike) -> Address:
         addr = parse_address(seed)
         if addr is not None:
             return addr
-    raise _local(InvalidRequest, "a seed must be 'host:port' or (host, port), not %r" % (seed,))
+    raise _local(InvalidRequest, f"a seed must be 'host:port' or (host, port), not {seed!r}")
 
 
-def parse_address(text: str) -> Optional[Address]:
+def parse_address(text: str) -> Address | None:
     """``"host:port"`` (or ``"[v6 address]:port"``) as ``(host, port)``; ``None`` when it
     is not one."""
     host, sep, port = text.rpartition(":")
@@ -269,24 +278,28 @@ class Cluster:
     """
 
     def __init__(
-        self, seeds: Union[SeedLike, Sequence[SeedLike]], *, routing: str = "centroid", **client_options: Any
+        self,
+        seeds: SeedLike | Sequence[SeedLike],
+        *,
+        routing: str = "centroid",
+        **client_options: Unpack[ClientOptions],
     ) -> None:
         # One seed: "host:port" or (host, port); else a sequence of them.
         one = isinstance(seeds, str) or (
             isinstance(seeds, tuple) and len(seeds) == 2 and isinstance(seeds[0], str) and isinstance(seeds[1], int)
         )
         seq: Sequence[Any] = [seeds] if one else seeds
-        self._seeds: List[Address] = [_seed(s) for s in seq]
+        self._seeds: list[Address] = [_seed(s) for s in seq]
         if not self._seeds:
             raise _local(InvalidRequest, "no seed address given")
         self._routing = self._check_routing(routing)
         self._options = client_options
         self._lock = threading.RLock()
-        self._conns: Dict[int, Client] = {}
+        self._conns: dict[int, Client] = {}
         #: Node -> the monotonic time until which it is avoided (it failed a connection).
-        self._suspect: Dict[int, float] = {}
+        self._suspect: dict[int, float] = {}
         #: Centroid -> its owner_order under the state held (emptied when it changes).
-        self._orders: Dict[int, Tuple[int, ...]] = {}
+        self._orders: dict[int, tuple[int, ...]] = {}
         self._position = 0
         self._rng = random.Random()
         self._closed = False
@@ -304,7 +317,7 @@ class Cluster:
     @staticmethod
     def _check_routing(routing: str) -> str:
         if routing not in ROUTINGS:
-            raise _local(InvalidRequest, 'routing must be "centroid" or "random", not %r' % (routing,))
+            raise _local(InvalidRequest, f'routing must be "centroid" or "random", not {routing!r}')
         return routing
 
     @property
@@ -335,7 +348,7 @@ class Cluster:
         return self._closed
 
     @property
-    def connections(self) -> Dict[int, Client]:
+    def connections(self) -> dict[int, Client]:
         """The open connections, per node id (a copy)."""
         return {n: c for n, c in self._conns.items() if not c.closed}
 
@@ -360,7 +373,7 @@ class Cluster:
         if c is not None:
             c.close()
 
-    def _open(self, node: int) -> Optional[Client]:
+    def _open(self, node: int) -> Client | None:
         """The open connection to ``node`` when it is usable; one the server closed while
         it was idle (``idle_timeout_ms``, a restart), or holding bytes nobody asked for,
         is closed and forgotten (``None``)."""
@@ -373,8 +386,8 @@ class Cluster:
         return c
 
     def _fetch(
-        self, candidates: Sequence[Tuple[Optional[int], Optional[Address]]]
-    ) -> Tuple[ClusterState, Optional[int], Optional[Client]]:
+        self, candidates: Sequence[tuple[int | None, Address | None]]
+    ) -> tuple[ClusterState, int | None, Client | None]:
         """CLUSTER from the first candidate that answers it: ``(node, None)`` asks over the
         open connection to ``node`` (skipped when there is none), ``(node, address)`` over
         a new connection. Returns the state, the node whose open connection answered
@@ -406,14 +419,14 @@ class Cluster:
                 fresh.close()
         raise last
 
-    def _refresh(self, first: Optional[int] = None) -> ClusterState:
+    def _refresh(self, first: int | None = None) -> ClusterState:
         """Fetches the state again: over the open connection to ``first`` (the node whose
         reply carried another routing version), then the other open connections to live
         nodes not avoided, then new connections to such nodes, then the seeds."""
         now = time.monotonic()
         usable = {n.node_id for n in self._state.nodes if n.live and not self._is_suspect(n.node_id, now)}
         open_now = [n for n in list(self._conns) if self._open(n) is not None]
-        candidates: List[Tuple[Optional[int], Optional[Address]]] = []
+        candidates: list[tuple[int | None, Address | None]] = []
         if first is not None and first in open_now:
             candidates.append((first, None))
         candidates.extend((n, None) for n in open_now if n in usable and n != first)
@@ -438,13 +451,13 @@ class Cluster:
             self._check()
             return self._refresh()
 
-    def _try_refresh(self, first: Optional[int] = None) -> None:
+    def _try_refresh(self, first: int | None = None) -> None:
         try:
             self._refresh(first)
         except AkerError:
             pass  # routing goes on with the state held; a later reply or failure tries again
 
-    def _note_routing(self, replies: Sequence[Tuple[int, int]]) -> None:
+    def _note_routing(self, replies: Sequence[tuple[int, int]]) -> None:
         """Replies ``(node, routing_version)``: a version other than the state's (not 0)
         fetches the state again, first from the node that sent it, at most every
         :attr:`refresh_min` seconds."""
@@ -457,14 +470,14 @@ class Cluster:
 
     # ------------------------------------------------------------------ routing
 
-    def _owner_order(self, centroid: int) -> Tuple[int, ...]:
+    def _owner_order(self, centroid: int) -> tuple[int, ...]:
         """:func:`owner_order` under the state held, computed once per centroid."""
         order = self._orders.get(centroid)
         if order is None:
             order = self._orders[centroid] = tuple(owner_order(self._state, centroid))
         return order
 
-    def _order(self, centroid: int, now: float) -> List[int]:
+    def _order(self, centroid: int, now: float) -> list[int]:
         order = list(self._owner_order(centroid))
         if self._routing == "random":
             n = min(max(1, len(self._state.live_nodes)), len(order))
@@ -473,7 +486,7 @@ class Cluster:
                 order[:n] = order[by:n] + order[:by]
         return self._suspects_last(order, now)
 
-    def _suspects_last(self, order: List[int], now: float) -> List[int]:
+    def _suspects_last(self, order: list[int], now: float) -> list[int]:
         if not self._suspect:
             return order
         late = [x for x in order if self._is_suspect(x, now)]
@@ -481,14 +494,14 @@ class Cluster:
             return order
         return [x for x in order if not self._is_suspect(x, now)] + late
 
-    def nodes_for(self, vector: VectorLike) -> List[int]:
+    def nodes_for(self, vector: VectorLike) -> list[int]:
         """The nodes a search of ``vector`` is tried on, in order: its centroid's
         :func:`owner_order` (``routing="random"``: a random live node first), the nodes
         that failed recently last."""
         with self._lock:
             return self._order(nearest_centroid(self._state, vector), time.monotonic())
 
-    def owner_of(self, vector: VectorLike) -> Optional[int]:
+    def owner_of(self, vector: VectorLike) -> int | None:
         """The owner of ``vector``'s nearest centroid by the state held (``None``: no node)."""
         with self._lock:
             order = self._owner_order(nearest_centroid(self._state, vector))
@@ -501,10 +514,10 @@ class Cluster:
             return c
         n = self._state.node(node)
         if n is None:
-            raise ProtocolError("node %016x is not in the cluster state" % node)
+            raise ProtocolError(f"node {node:016x} is not in the cluster state")
         addr = parse_address(n.advertise)
         if addr is None:
-            raise ProtocolError("node %016x's address %r is not host:port" % (node, n.advertise))
+            raise ProtocolError(f"node {node:016x}'s address {n.advertise!r} is not host:port")
         c = Client(addr[0], addr[1], **self._options)
         self._conns[node] = c
         return c
@@ -519,7 +532,7 @@ class Cluster:
         self._suspect[node] = now + self._state.lease_ms / 1000.0
         self._try_refresh()
 
-    def _on_nodes(self, order: Sequence[int], f: Callable[[Client], T], *, write: bool = False) -> Tuple[int, T]:
+    def _on_nodes(self, order: Sequence[int], f: Callable[[Client], T], *, write: bool = False) -> tuple[int, T]:
         """``f`` on the nodes of ``order`` until one answers (at most :data:`ATTEMPTS_MAX`):
         that node and ``f``'s result. A node the state (fetched again meanwhile) no longer
         names is skipped. A node whose connection fails is dropped, avoided for a lease,
@@ -556,15 +569,14 @@ class Cluster:
                 self._failed(node)
                 if write and not is_refusal(e):
                     raise WriteInDoubt(
-                        "the write's outcome is unknown: node %016x (%s) may have executed it "
-                        "(%s: %s); it was not sent to another node"
-                        % (node, known.advertise, type(e).__name__, e),
+                        f"the write's outcome is unknown: node {node:016x} ({known.advertise}) may have executed it "
+                        f"({type(e).__name__}: {e}); it was not sent to another node",
                         address=known.advertise,
                         node_id=node,
                     ) from e
         raise last
 
-    def _at(self, at_position: Optional[int]) -> Optional[int]:
+    def _at(self, at_position: int | None) -> int | None:
         if at_position is None and self._position:
             return self._position
         return at_position
@@ -578,10 +590,10 @@ class Cluster:
         *,
         bypass_cache: bool = False,
         refresh_entry: bool = False,
-        deadline: Optional[float] = None,
+        deadline: float | None = None,
         collection: int = 0,
-        at_position: Optional[int] = None,
-        timeout: Any = DEFAULT,
+        at_position: int | None = None,
+        timeout: TimeoutArg = DEFAULT,
     ) -> SearchResult:
         """As :meth:`aker.Client.search`, on the owner of ``vector``'s nearest centroid;
         ``at_position`` defaults to the newest write position this handle has seen."""
@@ -613,11 +625,11 @@ class Cluster:
         *,
         bypass_cache: bool = False,
         refresh_entry: bool = False,
-        deadline: Optional[float] = None,
+        deadline: float | None = None,
         collection: int = 0,
-        at_position: Optional[int] = None,
+        at_position: int | None = None,
         errors: str = "raise",
-        timeout: Any = DEFAULT,
+        timeout: TimeoutArg = DEFAULT,
     ) -> BatchResult:
         """As :meth:`aker.Client.search_batch`: the rows split by the owner of their
         nearest centroid, one ``search_batch`` per node (one after the other), the rows
@@ -635,8 +647,8 @@ class Cluster:
                 raise _local(BadK, "k = 0 (at least 1)")
             at = self._at(at_position)
             now = time.monotonic()
-            orders: Dict[int, List[int]] = {}
-            groups: Dict[Optional[int], Tuple[List[int], List[int]]] = {}
+            orders: dict[int, list[int]] = {}
+            groups: dict[int | None, tuple[list[int], list[int]]] = {}
             for i, c in enumerate(nearest_centroids(self._state, mat).tolist()):
                 if self._routing == "random":
                     order = self._order(c, now)
@@ -650,15 +662,14 @@ class Cluster:
             distances = np.full((n, kk), np.inf, dtype=np.float32)
             counts = np.zeros(n, dtype=np.int64)
             kinds = [HitKind.MISS] * n
-            tokens: List[Optional[int]] = [None] * n
+            tokens: list[int | None] = [None] * n
             dtq = [False] * n
             statuses = np.zeros(n, dtype=np.uint16)
-            versions: List[Tuple[int, int]] = []
-            for order, rows in groups.values():
-                sub = mat[rows]
-                node, b = self._on_nodes(
-                    order,
-                    lambda c: c.search_batch(
+            versions: list[tuple[int, int]] = []
+
+            def rows_of(sub: npt.NDArray[np.float32]) -> Callable[[Client], BatchResult]:
+                def call(c: Client) -> BatchResult:
+                    return c.search_batch(
                         sub,
                         kk,
                         bypass_cache=bypass_cache,
@@ -668,8 +679,12 @@ class Cluster:
                         at_position=at,
                         errors="return",
                         timeout=timeout,
-                    ),
-                )
+                    )
+
+                return call
+
+            for order, rows in groups.values():
+                node, b = self._on_nodes(order, rows_of(mat[rows]))
                 idx = np.asarray(rows, dtype=np.int64)
                 ids[idx] = b.ids
                 distances[idx] = b.distances
@@ -685,7 +700,7 @@ class Cluster:
                 bad = np.flatnonzero(statuses)
                 if bad.shape[0]:
                     row = int(bad[0])
-                    err = error_for_status(int(statuses[row]), "search_batch row %d" % row)
+                    err = error_for_status(int(statuses[row]), f"search_batch row {row}")
                     err.row = row
                     raise err
             return BatchResult(
@@ -700,7 +715,13 @@ class Cluster:
             )
 
     def insert_with_position(
-        self, id: int, vector: VectorLike, payload: Payload = None, *, collection: int = 0, timeout: Any = DEFAULT
+        self,
+        id: int,
+        vector: VectorLike,
+        payload: Payload = None,
+        *,
+        collection: int = 0,
+        timeout: TimeoutArg = DEFAULT,
     ) -> int:
         """As :meth:`aker.Client.insert_with_position`, on the owner of ``vector``'s
         centroid (any node would do); the position is carried into later searches.
@@ -721,12 +742,18 @@ class Cluster:
             return p
 
     def insert(
-        self, id: int, vector: VectorLike, payload: Payload = None, *, collection: int = 0, timeout: Any = DEFAULT
+        self,
+        id: int,
+        vector: VectorLike,
+        payload: Payload = None,
+        *,
+        collection: int = 0,
+        timeout: TimeoutArg = DEFAULT,
     ) -> None:
         """As :meth:`aker.Client.insert` (its position carried: :meth:`insert_with_position`)."""
         self.insert_with_position(id, vector, payload, collection=collection, timeout=timeout)
 
-    def delete_with_position(self, id: int, *, collection: int = 0, timeout: Any = DEFAULT) -> Deleted:
+    def delete_with_position(self, id: int, *, collection: int = 0, timeout: TimeoutArg = DEFAULT) -> Deleted:
         """As :meth:`aker.Client.delete_with_position`, on a live node chosen by the id;
         the position is carried into later searches. Retried as
         :meth:`insert_with_position` (else :class:`aker.WriteInDoubt`)."""
@@ -742,7 +769,7 @@ class Cluster:
             self._position = max(self._position, d.position)
             return d
 
-    def delete(self, id: int, *, collection: int = 0, timeout: Any = DEFAULT) -> bool:
+    def delete(self, id: int, *, collection: int = 0, timeout: TimeoutArg = DEFAULT) -> bool:
         """As :meth:`aker.Client.delete`; whether the id was present."""
         return self.delete_with_position(id, collection=collection, timeout=timeout).existed
 
@@ -756,7 +783,7 @@ class Cluster:
         for c in conns.values():
             c.close()
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -764,10 +791,8 @@ class Cluster:
 
     def __repr__(self) -> str:
         s = self._state
-        return "<aker.Cluster %r routing_version=%#x nodes=%d live=%d%s>" % (
-            s.name,
-            s.routing_version,
-            len(s.nodes),
-            len(s.live_nodes),
-            " closed" if self._closed else "",
+        closed = " closed" if self._closed else ""
+        return (
+            f"<aker.Cluster {s.name!r} routing_version={s.routing_version:#x} nodes={len(s.nodes)} "
+            f"live={len(s.live_nodes)}{closed}>"
         )

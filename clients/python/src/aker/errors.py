@@ -42,8 +42,6 @@ a frame over ``max_frame_bytes``), so a caller catches one class whichever end n
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Type
-
 from ._protocol import Status
 
 __all__ = [
@@ -105,13 +103,13 @@ class StatusError(AkerError):
     """
 
     #: The status this class stands for (``None`` on the base class).
-    STATUS: Optional[Status] = None
+    STATUS: Status | None = None
 
     def __init__(
         self,
         message: str = "",
         *,
-        code: Optional[int] = None,
+        code: int | None = None,
         request_id: int = 0,
         local: bool = False,
     ) -> None:
@@ -119,16 +117,16 @@ class StatusError(AkerError):
             code = int(self.STATUS) if self.STATUS is not None else -1
         self.code: int = code
         try:
-            self.status: Optional[Status] = Status(code)
+            self.status: Status | None = Status(code)
         except ValueError:
             self.status = None
         self.message: str = message
         self.request_id: int = request_id
         self.local: bool = local
-        self.row: Optional[int] = None
-        name = self.status.name if self.status is not None else "status %d" % code
+        self.row: int | None = None
+        name = self.status.name if self.status is not None else f"status {code}"
         where = "client check" if local else "server"
-        super().__init__("%s (%s): %s" % (name, where, message) if message else "%s (%s)" % (name, where))
+        super().__init__(f"{name} ({where}): {message}" if message else f"{name} ({where})")
 
 
 class NotFound(StatusError):
@@ -273,10 +271,10 @@ class WriteInDoubt(AkerConnectionError):
         node_id: the node's id.
     """
 
-    def __init__(self, message: str = "", *, address: str = "", node_id: Optional[int] = None) -> None:
+    def __init__(self, message: str = "", *, address: str = "", node_id: int | None = None) -> None:
         super().__init__(message)
         self.address: str = address
-        self.node_id: Optional[int] = node_id
+        self.node_id: int | None = node_id
 
 
 class TLSError(AkerConnectionError):
@@ -301,7 +299,7 @@ class IncompatibleServer(ProtocolError):
 
 
 #: Status code → exception class, for every non-OK status of PROTOCOL.md.
-STATUS_ERRORS: Dict[Status, Type[StatusError]] = {
+STATUS_ERRORS: dict[Status, type[StatusError]] = {
     cls.STATUS: cls
     for cls in (
         NotFound,
@@ -331,7 +329,7 @@ def error_for_status(
 ) -> StatusError:
     """The exception for status ``code`` (a :class:`StatusError` for an unknown code)."""
     try:
-        cls: Type[StatusError] = STATUS_ERRORS[Status(code)]
+        cls: type[StatusError] = STATUS_ERRORS[Status(code)]
     except (ValueError, KeyError):
         cls = StatusError
     return cls(message, code=code, request_id=request_id, local=local)
