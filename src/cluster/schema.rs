@@ -213,22 +213,7 @@ pub(crate) async fn join(
             }
         }
         None => {
-            tx.execute(
-                &format!(
-                    "INSERT INTO {} (cluster, version, fingerprint, metric, dim, centroids, \
-                     published_by) VALUES ($1, 1, $2, $3, $4, $5, $6)",
-                    t.routing()
-                ),
-                &[
-                    &j.name,
-                    &j.fingerprint,
-                    &j.metric.name(),
-                    &(j.dim as i32),
-                    &f32s_to_bytes(j.centroids),
-                    &(j.node_id as i64),
-                ],
-            )
-            .await?;
+            insert_version(&tx, t, j, 1).await?;
             Routing {
                 version: 1,
                 centroids: j.centroids.to_vec(),
@@ -239,6 +224,33 @@ pub(crate) async fn join(
     register(&tx, t, j).await?;
     tx.commit().await?;
     Ok(routing)
+}
+
+/// `j`'s centroids as the cluster's `version`.
+async fn insert_version(
+    tx: &tokio_postgres::Transaction<'_>,
+    t: &Tables,
+    j: &Joining<'_>,
+    version: i64,
+) -> Result<(), tokio_postgres::Error> {
+    tx.execute(
+        &format!(
+            "INSERT INTO {} (cluster, version, fingerprint, metric, dim, centroids, \
+             published_by) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            t.routing()
+        ),
+        &[
+            &j.name,
+            &version,
+            &j.fingerprint,
+            &j.metric.name(),
+            &(j.dim as i32),
+            &f32s_to_bytes(j.centroids),
+            &(j.node_id as i64),
+        ],
+    )
+    .await?;
+    Ok(())
 }
 
 /// This node's row with a fresh lease (a restart keeps its id, so its row).
@@ -301,23 +313,7 @@ pub(crate) async fn publish_retrain(
         )
         .await?;
     let version = r.get::<_, i64>(0) + 1;
-    tx.execute(
-        &format!(
-            "INSERT INTO {} (cluster, version, fingerprint, metric, dim, centroids, \
-             published_by) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            t.routing()
-        ),
-        &[
-            &j.name,
-            &version,
-            &j.fingerprint,
-            &j.metric.name(),
-            &(j.dim as i32),
-            &f32s_to_bytes(j.centroids),
-            &(j.node_id as i64),
-        ],
-    )
-    .await?;
+    insert_version(&tx, t, j, version).await?;
     tx.execute(
         &format!("DELETE FROM {} WHERE cluster = $1", t.balance()),
         &[&j.name],

@@ -1600,29 +1600,8 @@ fn batch_count_max_counts_the_position() {
 /// batch carries one after its count; older versions get neither.
 #[test]
 fn version_6_cluster_and_routing_version_round_trip() {
-    let state = ClusterReply {
-        name: "tier".into(),
-        routing_version: 0xABCD,
-        centroids_version: 2,
-        balance_epoch: 3,
-        self_id: 0x1122_3344_5566_7788,
-        lease_ms: 5000,
-        metric: Metric::Cosine,
-        dim: 2,
-        centroids: vec![1.0, 0.0, 0.0, 1.0],
-        nodes: vec![
-            ClusterNode {
-                node_id: 1,
-                live: true,
-                advertise: "10.0.0.1:7700".into(),
-            },
-            ClusterNode {
-                node_id: 2,
-                live: false,
-                advertise: "10.0.0.2:7700".into(),
-            },
-        ],
-        overrides: vec![(1, 2)],
+    let Reply::Cluster(state) = cluster_reply() else {
+        unreachable!("a CLUSTER reply")
     };
     let bytes = enc_reply(4, Reply::Cluster(state.clone()));
     let back = decode_reply(&bytes, 1 << 20).unwrap().unwrap();
