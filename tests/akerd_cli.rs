@@ -399,3 +399,34 @@ fn io_uring_refused_is_said_in_one_line() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_small_locked_memory_limit_is_said_in_one_line() {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(AKERD);
+    cmd.arg("--demo")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe; the child only lowers its own limit.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 64 << 10,
+                rlim_max: 64 << 10,
+            };
+            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let status = common::exit_within(&mut child, Duration::from_secs(20));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("locked-memory limit is 64 KiB") && err.contains("LimitMEMLOCK"),
+        "{err}"
+    );
+}

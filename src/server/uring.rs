@@ -5,7 +5,12 @@
 /// Oldest kernel glommio's executors run on (its io_uring probe needs 5.8).
 pub const KERNEL_MIN: (u32, u32) = (5, 8);
 
-/// `Ok` when a one-entry ring can be set up (and it is closed again); else what to do.
+/// The locked memory glommio's reactor insists on (it refuses a smaller soft
+/// RLIMIT_MEMLOCK before it opens a ring).
+pub const MEMLOCK_MIN_BYTES: u64 = 512 << 10;
+
+/// `Ok` when a one-entry ring can be set up (and it is closed again) and the locked-memory
+/// limit is what the executors need; else what to do.
 pub fn check_io_uring() -> Result<(), String> {
     if let Some((major, minor)) = kernel_version() {
         if (major, minor) < KERNEL_MIN {
@@ -25,6 +30,27 @@ pub fn check_io_uring() -> Result<(), String> {
     }
     // SAFETY: `fd` is the descriptor io_uring_setup just returned, owned here alone.
     unsafe { libc::close(fd as libc::c_int) };
+    check_memlock()
+}
+
+fn check_memlock() -> Result<(), String> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return Ok(());
+    }
+    if lim.rlim_cur != libc::RLIM_INFINITY && (lim.rlim_cur as u64) < MEMLOCK_MIN_BYTES {
+        return Err(format!(
+            "io_uring is needed (Linux 5.8 or later) and cannot be used: the locked-memory \
+             limit is {} KiB, the executors need {} KiB: raise RLIMIT_MEMLOCK (systemd: \
+             LimitMEMLOCK=infinity; a shell: ulimit -l unlimited; Docker: --ulimit memlock=-1)",
+            lim.rlim_cur / 1024,
+            MEMLOCK_MIN_BYTES / 1024
+        ));
+    }
     Ok(())
 }
 
