@@ -7,7 +7,7 @@ pub const KERNEL_MIN: (u32, u32) = (5, 8);
 
 /// The locked memory glommio's reactor insists on (it refuses a smaller soft
 /// RLIMIT_MEMLOCK before it opens a ring).
-pub const MEMLOCK_MIN_BYTES: u64 = 512 << 10;
+pub(crate) const MEMLOCK_MIN_BYTES: u64 = 512 << 10;
 
 /// `Ok` when a one-entry ring can be set up (and it is closed again) and the locked-memory
 /// limit is what the executors need; else what to do.
@@ -42,7 +42,7 @@ fn check_memlock() -> Result<(), String> {
     if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
         return Ok(());
     }
-    if lim.rlim_cur != libc::RLIM_INFINITY && (lim.rlim_cur as u64) < MEMLOCK_MIN_BYTES {
+    if lim.rlim_cur != libc::RLIM_INFINITY && lim.rlim_cur < MEMLOCK_MIN_BYTES {
         return Err(format!(
             "io_uring is needed (Linux 5.8 or later) and cannot be used: the locked-memory \
              limit is {} KiB, the executors need {} KiB: raise RLIMIT_MEMLOCK (systemd: \
