@@ -236,11 +236,6 @@ impl Router {
         &self.centroids
     }
 
-    /// Searches routed to each centroid since start (running totals).
-    pub fn centroid_loads(&self) -> Vec<u64> {
-        self.load.iter().map(Counter::get).collect()
-    }
-
     pub fn rebalances(&self) -> u64 {
         self.rebalances.load(Ordering::Relaxed)
     }

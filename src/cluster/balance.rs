@@ -5,7 +5,7 @@
 //! centroids to the least busy one while that lowers the busiest node's load; the moves
 //! are published as overrides (`centroid -> node`) with the routing state.
 
-use super::rendezvous_score;
+use super::rendezvous_rank;
 
 /// Stop once the busiest node is within this factor of the mean.
 const GOOD_ENOUGH: f64 = 1.10;
@@ -17,7 +17,7 @@ const LOAD_PER_CENTROID_MIN: f64 = 1.0;
 
 /// The rendezvous owner of `centroid` among `live` (sorted or not); `None` if empty.
 fn rendezvous_owner(live: &[u64], centroid: u32) -> Option<usize> {
-    (0..live.len()).max_by_key(|&i| (rendezvous_score(live[i], centroid), live[i]))
+    (0..live.len()).min_by_key(|&i| rendezvous_rank(live[i], centroid))
 }
 
 /// Each centroid's owner index into `live` under `overrides` (those naming a live node).

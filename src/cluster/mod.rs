@@ -59,17 +59,19 @@ pub fn rendezvous_score(node_id: u64, centroid: u32) -> u64 {
     mix64(node_id ^ mix64(centroid as u64))
 }
 
+/// How nodes rank for `centroid`, highest first: by rendezvous score, ties to the larger
+/// id. The one ordering routing (`owner_order`) and balancing (`balance.rs`) use.
+pub(crate) fn rendezvous_rank(node_id: u64, centroid: u32) -> std::cmp::Reverse<(u64, u64)> {
+    std::cmp::Reverse((rendezvous_score(node_id, centroid), node_id))
+}
+
 /// The nodes to send a query of `centroid` to, in order: its override when live, then
 /// live nodes by descending rendezvous score, then the nodes not live (a lease can lapse
 /// while the node still answers).
 pub fn owner_order(state: &ClusterReply, centroid: u32) -> Vec<u64> {
     let mut live: Vec<&ClusterNode> = state.nodes.iter().filter(|n| n.live).collect();
-    let by_score = |a: &&ClusterNode, b: &&ClusterNode| {
-        let sa = (rendezvous_score(a.node_id, centroid), a.node_id);
-        let sb = (rendezvous_score(b.node_id, centroid), b.node_id);
-        sb.cmp(&sa)
-    };
-    live.sort_by(by_score);
+    let by_rank = |n: &&ClusterNode| rendezvous_rank(n.node_id, centroid);
+    live.sort_by_key(by_rank);
     let mut order: Vec<u64> = Vec::with_capacity(state.nodes.len());
     if let Some(&(_, n)) = state.overrides.iter().find(|(c, _)| *c == centroid) {
         if live.iter().any(|l| l.node_id == n) {
@@ -82,7 +84,7 @@ pub fn owner_order(state: &ClusterReply, centroid: u32) -> Vec<u64> {
         }
     }
     let mut gone: Vec<&ClusterNode> = state.nodes.iter().filter(|n| !n.live).collect();
-    gone.sort_by(by_score);
+    gone.sort_by_key(by_rank);
     order.extend(gone.iter().map(|n| n.node_id));
     order
 }
