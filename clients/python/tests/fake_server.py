@@ -222,6 +222,12 @@ class FakeCluster:
         self.drop: set[int] = set()
         self.refuse: set[int] = set()
         self.removed: set[int] = set()
+        #: When set, a node holds each SEARCH / SEARCH_BATCH reply until as many nodes
+        #: hold one as the barrier has parties: a client that sends to one node after
+        #: another never gets past the first (that reply is not sent; ``held_broken``
+        #: counts them).
+        self.hold: threading.Barrier | None = None
+        self.held_broken = 0
         self.cluster_served: dict[int, int] = {i: 0 for i in self.ids}
         self.position = 1000
         self.cluster_requests = 0
@@ -294,6 +300,14 @@ class FakeCluster:
                         continue
                     if node_id in self.drop:
                         return
+                hold = self.hold
+                if hold is not None and op in (3, 0x0A):
+                    try:
+                        hold.wait(5.0)
+                    except threading.BrokenBarrierError:
+                        with self.lock:
+                            self.held_broken += 1
+                        continue
                 if op == 3:
                     c.send(version, op, rid, search_body([node_id], [0.5], hit=1, routing=routing))
                 elif op == 0x0A:

@@ -1,7 +1,7 @@
 """Version 6 against a real akerd in no cluster (the binary in $AKERD, which may predate
 version 6: the client then speaks 5): replies carry routing version 0, CLUSTER is
 UNSUPPORTED (from the server in version 6, from the client below), and aker.Cluster
-refuses such a seed."""
+and aker.AsyncCluster refuse such a seed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import aker
 
 from akerd_process import Akerd
-from conftest import exact, newest_version, queries
+from conftest import exact, newest_version, queries, run
 
 
 def test_a_node_in_no_cluster(client: aker.Client, akerd: Akerd, data: np.ndarray) -> None:
@@ -27,3 +27,5 @@ def test_a_node_in_no_cluster(client: aker.Client, akerd: Akerd, data: np.ndarra
     assert client.ping() >= 0  # the connection stays usable
     with pytest.raises(aker.Unsupported):
         aker.Cluster([f"{akerd.host}:{akerd.port}"], timeout=5.0)
+    with pytest.raises(aker.Unsupported):
+        run(aker.AsyncCluster.connect([f"{akerd.host}:{akerd.port}"], timeout=5.0))

@@ -196,6 +196,13 @@ def test_readme_cluster(tmp_path: Path) -> None:
     assert lines[1].endswith(" True") and lines[2].startswith("(100, 5) ClusterCounters(requests={")
 
 
+def test_readme_cluster_async(tmp_path: Path) -> None:
+    with FakeCluster(3) as fake:
+        seeds = ", ".join(f'"{s}"' for s in fake.seeds)
+        out = run_python("cluster-async", tmp_path, {'"10.0.0.1:7700", "10.0.0.2:7700"': seeds})
+    assert out.splitlines() == ["64 (64, 10) 0"]
+
+
 def test_readme_errors(akerd: Akerd, tmp_path: Path) -> None:
     assert run_python("errors", tmp_path, port(akerd)).splitlines() == [
         "DIM_MISMATCH 8 True",

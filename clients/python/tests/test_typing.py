@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from typing_extensions import assert_type
 
 
-def types_seen_by_mypy(c: aker.Client, a: aker.AsyncClient, cl: aker.Cluster) -> None:
+def types_seen_by_mypy(
+    c: aker.Client, a: aker.AsyncClient, cl: aker.Cluster, p: aker.Pool, ap: aker.AsyncPool, acl: aker.AsyncCluster
+) -> None:
     q = np.zeros(8, np.float32)
     r = c.search(q, 3)
     assert_type(r, aker.SearchResult)
@@ -52,14 +54,35 @@ def types_seen_by_mypy(c: aker.Client, a: aker.AsyncClient, cl: aker.Cluster) ->
     assert_type(c.cluster().centroids, npt.NDArray[np.float32])
     assert_type(aker.cluster.nearest_centroids(cl.state, q[None, :]), npt.NDArray[np.int64])
 
+    # A pool's calls take the connection's keyword arguments, typed (TypedDicts).
+    assert_type(p.search(q, 3, bypass_cache=True, at_position=5, timeout=1.0), aker.SearchResult)
+    assert_type(p.search_batch(q[None, :], 3, errors="return"), aker.BatchResult)
+    assert_type(p.delete_with_position(1, collection=2), aker.Deleted)
+    assert_type(p.fill(q, 3, [1], [0.5], q[None, :], token=7), bool)
+
     async def async_calls() -> None:
         assert_type(await a.search(q, 3), aker.SearchResult)
         assert_type(await a.search_batch(q[None, :], 3), aker.BatchResult)
+        assert_type(await ap.search(q, 3, deadline=0.5), aker.SearchResult)
+        assert_type(await ap.insert_with_position(1, q, collection=1), int)
+        await ap.search(q, 3, timout=1.0)  # type: ignore[call-arg]
+        await ap.flush(timeout="soon")  # type: ignore[arg-type]
+        acl2 = await aker.AsyncCluster.connect(["127.0.0.1:7700"], timeout=5.0)
+        assert_type(acl2, aker.AsyncCluster)
+        assert_type(await acl.search(q, 3, at_position=1), aker.SearchResult)
+        assert_type(await acl.search_batch(q[None, :], 3), aker.BatchResult)
+        assert_type(await acl.delete_with_position(1), aker.Deleted)
+        assert_type(acl.owner_of(q), int | None)
+        assert_type(acl.connections, dict[int, aker.AsyncClient])
+        await aker.AsyncCluster.connect(["127.0.0.1:7700"], secret=7)  # type: ignore[arg-type]
 
     # Wrong types: each ignore is needed (strict mypy fails on an unused one).
     c.ping("text")  # type: ignore[arg-type]
     c.search(q, 3, timeout="soon")  # type: ignore[arg-type]
     aker.Pool("127.0.0.1", 7700, timout=5.0)  # type: ignore[call-arg]
+    p.search(q, 3, bypass=True)  # type: ignore[call-arg]
+    p.insert(1, q, collection="main")  # type: ignore[arg-type]
+    p.stats(errors="return")  # type: ignore[call-arg]
     aker.AsyncPool("127.0.0.1", 7700, ssl=True)  # type: ignore[arg-type]
     aker.Cluster(["127.0.0.1:7700"], secret=7)  # type: ignore[arg-type]
     opts: aker.ClientOptions = {"timeout": 5.0, "ssl": ssl.create_default_context()}

@@ -12,7 +12,7 @@
 
 Sync: :class:`Client`, :class:`Pipeline`, :class:`Pool`. Async: :class:`AsyncClient`,
 :class:`AsyncPipeline`, :class:`AsyncPool`. A tier of nodes (protocol version 6):
-:class:`Cluster`, routing by :mod:`aker.cluster`. Errors: :mod:`aker.errors` (all are
+:class:`Cluster` and :class:`AsyncCluster`, routing by :mod:`aker.cluster`. Errors: :mod:`aker.errors` (all are
 :class:`AkerError`).
 """
 
@@ -36,7 +36,7 @@ from ._protocol import (
 )
 from .aio import AsyncClient, AsyncPipeline, AsyncPool
 from .client import DEFAULT, Client, ClientOptions, Pipeline, Pool
-from .cluster import Cluster, ClusterCounters
+from .cluster import AsyncCluster, Cluster, ClusterCounters
 from .errors import *  # noqa: F403 (every error class, listed once in errors.__all__)
 
 __version__ = "0.1.0"
@@ -51,6 +51,7 @@ __all__ = [
     "AsyncPipeline",
     "AsyncPool",
     "Cluster",
+    "AsyncCluster",
     "ClusterCounters",
     "ClusterState",
     "ClusterNode",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import select
 import ssl as _ssl
 import time
 from typing import TYPE_CHECKING, Any
@@ -47,10 +48,15 @@ from ._protocol import (
 from .client import (
     DEFAULT,
     Backend,
+    BatchOptions,
+    CallOptions,
     ClientOptions,
+    FillOptions,
     PathLike,
+    SearchOptions,
     SecretLike,
     TimeoutArg,
+    WriteOptions,
     _aside_result,
     _check_size,
     _check_window,
@@ -70,6 +76,15 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 __all__ = ["AsyncClient", "AsyncPipeline", "AsyncPool"]
+
+
+def _readable_now(fd: int) -> bool:
+    """Whether ``fd`` has something to read (an end of stream counts), without waiting."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
+    return bool(select.select([fd], [], [], 0)[0])
 
 
 class _Slots:
@@ -365,6 +380,22 @@ class AsyncClient:
     def closed(self) -> bool:
         return self._dead is not None
 
+    def _idle_usable(self) -> bool:
+        """For :class:`aker.AsyncCluster`, before it sends on a connection with nothing in
+        flight: False when it broke, or when its socket has something to read, which on
+        an idle connection is the server's end of stream (``idle_timeout_ms``, a
+        restart) or bytes nobody asked for (``SHUTTING_DOWN``), even if the event loop has
+        not run since they came."""
+        if self._dead is not None or self._reader.at_eof():
+            return False
+        sock = self._writer.get_extra_info("socket")
+        if sock is None:
+            return True
+        try:
+            return not _readable_now(sock.fileno())
+        except (OSError, ValueError):
+            return False
+
     async def close(self) -> None:
         """Closes the connection (idempotent)."""
         self._fail(ConnectionClosed("closed by the client"))
@@ -611,38 +642,48 @@ class AsyncPool:
     async def info(self) -> ServerInfo:
         return (await self.acquire()).info
 
-    async def ping(self, payload: BytesLike = b"", **kw: Any) -> float:
+    async def ping(self, payload: BytesLike = b"", **kw: Unpack[CallOptions]) -> float:
         return await (await self.acquire()).ping(payload, **kw)
 
-    async def search(self, vector: VectorLike, k: int = 10, **kw: Any) -> SearchResult:
+    async def search(self, vector: VectorLike, k: int = 10, **kw: Unpack[SearchOptions]) -> SearchResult:
         return await (await self.acquire()).search(vector, k, **kw)
 
-    async def search_batch(self, matrix: VectorLike, k: int = 10, **kw: Any) -> BatchResult:
+    async def search_batch(self, matrix: VectorLike, k: int = 10, **kw: Unpack[BatchOptions]) -> BatchResult:
         return await (await self.acquire()).search_batch(matrix, k, **kw)
 
-    async def insert(self, id: int, vector: VectorLike, payload: Payload = None, **kw: Any) -> None:
+    async def insert(self, id: int, vector: VectorLike, payload: Payload = None, **kw: Unpack[WriteOptions]) -> None:
         await (await self.acquire()).insert(id, vector, payload, **kw)
 
-    async def delete(self, id: int, **kw: Any) -> bool:
+    async def delete(self, id: int, **kw: Unpack[WriteOptions]) -> bool:
         return await (await self.acquire()).delete(id, **kw)
 
-    async def insert_with_position(self, id: int, vector: VectorLike, payload: Payload = None, **kw: Any) -> int:
+    async def insert_with_position(
+        self, id: int, vector: VectorLike, payload: Payload = None, **kw: Unpack[WriteOptions]
+    ) -> int:
         return await (await self.acquire()).insert_with_position(id, vector, payload, **kw)
 
-    async def delete_with_position(self, id: int, **kw: Any) -> Deleted:
+    async def delete_with_position(self, id: int, **kw: Unpack[WriteOptions]) -> Deleted:
         return await (await self.acquire()).delete_with_position(id, **kw)
 
     async def fill(
-        self, query: VectorLike, k: int, ids: VectorLike, distances: VectorLike, vectors: VectorLike, **kw: Any
+        self,
+        query: VectorLike,
+        k: int,
+        ids: VectorLike,
+        distances: VectorLike,
+        vectors: VectorLike,
+        **kw: Unpack[FillOptions],
     ) -> bool:
         return await (await self.acquire()).fill(query, k, ids, distances, vectors, **kw)
 
-    async def search_aside(self, vector: VectorLike, k: int, backend: Backend, **kw: Any) -> SearchResult:
+    async def search_aside(
+        self, vector: VectorLike, k: int, backend: Backend, **kw: Unpack[CallOptions]
+    ) -> SearchResult:
         return await (await self.acquire()).search_aside(vector, k, backend, **kw)
 
-    async def flush(self, **kw: Any) -> None:
+    async def flush(self, **kw: Unpack[CallOptions]) -> None:
         await (await self.acquire()).flush(**kw)
 
-    async def stats(self, **kw: Any) -> dict[str, int | float | str]:
+    async def stats(self, **kw: Unpack[CallOptions]) -> dict[str, int | float | str]:
         return await (await self.acquire()).stats(**kw)
 

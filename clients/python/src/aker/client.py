@@ -61,7 +61,20 @@ if TYPE_CHECKING:
     # **kwargs typed by a TypedDict (PEP 692); for type checkers only (never imported).
     from typing_extensions import Unpack
 
-__all__ = ["Client", "ClientOptions", "Pipeline", "Pool", "Backend", "DEFAULT", "TimeoutArg"]
+__all__ = [
+    "Client",
+    "ClientOptions",
+    "CallOptions",
+    "WriteOptions",
+    "SearchOptions",
+    "BatchOptions",
+    "FillOptions",
+    "Pipeline",
+    "Pool",
+    "Backend",
+    "DEFAULT",
+    "TimeoutArg",
+]
 
 #: ``secret=``: bytes, or a str (as UTF-8).
 SecretLike: TypeAlias = bytes | bytearray | str | None
@@ -117,6 +130,40 @@ class ClientOptions(TypedDict, total=False):
     max_reply_bytes: int
     ssl: _ssl.SSLContext | None
     server_hostname: str | None
+
+class CallOptions(TypedDict, total=False):
+    """The keyword arguments every call takes (:class:`Pool`'s and
+    :class:`~aker.AsyncPool`'s calls pass them on to the connection's)."""
+
+    timeout: TimeoutArg
+
+
+class WriteOptions(CallOptions, total=False):
+    """Keyword arguments of ``insert``, ``delete`` and their ``_with_position`` forms."""
+
+    collection: int
+
+
+class SearchOptions(WriteOptions, total=False):
+    """Keyword arguments of ``search``."""
+
+    bypass_cache: bool
+    refresh_entry: bool
+    deadline: float | None
+    at_position: int | None
+
+
+class BatchOptions(SearchOptions, total=False):
+    """Keyword arguments of ``search_batch``."""
+
+    errors: str
+
+
+class FillOptions(WriteOptions, total=False):
+    """Keyword arguments of ``fill``."""
+
+    token: int | None
+
 
 _READ = 256 * 1024
 
@@ -838,48 +885,56 @@ class Pool:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def ping(self, payload: BytesLike = b"", **kw: Any) -> float:
+    def ping(self, payload: BytesLike = b"", **kw: Unpack[CallOptions]) -> float:
         with self.connection() as c:
             return c.ping(payload, **kw)
 
-    def search(self, vector: VectorLike, k: int = 10, **kw: Any) -> SearchResult:
+    def search(self, vector: VectorLike, k: int = 10, **kw: Unpack[SearchOptions]) -> SearchResult:
         with self.connection() as c:
             return c.search(vector, k, **kw)
 
-    def search_batch(self, matrix: VectorLike, k: int = 10, **kw: Any) -> BatchResult:
+    def search_batch(self, matrix: VectorLike, k: int = 10, **kw: Unpack[BatchOptions]) -> BatchResult:
         with self.connection() as c:
             return c.search_batch(matrix, k, **kw)
 
-    def insert(self, id: int, vector: VectorLike, payload: Payload = None, **kw: Any) -> None:
+    def insert(self, id: int, vector: VectorLike, payload: Payload = None, **kw: Unpack[WriteOptions]) -> None:
         with self.connection() as c:
             c.insert(id, vector, payload, **kw)
 
-    def delete(self, id: int, **kw: Any) -> bool:
+    def delete(self, id: int, **kw: Unpack[WriteOptions]) -> bool:
         with self.connection() as c:
             return c.delete(id, **kw)
 
-    def insert_with_position(self, id: int, vector: VectorLike, payload: Payload = None, **kw: Any) -> int:
+    def insert_with_position(
+        self, id: int, vector: VectorLike, payload: Payload = None, **kw: Unpack[WriteOptions]
+    ) -> int:
         with self.connection() as c:
             return c.insert_with_position(id, vector, payload, **kw)
 
-    def delete_with_position(self, id: int, **kw: Any) -> Deleted:
+    def delete_with_position(self, id: int, **kw: Unpack[WriteOptions]) -> Deleted:
         with self.connection() as c:
             return c.delete_with_position(id, **kw)
 
     def fill(
-        self, query: VectorLike, k: int, ids: VectorLike, distances: VectorLike, vectors: VectorLike, **kw: Any
+        self,
+        query: VectorLike,
+        k: int,
+        ids: VectorLike,
+        distances: VectorLike,
+        vectors: VectorLike,
+        **kw: Unpack[FillOptions],
     ) -> bool:
         with self.connection() as c:
             return c.fill(query, k, ids, distances, vectors, **kw)
 
-    def search_aside(self, vector: VectorLike, k: int, backend: Backend, **kw: Any) -> SearchResult:
+    def search_aside(self, vector: VectorLike, k: int, backend: Backend, **kw: Unpack[CallOptions]) -> SearchResult:
         with self.connection() as c:
             return c.search_aside(vector, k, backend, **kw)
 
-    def flush(self, **kw: Any) -> None:
+    def flush(self, **kw: Unpack[CallOptions]) -> None:
         with self.connection() as c:
             c.flush(**kw)
 
-    def stats(self, **kw: Any) -> dict[str, int | float | str]:
+    def stats(self, **kw: Unpack[CallOptions]) -> dict[str, int | float | str]:
         with self.connection() as c:
             return c.stats(**kw)

@@ -27,10 +27,11 @@ locality only, any node answers it).
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
@@ -46,7 +47,8 @@ from ._codec import (
     as_vector,
     check_errors,
 )
-from ._protocol import BatchResult, ClusterState, Deleted, HitKind, Metric, SearchResult, Status
+from ._protocol import BatchResult, ClusterNode, ClusterState, Deleted, HitKind, Metric, SearchResult, Status
+from .aio import AsyncClient
 from .client import DEFAULT, Client, ClientOptions, TimeoutArg
 from .errors import (
     AkerConnectionError,
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Cluster",
+    "AsyncCluster",
     "ClusterCounters",
     "ATTEMPTS_MAX",
     "REFRESH_MIN_S",
@@ -191,7 +194,7 @@ def owner(state: ClusterState, centroid: int) -> int | None:
 
 @dataclass
 class ClusterCounters:
-    """What a :class:`Cluster` sent, retried and fetched again."""
+    """What a cluster handle sent, retried and fetched again."""
 
     #: Requests sent, per node id (a retried request counts on each node tried).
     requests: dict[int, int] = field(default_factory=dict)
@@ -209,6 +212,18 @@ def _seed(seed: SeedLike) -> Address:
         if addr is not None:
             return addr
     raise _local(InvalidRequest, f"a seed must be 'host:port' or (host, port), not {seed!r}")
+
+
+def _seeds(seeds: SeedLike | Sequence[SeedLike]) -> list[Address]:
+    # One seed: "host:port" or (host, port); else a sequence of them.
+    one = isinstance(seeds, str) or (
+        isinstance(seeds, tuple) and len(seeds) == 2 and isinstance(seeds[0], str) and isinstance(seeds[1], int)
+    )
+    seq: Sequence[Any] = [seeds] if one else seeds
+    out = [_seed(s) for s in seq]
+    if not out:
+        raise _local(InvalidRequest, "no seed address given")
+    return out
 
 
 def parse_address(text: str) -> Address | None:
@@ -243,7 +258,248 @@ def is_refusal(e: AkerError) -> bool:
     )
 
 
-class Cluster:
+def _in_doubt(node: int, known: ClusterNode, e: AkerError) -> WriteInDoubt:
+    return WriteInDoubt(
+        f"the write's outcome is unknown: node {node:016x} ({known.advertise}) may have executed it "
+        f"({type(e).__name__}: {e}); it was not sent to another node",
+        address=known.advertise,
+        node_id=node,
+    )
+
+
+class _BatchRows:
+    """A batch's rows put back in the matrix's order as each node's reply comes."""
+
+    def __init__(self, n: int, k: int) -> None:
+        self.ids = np.full((n, k), np.uint64(U64_MASK), dtype=np.uint64)
+        self.distances = np.full((n, k), np.inf, dtype=np.float32)
+        self.counts = np.zeros(n, dtype=np.int64)
+        self.kinds = [HitKind.MISS] * n
+        self.tokens: list[int | None] = [None] * n
+        self.dtq = [False] * n
+        self.statuses = np.zeros(n, dtype=np.uint16)
+        #: (node, routing_version) of each reply, in the order they came.
+        self.versions: list[tuple[int, int]] = []
+
+    def put(self, node: int, rows: list[int], b: BatchResult) -> None:
+        idx = np.asarray(rows, dtype=np.int64)
+        self.ids[idx] = b.ids
+        self.distances[idx] = b.distances
+        self.counts[idx] = b.counts
+        self.statuses[idx] = b.statuses
+        for j, row in enumerate(rows):
+            self.kinds[row] = b.kinds[j]
+            self.tokens[row] = b.tokens[j] if b.tokens else None
+            self.dtq[row] = b.distances_to_query[j] if b.distances_to_query else True
+        self.versions.append((node, b.routing_version))
+
+    def result(self, errors: str) -> BatchResult:
+        """``errors="raise"``: the first failed row in row order raises its status's
+        exception with ``.row``."""
+        if errors == "raise":
+            bad = np.flatnonzero(self.statuses)
+            if bad.shape[0]:
+                row = int(bad[0])
+                err = error_for_status(int(self.statuses[row]), f"search_batch row {row}")
+                err.row = row
+                raise err
+        return BatchResult(
+            ids=self.ids,
+            distances=self.distances,
+            kinds=self.kinds,
+            counts=self.counts,
+            tokens=self.tokens,
+            distances_to_query=self.dtq,
+            statuses=self.statuses,
+            routing_version=max((v for _n, v in self.versions), default=0),
+        )
+
+
+class _ClusterRouting:
+    """What :class:`Cluster` and :class:`AsyncCluster` share, none of it I/O: the routing
+    state held, the order of nodes a request is tried on, the nodes avoided after a
+    failure, when to fetch the state again, the position carried into searches."""
+
+    def __init__(self, seeds: SeedLike | Sequence[SeedLike], routing: str) -> None:
+        self._seeds: list[Address] = _seeds(seeds)
+        self._routing = self._check_routing(routing)
+        self._state: ClusterState
+        #: Node -> the monotonic time until which it is avoided (it failed a connection).
+        self._suspect: dict[int, float] = {}
+        #: Centroid -> its owner_order under the state held (emptied when it changes).
+        self._orders: dict[int, tuple[int, ...]] = {}
+        self._position = 0
+        self._rng = random.Random()
+        self._closed = False
+        self.counters = ClusterCounters()
+        #: Seconds between fetches caused by replies (:data:`REFRESH_MIN_S`).
+        self.refresh_min = REFRESH_MIN_S
+        self._last_fetch = 0.0
+
+    @staticmethod
+    def _check_routing(routing: str) -> str:
+        if routing not in ROUTINGS:
+            raise _local(InvalidRequest, f'routing must be "centroid" or "random", not {routing!r}')
+        return routing
+
+    @property
+    def state(self) -> ClusterState:
+        """The routing state as last fetched."""
+        return self._state
+
+    def _set_state(self, state: ClusterState, *, refreshed: bool = True) -> None:
+        self._state = state
+        self._orders = {}
+        self._last_fetch = time.monotonic()
+        if refreshed:
+            self.counters.refreshes += 1
+
+    @property
+    def routing(self) -> str:
+        return self._routing
+
+    @routing.setter
+    def routing(self, routing: str) -> None:
+        self._routing = self._check_routing(routing)
+
+    @property
+    def position(self) -> int:
+        """The newest write position this handle has seen (0: none); later searches
+        carry it as ``at_position`` unless given one."""
+        return self._position
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check(self) -> None:
+        if self._closed:
+            raise ConnectionClosed("the cluster handle is closed")
+
+    def _is_suspect(self, node: int, now: float) -> bool:
+        return self._suspect.get(node, 0.0) > now
+
+    def _avoid(self, node: int) -> None:
+        """``node`` failed a connection: avoided for one lease."""
+        now = time.monotonic()
+        if self._suspect:
+            self._suspect = {n: t for n, t in self._suspect.items() if t > now}
+        self._suspect[node] = now + self._state.lease_ms / 1000.0
+
+    def _refresh_candidates(
+        self, open_now: Sequence[int], first: int | None
+    ) -> list[tuple[int | None, Address | None]]:
+        """Where to fetch the state from, in order: the open connection to ``first`` (the
+        node whose reply carried another routing version), the other open connections to
+        live nodes not avoided, new connections to such nodes, the seeds. ``(node, None)``:
+        over the open connection to ``node``; ``(node or None, address)``: a new one."""
+        now = time.monotonic()
+        usable = {n.node_id for n in self._state.nodes if n.live and not self._is_suspect(n.node_id, now)}
+        candidates: list[tuple[int | None, Address | None]] = []
+        if first is not None and first in open_now:
+            candidates.append((first, None))
+        candidates.extend((n, None) for n in open_now if n in usable and n != first)
+        for n in self._state.nodes:
+            addr = parse_address(n.advertise)
+            if n.node_id in usable and n.node_id not in open_now and addr is not None:
+                candidates.append((n.node_id, addr))
+        candidates.extend((None, a) for a in self._seeds)
+        return candidates
+
+    def _refresh_due(self, replies: Sequence[tuple[int, int]]) -> tuple[bool, int | None]:
+        """Replies ``(node, routing_version)``: whether the state is to be fetched again
+        (a version other than the state's, not 0, and :attr:`refresh_min` seconds since
+        the last fetch), and from which node first."""
+        v = self._state.routing_version
+        for node, r in replies:
+            if r != 0 and r != v:
+                return time.monotonic() - self._last_fetch >= self.refresh_min, node
+        return False, None
+
+    def _owner_order(self, centroid: int) -> tuple[int, ...]:
+        """:func:`owner_order` under the state held, computed once per centroid."""
+        order = self._orders.get(centroid)
+        if order is None:
+            order = self._orders[centroid] = tuple(owner_order(self._state, centroid))
+        return order
+
+    def _order(self, centroid: int, now: float) -> list[int]:
+        order = list(self._owner_order(centroid))
+        if self._routing == "random":
+            n = min(max(1, len(self._state.live_nodes)), len(order))
+            if n:
+                by = self._rng.randrange(n)
+                order[:n] = order[by:n] + order[:by]
+        return self._suspects_last(order, now)
+
+    def _suspects_last(self, order: list[int], now: float) -> list[int]:
+        if not self._suspect:
+            return order
+        late = [x for x in order if self._is_suspect(x, now)]
+        if not late:
+            return order
+        return [x for x in order if not self._is_suspect(x, now)] + late
+
+    def _nodes_for(self, vector: VectorLike) -> list[int]:
+        return self._order(nearest_centroid(self._state, vector), time.monotonic())
+
+    def _owner_of(self, vector: VectorLike) -> int | None:
+        order = self._owner_order(nearest_centroid(self._state, vector))
+        return order[0] if order else None
+
+    def _delete_order(self, id: int) -> list[int]:
+        """A delete's nodes: the live ones ordered by the id (the avoided ones last)."""
+        key = _uint(id, 64, "id")
+        order = sorted((n.node_id for n in self._state.nodes if n.live), key=lambda n: mix64(n ^ key))
+        return self._suspects_last(order, time.monotonic())
+
+    def _batch_plan(self, mat: npt.NDArray[np.float32]) -> list[tuple[list[int], list[int]]]:
+        """A batch's rows grouped by the first node to try: ``(order, rows)`` per group."""
+        now = time.monotonic()
+        orders: dict[int, list[int]] = {}
+        groups: dict[int | None, tuple[list[int], list[int]]] = {}
+        for i, c in enumerate(nearest_centroids(self._state, mat).tolist()):
+            if self._routing == "random":
+                order = self._order(c, now)
+            else:
+                if c not in orders:
+                    orders[c] = self._order(c, now)
+                order = orders[c]
+            groups.setdefault(order[0] if order else None, (order, []))[1].append(i)
+        return list(groups.values())
+
+    def _node_address(self, node: int) -> Address:
+        n = self._state.node(node)
+        if n is None:
+            raise ProtocolError(f"node {node:016x} is not in the cluster state")
+        addr = parse_address(n.advertise)
+        if addr is None:
+            raise ProtocolError(f"node {node:016x}'s address {n.advertise!r} is not host:port")
+        return addr
+
+    def _count(self, node: int, tried: int) -> None:
+        if tried:
+            self.counters.retries += 1
+        self.counters.requests[node] = self.counters.requests.get(node, 0) + 1
+
+    def _at(self, at_position: int | None) -> int | None:
+        if at_position is None and self._position:
+            return self._position
+        return at_position
+
+    def _carry(self, position: int) -> None:
+        self._position = max(self._position, position)
+
+    def __repr__(self) -> str:
+        s = self._state
+        closed = " closed" if self._closed else ""
+        return (
+            f"<aker.{type(self).__name__} {s.name!r} routing_version={s.routing_version:#x} nodes={len(s.nodes)} "
+            f"live={len(s.live_nodes)}{closed}>"
+        )
+
+
+class Cluster(_ClusterRouting):
     """A client of a cluster of akerd nodes (protocol version 6, ``docs/CLUSTER.md``).
 
     Args:
@@ -274,7 +530,8 @@ class Cluster:
     state again (at most every :data:`REFRESH_MIN_S` seconds), first from the node that
     sent that reply, over its open connection. One connection per node, opened when
     first needed and kept (an idle one the server closed is opened again). Calls are
-    serialized (a lock), as :class:`aker.Client`'s.
+    serialized (a lock), as :class:`aker.Client`'s; :class:`AsyncCluster` runs them
+    concurrently.
     """
 
     def __init__(
@@ -284,80 +541,21 @@ class Cluster:
         routing: str = "centroid",
         **client_options: Unpack[ClientOptions],
     ) -> None:
-        # One seed: "host:port" or (host, port); else a sequence of them.
-        one = isinstance(seeds, str) or (
-            isinstance(seeds, tuple) and len(seeds) == 2 and isinstance(seeds[0], str) and isinstance(seeds[1], int)
-        )
-        seq: Sequence[Any] = [seeds] if one else seeds
-        self._seeds: list[Address] = [_seed(s) for s in seq]
-        if not self._seeds:
-            raise _local(InvalidRequest, "no seed address given")
-        self._routing = self._check_routing(routing)
+        super().__init__(seeds, routing)
         self._options = client_options
         self._lock = threading.RLock()
         self._conns: dict[int, Client] = {}
-        #: Node -> the monotonic time until which it is avoided (it failed a connection).
-        self._suspect: dict[int, float] = {}
-        #: Centroid -> its owner_order under the state held (emptied when it changes).
-        self._orders: dict[int, tuple[int, ...]] = {}
-        self._position = 0
-        self._rng = random.Random()
-        self._closed = False
-        self.counters = ClusterCounters()
-        #: Seconds between fetches caused by replies (:data:`REFRESH_MIN_S`).
-        self.refresh_min = REFRESH_MIN_S
         state, _node, client = self._fetch([(None, a) for a in self._seeds])
-        self._state = state
+        self._set_state(state, refreshed=False)
         if client is not None:
             self._keep(state.self_id, client)
-        self._last_fetch = time.monotonic()
 
-    # ------------------------------------------------------------------ state
-
-    @staticmethod
-    def _check_routing(routing: str) -> str:
-        if routing not in ROUTINGS:
-            raise _local(InvalidRequest, f'routing must be "centroid" or "random", not {routing!r}')
-        return routing
-
-    @property
-    def state(self) -> ClusterState:
-        """The routing state as last fetched."""
-        return self._state
-
-    def _set_state(self, state: ClusterState) -> None:
-        self._state = state
-        self._orders = {}
-
-    @property
-    def routing(self) -> str:
-        return self._routing
-
-    @routing.setter
-    def routing(self, routing: str) -> None:
-        self._routing = self._check_routing(routing)
-
-    @property
-    def position(self) -> int:
-        """The newest write position this handle has seen (0: none); later searches
-        carry it as ``at_position`` unless given one."""
-        return self._position
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
+    # ------------------------------------------------------------------ connections
 
     @property
     def connections(self) -> dict[int, Client]:
         """The open connections, per node id (a copy)."""
         return {n: c for n, c in self._conns.items() if not c.closed}
-
-    def _check(self) -> None:
-        if self._closed:
-            raise ConnectionClosed("the cluster handle is closed")
-
-    def _is_suspect(self, node: int, now: float) -> bool:
-        return self._suspect.get(node, 0.0) > now
 
     def _keep(self, node: int, client: Client) -> None:
         """Keeps a connection just opened to ``node``, unless one to it is open already
@@ -385,6 +583,18 @@ class Cluster:
             return None
         return c
 
+    def _connect(self, node: int) -> Client:
+        """A usable connection to ``node``: the open one, else a new one (kept)."""
+        c = self._open(node)
+        if c is not None:
+            return c
+        host, port = self._node_address(node)
+        c = Client(host, port, **self._options)
+        self._conns[node] = c
+        return c
+
+    # ------------------------------------------------------------------ state
+
     def _fetch(
         self, candidates: Sequence[tuple[int | None, Address | None]]
     ) -> tuple[ClusterState, int | None, Client | None]:
@@ -395,10 +605,8 @@ class Cluster:
         last: AkerError = AkerConnectionError("no address to fetch the cluster state from")
         for node, addr in candidates:
             if addr is None:
-                if node is None:
-                    continue
-                c = self._open(node)
-                if c is None:
+                c = None if node is None else self._open(node)
+                if node is None or c is None:
                     continue
                 try:
                     return c.cluster(), node, None
@@ -420,27 +628,11 @@ class Cluster:
         raise last
 
     def _refresh(self, first: int | None = None) -> ClusterState:
-        """Fetches the state again: over the open connection to ``first`` (the node whose
-        reply carried another routing version), then the other open connections to live
-        nodes not avoided, then new connections to such nodes, then the seeds."""
-        now = time.monotonic()
-        usable = {n.node_id for n in self._state.nodes if n.live and not self._is_suspect(n.node_id, now)}
         open_now = [n for n in list(self._conns) if self._open(n) is not None]
-        candidates: list[tuple[int | None, Address | None]] = []
-        if first is not None and first in open_now:
-            candidates.append((first, None))
-        candidates.extend((n, None) for n in open_now if n in usable and n != first)
-        for n in self._state.nodes:
-            addr = parse_address(n.advertise)
-            if n.node_id in usable and n.node_id not in open_now and addr is not None:
-                candidates.append((n.node_id, addr))
-        candidates.extend((None, a) for a in self._seeds)
-        state, _node, client = self._fetch(candidates)
+        state, _node, client = self._fetch(self._refresh_candidates(open_now, first))
         self._set_state(state)
         if client is not None:
             self._keep(state.self_id, client)
-        self._last_fetch = time.monotonic()
-        self.counters.refreshes += 1
         return state
 
     def refresh(self) -> ClusterState:
@@ -458,78 +650,29 @@ class Cluster:
             pass  # routing goes on with the state held; a later reply or failure tries again
 
     def _note_routing(self, replies: Sequence[tuple[int, int]]) -> None:
-        """Replies ``(node, routing_version)``: a version other than the state's (not 0)
-        fetches the state again, first from the node that sent it, at most every
-        :attr:`refresh_min` seconds."""
-        v = self._state.routing_version
-        for node, r in replies:
-            if r != 0 and r != v:
-                if time.monotonic() - self._last_fetch >= self.refresh_min:
-                    self._try_refresh(node)
-                return
+        due, node = self._refresh_due(replies)
+        if due:
+            self._try_refresh(node)
 
     # ------------------------------------------------------------------ routing
-
-    def _owner_order(self, centroid: int) -> tuple[int, ...]:
-        """:func:`owner_order` under the state held, computed once per centroid."""
-        order = self._orders.get(centroid)
-        if order is None:
-            order = self._orders[centroid] = tuple(owner_order(self._state, centroid))
-        return order
-
-    def _order(self, centroid: int, now: float) -> list[int]:
-        order = list(self._owner_order(centroid))
-        if self._routing == "random":
-            n = min(max(1, len(self._state.live_nodes)), len(order))
-            if n:
-                by = self._rng.randrange(n)
-                order[:n] = order[by:n] + order[:by]
-        return self._suspects_last(order, now)
-
-    def _suspects_last(self, order: list[int], now: float) -> list[int]:
-        if not self._suspect:
-            return order
-        late = [x for x in order if self._is_suspect(x, now)]
-        if not late:
-            return order
-        return [x for x in order if not self._is_suspect(x, now)] + late
 
     def nodes_for(self, vector: VectorLike) -> list[int]:
         """The nodes a search of ``vector`` is tried on, in order: its centroid's
         :func:`owner_order` (``routing="random"``: a random live node first), the nodes
         that failed recently last."""
         with self._lock:
-            return self._order(nearest_centroid(self._state, vector), time.monotonic())
+            return self._nodes_for(vector)
 
     def owner_of(self, vector: VectorLike) -> int | None:
         """The owner of ``vector``'s nearest centroid by the state held (``None``: no node)."""
         with self._lock:
-            order = self._owner_order(nearest_centroid(self._state, vector))
-            return order[0] if order else None
-
-    def _connect(self, node: int) -> Client:
-        """A usable connection to ``node``: the open one, else a new one (kept)."""
-        c = self._open(node)
-        if c is not None:
-            return c
-        n = self._state.node(node)
-        if n is None:
-            raise ProtocolError(f"node {node:016x} is not in the cluster state")
-        addr = parse_address(n.advertise)
-        if addr is None:
-            raise ProtocolError(f"node {node:016x}'s address {n.advertise!r} is not host:port")
-        c = Client(addr[0], addr[1], **self._options)
-        self._conns[node] = c
-        return c
+            return self._owner_of(vector)
 
     def _failed(self, node: int) -> None:
         """``node``'s connection failed: dropped, the node avoided for a lease, the state
         fetched again."""
         self._drop(node)
-        now = time.monotonic()
-        if self._suspect:
-            self._suspect = {n: t for n, t in self._suspect.items() if t > now}
-        self._suspect[node] = now + self._state.lease_ms / 1000.0
+        self._avoid(node)
         self._try_refresh()
 
     def _on_nodes(self, order: Sequence[int], f: Callable[[Client], T], *, write: bool = False) -> tuple[int, T]:
@@ -548,10 +691,8 @@ class Cluster:
             known = self._state.node(node)
             if known is None:
                 continue  # the state was fetched again and no longer names it
-            if tried:
-                self.counters.retries += 1
+            self._count(node, tried)
             tried += 1
-            self.counters.requests[node] = self.counters.requests.get(node, 0) + 1
             try:
                 c = self._connect(node)
             except AkerError as e:
@@ -568,18 +709,8 @@ class Cluster:
                 last = e
                 self._failed(node)
                 if write and not is_refusal(e):
-                    raise WriteInDoubt(
-                        f"the write's outcome is unknown: node {node:016x} ({known.advertise}) may have executed it "
-                        f"({type(e).__name__}: {e}); it was not sent to another node",
-                        address=known.advertise,
-                        node_id=node,
-                    ) from e
+                    raise _in_doubt(node, known, e) from e
         raise last
-
-    def _at(self, at_position: int | None) -> int | None:
-        if at_position is None and self._position:
-            return self._position
-        return at_position
 
     # ------------------------------------------------------------------ requests
 
@@ -601,9 +732,8 @@ class Cluster:
             self._check()
             q = as_vector(vector, self._state.dim)
             at = self._at(at_position)
-            order = self._order(nearest_centroid(self._state, q), time.monotonic())
             node, r = self._on_nodes(
-                order,
+                self._nodes_for(q),
                 lambda c: c.search(
                     q,
                     k,
@@ -646,26 +776,7 @@ class Cluster:
             if kk < 1:
                 raise _local(BadK, "k = 0 (at least 1)")
             at = self._at(at_position)
-            now = time.monotonic()
-            orders: dict[int, list[int]] = {}
-            groups: dict[int | None, tuple[list[int], list[int]]] = {}
-            for i, c in enumerate(nearest_centroids(self._state, mat).tolist()):
-                if self._routing == "random":
-                    order = self._order(c, now)
-                else:
-                    if c not in orders:
-                        orders[c] = self._order(c, now)
-                    order = orders[c]
-                groups.setdefault(order[0] if order else None, (order, []))[1].append(i)
-            n = mat.shape[0]
-            ids = np.full((n, kk), np.uint64(U64_MASK), dtype=np.uint64)
-            distances = np.full((n, kk), np.inf, dtype=np.float32)
-            counts = np.zeros(n, dtype=np.int64)
-            kinds = [HitKind.MISS] * n
-            tokens: list[int | None] = [None] * n
-            dtq = [False] * n
-            statuses = np.zeros(n, dtype=np.uint16)
-            versions: list[tuple[int, int]] = []
+            out = _BatchRows(mat.shape[0], kk)
 
             def rows_of(sub: npt.NDArray[np.float32]) -> Callable[[Client], BatchResult]:
                 def call(c: Client) -> BatchResult:
@@ -683,36 +794,11 @@ class Cluster:
 
                 return call
 
-            for order, rows in groups.values():
+            for order, rows in self._batch_plan(mat):
                 node, b = self._on_nodes(order, rows_of(mat[rows]))
-                idx = np.asarray(rows, dtype=np.int64)
-                ids[idx] = b.ids
-                distances[idx] = b.distances
-                counts[idx] = b.counts
-                statuses[idx] = b.statuses
-                for j, row in enumerate(rows):
-                    kinds[row] = b.kinds[j]
-                    tokens[row] = b.tokens[j] if b.tokens else None
-                    dtq[row] = b.distances_to_query[j] if b.distances_to_query else True
-                versions.append((node, b.routing_version))
-            self._note_routing(versions)
-            if errors == "raise":
-                bad = np.flatnonzero(statuses)
-                if bad.shape[0]:
-                    row = int(bad[0])
-                    err = error_for_status(int(statuses[row]), f"search_batch row {row}")
-                    err.row = row
-                    raise err
-            return BatchResult(
-                ids=ids,
-                distances=distances,
-                kinds=kinds,
-                counts=counts,
-                tokens=tokens,
-                distances_to_query=dtq,
-                statuses=statuses,
-                routing_version=max((v for _n, v in versions), default=0),
-            )
+                out.put(node, rows, b)
+            self._note_routing(out.versions)
+            return out.result(errors)
 
     def insert_with_position(
         self,
@@ -732,13 +818,12 @@ class Cluster:
         with self._lock:
             self._check()
             q = as_vector(vector, self._state.dim)
-            order = self._order(nearest_centroid(self._state, q), time.monotonic())
             _node, p = self._on_nodes(
-                order,
+                self._nodes_for(q),
                 lambda c: c.insert_with_position(id, q, payload, collection=collection, timeout=timeout),
                 write=True,
             )
-            self._position = max(self._position, p)
+            self._carry(p)
             return p
 
     def insert(
@@ -759,14 +844,12 @@ class Cluster:
         :meth:`insert_with_position` (else :class:`aker.WriteInDoubt`)."""
         with self._lock:
             self._check()
-            key = _uint(id, 64, "id")
-            now = time.monotonic()
-            order = sorted((n.node_id for n in self._state.nodes if n.live), key=lambda n: mix64(n ^ key))
-            order = self._suspects_last(order, now)
             _node, d = self._on_nodes(
-                order, lambda c: c.delete_with_position(id, collection=collection, timeout=timeout), write=True
+                self._delete_order(id),
+                lambda c: c.delete_with_position(id, collection=collection, timeout=timeout),
+                write=True,
             )
-            self._position = max(self._position, d.position)
+            self._carry(d.position)
             return d
 
     def delete(self, id: int, *, collection: int = 0, timeout: TimeoutArg = DEFAULT) -> bool:
@@ -789,10 +872,387 @@ class Cluster:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        s = self._state
-        closed = " closed" if self._closed else ""
-        return (
-            f"<aker.Cluster {s.name!r} routing_version={s.routing_version:#x} nodes={len(s.nodes)} "
-            f"live={len(s.live_nodes)}{closed}>"
+
+def _retrieve(f: asyncio.Future[Any]) -> None:
+    """A done callback: marks a shared task's exception retrieved (the callers awaiting
+    it still get it raised), so that one nobody awaits any more is not reported."""
+    if not f.cancelled():
+        f.exception()
+
+
+class AsyncCluster(_ClusterRouting):
+    """:class:`Cluster` for asyncio; make one with ``await AsyncCluster.connect(seeds,
+    ...)`` (the same arguments); ``async with`` closes it.
+
+    Routing, retries, :class:`aker.WriteInDoubt`, the positions carried and the state
+    fetched again are :class:`Cluster`'s; what differs is that calls run concurrently:
+
+    - one :class:`aker.AsyncClient` per node, shared by every call to that node (their
+      requests multiplexed on it, up to the node's window);
+    - a connection is opened by the first call that needs it; calls that need it
+      meanwhile wait for that one (never two connects to one node at once);
+    - a batch's groups go to their nodes at once (``search_batch`` waits for the
+      slowest node, not for the sum of them);
+    - the state is fetched by one task at a time: a call that needs it fetched while a
+      fetch is under way waits for that fetch's result.
+    """
+
+    def __init__(
+        self,
+        seeds: SeedLike | Sequence[SeedLike],
+        *,
+        routing: str = "centroid",
+        **client_options: Unpack[ClientOptions],
+    ) -> None:
+        super().__init__(seeds, routing)
+        self._options = client_options
+        self._conns: dict[int, AsyncClient] = {}
+        #: Node -> the connect under way to it (shared by the calls waiting for it).
+        self._opening: dict[int, asyncio.Task[AsyncClient]] = {}
+        self._fetching: asyncio.Task[ClusterState] | None = None
+
+    @classmethod
+    async def connect(
+        cls,
+        seeds: SeedLike | Sequence[SeedLike],
+        *,
+        routing: str = "centroid",
+        **client_options: Unpack[ClientOptions],
+    ) -> AsyncCluster:
+        """A handle with the routing state from the first seed that answers CLUSTER
+        (raises the last seed's error when none does)."""
+        c = cls(seeds, routing=routing, **client_options)
+        state, _node, client = await c._fetch([(None, a) for a in c._seeds])
+        c._set_state(state, refreshed=False)
+        if client is not None:
+            await c._keep(state.self_id, client)
+        return c
+
+    # ------------------------------------------------------------------ connections
+
+    @property
+    def connections(self) -> dict[int, AsyncClient]:
+        """The open connections, per node id (a copy)."""
+        return {n: c for n, c in self._conns.items() if not c.closed}
+
+    async def _keep(self, node: int, client: AsyncClient) -> None:
+        """Keeps a connection just opened to ``node``, unless one to it is open already
+        (that one stays) or the handle was closed meanwhile."""
+        old = self._conns.get(node)
+        if self._closed or (old is not None and old is not client and not old.closed):
+            await client.close()
+            return
+        self._conns[node] = client
+
+    async def _drop(self, node: int, client: AsyncClient | None = None) -> None:
+        """Forgets and closes the connection to ``node``: only ``client`` when given (a
+        call whose connection failed must not close the one another call opened since)."""
+        c = self._conns.get(node)
+        if c is None or (client is not None and c is not client):
+            if client is not None:
+                await client.close()
+            return
+        del self._conns[node]
+        await c.close()
+
+    async def _open(self, node: int) -> AsyncClient | None:
+        """The open connection to ``node`` when it is usable, else ``None`` (one the
+        server closed while it was idle is closed and forgotten)."""
+        c = self._conns.get(node)
+        if c is None:
+            return None
+        # An idle connection the server closed (idle_timeout_ms, a restart) is replaced
+        # before anything is sent on it, so that a write goes on a new connection instead
+        # of failing on this one, in doubt.
+        if c.closed or (c.in_flight == 0 and not c._idle_usable()):
+            await self._drop(node, c)
+            return None
+        return c
+
+    async def _connect(self, node: int) -> AsyncClient:
+        """A usable connection to ``node``: the open one, the one being opened, else a
+        new one (kept)."""
+        c = await self._open(node)
+        if c is not None:
+            return c
+        task = self._opening.get(node)
+        if task is None:
+            host, port = self._node_address(node)
+            task = asyncio.ensure_future(self._open_new(node, host, port))
+            task.add_done_callback(_retrieve)
+            self._opening[node] = task
+        # Shielded: a caller cancelled or timed out leaves the connect to the others.
+        return await asyncio.shield(task)
+
+    async def _open_new(self, node: int, host: str, port: int) -> AsyncClient:
+        try:
+            c = await AsyncClient.connect(host, port, **self._options)
+            await self._keep(node, c)
+            if self._closed:
+                raise ConnectionClosed("the cluster handle is closed")
+            return self._conns.get(node, c)
+        finally:
+            self._opening.pop(node, None)
+
+    # ------------------------------------------------------------------ state
+
+    async def _fetch(
+        self, candidates: Sequence[tuple[int | None, Address | None]]
+    ) -> tuple[ClusterState, int | None, AsyncClient | None]:
+        """:meth:`Cluster._fetch <aker.Cluster>`'s order, asynchronously."""
+        last: AkerError = AkerConnectionError("no address to fetch the cluster state from")
+        for node, addr in candidates:
+            if addr is None:
+                c = None if node is None else self._conns.get(node)
+                if node is None or c is None or c.closed:
+                    continue
+                try:
+                    return await c.cluster(), node, None
+                except AkerError as e:
+                    last = e
+                    if is_connection_error(e):
+                        await self._drop(node, c)
+                continue
+            try:
+                fresh = await AsyncClient.connect(addr[0], addr[1], **self._options)
+            except AkerError as e:
+                last = e
+                continue
+            try:
+                return await fresh.cluster(), None, fresh
+            except AkerError as e:
+                last = e
+                await fresh.close()
+        raise last
+
+    async def _fetch_again(self, first: int | None) -> ClusterState:
+        open_now = [n for n, c in list(self._conns.items()) if not c.closed]
+        state, _node, client = await self._fetch(self._refresh_candidates(open_now, first))
+        self._set_state(state)
+        if client is not None:
+            await self._keep(state.self_id, client)
+        return state
+
+    async def _refresh(self, first: int | None = None) -> ClusterState:
+        task = self._fetching
+        if task is None or task.done():
+            task = self._fetching = asyncio.ensure_future(self._fetch_again(first))
+            task.add_done_callback(_retrieve)
+        return await asyncio.shield(task)
+
+    async def refresh(self) -> ClusterState:
+        """As :meth:`Cluster.refresh <aker.Cluster.refresh>` (a fetch under way is
+        waited for instead of starting another)."""
+        self._check()
+        return await self._refresh()
+
+    async def _try_refresh(self, first: int | None = None) -> None:
+        try:
+            await self._refresh(first)
+        except AkerError:
+            pass  # routing goes on with the state held; a later reply or failure tries again
+
+    async def _note_routing(self, replies: Sequence[tuple[int, int]]) -> None:
+        due, node = self._refresh_due(replies)
+        if due:
+            await self._try_refresh(node)
+
+    # ------------------------------------------------------------------ routing
+
+    def nodes_for(self, vector: VectorLike) -> list[int]:
+        """As :meth:`Cluster.nodes_for <aker.Cluster.nodes_for>`."""
+        return self._nodes_for(vector)
+
+    def owner_of(self, vector: VectorLike) -> int | None:
+        """As :meth:`Cluster.owner_of <aker.Cluster.owner_of>`."""
+        return self._owner_of(vector)
+
+    async def _failed(self, node: int, client: AsyncClient | None) -> None:
+        if client is not None:
+            await self._drop(node, client)
+        self._avoid(node)
+        await self._try_refresh()
+
+    async def _on_nodes(
+        self, order: Sequence[int], f: Callable[[AsyncClient], Awaitable[T]], *, write: bool = False
+    ) -> tuple[int, T]:
+        """:meth:`Cluster._on_nodes <aker.Cluster>`, asynchronously: ``f`` on the nodes of
+        ``order`` until one answers; searches retried, writes only when they never
+        reached the node, else :class:`aker.WriteInDoubt`."""
+        last: AkerError = AkerConnectionError("the cluster has no node to send to")
+        tried = 0
+        for node in order:
+            if tried >= ATTEMPTS_MAX:
+                break
+            known = self._state.node(node)
+            if known is None:
+                continue  # the state was fetched again and no longer names it
+            self._count(node, tried)
+            tried += 1
+            try:
+                c = await self._connect(node)
+            except AkerError as e:
+                if not is_connection_error(e) or self._closed:
+                    raise
+                last = e
+                await self._failed(node, None)
+                continue  # nothing was sent
+            try:
+                return node, await f(c)
+            except AkerError as e:
+                if not is_connection_error(e) or self._closed:
+                    raise
+                last = e
+                await self._failed(node, c)
+                if write and not is_refusal(e):
+                    raise _in_doubt(node, known, e) from e
+        raise last
+
+    # ------------------------------------------------------------------ requests
+
+    async def search(
+        self,
+        vector: VectorLike,
+        k: int = 10,
+        *,
+        bypass_cache: bool = False,
+        refresh_entry: bool = False,
+        deadline: float | None = None,
+        collection: int = 0,
+        at_position: int | None = None,
+        timeout: TimeoutArg = DEFAULT,
+    ) -> SearchResult:
+        """As :meth:`Cluster.search <aker.Cluster.search>`."""
+        self._check()
+        q = as_vector(vector, self._state.dim)
+        at = self._at(at_position)
+        node, r = await self._on_nodes(
+            self._nodes_for(q),
+            lambda c: c.search(
+                q,
+                k,
+                bypass_cache=bypass_cache,
+                refresh_entry=refresh_entry,
+                deadline=deadline,
+                collection=collection,
+                at_position=at,
+                timeout=timeout,
+            ),
         )
+        await self._note_routing([(node, r.routing_version)])
+        return r
+
+    async def search_batch(
+        self,
+        matrix: VectorLike,
+        k: int = 10,
+        *,
+        bypass_cache: bool = False,
+        refresh_entry: bool = False,
+        deadline: float | None = None,
+        collection: int = 0,
+        at_position: int | None = None,
+        errors: str = "raise",
+        timeout: TimeoutArg = DEFAULT,
+    ) -> BatchResult:
+        """As :meth:`Cluster.search_batch <aker.Cluster.search_batch>`, the nodes' parts
+        sent at once. A part that no node answered (its nodes' connections failed)
+        raises its error once every part is done (the first such part in row order)."""
+        self._check()
+        check_errors(errors)
+        mat = as_matrix(matrix, self._state.dim)
+        kk = _uint(k, 32, "k")
+        if kk < 1:
+            raise _local(BadK, "k = 0 (at least 1)")
+        at = self._at(at_position)
+        out = _BatchRows(mat.shape[0], kk)
+        plan = self._batch_plan(mat)
+
+        def rows_of(sub: npt.NDArray[np.float32]) -> Callable[[AsyncClient], Awaitable[BatchResult]]:
+            def call(c: AsyncClient) -> Awaitable[BatchResult]:
+                return c.search_batch(
+                    sub,
+                    kk,
+                    bypass_cache=bypass_cache,
+                    refresh_entry=refresh_entry,
+                    deadline=deadline,
+                    collection=collection,
+                    at_position=at,
+                    errors="return",
+                    timeout=timeout,
+                )
+
+            return call
+
+        parts = await asyncio.gather(
+            *(self._on_nodes(order, rows_of(mat[rows])) for order, rows in plan), return_exceptions=True
+        )
+        for (_order, rows), part in zip(plan, parts, strict=True):
+            if isinstance(part, BaseException):
+                raise part
+            out.put(part[0], rows, part[1])
+        await self._note_routing(out.versions)
+        return out.result(errors)
+
+    async def insert_with_position(
+        self,
+        id: int,
+        vector: VectorLike,
+        payload: Payload = None,
+        *,
+        collection: int = 0,
+        timeout: TimeoutArg = DEFAULT,
+    ) -> int:
+        """As :meth:`Cluster.insert_with_position <aker.Cluster.insert_with_position>`."""
+        self._check()
+        q = as_vector(vector, self._state.dim)
+        _node, p = await self._on_nodes(
+            self._nodes_for(q),
+            lambda c: c.insert_with_position(id, q, payload, collection=collection, timeout=timeout),
+            write=True,
+        )
+        self._carry(p)
+        return p
+
+    async def insert(
+        self,
+        id: int,
+        vector: VectorLike,
+        payload: Payload = None,
+        *,
+        collection: int = 0,
+        timeout: TimeoutArg = DEFAULT,
+    ) -> None:
+        """As :meth:`Cluster.insert <aker.Cluster.insert>`."""
+        await self.insert_with_position(id, vector, payload, collection=collection, timeout=timeout)
+
+    async def delete_with_position(self, id: int, *, collection: int = 0, timeout: TimeoutArg = DEFAULT) -> Deleted:
+        """As :meth:`Cluster.delete_with_position <aker.Cluster.delete_with_position>`."""
+        self._check()
+        _node, d = await self._on_nodes(
+            self._delete_order(id),
+            lambda c: c.delete_with_position(id, collection=collection, timeout=timeout),
+            write=True,
+        )
+        self._carry(d.position)
+        return d
+
+    async def delete(self, id: int, *, collection: int = 0, timeout: TimeoutArg = DEFAULT) -> bool:
+        """As :meth:`Cluster.delete <aker.Cluster.delete>`."""
+        return (await self.delete_with_position(id, collection=collection, timeout=timeout)).existed
+
+    # ------------------------------------------------------------------ lifetime
+
+    async def close(self) -> None:
+        """Closes every connection (idempotent); a connect under way closes its
+        connection when it completes."""
+        self._closed = True
+        conns, self._conns = self._conns, {}
+        for c in conns.values():
+            await c.close()
+
+    async def __aenter__(self) -> AsyncCluster:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
