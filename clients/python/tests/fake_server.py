@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -136,6 +137,8 @@ class FakeServer:
         self.errors: list[BaseException] = []
         #: Connections accepted so far.
         self.accepted = 0
+        #: Connections whose handler has returned (the client closed it, or the server).
+        self.ended = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._conns: list[socket.socket] = []
@@ -167,6 +170,7 @@ class FakeServer:
                 s.close()
             except OSError:
                 pass
+            self.ended += 1
 
     def close(self) -> None:
         self._stop.set()
@@ -227,6 +231,10 @@ class FakeCluster:
         #: another never gets past the first (that reply is not sent; ``held_broken``
         #: counts them).
         self.hold: threading.Barrier | None = None
+        #: Node -> seconds it waits before each answer but HELLO's (CLUSTER's included).
+        self.delay: dict[int, float] = {}
+        #: Node -> seconds it waits before answering HELLO (a connect under way).
+        self.hello_delay: dict[int, float] = {}
         self.held_broken = 0
         self.cluster_served: dict[int, int] = {i: 0 for i in self.ids}
         self.position = 1000
@@ -272,6 +280,9 @@ class FakeCluster:
                 if req is None:
                     return
                 version, op, flags, rid, body = req
+                wait = self.hello_delay.get(node_id, 0.0) if op == 1 else self.delay.get(node_id, 0.0)
+                if wait:
+                    time.sleep(wait)
                 if not 1 <= version <= 6:
                     c.send(6, op, rid, b"version not spoken", status=5)
                     continue

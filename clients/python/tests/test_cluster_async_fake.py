@@ -8,11 +8,13 @@ a failure met by many calls at once."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import struct
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -138,10 +140,13 @@ def test_a_killed_owner_is_retried_by_every_call_at_once(fake: FakeCluster) -> N
             first, second, third = c.nodes_for(q)
             assert (await c.search(q, 1)).ids.tolist() == [first]
             fake.kill(first)
+            opened = fake.servers[first].accepted
             got = await asyncio.gather(*(c.search(q, 1) for _ in range(20)))
             assert all(r.ids.tolist() == [second] for r in got)
             assert first not in c.connections and c.nodes_for(q) == [second, third, first]
-            assert c.counters.retries >= 1 and c.counters.refreshes >= 1
+            # Its dead connection replaced by one connect (refused), shared by the 20.
+            assert c.counters.retries == 20 and c.counters.requests[first] == 21
+            assert fake.servers[first].accepted == opened and c.counters.refreshes >= 1
             # Avoided for a lease: no call tries it now.
             tried = c.counters.requests[first]
             assert (await c.search_batch(queries(30, seed=7), 1)).ok.all()
@@ -207,8 +212,116 @@ def test_another_routing_version_fetches_the_state_once(fake: FakeCluster) -> No
             served = sum(fake.cluster_served.values())
             # Every call at once sees the new version; fetches run one at a time.
             await asyncio.gather(*(c.search(q, 1) for _ in range(20)))
-            assert c.state.routing_version == v and 1 <= c.counters.refreshes
-            assert sum(fake.cluster_served.values()) - served == c.counters.refreshes
+            # One fetch, shared by all: it went over the reporting node's connection,
+            # behind the 20 replies, so every call saw it under way.
+            assert c.state.routing_version == v and c.counters.refreshes == 1
+            assert sum(fake.cluster_served.values()) - served == 1
             assert c.owner_of(q) != first and (await c.search(q, 1)).ids.tolist() == [c.owner_of(q)]
 
     run(body())
+
+
+def test_a_timed_out_call_leaves_the_others_on_its_connection_alone(fake: FakeCluster) -> None:
+    """One call's timeout avoids its node, but the connection stays: a write in flight on
+    it is answered (not in doubt), the node's connection is still the same."""
+    q = queries(1, seed=23)[0]
+
+    async def body() -> None:
+        async with await aker.AsyncCluster.connect(fake.seeds, timeout=5.0) as c:
+            first, second, _ = c.nodes_for(q)
+            await c.search(q, 1)
+            conn = c.connections[first]
+            fake.delay[first] = 0.4  # each answer 0.4 s late, one after the other
+            search = asyncio.ensure_future(c.search(q, 1, timeout=0.2))
+            await asyncio.sleep(0)
+            insert = asyncio.ensure_future(c.insert_with_position(5, q))
+            r = await search
+            assert r.ids.tolist() == [second] and c.counters.retries == 1
+            p = await insert
+            assert p > 1000 and c.position == p and c.connections[first] is conn and not conn.closed
+            assert len(searched(fake, first, 4)) == 1 and not searched(fake, second, 4)
+            assert c.nodes_for(q)[-1] == first  # avoided for a lease
+
+    run(body())
+
+
+def test_a_write_that_never_left_goes_to_the_next_node(fake: FakeCluster) -> None:
+    """With a window of 1, an insert waits for the slot a slow search holds; its time runs
+    out before it is written: not in doubt, sent to the next node."""
+    q = queries(1, seed=24)[0]
+
+    async def body() -> None:
+        async with await aker.AsyncCluster.connect(fake.seeds, timeout=5.0, window=1) as c:
+            first, second, _ = c.nodes_for(q)
+            await c.search(q, 1)
+            fake.delay[first] = 0.6
+            search = asyncio.ensure_future(c.search(q, 1))
+            await asyncio.sleep(0)
+            p = await c.insert_with_position(5, q, timeout=0.2)
+            assert p > 1000 and c.counters.retries == 1
+            assert not searched(fake, first, 4) and len(searched(fake, second, 4)) == 1
+            assert (await search).ids.tolist() == [first]  # the slow one is still answered
+
+    run(body())
+
+    async def alone() -> None:
+        """The client's own error: a Timeout that says it was never written."""
+        host, port = fake.seeds[0].split(":")
+        async with await aker.AsyncClient.connect(host, int(port), window=1) as a:
+            slow = asyncio.ensure_future(a.search(q, 1))
+            await asyncio.sleep(0)
+            with pytest.raises(aker.Timeout) as e:
+                await a.search(q, 1, timeout=0.2)
+            await slow
+            assert e.value.not_sent and "not sent" in str(e.value)
+            with pytest.raises(aker.Timeout) as late:
+                await a.search(q, 1, timeout=0.2)  # written, answered too late
+            assert not late.value.not_sent
+
+    fake.delay[fake.ids[0]] = 0.6
+    run(alone())
+
+
+def test_close_stops_connects_and_fetches_under_way(fake: FakeCluster) -> None:
+    """close() while a call is connecting to a slow node: the call fails with
+    ConnectionClosed, and no connection is left open (nor opened later); a cancelled
+    connect() leaves none either; the event loop reports no unretrieved exception."""
+    errors: list[dict[str, Any]] = []
+
+    async def wait_for_ends(server: Any) -> None:
+        for _ in range(500):
+            if server.ended == server.accepted:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{server.accepted - server.ended} connection(s) left open")
+
+    async def body() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+        c = await aker.AsyncCluster.connect(fake.seeds[0], timeout=5.0)
+        q = one_per_node(fake, c)[1]
+        fake.hello_delay[fake.ids[1]] = 1.0  # its HELLO comes late: the connect is under way
+        call = asyncio.ensure_future(c.search(q, 1))
+        for _ in range(500):
+            if fake.servers[fake.ids[1]].accepted:
+                break
+            await asyncio.sleep(0.01)
+        await c.close()
+        for _ in range(5):  # a few turns of the loop, not the HELLO's second
+            await asyncio.sleep(0)
+        assert call.done()
+        with pytest.raises(aker.ConnectionClosed):
+            await call
+        assert c.connections == {}
+        await wait_for_ends(fake.servers[fake.ids[1]])
+        await wait_for_ends(fake.servers[fake.ids[0]])
+        # A connect() cancelled while the seed is slow to answer CLUSTER (HELLO done).
+        fake.delay[fake.ids[2]] = 0.5
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(aker.AsyncCluster.connect(fake.seeds[2]), 0.2)
+        await wait_for_ends(fake.servers[fake.ids[2]])
+        with pytest.raises(TypeError):
+            aker.AsyncCluster(fake.seeds)
+
+    run(body())
+    gc.collect()
+    assert errors == []

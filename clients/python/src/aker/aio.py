@@ -229,8 +229,11 @@ class AsyncClient:
         return rid
 
     def _check(self) -> None:
+        """Raises when the connection is closed; called only before a request is written."""
         if self._dead is not None:
-            raise ConnectionClosed(f"the connection is closed: {self._dead}")
+            e = ConnectionClosed(f"the connection is closed: {self._dead}")
+            e.not_sent = True
+            raise e
 
     def _fail(self, why: AkerError) -> None:
         if self._dead is None:
@@ -286,8 +289,9 @@ class AsyncClient:
             self._fail(ConnectionClosed(f"the reader stopped: {e!r}"))
             raise
 
-    async def _send(self, req: Req) -> Frame:
-        """Sends ``req`` and waits for its reply frame (no timeout here)."""
+    async def _send(self, req: Req, written: list[bool] | None = None) -> Frame:
+        """Sends ``req`` and waits for its reply frame (no timeout here); ``written[0]`` is
+        set once it is handed to the transport."""
         self._check()
         slots = self._slots if req.slots else None
         if slots is not None:
@@ -304,6 +308,8 @@ class AsyncClient:
                 self._check()
                 self._writer.write(data)
                 sent = True
+                if written is not None:
+                    written[0] = True
                 try:
                     await self._writer.drain()
                 except (OSError, ConnectionError) as e:
@@ -316,13 +322,16 @@ class AsyncClient:
 
     async def _call(self, req: Req, timeout: TimeoutArg = DEFAULT) -> Any:
         t: float | None = self.timeout if timeout is DEFAULT else timeout
+        written = [False]
         try:
             if t is None:
-                frame = await self._send(req)
+                frame = await self._send(req, written)
             else:
-                frame = await asyncio.wait_for(self._send(req), t)
+                frame = await asyncio.wait_for(self._send(req, written), t)
         except asyncio.TimeoutError:
-            raise Timeout(f"no reply within {t} s") from None
+            err = Timeout(f"no reply within {t} s" if written[0] else f"not sent within {t} s (the window was full)")
+            err.not_sent = not written[0]
+            raise err from None
         return req.result(frame)
 
     async def _many(self, reqs: list[Req], timeout: TimeoutArg = DEFAULT, return_exceptions: bool = False) -> list[Any]:
@@ -397,18 +406,25 @@ class AsyncClient:
             return False
 
     async def close(self) -> None:
-        """Closes the connection (idempotent)."""
+        """Closes the connection (idempotent). A cancellation of the caller meanwhile is
+        raised (the connection is closed all the same)."""
+        self._abort()
+        # asyncio.wait: the reader's end, whatever it raised (reported through _dead
+        # already), without swallowing a cancellation of this caller.
+        await asyncio.wait([self._task])
+        if not self._task.cancelled():
+            self._task.exception()
+        try:
+            await asyncio.wait_for(self._writer.wait_closed(), 1.0)
+        except (OSError, asyncio.TimeoutError):
+            pass
+
+    def _abort(self) -> None:
+        """Closes the connection without waiting (the transport closes, the reader task is
+        cancelled and ends by itself): for callers that must not await on the way out."""
         self._fail(ConnectionClosed("closed by the client"))
         if not self._task.done():
             self._task.cancel()
-        try:
-            await self._task
-        except BaseException:
-            pass
-        try:
-            await asyncio.wait_for(self._writer.wait_closed(), 1.0)
-        except BaseException:
-            pass
 
     async def __aenter__(self) -> AsyncClient:
         return self

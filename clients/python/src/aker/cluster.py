@@ -880,6 +880,14 @@ def _retrieve(f: asyncio.Future[Any]) -> None:
         f.exception()
 
 
+def _being_cancelled() -> bool:
+    """Whether the running task has a cancellation pending (Python 3.11+; 3.10 cannot
+    tell, and answers False)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling()) if cancelling is not None else False
+
+
 class AsyncCluster(_ClusterRouting):
     """:class:`Cluster` for asyncio; make one with ``await AsyncCluster.connect(seeds,
     ...)`` (the same arguments); ``async with`` closes it.
@@ -891,25 +899,26 @@ class AsyncCluster(_ClusterRouting):
       requests multiplexed on it, up to the node's window);
     - a connection is opened by the first call that needs it; calls that need it
       meanwhile wait for that one (never two connects to one node at once);
-    - a batch's groups go to their nodes at once (``search_batch`` waits for the
+    - a batch's parts go to their nodes at once (``search_batch`` waits for the
       slowest node, not for the sum of them);
     - the state is fetched by one task at a time: a call that needs it fetched while a
-      fetch is under way waits for that fetch's result.
+      fetch is under way waits for that fetch's result;
+    - a call that timed out avoids its node for a lease but leaves the connection open
+      (other calls' requests on it are still answered); a connection that failed (lost,
+      closed by the server) is dropped;
+    - a write that never left the client (the connection was found closed before it
+      was written, or its time ran out waiting for a slot of the node's window) is sent
+      to the next node, as one the node refused.
     """
 
-    def __init__(
-        self,
-        seeds: SeedLike | Sequence[SeedLike],
-        *,
-        routing: str = "centroid",
-        **client_options: Unpack[ClientOptions],
-    ) -> None:
-        super().__init__(seeds, routing)
-        self._options = client_options
-        self._conns: dict[int, AsyncClient] = {}
-        #: Node -> the connect under way to it (shared by the calls waiting for it).
-        self._opening: dict[int, asyncio.Task[AsyncClient]] = {}
-        self._fetching: asyncio.Task[ClusterState] | None = None
+    _options: ClientOptions
+    _conns: dict[int, AsyncClient]
+    #: Node -> the connect under way to it (shared by the calls waiting for it).
+    _opening: dict[int, asyncio.Task[AsyncClient]]
+    _fetching: asyncio.Task[ClusterState] | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("make an AsyncCluster with `await AsyncCluster.connect(seeds, ...)`")
 
     @classmethod
     async def connect(
@@ -921,11 +930,16 @@ class AsyncCluster(_ClusterRouting):
     ) -> AsyncCluster:
         """A handle with the routing state from the first seed that answers CLUSTER
         (raises the last seed's error when none does)."""
-        c = cls(seeds, routing=routing, **client_options)
+        c = cls.__new__(cls)
+        _ClusterRouting.__init__(c, seeds, routing)
+        c._options = client_options
+        c._conns = {}
+        c._opening = {}
+        c._fetching = None
         state, _node, client = await c._fetch([(None, a) for a in c._seeds])
         c._set_state(state, refreshed=False)
         if client is not None:
-            await c._keep(state.self_id, client)
+            c._keep(state.self_id, client)
         return c
 
     # ------------------------------------------------------------------ connections
@@ -935,44 +949,41 @@ class AsyncCluster(_ClusterRouting):
         """The open connections, per node id (a copy)."""
         return {n: c for n, c in self._conns.items() if not c.closed}
 
-    async def _keep(self, node: int, client: AsyncClient) -> None:
+    def _keep(self, node: int, client: AsyncClient) -> None:
         """Keeps a connection just opened to ``node``, unless one to it is open already
         (that one stays) or the handle was closed meanwhile."""
         old = self._conns.get(node)
         if self._closed or (old is not None and old is not client and not old.closed):
-            await client.close()
+            client._abort()
             return
         self._conns[node] = client
 
-    async def _drop(self, node: int, client: AsyncClient | None = None) -> None:
-        """Forgets and closes the connection to ``node``: only ``client`` when given (a
-        call whose connection failed must not close the one another call opened since)."""
-        c = self._conns.get(node)
-        if c is None or (client is not None and c is not client):
-            if client is not None:
-                await client.close()
-            return
-        del self._conns[node]
-        await c.close()
+    def _forget(self, node: int, client: AsyncClient) -> None:
+        """Closes ``client`` and forgets it as ``node``'s connection, if it still is (a
+        call whose connection failed must not drop the one another call opened since).
+        Closed without waiting: a cancellation must not find a call here."""
+        if self._conns.get(node) is client:
+            del self._conns[node]
+        client._abort()
 
-    async def _open(self, node: int) -> AsyncClient | None:
-        """The open connection to ``node`` when it is usable, else ``None`` (one the
-        server closed while it was idle is closed and forgotten)."""
+    def _open(self, node: int) -> AsyncClient | None:
+        """The open connection to ``node`` when it is usable, else ``None``. An idle
+        connection the server closed (idle_timeout_ms, a restart) is replaced before
+        anything is sent on it, so that a write goes on a new connection instead of
+        failing on this one, in doubt."""
         c = self._conns.get(node)
         if c is None:
             return None
-        # An idle connection the server closed (idle_timeout_ms, a restart) is replaced
-        # before anything is sent on it, so that a write goes on a new connection instead
-        # of failing on this one, in doubt.
         if c.closed or (c.in_flight == 0 and not c._idle_usable()):
-            await self._drop(node, c)
+            self._forget(node, c)
             return None
         return c
 
     async def _connect(self, node: int) -> AsyncClient:
         """A usable connection to ``node``: the open one, the one being opened, else a
         new one (kept)."""
-        c = await self._open(node)
+        self._check()
+        c = self._open(node)
         if c is not None:
             return c
         task = self._opening.get(node)
@@ -982,14 +993,23 @@ class AsyncCluster(_ClusterRouting):
             task.add_done_callback(_retrieve)
             self._opening[node] = task
         # Shielded: a caller cancelled or timed out leaves the connect to the others.
-        return await asyncio.shield(task)
+        return await self._shared(task)
+
+    async def _shared(self, task: asyncio.Task[T]) -> T:
+        """``task``'s result, shielded from this caller's cancellation; when close()
+        cancelled the task itself, ConnectionClosed (the caller was not cancelled)."""
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled() and self._closed and not _being_cancelled():
+                raise ConnectionClosed("the cluster handle was closed") from None
+            raise
 
     async def _open_new(self, node: int, host: str, port: int) -> AsyncClient:
         try:
             c = await AsyncClient.connect(host, port, **self._options)
-            await self._keep(node, c)
-            if self._closed:
-                raise ConnectionClosed("the cluster handle is closed")
+            self._keep(node, c)
+            self._check()
             return self._conns.get(node, c)
         finally:
             self._opening.pop(node, None)
@@ -999,9 +1019,11 @@ class AsyncCluster(_ClusterRouting):
     async def _fetch(
         self, candidates: Sequence[tuple[int | None, Address | None]]
     ) -> tuple[ClusterState, int | None, AsyncClient | None]:
-        """:meth:`Cluster._fetch <aker.Cluster>`'s order, asynchronously."""
+        """:meth:`Cluster._fetch <aker.Cluster>`'s order, asynchronously; a connection it
+        opened is closed unless returned, whatever ends the fetch (a cancellation too)."""
         last: AkerError = AkerConnectionError("no address to fetch the cluster state from")
         for node, addr in candidates:
+            self._check()
             if addr is None:
                 c = None if node is None else self._conns.get(node)
                 if node is None or c is None or c.closed:
@@ -1010,8 +1032,8 @@ class AsyncCluster(_ClusterRouting):
                     return await c.cluster(), node, None
                 except AkerError as e:
                     last = e
-                    if is_connection_error(e):
-                        await self._drop(node, c)
+                    if c.closed:
+                        self._forget(node, c)
                 continue
             try:
                 fresh = await AsyncClient.connect(addr[0], addr[1], **self._options)
@@ -1020,9 +1042,11 @@ class AsyncCluster(_ClusterRouting):
                 continue
             try:
                 return await fresh.cluster(), None, fresh
-            except AkerError as e:
+            except BaseException as e:
+                fresh._abort()
+                if not isinstance(e, AkerError):
+                    raise
                 last = e
-                await fresh.close()
         raise last
 
     async def _fetch_again(self, first: int | None) -> ClusterState:
@@ -1030,7 +1054,7 @@ class AsyncCluster(_ClusterRouting):
         state, _node, client = await self._fetch(self._refresh_candidates(open_now, first))
         self._set_state(state)
         if client is not None:
-            await self._keep(state.self_id, client)
+            self._keep(state.self_id, client)
         return state
 
     async def _refresh(self, first: int | None = None) -> ClusterState:
@@ -1038,7 +1062,7 @@ class AsyncCluster(_ClusterRouting):
         if task is None or task.done():
             task = self._fetching = asyncio.ensure_future(self._fetch_again(first))
             task.add_done_callback(_retrieve)
-        return await asyncio.shield(task)
+        return await self._shared(task)
 
     async def refresh(self) -> ClusterState:
         """As :meth:`Cluster.refresh <aker.Cluster.refresh>` (a fetch under way is
@@ -1068,8 +1092,11 @@ class AsyncCluster(_ClusterRouting):
         return self._owner_of(vector)
 
     async def _failed(self, node: int, client: AsyncClient | None) -> None:
-        if client is not None:
-            await self._drop(node, client)
+        """A call to ``node`` met a connection error: the connection dropped if it failed
+        (not after a timeout: other calls' requests on it may still be answered), the
+        node avoided for a lease, the state fetched again."""
+        if client is not None and client.closed:
+            self._forget(node, client)
         self._avoid(node)
         await self._try_refresh()
 
@@ -1100,12 +1127,17 @@ class AsyncCluster(_ClusterRouting):
             try:
                 return node, await f(c)
             except AkerError as e:
-                if not is_connection_error(e) or self._closed:
+                if not is_connection_error(e):
+                    raise
+                never_reached = is_refusal(e) or getattr(e, "not_sent", False)
+                if write and not never_reached:
+                    if not self._closed:
+                        await self._failed(node, c)
+                    raise _in_doubt(node, known, e) from e
+                if self._closed:
                     raise
                 last = e
                 await self._failed(node, c)
-                if write and not is_refusal(e):
-                    raise _in_doubt(node, known, e) from e
         raise last
 
     # ------------------------------------------------------------------ requests
@@ -1244,9 +1276,15 @@ class AsyncCluster(_ClusterRouting):
     # ------------------------------------------------------------------ lifetime
 
     async def close(self) -> None:
-        """Closes every connection (idempotent); a connect under way closes its
-        connection when it completes."""
+        """Closes every connection (idempotent): connects and fetches under way are
+        cancelled and waited for, so that nothing is opened once it returns; calls in
+        flight fail (a write sent already: :class:`aker.WriteInDoubt`)."""
         self._closed = True
+        busy = [t for t in (*self._opening.values(), self._fetching) if t is not None and not t.done()]
+        for t in busy:
+            t.cancel()
+        if busy:
+            await asyncio.wait(busy)
         conns, self._conns = self._conns, {}
         for c in conns.values():
             await c.close()

@@ -251,7 +251,15 @@ class InvalidSecret(AuthError, ValueError):
 
 
 class AkerConnectionError(AkerError, ConnectionError):
-    """The connection could not be made or is unusable."""
+    """The connection could not be made or is unusable.
+
+    Attributes:
+        not_sent: ``True`` when the request this error ended provably never left the
+            client (:class:`~aker.AsyncClient`: its connection was found closed before
+            it was written), so another node may take it; ``False`` when it may have.
+    """
+
+    not_sent: bool = False
 
 
 class ConnectionClosed(AkerConnectionError):
@@ -286,7 +294,14 @@ class TLSError(AkerConnectionError):
 class Timeout(AkerError, TimeoutError):
     """The client's own timeout (connect, or a request's reply) passed. After a request
     timed out the connection stays usable; a late reply is dropped. The request may
-    still have been executed by the server."""
+    still have been executed by the server.
+
+    Attributes:
+        not_sent: ``True`` when the request was never written (:class:`~aker.AsyncClient`:
+            it was still waiting for a slot of the window when its time ran out).
+    """
+
+    not_sent: bool = False
 
 
 class ProtocolError(AkerError):
