@@ -12,9 +12,11 @@
 #    WHEEL and pytest; the tests run against that installed copy, from a directory where
 #    src/ is not importable, against target/debug/akerd ($AKERD overrides; built with
 #    cargo only when absent).
+# 4. The floor pyproject.toml promises: the same wheel and tests on Python 3.10 with
+#    numpy 1.21.6, where a Python 3.10 is found (pyenv's in this image).
 # Every step is bounded in time; each part's seconds and the total are printed. PyPI must
-# be reachable (the tools, numpy, the build backend). About 55 s once akerd is built (2
-# cores, pip's cache warm; the pytest run is 36 s of it).
+# be reachable (the tools, numpy, the build backend). About 105 s once akerd is built (2
+# cores, pip's cache warm, 2026-12-07: the pytest runs are 43 s on 3.11 and 48 s on 3.10).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -163,6 +165,33 @@ AKER_EXPECT_PACKAGE_IN="$site" timeout 600 "$wvenv/bin/python" -m pytest -q -p n
 rc=$?
 set -e
 took "pytest (the installed wheel)"
+
+# ---------------------------------------------------------------- 4. the floor
+# What pyproject.toml promises at its lowest: Python 3.10 with numpy 1.21 (the oldest
+# numpy with wheels for 3.10), the same wheel, the same tests. Only where a Python 3.10
+# is found (this image has pyenv's); no registry here serves a CPython to install.
+py310=""
+for cand in python3.10 /root/.pyenv/versions/3.10*/bin/python3.10 /usr/bin/python3.10; do
+  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null; then
+    py310=$(command -v "$cand")
+    break
+  fi
+done
+if [ "$rc" -eq 0 ] && [ -n "$py310" ]; then
+  fvenv="$root/target/py-client-floor-venv"
+  rm -rf "$fvenv"
+  timeout 120 "$py310" -m venv "$fvenv"
+  pip_install "$fvenv" "$wheel" "numpy==1.21.6" pytest
+  fsite=$(timeout 60 "$fvenv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "clients/python: the floor: $("$fvenv/bin/python" -c 'import sys, numpy; print(f"Python {sys.version.split()[0]}, numpy {numpy.__version__}")')"
+  set +e
+  AKER_EXPECT_PACKAGE_IN="$fsite" timeout 600 "$fvenv/bin/python" -m pytest -q -p no:cacheprovider "$here/tests"
+  rc=$?
+  set -e
+  took "pytest on Python 3.10 + numpy 1.21.6"
+elif [ -z "$py310" ]; then
+  echo "clients/python: no Python 3.10 on this machine: the floor (3.10, numpy 1.21) not tested"
+fi
 
 echo "clients/python: seconds per part"
 for line in "${timings[@]}"; do
