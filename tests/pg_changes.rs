@@ -743,6 +743,92 @@ fn akerd_killed_mid_stream_resumes_on_its_slot_and_drop_slot_retires_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A slot another process holds for a moment longer while it ends (a killed akerd's
+/// walsender outliving its session; here pg_recvlogical, stopped 0.7 s into the start)
+/// is waited for at start (setup.rs, `wait_slot_inactive`), not taken for another
+/// akerd's, which would refuse the start.
+#[test]
+fn a_slot_held_a_moment_by_an_ending_process_is_waited_for_at_start() {
+    let Some(pg) = logical() else { return };
+    table(pg, "c_wait");
+    let dir = Scratch::new("c-wait");
+    let port = free_port();
+    let config = child_config(pg, &dir.0, "c_wait", port);
+    Child::start(&config, port).kill();
+    let instance = std::fs::read_to_string(dir.0.join("data/instance")).unwrap();
+    let slot = format!("aker_{}", instance.trim());
+    let sql = pg.sql();
+    let active = || -> bool {
+        sql.query(
+            "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots \
+             WHERE slot_name = $1",
+            &[&slot],
+        )[0]
+        .get(0)
+    };
+    let until = |want: bool, what: &str| {
+        let end = Instant::now() + Duration::from_secs(10);
+        while active() != want {
+            assert!(Instant::now() < end, "{what} within 10 s");
+            thread::sleep(Duration::from_millis(10));
+        }
+    };
+    until(false, "the killed akerd's slot not released");
+    let install = std::process::Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/ops/pg.sh"))
+        .arg("install")
+        .output()
+        .unwrap();
+    assert!(install.status.success());
+    let bin = std::path::PathBuf::from(String::from_utf8(install.stdout).unwrap().trim());
+    let mut holder = std::process::Command::new(bin.join("pg_recvlogical"))
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "aker",
+            "-d",
+            "postgres",
+            "--start",
+            "-f",
+            "/dev/null",
+        ])
+        .args([
+            "-p",
+            &pg.port.to_string(),
+            "--slot",
+            &slot,
+            "-o",
+            "proto_version=1",
+        ])
+        .arg("-o")
+        .arg(format!("publication_names={slot}"))
+        .env("PGPASSWORD", pg.password())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    until(true, "pg_recvlogical did not take the slot");
+    let stopper = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(700));
+        let _ = holder.kill();
+        let _ = holder.wait();
+    });
+    let b = Child::start(&config, port); // "akerd exited at start" without the wait
+    stopper.join().unwrap();
+    sql.exec("DELETE FROM c_wait WHERE id = 5");
+    let at = wal_now(&sql);
+    let end = Instant::now() + APPLY_WAIT;
+    while b.applied() < at {
+        assert!(
+            Instant::now() < end,
+            "the change stream not followed after the wait"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+    b.kill();
+}
+
 /// A scratch folder removed on drop.
 struct Scratch(std::path::PathBuf);
 

@@ -256,8 +256,35 @@ pub(super) enum SlotFound {
     Remade(String),
 }
 
-/// The slot `name`, made if missing or lost.
+/// Waits (at most [`LOCK_WAIT`]) until no server process holds slot `name`; called with
+/// the slot's lock held, so nobody takes it meanwhile. An akerd just killed gives the lock
+/// up with its session, but its walsender may outlive that session by a moment, and an
+/// active slot can be neither streamed from nor dropped.
+async fn wait_slot_inactive(c: &Client, name: &str) -> Result<(), SetupError> {
+    let until = Instant::now() + LOCK_WAIT;
+    loop {
+        let pid: Option<i32> = c
+            .query_opt(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+                &[&name],
+            )
+            .await?
+            .and_then(|r| r.get(0));
+        let Some(pid) = pid else { return Ok(()) };
+        if Instant::now() >= until {
+            return Err(SetupError::Held {
+                slot: name.to_string(),
+                pid: pid.to_string(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The slot `name`, made if missing or lost; one still held by a process ending is
+/// waited for ([`wait_slot_inactive`]).
 pub(super) async fn slot(c: &Client, name: &str) -> Result<SlotFound, SetupError> {
+    wait_slot_inactive(c, name).await?;
     let row = c
         .query_opt(
             "SELECT coalesce(wal_status, ''), invalidation_reason, active_pid \
@@ -423,6 +450,9 @@ pub(crate) fn drop_slot(section: &PgvectorSection, instance: &str) -> Result<Str
                 )),
                 other => StartError::Backend(other.to_string()),
             });
+        }
+        if let Err(e) = wait_slot_inactive(&c, &name).await {
+            return Err(StartError::Backend(e.to_string()));
         }
         let dropped = c
             .execute(
