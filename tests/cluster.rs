@@ -488,6 +488,30 @@ fn a_node_killed_under_load_costs_no_request_and_its_centroids_move() {
     assert_eq!(fresh.counters().retries, 0);
 }
 
+/// A node closes a connection left idle (`idle_timeout_ms`); the client's next write
+/// goes on a new connection instead of failing on the closed one, in doubt.
+#[test]
+fn a_write_after_a_node_closed_an_idle_connection_goes_on_a_new_one() {
+    let Some(pg) = logical() else { return };
+    pg.sql().load("c_idle", &dataset(), "vector_l2_ops");
+    let mut cfg = node_config(pg, "c_idle", "c_idle", "idle");
+    cfg.server.idle_timeout_ms = 300;
+    let node = start(&cfg);
+    let seed = cfg.cluster.advertise.clone().unwrap();
+    let mut cl = Cluster::connect(&[seed.as_str()], opts()).unwrap();
+    let q = query_near(&dataset(), 3, 0.01);
+    cl.search(K, &q).unwrap();
+    thread::sleep(Duration::from_millis(900)); // the node closes the idle connection
+    let p = cl
+        .insert_with_position(900_001, &q)
+        .expect("the write goes on a new connection, not in doubt");
+    assert!(p > 0 && cl.position() == p);
+    let d = cl.delete_with_position(900_001).unwrap();
+    assert!(d.existed);
+    assert_eq!(cl.counters().retries, 0);
+    drop(node);
+}
+
 #[test]
 fn a_retrain_publishes_a_version_nodes_and_clients_follow() {
     let Some(pg) = logical() else { return };

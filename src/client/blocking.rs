@@ -79,6 +79,14 @@ impl Client {
         self.conn.is_broken()
     }
 
+    /// Whether an idle connection (no request in flight) can take a request: not broken,
+    /// and not closed by the server meanwhile (`idle_timeout_ms`, a restart), which a
+    /// write would otherwise find only after it was sent. A pool or a cluster handle asks
+    /// before reusing one.
+    pub fn is_idle_usable(&self) -> bool {
+        self.conn.idle_usable()
+    }
+
     /// Sends `req` and waits for its reply. Error replies come back as `Ok(Reply::Error)`;
     /// the typed helpers turn them into [`ClientError::Server`].
     pub fn call(&mut self, req: Request) -> Result<Reply> {

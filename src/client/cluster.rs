@@ -59,6 +59,8 @@ pub struct Cluster {
     seeds: Vec<String>,
     state: ClusterReply,
     conns: HashMap<u64, Client>,
+    /// Centroid -> its owner order under `state` (emptied when the state changes).
+    orders: HashMap<u32, Vec<u64>>,
     /// Nodes that failed a connection, avoided until then.
     suspect: HashMap<u64, Instant>,
     /// The newest write position seen: every later search carries it.
@@ -93,6 +95,7 @@ impl Cluster {
             seeds,
             state,
             conns,
+            orders: HashMap::new(),
             suspect: HashMap::new(),
             position: 0,
             routing: ClusterRouting::Centroid,
@@ -137,7 +140,7 @@ impl Cluster {
             };
             match c.cluster() {
                 Ok(state) => {
-                    self.state = state;
+                    self.set_state(state);
                     return Ok(());
                 }
                 Err(_) => {
@@ -154,9 +157,22 @@ impl Cluster {
             .collect();
         addrs.extend(self.seeds.iter().cloned());
         let (state, id, client) = fetch_from(&addrs, &self.opts)?;
-        self.state = state;
+        self.set_state(state);
         self.conns.insert(id, client);
         Ok(())
+    }
+
+    fn set_state(&mut self, state: ClusterReply) {
+        self.state = state;
+        self.orders.clear();
+    }
+
+    /// [`owner_order`] under the state held, computed once per centroid.
+    fn owner_order(&mut self, centroid: u32) -> &[u64] {
+        let state = &self.state;
+        self.orders
+            .entry(centroid)
+            .or_insert_with(|| owner_order(state, centroid))
     }
 
     fn is_suspect(&self, node: u64) -> bool {
@@ -167,7 +183,7 @@ impl Cluster {
     /// [`ClusterRouting::Random`], a random live node first), suspects last.
     pub fn nodes_for(&mut self, q: &[f32]) -> Vec<u64> {
         let c = nearest_centroid(&self.state, q);
-        let mut order = owner_order(&self.state, c);
+        let mut order = self.owner_order(c).to_vec();
         if self.routing == ClusterRouting::Random {
             let live = self.state.nodes.iter().filter(|n| n.live).count().max(1);
             self.rng = crate::cluster::mix64(self.rng);
@@ -184,7 +200,13 @@ impl Cluster {
         crate::cluster::owner(&self.state, nearest_centroid(&self.state, q))
     }
 
+    /// A usable connection to `node`: the open one unless the server closed it while it
+    /// was idle (then a write goes on a new one instead of failing, in doubt), else a
+    /// new one.
     fn conn(&mut self, node: u64) -> Result<&mut Client> {
+        if self.conns.get(&node).is_some_and(|c| !c.is_idle_usable()) {
+            self.conns.remove(&node);
+        }
         if !self.conns.contains_key(&node) {
             let addr = self
                 .state

@@ -128,6 +128,24 @@ impl Conn {
         self.broken
     }
 
+    /// For a connection with nothing in flight, before a request goes on it: false when
+    /// it is broken, holds bytes, or its socket has something to read, which on an idle
+    /// connection is the server's end of stream (`idle_timeout_ms`, a restart) or bytes
+    /// nobody asked for (SHUTTING_DOWN). Over TLS the raw socket is looked at: the only
+    /// records an idle connection gets are those (its tickets came with HELLO's reply).
+    pub(crate) fn idle_usable(&self) -> bool {
+        if self.broken || self.start != self.end || !self.wbuf.is_empty() {
+            return false;
+        }
+        let sock = self.stream.tcp();
+        if sock.set_nonblocking(true).is_err() {
+            return false;
+        }
+        let readable = sock.peek(&mut [0u8; 1]);
+        let restored = sock.set_nonblocking(false).is_ok();
+        restored && matches!(readable, Err(ref e) if e.kind() == ErrorKind::WouldBlock)
+    }
+
     fn check(&self) -> Result<()> {
         if self.broken {
             Err(ClientError::Broken)
