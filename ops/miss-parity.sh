@@ -10,7 +10,10 @@
 #     its client shows akerd (or the load generator) slow to send the next statement;
 #   - akerd's side: each backend thread's run-queue delay (/proc schedstat, the second
 #     field) over the counted part, per search: the time a thread with an answer ready
-#     waited for the core.
+#     waited for the core; and akerd's CPU time (user + system, /proc/PID/stat) over the
+#     counted part, per search: what a miss (or, with the cache on, the mix of hits and
+#     misses) costs akerd's cores, the c_miss of bench/results/cluster.md's model; its
+#     CPU with no load over IDLE_S (5) seconds before the run is taken off first.
 # PostgreSQL on core 0, akerd and aker-loadgen on core 1 (ops/pgvector-bench.sh's
 # pinning); autovacuum off and every round started from the same state (`quiesce`). The data, traces and ef_search come from that script (run with SETS=none).
 #
@@ -65,6 +68,11 @@ sample_sessions() {
 # Busy jiffies and all jiffies of core 0 (PostgreSQL's), from /proc/stat; steal counts
 # in the total, not as busy.
 cpu0() { awk '$1 == "cpu0" {print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
+# akerd's CPU time so far (user + system, clock ticks), from /proc/PID/stat (the fields
+# after the command name, which may hold spaces).
+cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
+clk_tck=$(getconf CLK_TCK)
+idle_s=${IDLE_S:-5}
 # Sum of the run-queue delay (ns) of akerd's backend threads.
 runq_ns() {
   local s=0 t ns
@@ -115,16 +123,23 @@ ef_search = $ef
 TOML
 }
 run() {  # NAME ROUND
-  local name=$1 r=$2 runq0=0 runq1=0
+  local name=$1 r=$2 runq0=0 runq1=0 cpuak0=0 cpuak1=0
   if [ "$name" = pg-cg ]; then pg_into "$cg"; moved=1
   elif [ -n "$moved" ]; then pg_into "$v1"; moved=
   fi
+  local idle0=0 idle1=0
   if [[ $name != pg* ]]; then
     akerd_config "$name" "$out/$name.toml"
     akerd_start "$out/$name.toml" "$out/$name-r$r.log" 1
+    # akerd's CPU with no load (its executors, the change stream's polls, timers), over
+    # IDLE_S seconds: taken off the loaded figure, so that what is left is per search.
+    sleep 1
+    idle0=$(cpu_ticks "$akerd")
+    sleep "$idle_s"
+    idle1=$(cpu_ticks "$akerd")
   fi
   (sleep "$warm"; sample_sessions > "$out/$name-r$r.sessions") &
-  (sleep "$warm"; cpu0 > "$out/.cpu0"; [ -z "$akerd" ] || runq_ns "$akerd" > "$out/.runq0") &
+  (sleep "$warm"; cpu0 > "$out/.cpu0"; [ -z "$akerd" ] || { runq_ns "$akerd" > "$out/.runq0"; cpu_ticks "$akerd" > "$out/.cpuak0"; }) &
   if [[ $name == pg* ]]; then
     local c=$conns
     [[ ! $name =~ ^pg-c([0-9]+)$ ]] || c=${BASH_REMATCH[1]}
@@ -138,12 +153,14 @@ run() {  # NAME ROUND
        --loop "$how" --json "$out/$name-r$r.json" > /dev/null
     read -r b1 a1 < <(cpu0)
     runq1=$(runq_ns "$akerd")
+    cpuak1=$(cpu_ticks "$akerd")
     runq0=$(cat "$out/.runq0")
+    cpuak0=$(cat "$out/.cpuak0")
     akerd_stop
   fi
   wait
   read -r b0 a0 < "$out/.cpu0"
-  echo "{\"runq_ns\": $((runq1 - runq0)), \"cpu0_busy\": $(python3 -c "print(round(($b1 - $b0) / max(1, $a1 - $a0), 4))")}" \
+  echo "{\"runq_ns\": $((runq1 - runq0)), \"akerd_cpu_s\": $(python3 -c "print(($cpuak1 - $cpuak0) / $clk_tck)"), \"akerd_idle_cpu_per_s\": $(python3 -c "print(($idle1 - $idle0) / $clk_tck / $idle_s)"), \"counted_s\": $dur, \"cpu0_busy\": $(python3 -c "print(round(($b1 - $b0) / max(1, $a1 - $a0), 4))")}" \
     > "$out/$name-r$r.extra.json"
   echo "$(date -u +%FT%TZ) $name round $r done" >&2
 }
