@@ -325,7 +325,7 @@ const CHANGES: [Row<ChangeStats>; 16] = [
 ];
 
 /// The pgvector backend's read replicas (`pgvector/replica.rs`).
-const REPLICAS: [Row<ReplicaStats>; 5] = [
+const REPLICAS: [Row<ReplicaStats>; 6] = [
     (
         "pg_replica_searches",
         "pgvector: misses a read replica answered.",
@@ -341,6 +341,12 @@ const REPLICAS: [Row<ReplicaStats>; 5] = [
         "pg_replica_conflicts",
         "pgvector: replica searches cancelled by a recovery conflict, run on the primary.",
         |r| count(&r.conflicts),
+    ),
+    (
+        "pg_replica_failed",
+        "pgvector: replica searches that timed out, were cancelled, failed or lost their \
+         connection, run on the primary (the replica passed over for a second).",
+        |r| count(&r.failed),
     ),
     (
         "pg_replica_lag_bytes",

@@ -23,6 +23,7 @@
 //!                                                the primary     pg_replica_conflicts
 //!            timed out, cancelled, lost, failed ─► i passed over for FAILED_SKIP,
 //!                           the primary; a lost connection reopened in the background
+//!                                                                pg_replica_failed
 //!       ─► no replica may answer ─► the primary (`PgConn::search`), in what the
 //!          deadline leaves
 //! ```
@@ -117,6 +118,9 @@ pub(crate) struct ReplicaStats {
     pub behind: AtomicU64,
     /// Searches cancelled by a recovery conflict, then run on the primary.
     pub conflicts: AtomicU64,
+    /// Searches that timed out, were cancelled, failed or lost their connection, then
+    /// run on the primary (the replica passed over for FAILED_SKIP).
+    pub failed: AtomicU64,
     /// The last measured `applied - replayed` (0 when the replica was ahead).
     pub lag_bytes: AtomicU64,
     /// Replica connections up, over every backend thread.
@@ -518,6 +522,7 @@ impl Standbys {
                 Ok(None)
             }
             Ran::Failed => {
+                t.replicas.stats.failed.fetch_add(1, Ordering::Relaxed);
                 t.replicas.pass_over(i, FAILED_SKIP);
                 Ok(None)
             }
