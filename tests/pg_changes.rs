@@ -743,10 +743,10 @@ fn akerd_killed_mid_stream_resumes_on_its_slot_and_drop_slot_retires_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A slot another process holds for a moment longer while it ends (a killed akerd's
-/// walsender outliving its session; here pg_recvlogical, stopped 0.7 s into the start)
-/// is waited for at start (setup.rs, `wait_slot_inactive`), not taken for another
-/// akerd's, which would refuse the start.
+/// A slot another process holds for a moment longer while it ends (here pg_recvlogical,
+/// stopped 0.3 s after akerd took the slot's lock; in production a killed akerd's read
+/// of the slot still running) is waited for at start (setup.rs, `wait_slot_inactive`),
+/// not taken for another akerd's, which would refuse the start.
 #[test]
 fn a_slot_held_a_moment_by_an_ending_process_is_waited_for_at_start() {
     let Some(pg) = logical() else { return };
@@ -781,39 +781,48 @@ fn a_slot_held_a_moment_by_an_ending_process_is_waited_for_at_start() {
         .unwrap();
     assert!(install.status.success());
     let bin = std::path::PathBuf::from(String::from_utf8(install.stdout).unwrap().trim());
-    let mut holder = std::process::Command::new(bin.join("pg_recvlogical"))
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "aker",
-            "-d",
-            "postgres",
-            "--start",
-            "-f",
-            "/dev/null",
-        ])
-        .args([
-            "-p",
-            &pg.port.to_string(),
-            "--slot",
-            &slot,
-            "-o",
-            "proto_version=1",
-        ])
-        .arg("-o")
-        .arg(format!("publication_names={slot}"))
-        .env("PGPASSWORD", pg.password())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let holder = KillOnDrop(
+        std::process::Command::new(bin.join("pg_recvlogical"))
+            .args(["-h", "127.0.0.1", "-U", "aker", "-d", "postgres", "--start"])
+            .args([
+                "-p",
+                &pg.port.to_string(),
+                "--slot",
+                &slot,
+                "-f",
+                "/dev/null",
+            ])
+            .args(["-o", "proto_version=1", "-o"])
+            .arg(format!("publication_names={slot}"))
+            .env("PGPASSWORD", pg.password())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     until(true, "pg_recvlogical did not take the slot");
-    let stopper = thread::spawn(move || {
-        thread::sleep(Duration::from_millis(700));
-        let _ = holder.kill();
-        let _ = holder.wait();
-    });
+    // Stopped only once akerd holds the slot's lock (and so is at, or about to be at,
+    // the slot itself), 0.3 s later: the start meets the slot in use.
+    let stopper = {
+        let (url, pw, slot) = (pg.url(), pg.password(), slot.clone());
+        thread::spawn(move || {
+            let s = Sql::connect(&url, &pw);
+            let end = Instant::now() + Duration::from_secs(20);
+            while s.query(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND objid = hashtext($1)::oid",
+                &[&slot],
+            )[0]
+            .get::<_, i64>(0)
+                == 0
+            {
+                assert!(Instant::now() < end, "akerd never took the slot's lock");
+                thread::sleep(Duration::from_millis(10));
+            }
+            thread::sleep(Duration::from_millis(300));
+            drop(holder);
+        })
+    };
     let b = Child::start(&config, port); // "akerd exited at start" without the wait
     stopper.join().unwrap();
     sql.exec("DELETE FROM c_wait WHERE id = 5");
@@ -827,6 +836,16 @@ fn a_slot_held_a_moment_by_an_ending_process_is_waited_for_at_start() {
         thread::sleep(Duration::from_millis(5));
     }
     b.kill();
+}
+
+/// A child process killed (and reaped) when dropped, a failed test included.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// A scratch folder removed on drop.

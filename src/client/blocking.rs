@@ -82,8 +82,9 @@ impl Client {
     /// Whether an idle connection (no request in flight) can take a request: not broken,
     /// and not closed by the server meanwhile (`idle_timeout_ms`, a restart), which a
     /// write would otherwise find only after it was sent. A pool or a cluster handle asks
-    /// before reusing one.
-    pub fn is_idle_usable(&self) -> bool {
+    /// before reusing one (after HELLO: a TLS connection that has read nothing yet still
+    /// holds its session tickets, and is judged unusable).
+    pub fn is_idle_usable(&mut self) -> bool {
         self.conn.idle_usable()
     }
 

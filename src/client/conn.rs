@@ -131,19 +131,30 @@ impl Conn {
     /// For a connection with nothing in flight, before a request goes on it: false when
     /// it is broken, holds bytes, or its socket has something to read, which on an idle
     /// connection is the server's end of stream (`idle_timeout_ms`, a restart) or bytes
-    /// nobody asked for (SHUTTING_DOWN). Over TLS the raw socket is looked at: the only
-    /// records an idle connection gets are those (its tickets came with HELLO's reply).
-    pub(crate) fn idle_usable(&self) -> bool {
+    /// nobody asked for (SHUTTING_DOWN). Over TLS, also when rustls holds what it read
+    /// off the socket and nobody asked for (plaintext, close_notify). A connection that
+    /// has read nothing yet may hold TLS session tickets: ask after HELLO. Narrows the
+    /// window in which a request meets a close; a close landing after the check is
+    /// still found only once the request was sent.
+    pub(crate) fn idle_usable(&mut self) -> bool {
         if self.broken || self.start != self.end || !self.wbuf.is_empty() {
             return false;
+        }
+        if let Stream::Tls(s) = &self.stream {
+            if !s.conn.wants_read() {
+                return false;
+            }
         }
         let sock = self.stream.tcp();
         if sock.set_nonblocking(true).is_err() {
             return false;
         }
         let readable = sock.peek(&mut [0u8; 1]);
-        let restored = sock.set_nonblocking(false).is_ok();
-        restored && matches!(readable, Err(ref e) if e.kind() == ErrorKind::WouldBlock)
+        if sock.set_nonblocking(false).is_err() {
+            self.broken = true; // a socket left non-blocking would time out at random
+            return false;
+        }
+        matches!(readable, Err(ref e) if e.kind() == ErrorKind::WouldBlock)
     }
 
     fn check(&self) -> Result<()> {

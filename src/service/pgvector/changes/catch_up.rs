@@ -78,8 +78,13 @@ pub(crate) fn catch_up(
             s.batch_execute("SET statement_timeout = '60s'")
                 .await
                 .map_err(|e| e.to_string())?;
+            let _ = s.batch_execute(super::follow::CLIENT_CHECK).await;
         }
         let slot = super::slot_name(instance);
+        // A peek of the akerd killed before this start may still hold the slot.
+        setup::wait_slot_inactive(&c, &slot)
+            .await
+            .map_err(|e| e.to_string())?;
         check_slot(&c, &slot, from).await?;
         let relid: u32 = c
             .query_one("SELECT to_regclass($1)::oid", &[&target.table])

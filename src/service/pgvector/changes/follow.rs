@@ -57,6 +57,11 @@ impl FollowConfig {
 /// lost connection, read again after a reconnection), and no idle transaction is left.
 const SESSION_SETTINGS: &str =
     "SET statement_timeout = '60s'; SET idle_in_transaction_session_timeout = '60s'";
+/// Asked of the server on each follower session, best effort (PostgreSQL needs POLLRDHUP
+/// for it): a peek of an akerd killed mid-read ends within a second instead of holding
+/// the slot to its end, so the akerd started again finds the slot free
+/// (`setup::wait_slot_inactive`).
+pub(super) const CLIENT_CHECK: &str = "SET client_connection_check_interval = '1s'";
 // (setup.rs puts the same statement_timeout back after its longer statements.)
 
 /// The pool's connection settings with TCP keepalives and a user timeout, so that a
@@ -219,12 +224,14 @@ impl Follower {
         let conn = follower_conn(target);
         let ctl = open(&conn).await?;
         ctl.batch_execute(SESSION_SETTINGS).await?;
+        let _ = ctl.batch_execute(CLIENT_CHECK).await;
         setup::check_server(&ctl).await?;
         let relid = setup::check_table(&ctl, &target.table, &cfg.id_column).await?;
         setup::lock(&ctl, &cfg.slot).await?;
         setup::publication(&ctl, &cfg.slot, &target.table).await?;
         let stream = open(&conn).await?;
         stream.batch_execute(SESSION_SETTINGS).await?;
+        let _ = stream.batch_execute(CLIENT_CHECK).await;
         Ok((ctl, stream, relid))
     }
 
@@ -737,7 +744,13 @@ impl Follower {
                     tracing::info!(applied = %lsn_text(self.feed().applied()), "pgvector: the change stream resumes");
                     return true;
                 }
-                Err(e) => tracing::debug!(error = %e, "pgvector: change stream resumption failed"),
+                Err(e) => {
+                    tracing::debug!(error = %e, "pgvector: change stream resumption failed");
+                    // This session holds the slot's lock: let it go, or the next attempt
+                    // would find it held and take itself for another akerd.
+                    let unlock = self.ctl.batch_execute("SELECT pg_advisory_unlock_all()");
+                    let _ = tokio::time::timeout(Duration::from_secs(2), unlock).await;
+                }
             }
         }
     }

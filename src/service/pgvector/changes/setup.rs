@@ -21,6 +21,10 @@ const LOCK_CLASS: i32 = 0x616b_6572;
 const SESSION_TIMEOUT: &str = "SET statement_timeout = '60s'";
 /// How long start-up waits for another session to release the slot's lock.
 const LOCK_WAIT: Duration = Duration::from_secs(2);
+/// How long, with the lock held, a slot still in use is waited for: a killed akerd's
+/// peek outlives its session until the server sees its client gone, which the
+/// follower's sessions ask it to check every second (`client_connection_check_interval`).
+const SLOT_BUSY_WAIT: Duration = Duration::from_secs(5);
 /// Creating a slot waits for the transactions running now to end.
 const CREATE_SLOT_TIMEOUT: &str = "10s";
 /// Advancing a slot decodes the WAL it skips.
@@ -40,6 +44,8 @@ pub(crate) enum SetupError {
     ReplicaIdentity(String),
     #[error("slot {slot} is held by another akerd (server process {pid}); give this akerd another backend.pgvector.instance, or retire the other (akerd --drop-slot)")]
     Held { slot: String, pid: String },
+    #[error("slot {slot} is in use by server process {pid} (not an akerd: this akerd holds the slot's lock), still after {SLOT_BUSY_WAIT:?}; see pg_stat_activity for that process")]
+    SlotBusy { slot: String, pid: i32 },
     #[error("database: {0}")]
     Db(String),
     #[error("{0}")]
@@ -50,7 +56,7 @@ impl SetupError {
     /// With `changes = "auto"`, akerd starts without following (loudly) rather than
     /// refusing; a slot another akerd holds is refused either way.
     pub(super) fn allows_auto(&self) -> bool {
-        !matches!(self, SetupError::Held { .. })
+        !matches!(self, SetupError::Held { .. } | SetupError::SlotBusy { .. })
     }
 }
 
@@ -256,32 +262,35 @@ pub(super) enum SlotFound {
     Remade(String),
 }
 
-/// Waits (at most [`LOCK_WAIT`]) until no server process holds slot `name`; called with
-/// the slot's lock held, so nobody takes it meanwhile. An akerd just killed gives the lock
-/// up with its session, but its walsender may outlive that session by a moment, and an
-/// active slot can be neither streamed from nor dropped.
-async fn wait_slot_inactive(c: &Client, name: &str) -> Result<(), SetupError> {
-    let until = Instant::now() + LOCK_WAIT;
+/// Waits (at most [`SLOT_BUSY_WAIT`]) until no server process has slot `name` in use.
+/// An akerd killed gives its lock up with its session, but a peek of the slot it had
+/// running goes on until the server finds its client gone; an active slot can be
+/// neither read nor dropped. With the lock held (start, reconnect, `--drop-slot`) nobody
+/// takes the slot meanwhile; without it (a warm start's catch-up) an akerd following it
+/// shows as busy.
+pub(super) async fn wait_slot_inactive(c: &Client, name: &str) -> Result<(), SetupError> {
+    let until = Instant::now() + SLOT_BUSY_WAIT;
     loop {
         let pid: Option<i32> = c
             .query_opt(
-                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+                "SELECT active_pid FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND database = current_database()",
                 &[&name],
             )
             .await?
             .and_then(|r| r.get(0));
         let Some(pid) = pid else { return Ok(()) };
         if Instant::now() >= until {
-            return Err(SetupError::Held {
+            return Err(SetupError::SlotBusy {
                 slot: name.to_string(),
-                pid: pid.to_string(),
+                pid,
             });
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
-/// The slot `name`, made if missing or lost; one still held by a process ending is
+/// The slot `name`, made if missing or lost; one still in use by a process ending is
 /// waited for ([`wait_slot_inactive`]).
 pub(super) async fn slot(c: &Client, name: &str) -> Result<SlotFound, SetupError> {
     wait_slot_inactive(c, name).await?;
@@ -457,7 +466,7 @@ pub(crate) fn drop_slot(section: &PgvectorSection, instance: &str) -> Result<Str
         let dropped = c
             .execute(
                 "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                 WHERE slot_name = $1",
+                 WHERE slot_name = $1 AND database = current_database()",
                 &[&name],
             )
             .await
