@@ -635,3 +635,26 @@ fn stalled_handshakes_neither_hold_shutdown_nor_stay_open() {
     );
     d.stop().unwrap();
 }
+
+/// `Client::is_idle_usable` over TLS (what the cluster handle asks before reusing a
+/// connection): true on a connection in use after HELLO, false once the server closed it
+/// for idleness (close_notify, then the end of stream), true on a new one.
+#[test]
+fn an_idle_tls_connection_the_server_closed_is_known_before_a_request() {
+    let pki = Pki::new("idle");
+    let ca = Ca::new("aker test CA");
+    let ca_file = pki.ca("ca.crt", &ca);
+    let (cert, key) = pki.pair("server", server_pair(&ca, false));
+    let mut cfg = tls_config(&cert, &key, None);
+    cfg.server.idle_timeout_ms = 300;
+    let d = common::start(&cfg);
+    let mut c = tls_client(d.local_addr(), trust(&ca_file)).unwrap();
+    c.ping().unwrap();
+    assert!(c.is_idle_usable(), "a connection in use");
+    std::thread::sleep(Duration::from_millis(900)); // the server closes it
+    assert!(!c.is_idle_usable(), "closed by the server while idle");
+    let mut again = tls_client(d.local_addr(), trust(&ca_file)).unwrap();
+    assert!(again.is_idle_usable(), "a new connection after HELLO");
+    again.ping().unwrap();
+    d.stop().unwrap();
+}
