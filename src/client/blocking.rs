@@ -84,7 +84,7 @@ impl Client {
     /// write would otherwise find only after it was sent. A pool or a cluster handle asks
     /// before reusing one (after HELLO: a TLS connection that has read nothing yet still
     /// holds its session tickets, and is judged unusable).
-    pub fn is_idle_usable(&mut self) -> bool {
+    pub fn is_idle_usable(&self) -> bool {
         self.conn.idle_usable()
     }
 

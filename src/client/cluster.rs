@@ -204,11 +204,7 @@ impl Cluster {
     /// was idle (then a write goes on a new one instead of failing, in doubt), else a
     /// new one.
     fn conn(&mut self, node: u64) -> Result<&mut Client> {
-        if self
-            .conns
-            .get_mut(&node)
-            .is_some_and(|c| !c.is_idle_usable())
-        {
+        if self.conns.get(&node).is_some_and(|c| !c.is_idle_usable()) {
             self.conns.remove(&node);
         }
         if !self.conns.contains_key(&node) {

@@ -4,6 +4,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use super::tls::{io_or_tls, Stream};
@@ -136,7 +137,7 @@ impl Conn {
     /// has read nothing yet may hold TLS session tickets: ask after HELLO. Narrows the
     /// window in which a request meets a close; a close landing after the check is
     /// still found only once the request was sent.
-    pub(crate) fn idle_usable(&mut self) -> bool {
+    pub(crate) fn idle_usable(&self) -> bool {
         if self.broken || self.start != self.end || !self.wbuf.is_empty() {
             return false;
         }
@@ -145,16 +146,20 @@ impl Conn {
                 return false;
             }
         }
-        let sock = self.stream.tcp();
-        if sock.set_nonblocking(true).is_err() {
-            return false;
-        }
-        let readable = sock.peek(&mut [0u8; 1]);
-        if sock.set_nonblocking(false).is_err() {
-            self.broken = true; // a socket left non-blocking would time out at random
-            return false;
-        }
-        matches!(readable, Err(ref e) if e.kind() == ErrorKind::WouldBlock)
+        // One non-blocking peek (MSG_DONTWAIT), the socket's own mode left alone.
+        let fd = self.stream.tcp().as_raw_fd();
+        let mut byte = 0u8;
+        // SAFETY: `fd` is this connection's open socket, borrowed for the call; the
+        // buffer is one byte we own.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        n < 0 && std::io::Error::last_os_error().kind() == ErrorKind::WouldBlock
     }
 
     fn check(&self) -> Result<()> {

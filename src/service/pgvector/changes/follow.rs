@@ -694,6 +694,13 @@ impl Follower {
 
     /// The database went away: reconnect with backoff, take the lock again and resume
     /// from the slot. False: stopping, or another akerd took the slot meanwhile.
+    /// Lets the control session's advisory locks (the slot's) go, bounded: a session
+    /// that does not answer ends with its connection anyway.
+    async fn release_slot_lock(&self) {
+        let unlock = self.ctl.batch_execute("SELECT pg_advisory_unlock_all()");
+        let _ = tokio::time::timeout(Duration::from_secs(2), unlock).await;
+    }
+
     async fn reconnect(&mut self, why: &str) -> bool {
         tracing::warn!(
             reason = why,
@@ -702,8 +709,7 @@ impl Follower {
         self.feed().set_state(FeedState::Reconnecting);
         // An error the server answered leaves the old sessions up, and the slot's lock
         // with them: let it go before taking it again.
-        let unlock = self.ctl.batch_execute("SELECT pg_advisory_unlock_all()");
-        let _ = tokio::time::timeout(Duration::from_secs(2), unlock).await;
+        self.release_slot_lock().await;
         let mut failures = 0u32;
         let mut pause = BACKOFF_FIRST;
         loop {
@@ -748,8 +754,7 @@ impl Follower {
                     tracing::debug!(error = %e, "pgvector: change stream resumption failed");
                     // This session holds the slot's lock: let it go, or the next attempt
                     // would find it held and take itself for another akerd.
-                    let unlock = self.ctl.batch_execute("SELECT pg_advisory_unlock_all()");
-                    let _ = tokio::time::timeout(Duration::from_secs(2), unlock).await;
+                    self.release_slot_lock().await;
                 }
             }
         }
